@@ -1,0 +1,1 @@
+"""Optional plugins with optional dependencies (loggers, API clients)."""

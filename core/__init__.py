@@ -1,0 +1,57 @@
+"""rlcore: a plugin-based trainer framework for post-training language models.
+
+Importing `rlcore` imports no engine library (torch, transformers, ray, vllm): the CLI starts fast and
+plugins pay for what they use.
+"""
+
+from .batch import Batch
+from .config import BaseConfig, RoleConfig, RunConfig
+from .engines import Generation, RolloutEngine, SamplingParams, TopK, TrainEngine
+from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed
+from .hookspecs import hookimpl, hookspec
+from .manager import Plugins, load_plugins
+from .registry import Registry
+from .specs import (
+    AlgorithmSpec,
+    CollectorSpec,
+    DispatcherSpec,
+    EngineSpec,
+    PlacementSpec,
+    RewardSpec,
+    RoleSpec,
+)
+from .trainer import Trainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlgorithmSpec",
+    "BaseConfig",
+    "Batch",
+    "CollectorSpec",
+    "ConfigError",
+    "DispatcherSpec",
+    "EngineSpec",
+    "Generation",
+    "NotRegistered",
+    "PlacementSpec",
+    "PluginError",
+    "Plugins",
+    "Registry",
+    "ResourceError",
+    "RewardSpec",
+    "RlcoreError",
+    "RoleConfig",
+    "RoleFailed",
+    "RoleSpec",
+    "RolloutEngine",
+    "RunConfig",
+    "SamplingParams",
+    "TopK",
+    "TrainEngine",
+    "Trainer",
+    "__version__",
+    "hookimpl",
+    "hookspec",
+    "load_plugins",
+]

@@ -1,0 +1,123 @@
+"""`Batch`: the unit a step's data moves in. A dict of equal-length columns (tensors or lists).
+
+Dispatch cuts it (`split`), collect joins it (`concat`), the driver reads it. Per-token tensors are
+right-padded and carry a mask; `concat` pads them to the longest before joining.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from .errors import RlcoreError
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "shape")
+
+
+def _length(value: Any) -> int:
+    return int(value.shape[0]) if _is_tensor(value) else len(value)
+
+
+class Batch(Mapping[str, Any]):
+    """Columns of equal length. Tensors keep their type; anything else is stored as a list."""
+
+    def __init__(self, data: Mapping[str, Any] | None = None, **columns: Any):
+        self._data: dict[str, Any] = {}
+        for key, value in {**(data or {}), **columns}.items():
+            self[key] = value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        value = value if _is_tensor(value) else list(value)
+        if self._data:
+            n = len(self)
+            if _length(value) != n:
+                raise RlcoreError(f"Batch column '{key}' has {_length(value)} rows; the others have {n}")
+        self._data[key] = value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        """The number of rows (not columns)."""
+        return _length(next(iter(self._data.values()))) if self._data else 0
+
+    def __repr__(self) -> str:
+        cols = ", ".join(
+            f"{k}: {tuple(v.shape) if _is_tensor(v) else 'list'}" for k, v in self._data.items()
+        )
+        return f"Batch({len(self)} rows; {cols})"
+
+    def keys(self):  # noqa: D102 - Mapping's, listed so that len() is not mistaken for the column count
+        return self._data.keys()
+
+    def select(self, index: Sequence[int] | slice) -> Batch:
+        """Rows by a slice or a list of indices."""
+        if isinstance(index, slice):
+            return Batch({k: v[index] for k, v in self._data.items()})
+        idx = list(index)
+        out = {}
+        for key, value in self._data.items():
+            if _is_tensor(value):
+                import torch
+
+                out[key] = value[torch.as_tensor(idx, dtype=torch.long)]
+            else:
+                out[key] = [value[i] for i in idx]
+        return Batch(out)
+
+    def split(self, n: int) -> list[Batch]:
+        """`n` contiguous near-equal shards (the first ones one row longer); some may be empty."""
+        size, extra = divmod(len(self), n)
+        shards, start = [], 0
+        for i in range(n):
+            stop = start + size + (1 if i < extra else 0)
+            shards.append(self.select(slice(start, stop)))
+            start = stop
+        return shards
+
+    def chunks(self, size: int) -> list[Batch]:
+        """Consecutive shards of at most `size` rows (micro-batches)."""
+        return [self.select(slice(i, i + size)) for i in range(0, len(self), size)]
+
+    def update(self, other: Mapping[str, Any] | None = None, **columns: Any) -> Batch:
+        for key, value in {**(other or {}), **columns}.items():
+            self[key] = value
+        return self
+
+    def to(self, device: Any) -> Batch:
+        return Batch({k: v.to(device) if _is_tensor(v) else v for k, v in self._data.items()})
+
+    @staticmethod
+    def concat(batches: Sequence[Batch], pad_value: Mapping[str, Any] | None = None) -> Batch:
+        """Join batches row-wise. 2-D+ tensors of different widths are right-padded first."""
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            return Batch()
+        keys = list(batches[0].keys())
+        for b in batches[1:]:
+            if list(b.keys()) != keys:
+                raise RlcoreError(f"cannot concat batches with columns {keys} and {list(b.keys())}")
+        out: dict[str, Any] = {}
+        for key in keys:
+            values = [b[key] for b in batches]
+            if _is_tensor(values[0]):
+                import torch
+
+                if values[0].dim() >= 2:
+                    width = max(v.shape[1] for v in values)
+                    fill = (pad_value or {}).get(key, 0)
+                    values = [
+                        torch.nn.functional.pad(v, (0, width - v.shape[1]), value=fill)
+                        if v.dim() == 2 and v.shape[1] < width
+                        else v
+                        for v in values
+                    ]
+                out[key] = torch.cat(values, dim=0)
+            else:
+                out[key] = [x for v in values for x in v]
+        return Batch(out)

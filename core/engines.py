@@ -1,0 +1,134 @@
+"""The engine interfaces: what an algorithm asks of a train engine and of a rollout engine.
+
+Implementations live in plugins (`hf`, `vllm`, `megatron`) and are registered with `rlcore_engines`.
+Engines import their heavy libraries (torch, vLLM, megatron) themselves; this module imports none.
+
+Conventions shared by every engine:
+- token sequences are lists of ints; a train batch is a `Batch` with `input_ids` and `attention_mask`
+  ([B, T], right-padded) and, for losses, a `completion_mask` ([B, T], 1 on completion tokens);
+- per-token log-probs are aligned with `input_ids`: column t holds log p(input_ids[t] | input_ids[:t])
+  (column 0 is 0), so a mask over `input_ids` selects them directly;
+- weights travel in Hugging Face parameter names.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from .batch import Batch
+
+NamedTensors = list[tuple[str, "torch.Tensor"]]
+
+
+@dataclass
+class SamplingParams:
+    """How to sample completions; names as TRL and vLLM spell them."""
+
+    n: int = 1
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    """One completion of one prompt. `logprobs[i]` is the sampler's log-prob of `token_ids[i]`,
+    after temperature (what importance sampling needs)."""
+
+    prompt_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (an EOS or stop token) or "length" (max_tokens reached)
+    text: str = ""
+
+
+@dataclass
+class TopK:
+    """Top-k log-probs of a sequence's tokens 1..L-1 given their prefixes: ids and logprobs are [L-1, k]."""
+
+    ids: torch.Tensor
+    logprobs: torch.Tensor
+
+
+class RolloutEngine(abc.ABC):
+    """Generates completions; can take new weights and release its memory between rollouts."""
+
+    @abc.abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """`params.n` completions per prompt, prompt-major: result[i * n + j] is prompt i's j-th."""
+
+    @abc.abstractmethod
+    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopK]:
+        """The k most likely next tokens at every position of each sequence (a distillation teacher)."""
+
+    @abc.abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights (Hugging Face names); may be called once per bucket."""
+
+    def finish_weight_update(self) -> None:
+        """Called after the last bucket of a sync (vLLM resets its prefix cache here)."""
+
+    @abc.abstractmethod
+    def sleep(self, level: int = 1) -> None:
+        """Release memory: level 1 offloads weights and drops the cache, level 2 drops both."""
+
+    @abc.abstractmethod
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take memory back: `tags` among "weights", "kv_cache"; None means everything."""
+
+
+LossFn = Callable[["torch.Tensor", "Batch"], tuple["torch.Tensor", dict[str, float]]]
+
+
+class TrainEngine(abc.ABC):
+    """Holds a model and its optimizer on one worker; several workers of a group form one DDP/Megatron world."""
+
+    @abc.abstractmethod
+    def forward_logprobs(self, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+        """Per-token log-probs [B, T] of `batch.input_ids`, aligned as the module docstring says."""
+
+    @abc.abstractmethod
+    def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0) -> TopK | torch.Tensor:
+        """Top-k log-probs ([B, T, k] ids and values), or full-vocabulary log-probs [B, T, V] when k is None."""
+
+    @abc.abstractmethod
+    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
+        """One optimizer step over `batch` in micro-batches.
+
+        `loss_fn(logprobs, micro_batch)` returns (loss, metrics) where loss is the micro-batch's share of
+        the batch loss: the engine sums gradients over micro-batches (and DDP averages over workers),
+        clips, steps the optimizer and returns averaged metrics plus `grad_norm` and `lr`.
+        """
+
+    @abc.abstractmethod
+    def export_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[NamedTensors]:
+        """The weights in Hugging Face names, in buckets of at most `bucket_bytes` (one tensor may exceed it)."""
+
+    @abc.abstractmethod
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        """Move the named state to CPU memory (or drop grads) to free the accelerator."""
+
+    @abc.abstractmethod
+    def reload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        """Bring offloaded state back to the accelerator."""
+
+    @abc.abstractmethod
+    def save(self, path: str) -> None:
+        """Write model, optimizer and scheduler state under `path` (a directory)."""
+
+    @abc.abstractmethod
+    def load(self, path: str) -> None:
+        """Read what `save` wrote."""
+
+    def state(self) -> dict[str, Any]:
+        """Small facts for metrics and checks (device, dtype, parameter count)."""
+        return {}

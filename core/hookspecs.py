@@ -1,0 +1,176 @@
+"""Every extension point of rlcore, as pluggy hook specifications (marker name ``rlcore``).
+
+A plugin is a module (or object) with functions named like the hooks below, decorated with
+``@rlcore.hookimpl``. Registration hooks yield descriptors from ``rlcore.specs``; the plugin manager
+collects them into registries that refuse a duplicate name and answer an unknown one with the known
+names. Hooks gain arguments only as opt-in parameters (pluggy passes just the ones an implementation
+names), so plugins written against an older rlcore keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .specs import (
+        AlgorithmSpec,
+        CollectorSpec,
+        DispatcherSpec,
+        EngineSpec,
+        PlacementSpec,
+        RewardSpec,
+        RoleSpec,
+    )
+
+hookspec = pluggy.HookspecMarker("rlcore")
+hookimpl = pluggy.HookimplMarker("rlcore")
+
+
+# -------------------------------------------------------------------------
+# registration hooks: what a plugin provides
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def rlcore_roles() -> Iterable[RoleSpec]:
+    """Yield the roles this plugin adds; a resource plan may only name registered roles.
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_roles():
+            yield RoleSpec("critic", description="value model")
+    """
+
+
+@hookspec
+def rlcore_dispatchers() -> Iterable[DispatcherSpec]:
+    """Yield ways to split one call's arguments over a group's workers (``dispatch=`` names them).
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_dispatchers():
+            yield DispatcherSpec("first_half", split=lambda n, args, kwargs, mesh: ...)
+    """
+
+
+@hookspec
+def rlcore_collectors() -> Iterable[CollectorSpec]:
+    """Yield ways to join the workers' results into one value (``collect=`` names them).
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_collectors():
+            yield CollectorSpec("sum", collect=lambda results: sum(results))
+    """
+
+
+@hookspec
+def rlcore_placements() -> Iterable[PlacementSpec]:
+    """Yield GPU-allocation policies: a resource plan and a cluster give one bundle per worker.
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_placements():
+            yield PlacementSpec("reverse", place=my_reverse_policy)
+    """
+
+
+@hookspec
+def rlcore_algorithms() -> Iterable[AlgorithmSpec]:
+    """Yield runnable algorithms: a name, a pydantic config model and a trainer class.
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_algorithms():
+            yield AlgorithmSpec("myalgo", config=MyConfig, trainer=MyTrainer)
+    """
+
+
+@hookspec
+def rlcore_engines() -> Iterable[EngineSpec]:
+    """Yield engine implementations (train, rollout, teacher) that roles can be configured to use.
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_engines():
+            yield EngineSpec("sglang", kind="rollout", factory=make_sglang_engine)
+    """
+
+
+@hookspec
+def rlcore_rewards() -> Iterable[RewardSpec]:
+    """Yield reward functions (TRL's signature) and reward-model roles (``reward_funcs`` names them).
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_rewards():
+            yield RewardSpec("length", fn=lambda prompts, completions, **kw: [len(c) for c in completions])
+    """
+
+
+# -------------------------------------------------------------------------
+# configuration hooks: before anything is allocated
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def rlcore_configure(config: Any, algorithm: str) -> None:
+    """Adjust ``config`` in place, or reject it by raising ``ConfigError``; runs before any GPU is taken.
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_configure(config, algorithm):
+            if algorithm == "grpo" and config.beta > 1: raise ConfigError("beta > 1 is not sensible")
+    """
+
+
+# -------------------------------------------------------------------------
+# training lifecycle hooks: observe (or wrap, with wrapper=True) a run
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def rlcore_train_start(trainer: Any) -> None:
+    """Called once, after workers and engines are up and before the first step.
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_train_start(trainer):
+            print("training", trainer.config.model)
+    """
+
+
+@hookspec
+def rlcore_step_end(trainer: Any, step: int, metrics: dict[str, Any]) -> None:
+    """Called after every optimizer step with that step's metrics (the ones written to metrics.jsonl).
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_step_end(trainer, step, metrics):
+            wandb.log(metrics, step=step)
+    """
+
+
+@hookspec
+def rlcore_train_end(trainer: Any, metrics: dict[str, Any]) -> None:
+    """Called once when a run ends normally, with the run's summary metrics.
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_train_end(trainer, metrics):
+            print("final reward", metrics.get("reward"))
+    """

@@ -1,0 +1,165 @@
+"""Plugin loading: built-ins and third-party distributions alike come from one entry-point group.
+
+`load_plugins()` registers every plugin of the `rlcore.plugins` entry-point group (minus those named
+in RLCORE_DISABLE_PLUGINS), plus any module or `.py` file given as `extra`, and collects what their
+registration hooks yield into registries. A plugin that fails to import is reported by name and
+skipped, unless RLCORE_STRICT_PLUGINS=1 makes that fatal.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import importlib.util
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError
+from .registry import Registry
+
+ENTRY_POINT_GROUP = "rlcore.plugins"
+
+# registration hook -> (registry attribute, word used in messages)
+REGISTRIES = {
+    "rlcore_roles": ("roles", "role"),
+    "rlcore_dispatchers": ("dispatchers", "dispatch"),
+    "rlcore_collectors": ("collectors", "collect"),
+    "rlcore_placements": ("placements", "placement"),
+    "rlcore_algorithms": ("algorithms", "algorithm"),
+    "rlcore_engines": ("engines", "engine"),
+    "rlcore_rewards": ("rewards", "reward"),
+}
+
+
+class PluginLoadWarning(UserWarning):
+    """A plugin failed to load and was skipped."""
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    version: str
+    distribution: str
+    provides: dict[str, list[str]] = field(default_factory=dict)
+
+
+class Plugins:
+    """The loaded plugins: a pluggy manager (`.hook`) plus one registry per registration hook."""
+
+    def __init__(self) -> None:
+        self.manager = pluggy.PluginManager("rlcore")
+        self.manager.add_hookspecs(hookspecs)
+        self.info: dict[str, PluginInfo] = {}
+        self.failed: dict[str, str] = {}
+        for attr, kind in REGISTRIES.values():
+            setattr(self, attr, Registry(kind))
+
+    @property
+    def hook(self) -> Any:
+        return self.manager.hook
+
+    def register(self, plugin: Any, name: str, version: str = "", distribution: str = "") -> None:
+        """Register one plugin object and collect what its registration hooks yield."""
+        if self.manager.has_plugin(name):
+            raise PluginError(f"two plugins are called '{name}'; rename one of them")
+        self.manager.register(plugin, name=name)
+        info = PluginInfo(name, version, distribution)
+        for hook_name, (attr, _) in REGISTRIES.items():
+            registry: Registry = getattr(self, attr)
+            for impl in getattr(self.manager.hook, hook_name).get_hookimpls():
+                if impl.plugin_name != name:
+                    continue
+                try:
+                    for item in impl.function() or ():
+                        registry.add(item, name)
+                except PluginError:
+                    raise
+                except Exception as exc:  # a plugin's own bug, reported under its name
+                    raise PluginError(f"plugin '{name}' failed in {hook_name}(): {exc!r}") from exc
+            provided = registry.by_plugin(name)
+            if provided:
+                info.provides[attr] = provided
+        self.info[name] = info
+
+    def algorithm_of(self, plugin_name: str) -> str:
+        """The algorithm a plugin provides: `--plugin grpo` means the algorithm the plugin `grpo` gives."""
+        if plugin_name in self.algorithms and plugin_name not in self.info:
+            return plugin_name
+        if plugin_name not in self.info:
+            return self.algorithms.get(plugin_name).name  # raises with the known names
+        mine = self.algorithms.by_plugin(plugin_name)
+        if plugin_name in mine or len(mine) == 1:
+            return plugin_name if plugin_name in mine else mine[0]
+        if not mine:
+            raise PluginError(
+                f"plugin '{plugin_name}' provides no algorithm; plugins with one: "
+                f"{', '.join(sorted({self.algorithms.owner(a) for a in self.algorithms.names()})) or '(none)'}"
+            )
+        raise PluginError(f"plugin '{plugin_name}' provides several algorithms ({', '.join(mine)}); name one")
+
+
+def _strict(strict: bool | None) -> bool:
+    return strict if strict is not None else os.environ.get("RLCORE_STRICT_PLUGINS", "") not in ("", "0")
+
+
+def _disabled() -> set[str]:
+    return {n.strip() for n in os.environ.get("RLCORE_DISABLE_PLUGINS", "").split(",") if n.strip()}
+
+
+def import_plugin(spec: str) -> tuple[ModuleType, str]:
+    """Import a plugin given as a dotted module path or a path to a `.py` file; returns (module, name)."""
+    path = Path(spec)
+    if spec.endswith(".py") or os.sep in spec:
+        if not path.is_file():
+            raise PluginError(f"plugin file '{spec}' does not exist")
+        name = path.stem
+        module_name = f"rlcore_user_plugin_{name}"
+        loader_spec = importlib.util.spec_from_file_location(module_name, path.resolve())
+        if loader_spec is None or loader_spec.loader is None:
+            raise PluginError(f"cannot import plugin file '{spec}'")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(module_name, None)
+            raise PluginError(f"plugin file '{spec}' failed to import: {exc!r}") from exc
+        return module, name
+    try:
+        return importlib.import_module(spec), spec
+    except ImportError as exc:
+        raise PluginError(f"plugin module '{spec}' cannot be imported: {exc}") from exc
+
+
+def load_plugins(extra: tuple[str, ...] = (), strict: bool | None = None) -> Plugins:
+    """Load the entry-point plugins and the `extra` ones (dotted modules or `.py` paths)."""
+    plugins = Plugins()
+    strict = _strict(strict)
+    disabled = _disabled()
+    for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if ep.name in disabled:
+            continue
+        dist = ep.dist.name if ep.dist else ""
+        version = ep.dist.version if ep.dist else ""
+        try:
+            plugins.register(ep.load(), ep.name, version, dist)
+        except Exception as exc:
+            message = f"plugin '{ep.name}' (distribution {dist or '?'}) failed to load and is skipped: {exc}"
+            if strict:
+                raise PluginError(message + " (RLCORE_STRICT_PLUGINS is set)") from exc
+            plugins.failed[ep.name] = str(exc)
+            warnings.warn(message, PluginLoadWarning, stacklevel=2)
+    for spec in extra:
+        module, name = import_plugin(spec)
+        if plugins.manager.is_registered(module):
+            continue
+        plugins.register(module, name, getattr(module, "__version__", ""), "")
+    return plugins

@@ -1,0 +1,22 @@
+"""The built-in roles, dispatchers, collectors and placement policies."""
+
+from __future__ import annotations
+
+from rlcore import RoleSpec, hookimpl
+
+ROLES = {
+    "default": "the single role of SFT/pretraining: every worker trains",
+    "train": "the policy being trained (a train engine)",
+    "rollout": "generates completions (a rollout engine)",
+    "reference": "a frozen copy of the initial policy, for the KL penalty",
+    "teacher": "a distillation teacher serving top-k log-probs",
+    "sampler": "generates candidates for best-of-N sampling",
+    "prm": "a process reward model scoring each step",
+    "orm": "an outcome reward model scoring whole completions",
+}
+
+
+@hookimpl
+def rlcore_roles():
+    for name, description in ROLES.items():
+        yield RoleSpec(name, description=description)
