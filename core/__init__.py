@@ -16,9 +16,11 @@ from .specs import (
     CollectorSpec,
     DispatcherSpec,
     EngineSpec,
+    PlacementRequest,
     PlacementSpec,
     RewardSpec,
     RoleSpec,
+    Slot,
 )
 from .trainer import Trainer
 
@@ -34,6 +36,7 @@ __all__ = [
     "EngineSpec",
     "Generation",
     "NotRegistered",
+    "PlacementRequest",
     "PlacementSpec",
     "PluginError",
     "Plugins",
@@ -47,6 +50,7 @@ __all__ = [
     "RolloutEngine",
     "RunConfig",
     "SamplingParams",
+    "Slot",
     "TopK",
     "TrainEngine",
     "Trainer",

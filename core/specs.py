@@ -44,7 +44,7 @@ class CollectorSpec:
 
 @dataclass(frozen=True)
 class PlacementSpec:
-    """A GPU-allocation policy: `place(plan, cluster) -> {role: [Bundle per worker]}`."""
+    """A GPU-allocation policy: `place(request: PlacementRequest) -> {role: [global GPU rank per worker]}`."""
 
     name: str
     place: Callable[..., Any]
@@ -88,3 +88,32 @@ class RewardSpec:
     description: str = ""
     kind: Literal["function", "model"] = "function"
     options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """What a placement policy is asked: each role's GPU count (in declaration order) and the layout.
+
+    A policy returns `{role: [global GPU rank per worker]}`; rank r lives on node r // nproc_per_node.
+    Roles in one colocate group must receive the same ranks.
+    """
+
+    roles: dict[str, int]
+    colocate_groups: tuple[tuple[str, ...], ...] = ()
+    nproc_per_node: int = 1
+    nnodes: int = 1
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one worker of a role runs: filled by placement, consumed by the worker runtime."""
+
+    role: str
+    rank: int  # rank within the role's group
+    world_size: int
+    node_index: int
+    gpu_rank: int | None  # global GPU rank of the plan; None for a CPU worker
+    num_gpus: float  # the share of the bundle's GPU this worker asks (1/k when k roles share it)
+    num_cpus: float
+    placement_group: Any = None  # a ray.util.placement_group.PlacementGroup; None without Ray
+    bundle_index: int | None = None
