@@ -1,10 +1,35 @@
-"""Configuration models shared by every algorithm. (Loading, overrides and `config show` are added below.)"""
+"""Configuration: the models every algorithm shares, YAML loading with dotted overrides, `config show`.
+
+A config is a YAML file plus `key=value` overrides on the command line (the command line wins),
+validated into an algorithm's pydantic model with every problem reported at once. Nothing is evaluated.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError, did_you_mean
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML that also reads `1e-6` as a float (YAML 1.2), as people write learning rates."""
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML that quotes strings `_Loader` would read as floats, so rendering round-trips."""
+
+
+_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+for _cls in (_Loader, _Dumper):
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789"))
 
 
 class BaseConfig(BaseModel):
@@ -40,3 +65,185 @@ class RunConfig(BaseConfig):
     sleep_level: Literal[0, 1, 2] = Field(1, description="rollout sleep level while colocated training runs")
     offload_model: bool = Field(False, description="offload train weights while colocated rollout runs")
     offload_optimizer: bool = Field(False, description="offload optimizer state while colocated rollout runs")
+
+
+# -------------------------------------------------------------------------
+# loading: a YAML file plus dotted key=value overrides, validated all at once
+# -------------------------------------------------------------------------
+
+
+def load_config(
+    model: type[BaseModel], path: str | os.PathLike | None = None, overrides: Iterable[str] = ()
+) -> BaseModel:
+    """Load `path` (YAML) with `overrides` (`key.sub=value`, values parsed as YAML) on top, into `model`.
+
+    The command line wins over the file. Every problem is reported at once in one `ConfigError` whose
+    `problems` lists `(dotted key path, message)`; an unknown key suggests the closest known one.
+    """
+    data = _read_yaml(path) if path is not None else {}
+    problems: list[tuple[str, str]] = []
+    from_cli: set[str] = set()
+    for override in overrides:
+        key, value, problem = _parse_override(override)
+        if problem:
+            problems.append((key or override, problem))
+            continue
+        problem = _set_dotted(data, key, value)
+        if problem:
+            problems.append((key, problem))
+        from_cli.add(key)
+    try:
+        config = model.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(validation_problems(exc, model, from_cli))
+        config = None
+    if problems:
+        raise config_error(problems, source=str(path) if path is not None else "")
+    return config
+
+
+def validation_problems(
+    exc: ValidationError, model: type[BaseModel], from_cli: Iterable[str] = ()
+) -> list[tuple[str, str]]:
+    """Pydantic's errors as `(dotted key path, message)` pairs; unknown keys get a suggestion."""
+    from_cli = tuple(from_cli)
+    problems = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        path = ".".join(str(part) for part in loc) or "(top level)"
+        if error["type"] == "extra_forbidden":
+            known = _known_keys(model, loc[:-1])
+            hint = did_you_mean(str(loc[-1]), known) or f" Known keys here: {', '.join(known) or '(none)'}."
+            message = f"unknown key '{loc[-1]}'.{hint}"
+        else:
+            message = f"{error['msg']} (got {error['input']!r})" if "input" in error else error["msg"]
+        if any(path == key or path.startswith(key + ".") or key.startswith(path + ".") for key in from_cli):
+            message += " [set on the command line]"
+        problems.append((path, message))
+    return problems
+
+
+def config_error(problems: list[tuple[str, str]], source: str = "") -> ConfigError:
+    """One `ConfigError` listing every problem, each on its own line under a one-line summary."""
+    where = f" in {source}" if source else ""
+    count = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
+    lines = "\n".join(f"  {path}: {message}" for path, message in problems)
+    return ConfigError(f"invalid configuration{where} ({count}):\n{lines}", problems)
+
+
+def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise config_error([("(file)", f"config file '{path}' does not exist")])
+    try:
+        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise config_error([("(file)", f"not valid YAML: {line}{problem}")], source=str(path)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise config_error(
+            [("(top level)", f"must be a mapping of keys to values, got {type(data).__name__}")], source=str(path)
+        )
+    return data
+
+
+def _parse_override(override: str) -> tuple[str, Any, str]:
+    """`key.sub=value` -> (key, YAML-parsed value, problem or '')."""
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        return key, None, f"override '{override}' is not of the form key=value (dotted keys: train.gpus=8)"
+    try:
+        return key, yaml.load(text, Loader=_Loader) if text.strip() else "", ""
+    except yaml.YAMLError as exc:
+        return key, None, f"value {text!r} is not valid YAML: {getattr(exc, 'problem', None) or exc}"
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> str:
+    """Set `data[a][b][c] = value` for `key='a.b.c'`, creating sections; '' or a problem."""
+    *parents, last = key.split(".")
+    node = data
+    for depth, part in enumerate(parents):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            section = ".".join(parents[: depth + 1])
+            return f"'{section}' is {child!r}, not a section, so '{key}' cannot be set"
+        node = child
+    node[last] = value
+    return ""
+
+
+def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys allowed at `loc` inside `model`, following nested models through Optional/list/dict."""
+    current: Any = model
+    for part in loc:
+        current = _unwrap_optional(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            if part not in current.model_fields:
+                return []
+            current = current.model_fields[part].annotation
+        else:  # a list index or a dict key: step into the element type
+            args = get_args(current)
+            current = args[-1] if args else None
+    current = _unwrap_optional(current)
+    return list(current.model_fields) if isinstance(current, type) and issubclass(current, BaseModel) else []
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    """`X | None` -> X; anything else unchanged."""
+    if get_origin(annotation) in (Union, UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+# -------------------------------------------------------------------------
+# rendering: `rlcore config show`, a commented YAML that loads back to the same values
+# -------------------------------------------------------------------------
+
+
+def render_config(config: BaseModel | type[BaseModel]) -> str:
+    """The full config as YAML with each key's description as a comment; loading it gives it back."""
+    instance = config if isinstance(config, BaseModel) else config()
+    doc = (type(instance).__doc__ or "").strip().splitlines()
+    header = f"# {type(instance).__name__}: {doc[0]}\n" if doc else ""
+    return header + "\n".join(_render_section(instance, indent=0)) + "\n"
+
+
+def _render_section(instance: BaseModel, indent: int) -> list[str]:
+    pad = " " * indent
+    lines = []
+    for name, info in type(instance).model_fields.items():
+        value = getattr(instance, name)
+        if info.description:
+            lines.append(f"{pad}# {info.description}")
+        if isinstance(value, BaseModel) and type(value).model_fields:
+            lines.append(f"{pad}{name}:")
+            lines.extend(_render_section(value, indent + 2))
+        else:
+            dumped = value.model_dump(mode="json") if isinstance(value, BaseModel) else _plain(value)
+            lines.append(f"{pad}{name}: {_flow(dumped)}")
+    return lines
+
+
+def _plain(value: Any) -> Any:
+    """Nested models inside lists/dicts become plain data YAML can write."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _flow(value: Any) -> str:
+    """One value as single-line YAML (strings quoted where needed)."""
+    return yaml.dump([value], Dumper=_Dumper, default_flow_style=True, width=2**31, sort_keys=False).strip()[1:-1]
