@@ -49,6 +49,7 @@ class PluginInfo:
     version: str
     distribution: str
     provides: dict[str, list[str]] = field(default_factory=dict)
+    error: str = ""  # why it failed to load, for a plugin in `Plugins.failed`
 
 
 class Plugins:
@@ -58,7 +59,7 @@ class Plugins:
         self.manager = pluggy.PluginManager("rlcore")
         self.manager.add_hookspecs(hookspecs)
         self.info: dict[str, PluginInfo] = {}
-        self.failed: dict[str, str] = {}
+        self.failed: dict[str, PluginInfo] = {}
         for attr, kind in REGISTRIES.values():
             setattr(self, attr, Registry(kind))
 
@@ -67,43 +68,66 @@ class Plugins:
         return self.manager.hook
 
     def register(self, plugin: Any, name: str, version: str = "", distribution: str = "") -> None:
-        """Register one plugin object and collect what its registration hooks yield."""
+        """Register one plugin object and collect what its registration hooks yield.
+
+        All or nothing: a plugin whose hooks fail or clash with a registered name is left out entirely.
+        """
         if self.manager.has_plugin(name):
             raise PluginError(f"two plugins are called '{name}'; rename one of them")
         self.manager.register(plugin, name=name)
+        try:
+            staged = self._collect(name)
+            for registry, item in staged:  # refuse clashes before adding anything
+                if getattr(item, "name", None) in registry:
+                    registry.add(item, name)  # raises, naming both plugins
+        except BaseException:
+            self.manager.unregister(name=name)
+            raise
         info = PluginInfo(name, version, distribution)
-        for hook_name, (attr, _) in REGISTRIES.items():
-            registry: Registry = getattr(self, attr)
-            for impl in getattr(self.manager.hook, hook_name).get_hookimpls():
-                if impl.plugin_name != name:
-                    continue
-                try:
-                    for item in impl.function() or ():
-                        registry.add(item, name)
-                except PluginError:
-                    raise
-                except Exception as exc:  # a plugin's own bug, reported under its name
-                    raise PluginError(f"plugin '{name}' failed in {hook_name}(): {exc!r}") from exc
-            provided = registry.by_plugin(name)
+        for registry, item in staged:
+            registry.add(item, name)
+        for attr, _ in REGISTRIES.values():
+            provided = getattr(self, attr).by_plugin(name)
             if provided:
                 info.provides[attr] = provided
         self.info[name] = info
 
-    def algorithm_of(self, plugin_name: str) -> str:
-        """The algorithm a plugin provides: `--plugin grpo` means the algorithm the plugin `grpo` gives."""
-        if plugin_name in self.algorithms and plugin_name not in self.info:
-            return plugin_name
-        if plugin_name not in self.info:
-            return self.algorithms.get(plugin_name).name  # raises with the known names
-        mine = self.algorithms.by_plugin(plugin_name)
-        if plugin_name in mine or len(mine) == 1:
-            return plugin_name if plugin_name in mine else mine[0]
-        if not mine:
-            raise PluginError(
-                f"plugin '{plugin_name}' provides no algorithm; plugins with one: "
-                f"{', '.join(sorted({self.algorithms.owner(a) for a in self.algorithms.names()})) or '(none)'}"
-            )
-        raise PluginError(f"plugin '{plugin_name}' provides several algorithms ({', '.join(mine)}); name one")
+    def _collect(self, name: str) -> list[tuple[Registry, Any]]:
+        """What plugin `name`'s registration hooks yield, with the registry each item goes to."""
+        staged = []
+        for hook_name, (attr, kind) in REGISTRIES.items():
+            seen: set[str] = set()
+            for impl in getattr(self.manager.hook, hook_name).get_hookimpls():
+                if impl.plugin_name != name:
+                    continue
+                try:
+                    items = list(impl.function() or ())
+                except Exception as exc:  # a plugin's own bug, reported under its name
+                    raise PluginError(f"plugin '{name}' failed in {hook_name}(): {exc!r}") from exc
+                for item in items:
+                    item_name = getattr(item, "name", None)
+                    if not isinstance(item_name, str) or not item_name or item_name in seen:
+                        raise PluginError(f"plugin '{name}' yielded a {kind} without a name or twice: {item!r}")
+                    seen.add(item_name)
+                    staged.append((getattr(self, attr), item))
+        return staged
+
+    def algorithm_of(self, name: str) -> str:
+        """The algorithm `--plugin NAME` selects: the one plugin NAME provides, else the algorithm NAME."""
+        if name in self.info:
+            mine = self.algorithms.by_plugin(name)
+            if len(mine) == 1:
+                return mine[0]
+            if name in mine:
+                return name
+            if mine:
+                raise PluginError(f"plugin '{name}' provides several algorithms ({', '.join(mine)}); name one")
+            if name not in self.algorithms:
+                owners = sorted({self.algorithms.owner(a) for a in self.algorithms.names()})
+                raise PluginError(
+                    f"plugin '{name}' provides no algorithm; plugins with one: {', '.join(owners) or '(none)'}"
+                )
+        return self.algorithms.get(name).name  # an unknown name lists the known ones
 
 
 def _strict(strict: bool | None) -> bool:
@@ -155,7 +179,7 @@ def load_plugins(extra: tuple[str, ...] = (), strict: bool | None = None) -> Plu
             message = f"plugin '{ep.name}' (distribution {dist or '?'}) failed to load and is skipped: {exc}"
             if strict:
                 raise PluginError(message + " (RLCORE_STRICT_PLUGINS is set)") from exc
-            plugins.failed[ep.name] = str(exc)
+            plugins.failed[ep.name] = PluginInfo(ep.name, version, dist, error=f"{type(exc).__name__}: {exc}")
             warnings.warn(message, PluginLoadWarning, stacklevel=2)
     for spec in extra:
         module, name = import_plugin(spec)
