@@ -22,8 +22,8 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .errors import PluginError
-from .registry import Registry
+from .errors import NotRegistered, PluginError, did_you_mean
+from .registry import EngineRegistry, Registry
 
 ENTRY_POINT_GROUP = "rlcore.plugins"
 
@@ -61,7 +61,7 @@ class Plugins:
         self.info: dict[str, PluginInfo] = {}
         self.failed: dict[str, PluginInfo] = {}
         for attr, kind in REGISTRIES.values():
-            setattr(self, attr, Registry(kind))
+            setattr(self, attr, (EngineRegistry if attr == "engines" else Registry)(kind))
 
     @property
     def hook(self) -> Any:
@@ -78,7 +78,7 @@ class Plugins:
         try:
             staged = self._collect(name)
             for registry, item in staged:  # refuse clashes before adding anything
-                if getattr(item, "name", None) in registry:
+                if registry.key_of(item) in registry:
                     registry.add(item, name)  # raises, naming both plugins
         except BaseException:
             self.manager.unregister(name=name)
@@ -106,9 +106,9 @@ class Plugins:
                     raise PluginError(f"plugin '{name}' failed in {hook_name}(): {exc!r}") from exc
                 for item in items:
                     item_name = getattr(item, "name", None)
-                    if not isinstance(item_name, str) or not item_name or item_name in seen:
+                    if not isinstance(item_name, str) or not item_name or getattr(self, attr).key_of(item) in seen:
                         raise PluginError(f"plugin '{name}' yielded a {kind} without a name or twice: {item!r}")
-                    seen.add(item_name)
+                    seen.add(getattr(self, attr).key_of(item))
                     staged.append((getattr(self, attr), item))
         return staged
 
@@ -127,7 +127,13 @@ class Plugins:
                 raise PluginError(
                     f"plugin '{name}' provides no algorithm; plugins with one: {', '.join(owners) or '(none)'}"
                 )
-        return self.algorithms.get(name).name  # an unknown name lists the known ones
+        if name not in self.algorithms:
+            known = sorted(set(self.algorithms.names()) | {p for p in self.info if self.algorithms.by_plugin(p)})
+            raise NotRegistered(
+                f"no plugin or algorithm is called '{name}'; known: {', '.join(known) or '(none)'}."
+                f"{did_you_mean(name, known)} See `rlcore plugins` for what is installed."
+            )
+        return name
 
 
 def _strict(strict: bool | None) -> bool:

@@ -1,0 +1,149 @@
+"""The `rlcore` command: run an algorithm, list plugins, show or validate a config.
+
+Exit status: 0 on success; 2 for usage and configuration mistakes (a one-paragraph message, no
+traceback); 1 for other rlcore errors at run time (a traceback only with RLCORE_DEBUG=1); 130 when
+interrupted. Plugins are loaded only by the subcommands that need them, so `rlcore --help` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import __version__
+from .config import config_error, load_config, render_config, validation_problems
+from .errors import ConfigError, RlcoreError
+from .manager import Plugins, load_plugins
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `rlcore` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `rlcore plugins | head`
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lets the interpreter's final flush succeed
+        return 0
+    except KeyboardInterrupt:
+        print("rlcore: interrupted", file=sys.stderr)
+        return 130
+    except RlcoreError as exc:
+        if os.environ.get("RLCORE_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
+        print(f"rlcore: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlcore",
+        description="A plugin-based trainer framework for post-training language models.",
+        epilog="Overrides are dotted key=value pairs parsed as YAML: lr=1e-6 train.gpus=8 "
+        "colocate_groups=[[train,rollout]]. The command line wins over --config.",
+    )
+    parser.add_argument("--version", action="version", version=f"rlcore {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run an algorithm", description="Run the algorithm a plugin provides.")
+    _add_plugin_and_config(run)
+    run.add_argument("--use-ray", action="store_true", help="place roles on a Ray cluster (default: one process)")
+    run.add_argument("--resume", action="store_true", help="continue the run in output_dir (sets resume=auto)")
+    run.set_defaults(func=_run)
+
+    listing = commands.add_parser("plugins", help="list installed plugins and what each provides")
+    listing.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    listing.set_defaults(func=_plugins)
+
+    config = commands.add_parser("config", help="show or validate an algorithm's config")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    show = config_commands.add_parser("show", help="print the full config with comments (defaults + overrides)")
+    _add_plugin_and_config(show)
+    show.set_defaults(func=_config_show)
+    validate = config_commands.add_parser("validate", help="check a config file and overrides; exit 2 if invalid")
+    _add_plugin_and_config(validate, config_required=True)
+    validate.set_defaults(func=_config_validate)
+    return parser
+
+
+def _add_plugin_and_config(parser: argparse.ArgumentParser, config_required: bool = False) -> None:
+    parser.add_argument(
+        "--plugin", required=True, metavar="NAME",
+        help="an installed plugin or algorithm name, a dotted module, or a path to a .py plugin file",
+    )
+    parser.add_argument("--config", required=config_required, metavar="FILE", help="a YAML config file")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.gpus=8")
+
+
+def _load(plugin: str) -> tuple[Plugins, str]:
+    """Load every plugin (plus `plugin` when it is a module or file) and resolve the algorithm it names."""
+    is_module = plugin.endswith(".py") or os.sep in plugin or "." in plugin
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plugins = load_plugins(extra=(plugin,) if is_module else ())
+    for warning in caught:
+        print(f"rlcore: warning: {warning.message}", file=sys.stderr)
+    name = os.path.splitext(os.path.basename(plugin))[0] if plugin.endswith(".py") else plugin
+    return plugins, plugins.algorithm_of(name)
+
+
+def _configured(args: argparse.Namespace, extra_overrides: Sequence[str] = ()) -> tuple[Plugins, str, Any]:
+    """The loaded plugins, the algorithm's name and its validated config, after `rlcore_configure`."""
+    plugins, algorithm = _load(args.plugin)
+    model = plugins.algorithms.get(algorithm).config
+    config = load_config(model, args.config, [*args.overrides, *extra_overrides])
+    try:
+        plugins.hook.rlcore_configure(config=config, algorithm=algorithm)
+    except ValidationError as exc:  # a hook assigned a bad value
+        raise config_error(validation_problems(exc, model), source="rlcore_configure") from None
+    return plugins, algorithm, config
+
+
+def _run(args: argparse.Namespace) -> int:
+    extra = ()
+    if args.resume:
+        plugins, algorithm = _load(args.plugin)
+        if "resume" not in plugins.algorithms.get(algorithm).config.model_fields:
+            raise ConfigError(f"--resume: algorithm '{algorithm}' has no 'resume' key, so it cannot resume a run")
+        extra = ("resume=auto",)
+    plugins, algorithm, config = _configured(args, extra)
+    trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
+    metrics = trainer.fit()
+    print(json.dumps({"algorithm": algorithm, **(metrics or {})}, default=str))
+    return 0
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # failed plugins are listed below, with their error
+        plugins = load_plugins()
+    rows = [vars(info) for info in plugins.info.values()] + [vars(info) for info in plugins.failed.values()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        print(f"{row['name']} {row['version'] or '-'} (distribution: {row['distribution'] or '-'})")
+        if row["error"]:
+            print(f"  FAILED TO LOAD: {row['error']}")
+        for kind, names in row["provides"].items():
+            print(f"  {kind}: {', '.join(names)}")
+    return 0
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    _, _, config = _configured(args)
+    sys.stdout.write(render_config(config))
+    return 0
+
+
+def _config_validate(args: argparse.Namespace) -> int:
+    _, algorithm, _ = _configured(args)
+    print(f"{args.config}: valid for algorithm '{algorithm}'")
+    return 0
