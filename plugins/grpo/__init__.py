@@ -1,0 +1,1 @@
+"""GRPO: Group Relative Policy Optimization (DeepSeekMath; TRL's GRPOTrainer)."""

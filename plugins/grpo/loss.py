@@ -1,0 +1,167 @@
+"""The GRPO policy loss: a pure function of per-token log-probs, as TRL 1.16's `GRPOTrainer._compute_loss`.
+
+Shapes: `logprobs`, `old_logprobs`, `ref_logprobs` and `mask` are [B, T] (one column per token; `mask` is 1
+on completion tokens), `advantages` is [B]. No model, no engine: the trainer computes log-probs with its
+engine and calls `policy_loss` on them.
+
+Micro-batches and data-parallel workers. An engine sums the gradients of the losses of its micro-batches
+(and DDP averages over its workers). Pass the same `batch_normalizers(mask_of_the_whole_step, world_size)`
+to every micro-batch's `policy_loss` call and those losses add up (after DDP's average) to exactly the loss
+of the whole step's batch, for every `loss_type`:
+
+- grpo:    sum over sequences of per-sequence token means / num_sequences_in_batch
+- bnpo:    sum over tokens / num_items_in_batch
+- dr_grpo: sum over tokens / (num_sequences_in_batch * max_completion_length)
+- dapo:    sum over tokens / num_items_in_batch
+
+Left unset, each count is the call's own (rows or completion tokens), which is TRL's loss of one batch.
+bnpo and dapo differ only in the count a trainer passes: bnpo the tokens of the optimizer step's batch, dapo
+(as TRL does) the tokens of the whole generation batch divided by the optimizer steps it feeds.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from rlcore import RlcoreError
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+
+
+def batch_normalizers(mask: torch.Tensor, world_size: int = 1) -> dict[str, float]:
+    """The counts to pass to every micro-batch's `policy_loss` so that their losses sum to the batch loss.
+
+    `mask` is the completion mask [B, T] of the whole batch one optimizer step covers, over all
+    data-parallel workers; the counts are divided by `world_size` because DDP averages the workers' gradients.
+    """
+    if world_size < 1:
+        raise RlcoreError(f"world_size must be >= 1, got {world_size}")
+    return {
+        "num_items_in_batch": float(mask.sum().item()) / world_size,
+        "num_sequences_in_batch": mask.shape[0] / world_size,
+    }
+
+
+def _check(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    beta: float,
+    loss_type: str,
+    importance_sampling_level: str,
+    max_completion_length: int | None,
+) -> None:
+    if loss_type not in LOSS_TYPES:
+        raise RlcoreError(f"loss_type '{loss_type}' is unknown; known: {', '.join(LOSS_TYPES)}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise RlcoreError(
+            f"importance_sampling_level '{importance_sampling_level}' is unknown; "
+            f"known: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}"
+        )
+    if logprobs.dim() != 2:
+        raise RlcoreError(f"logprobs must be [B, T]; got shape {tuple(logprobs.shape)}")
+    for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
+        if tensor is not None and tensor.shape != logprobs.shape:
+            raise RlcoreError(f"{name} has shape {tuple(tensor.shape)}; logprobs has {tuple(logprobs.shape)}")
+    if advantages.shape != (logprobs.shape[0],):
+        raise RlcoreError(f"advantages must be [B] = [{logprobs.shape[0]}]; got shape {tuple(advantages.shape)}")
+    if beta != 0.0 and ref_logprobs is None:
+        raise RlcoreError(f"beta={beta} needs ref_logprobs (the reference model's log-probs); pass them or set beta=0")
+    if loss_type == "dr_grpo" and not max_completion_length:
+        raise RlcoreError("loss_type 'dr_grpo' needs max_completion_length (it divides by B * max_completion_length)")
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    beta: float = 0.0,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    delta: float | None = None,
+    loss_type: LossType = "grpo",
+    importance_sampling_level: Literal["token", "sequence"] = "token",
+    max_completion_length: int | None = None,
+    num_items_in_batch: float | None = None,
+    num_sequences_in_batch: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate loss with an optional k3 KL penalty; returns (loss, metrics).
+
+    `epsilon` / `epsilon_high` clip the ratio to [1 - epsilon, 1 + epsilon_high] (DAPO's clip-higher;
+    `epsilon_high` defaults to `epsilon`); `delta` caps the unclipped ratio too (TRL's two-sided clipping).
+    `importance_sampling_level="sequence"` uses one ratio per sequence, exp of the masked mean log-ratio
+    (GSPO). Metrics, named as TRL logs them: `kl` (when `ref_logprobs` is given), `clip_ratio/low_mean`,
+    `clip_ratio/high_mean`, `clip_ratio/region_mean`; each a masked mean over this call's tokens.
+    """
+    _check(logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, loss_type,
+           importance_sampling_level, max_completion_length)
+    mask = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype).unsqueeze(1)  # [B, 1]
+    epsilon_low = epsilon
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+
+    log_ratio = logprobs - old_logprobs
+    if importance_sampling_level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # [B, 1]
+    coef_1 = torch.exp(log_ratio)
+    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    if delta is not None:
+        coef_1 = torch.clamp(coef_1, max=delta)
+    per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+
+    per_token_kl = None
+    if ref_logprobs is not None:
+        diff = ref_logprobs - logprobs
+        per_token_kl = torch.exp(diff) - diff - 1
+        if beta != 0.0:
+            per_token_loss = per_token_loss + beta * per_token_kl
+
+    rows = num_sequences_in_batch if num_sequences_in_batch is not None else logprobs.shape[0]
+    tokens = num_items_in_batch if num_items_in_batch is not None else mask.sum().clamp(min=1.0)
+    masked = per_token_loss * mask  # broadcasts a [B, 1] sequence-level loss over the tokens
+    if loss_type == "grpo":
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / rows
+    elif loss_type == "dr_grpo":
+        loss = masked.sum() / (rows * max_completion_length)
+    else:  # bnpo, dapo
+        loss = masked.sum() / tokens
+
+    return loss, _metrics(coef_1, adv, mask, per_token_kl, epsilon_low, epsilon_high)
+
+
+def _metrics(
+    coef_1: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    per_token_kl: torch.Tensor | None,
+    epsilon_low: float,
+    epsilon_high: float,
+) -> dict[str, float]:
+    """TRL's logged statistics, on this call's tokens (per sequence when the ratio is per sequence)."""
+    with torch.no_grad():
+
+        def masked_mean(x: torch.Tensor) -> float:
+            if x.shape[1] == 1:  # one value per sequence
+                return float(x.mean().item()) if x.numel() else 0.0
+            return float(((x * mask).sum() / mask.sum().clamp(min=1.0)).item())
+
+        low = ((coef_1 < 1 - epsilon_low) & (adv < 0)).to(mask.dtype)
+        high = ((coef_1 > 1 + epsilon_high) & (adv > 0)).to(mask.dtype)
+        metrics = {
+            "clip_ratio/low_mean": masked_mean(low),
+            "clip_ratio/high_mean": masked_mean(high),
+            "clip_ratio/region_mean": masked_mean(torch.maximum(low, high)),
+        }
+        if per_token_kl is not None:
+            metrics["kl"] = masked_mean(per_token_kl)
+    return metrics
