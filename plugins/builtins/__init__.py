@@ -20,3 +20,17 @@ ROLES = {
 def rlcore_roles():
     for name, description in ROLES.items():
         yield RoleSpec(name, description=description)
+
+
+@hookimpl
+def rlcore_dispatchers():
+    from rlcore.dispatch import DISPATCHERS
+
+    yield from DISPATCHERS
+
+
+@hookimpl
+def rlcore_collectors():
+    from rlcore.dispatch import COLLECTORS
+
+    yield from COLLECTORS
