@@ -1,0 +1,121 @@
+"""Weight sync on the CPU: bucketing, flat buffers, and a real gloo broadcast between two processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import traceback
+
+import pytest
+import torch
+
+from rlcore import ConfigError, RlcoreError
+from rlcore.weight_sync import (
+    BroadcastGroup,
+    FlatBucket,
+    find_free_port,
+    flatten_bucket,
+    iter_buckets,
+    unflatten_bucket,
+)
+
+TIMEOUT_S = 60
+
+
+def _weights(version: int) -> list[tuple[str, torch.Tensor]]:
+    """A small model's worth of mixed-dtype tensors, different for each version."""
+    g = torch.Generator().manual_seed(version)
+    return [
+        ("model.embed_tokens.weight", torch.randn(64, 16, generator=g).to(torch.bfloat16)),
+        ("model.layers.0.self_attn.q_proj.weight", torch.randn(16, 16, generator=g)),
+        ("model.layers.0.self_attn.q_proj.bias", torch.randn(16, generator=g)),
+        ("model.norm.weight", torch.randn(16, generator=g).to(torch.bfloat16)),
+        ("model.rotary.step", torch.tensor(version, dtype=torch.int64)),
+        ("lm_head.weight", torch.randn(64, 16, generator=g).to(torch.float16)),
+    ]
+
+
+def test_iter_buckets_respects_the_limit_and_keeps_order():
+    tensors = [(f"w{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([10, 10, 30, 5, 5, 5])]
+    buckets = list(iter_buckets(tensors, bucket_bytes=80))  # 20 float32 per bucket
+    assert [[name for name, _ in b] for b in buckets] == [["w0", "w1"], ["w2"], ["w3", "w4", "w5"]]
+    assert [name for b in buckets for name, _ in b] == [name for name, _ in tensors]
+
+
+def test_iter_buckets_rejects_a_non_positive_size():
+    with pytest.raises(ConfigError, match="bucket_bytes must be positive, got 0"):
+        list(iter_buckets([("w", torch.zeros(1))], bucket_bytes=0))
+
+
+def test_flatten_makes_one_buffer_per_dtype_and_round_trips():
+    tensors = _weights(1)
+    bucket = flatten_bucket(tensors)
+    assert sorted(bucket.buffers) == ["bfloat16", "float16", "float32", "int64"]
+    assert bucket.buffers["bfloat16"].shape == (64 * 16 + 16,)
+    assert all(buf.is_contiguous() and buf.dim() == 1 for buf in bucket.buffers.values())
+    out = unflatten_bucket(bucket)
+    assert [name for name, _ in out] == [name for name, _ in tensors]
+    got = dict(out)
+    for name, tensor in tensors:
+        assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape
+        assert torch.equal(got[name], tensor), name
+
+
+def test_metadata_json_round_trip_allocates_matching_buffers():
+    bucket = flatten_bucket(_weights(2))
+    text = bucket.to_json()
+    assert json.loads(text)["tensors"][3] == ["model.norm.weight", [16], "bfloat16", 64 * 16]
+    empty = FlatBucket.from_json(text)
+    assert empty.metas == bucket.metas
+    assert {k: (v.dtype, v.numel()) for k, v in empty.buffers.items()} == {
+        k: (v.dtype, v.numel()) for k, v in bucket.buffers.items()
+    }
+    assert empty.nbytes == bucket.nbytes
+
+
+def _receiver(port: int, syncs: int, results) -> None:
+    """Rank 1: receive `syncs` syncs, compare each with what rank 0 sends, then time out on one more."""
+    try:
+        group = BroadcastGroup("127.0.0.1", port, rank=1, world_size=2, backend="gloo", timeout_s=10)
+        for version in range(syncs):
+            got = [(name, t.clone()) for bucket in group.receive() for name, t in bucket]
+            want = _weights(version)
+            assert [name for name, _ in got] == [name for name, _ in want], [name for name, _ in got]
+            for (name, g), (_, w) in zip(got, want):
+                assert g.dtype == w.dtype and torch.equal(g, w), f"sync {version}: {name} differs"
+        try:
+            next(group.receive())
+            results.put("no timeout")
+        except RlcoreError as e:
+            results.put(f"ok: {e}")
+    except BaseException:
+        results.put(traceback.format_exc())
+
+
+def test_gloo_broadcast_between_two_processes():
+    """Rank 0 (this process) sends three versions of the weights in several buckets; rank 1 checks them."""
+    port = find_free_port()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    proc = ctx.Process(target=_receiver, args=(port, 3, results), daemon=True)
+    proc.start()
+    try:
+        group = BroadcastGroup("127.0.0.1", port, rank=0, world_size=2, backend="gloo", timeout_s=TIMEOUT_S)
+        for version in range(3):
+            stats = group.send(iter_buckets(_weights(version), bucket_bytes=2048))
+            assert stats["weight_sync/buckets"] == 3
+            assert stats["weight_sync/bytes"] == sum(t.numel() * t.element_size() for _, t in _weights(version))
+        outcome = results.get(timeout=TIMEOUT_S)
+        assert outcome.startswith("ok: weight sync: rank 1 waited 10s for bucket 0 of sync 3"), outcome
+    finally:
+        proc.join(timeout=TIMEOUT_S)
+        if proc.is_alive():
+            proc.kill()
+    assert proc.exitcode == 0
+
+
+def test_broadcast_group_rejects_bad_arguments_before_connecting():
+    with pytest.raises(ConfigError, match="backend must be 'nccl' or 'gloo', got 'mpi'"):
+        BroadcastGroup("127.0.0.1", 1, rank=0, world_size=2, backend="mpi")
+    with pytest.raises(ConfigError, match="rank 2 of world_size 2"):
+        BroadcastGroup("127.0.0.1", 1, rank=2, world_size=2, backend="gloo")
