@@ -77,26 +77,29 @@ class Plugins:
         self.manager.register(plugin, name=name)
         try:
             staged = self._collect(name)
-            for registry, item in staged:  # refuse clashes before adding anything
-                if registry.key_of(item) in registry:
-                    registry.add(item, name)  # raises, naming both plugins
+            for registry, mine in staged:  # refuse clashes before adding anything
+                for key in mine.names():
+                    if key in registry:
+                        registry.add(mine.get(key), name)  # raises, naming both plugins
         except BaseException:
             self.manager.unregister(name=name)
             raise
         info = PluginInfo(name, version, distribution)
-        for registry, item in staged:
-            registry.add(item, name)
+        for registry, mine in staged:
+            for item in mine:
+                registry.add(item, name)
         for attr, _ in REGISTRIES.values():
             provided = getattr(self, attr).by_plugin(name)
             if provided:
                 info.provides[attr] = provided
         self.info[name] = info
 
-    def _collect(self, name: str) -> list[tuple[Registry, Any]]:
-        """What plugin `name`'s registration hooks yield, with the registry each item goes to."""
+    def _collect(self, name: str) -> list[tuple[Registry, Registry]]:
+        """Plugin `name`'s registration hooks' yield, staged per kind in a registry of the same type."""
         staged = []
-        for hook_name, (attr, kind) in REGISTRIES.items():
-            seen: set[str] = set()
+        for hook_name, (attr, _) in REGISTRIES.items():
+            registry: Registry = getattr(self, attr)
+            mine = type(registry)(registry.kind)
             for impl in getattr(self.manager.hook, hook_name).get_hookimpls():
                 if impl.plugin_name != name:
                     continue
@@ -105,11 +108,8 @@ class Plugins:
                 except Exception as exc:  # a plugin's own bug, reported under its name
                     raise PluginError(f"plugin '{name}' failed in {hook_name}(): {exc!r}") from exc
                 for item in items:
-                    item_name = getattr(item, "name", None)
-                    if not isinstance(item_name, str) or not item_name or getattr(self, attr).key_of(item) in seen:
-                        raise PluginError(f"plugin '{name}' yielded a {kind} without a name or twice: {item!r}")
-                    seen.add(getattr(self, attr).key_of(item))
-                    staged.append((getattr(self, attr), item))
+                    mine.add(item, name)
+            staged.append((registry, mine))
         return staged
 
     def algorithm_of(self, name: str) -> str:
