@@ -98,6 +98,9 @@ def rlcore_algorithms() -> Iterable[AlgorithmSpec]:
 def rlcore_engines() -> Iterable[EngineSpec]:
     """Yield engine implementations (train, rollout, teacher) that roles can be configured to use.
 
+    Engines are registered per kind, under "kind/name" (``plugins.engines.get("hf", kind="rollout")``
+    looks one up), so a plugin may give a train and a rollout engine the same name.
+
     .. code-block:: python
 
         @hookimpl

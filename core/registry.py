@@ -23,6 +23,7 @@ class Registry(Generic[T]):
         name = getattr(item, "name", None)
         if not isinstance(name, str) or not name:
             raise PluginError(f"plugin '{plugin}' yielded a {self.kind} without a name: {item!r}")
+        name = self.key_of(item)
         if name in self._items:
             raise PluginError(
                 f"{self.kind} '{name}' is registered twice: by plugin '{self._owners[name]}' and by "
@@ -31,6 +32,10 @@ class Registry(Generic[T]):
             )
         self._items[name] = item
         self._owners[name] = plugin
+
+    def key_of(self, item: T) -> str:
+        """The name `item` is registered under."""
+        return item.name  # type: ignore[attr-defined]
 
     def get(self, name: str) -> T:
         """The descriptor called `name`; an unknown name lists the known ones and the closest match."""
@@ -61,3 +66,14 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class EngineRegistry(Registry[T]):
+    """Engines, registered per kind as "kind/name": a plugin may give a train and a rollout engine one name."""
+
+    def key_of(self, item: T) -> str:
+        return f"{item.kind}/{item.name}"  # type: ignore[attr-defined]
+
+    def get(self, name: str, kind: str | None = None) -> T:
+        """`get("hf", kind="rollout")` or `get("rollout/hf")`; an unknown one lists the known ones."""
+        return super().get(f"{kind}/{name}" if kind else name)
