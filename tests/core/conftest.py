@@ -1,0 +1,62 @@
+"""Fixtures for the core tests: the installed example plugin, the `rlcore` command, tiny distributions."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+RLCORE = Path(sys.executable).with_name("rlcore")
+
+
+@pytest.fixture(scope="session")
+def example_plugin() -> md.Distribution:
+    """The example third-party plugin, installed as a real distribution (as .ci/run does)."""
+    try:
+        return md.distribution("rlcore-example-plugin")
+    except md.PackageNotFoundError:
+        pytest.fail(
+            "the example plugin distribution is not installed in this environment: run "
+            "`pip install ./examples/plugin-template` (bash .ci/run does it)"
+        )
+
+
+@pytest.fixture
+def rlcore_cli(example_plugin, tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """Run the installed `rlcore` console script in tmp_path; returns the completed process."""
+    if not RLCORE.exists():
+        pytest.fail(f"the rlcore console script is missing at {RLCORE}: pip install -e . first")
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
+        full_env.update(env or {})
+        return subprocess.run(
+            [str(RLCORE), *args], cwd=tmp_path, env=full_env, capture_output=True, text=True,
+            timeout=timeout, stdin=subprocess.DEVNULL,
+        )
+
+    return run
+
+
+@pytest.fixture
+def make_distribution(tmp_path) -> Callable[..., Path]:
+    """A factory installing one-module plugin distributions into a fresh folder; returns the folder."""
+    return lambda *args: _write_distribution(tmp_path / "site", *args)
+
+
+def _write_distribution(root: Path, dist: str, entry_point: str, module: str, source: str) -> Path:
+    """Install a one-module distribution into `root` as pip would: the module plus a .dist-info folder
+    with METADATA and entry_points.txt (group rlcore.plugins). Put `root` on sys.path or PYTHONPATH."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{dist.replace('-', '_')}-0.3.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3.0\n")
+    (info / "entry_points.txt").write_text(f"[rlcore.plugins]\n{entry_point} = {module}\n")
+    (info / "RECORD").write_text(f"{module}.py,,\n{info.name}/METADATA,,\n{info.name}/entry_points.txt,,\n")
+    return root

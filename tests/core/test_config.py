@@ -1,0 +1,133 @@
+"""Config loading: a YAML file plus dotted overrides, every problem at once, a render that round-trips."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import Field
+
+from rlcore import ConfigError, RoleConfig, RunConfig
+from rlcore.config import load_config, render_config
+
+
+class DemoConfig(RunConfig):
+    """A config shaped like an algorithm's: scalars, a role section, an optional role section."""
+
+    lr: float = Field(1e-5, description="learning rate")
+    num_generations: int = Field(8, ge=1, description="completions per prompt")
+    train: RoleConfig = Field(default_factory=RoleConfig, description="the train role")
+    teacher: RoleConfig | None = Field(None, description="a separate teacher role")
+    note: str = Field("1e-6", description="a string that looks like a number")
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def problems_of(excinfo) -> dict[str, str]:
+    return dict(excinfo.value.problems)
+
+
+def test_a_config_with_three_mistakes_reports_all_three(tmp_path):
+    path = write(tmp_path, "lr: fast\nnum_generation: 4\ntrain:\n  gpus: 2\n  engnie: vllm\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(DemoConfig, path)
+    problems = problems_of(excinfo)
+    assert set(problems) == {"lr", "num_generation", "train.engnie"}
+    assert "valid number" in problems["lr"] and "'fast'" in problems["lr"]
+    assert "Did you mean 'num_generations'?" in problems["num_generation"]
+    assert "Did you mean 'engine'?" in problems["train.engnie"]
+    assert "3 problems" in str(excinfo.value) and str(path) in str(excinfo.value)
+
+
+def test_overrides_win_over_the_file_and_parse_as_yaml(tmp_path):
+    path = write(tmp_path, "lr: 0.5\ntrain: {gpus: 2, engine: hf}\ncolocate_groups: []\n")
+    config = load_config(
+        DemoConfig,
+        path,
+        ["lr=1e-6", "train.gpus=8", "colocate_groups=[[train,rollout]]", "teacher.gpus=4", "offload_model=true"],
+    )
+    assert config.lr == 1e-6 and isinstance(config.lr, float)
+    assert config.train.gpus == 8 and config.train.engine == "hf"
+    assert config.colocate_groups == [["train", "rollout"]]
+    assert config.teacher == RoleConfig(gpus=4)
+    assert config.offload_model is True
+
+
+def test_a_json_string_sets_a_dict_valued_key():
+    config = load_config(
+        DemoConfig, None,
+        ['device_groups={"nproc_per_node": 4, "sample_group": {"device": "GPU", "ranks": "list(range(0, 2))"}}'],
+    )
+    assert config.device_groups == {
+        "nproc_per_node": 4, "sample_group": {"device": "GPU", "ranks": "list(range(0, 2))"},
+    }
+
+
+def test_nothing_is_evaluated():
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(DemoConfig, None, ["seed=__import__('os').getpid()"])
+    assert "__import__" in problems_of(excinfo)["seed"]
+
+
+def test_an_unknown_nested_key_suggests_the_closest_one_also_on_the_command_line(tmp_path):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(DemoConfig, None, ["teacher.gpsu=2", "trian.gpus=1"])
+    problems = problems_of(excinfo)
+    assert problems["teacher.gpsu"].startswith("unknown key 'gpsu'. Did you mean 'gpus'?")
+    assert "Did you mean 'train'?" in problems["trian"]
+    assert all("[set on the command line]" in message for message in problems.values())
+
+
+def test_an_unknown_key_without_a_close_match_lists_the_known_ones():
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(DemoConfig, None, ["train.zzz=1"])
+    assert "Known keys here: gpus, cpus, engine." in problems_of(excinfo)["train.zzz"]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (None, "does not exist"),
+        ("lr: 1\ntrain: [unclosed\n", "not valid YAML: line 3"),
+        ("- a\n- b\n", "must be a mapping of keys to values, got list"),
+    ],
+)
+def test_file_problems_are_config_errors(tmp_path, text, expected):
+    path = tmp_path / "missing.yaml" if text is None else write(tmp_path, text)
+    with pytest.raises(ConfigError, match=expected):
+        load_config(DemoConfig, path)
+
+
+def test_malformed_overrides_are_reported_with_the_rest():
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(DemoConfig, None, ["seed", "lr=[1, 2", "train.gpus=3", "train.gpus.x=1", "num_generations=0"])
+    problems = problems_of(excinfo)
+    assert "is not of the form key=value" in problems["seed"]
+    assert "not valid YAML" in problems["lr"]
+    assert "'train.gpus' is 3, not a section" in problems["train.gpus.x"]
+    assert "greater than or equal to 1" in problems["num_generations"]
+
+
+def test_an_empty_file_gives_the_defaults(tmp_path):
+    assert load_config(DemoConfig, write(tmp_path, "# nothing\n")) == DemoConfig()
+
+
+def test_render_round_trips_the_defaults_with_a_comment_per_key(tmp_path):
+    text = render_config(DemoConfig)
+    assert load_config(DemoConfig, write(tmp_path, text)) == DemoConfig()
+    lines = text.splitlines()
+    for name, field in DemoConfig.model_fields.items():
+        index = lines.index(next(line for line in lines if line.startswith(f"{name}:")))
+        assert lines[index - 1] == f"# {field.description}"
+    assert "train:\n  # GPUs for this role" in text  # nested sections are rendered as sections
+    assert "note: '1e-6'" in text  # a number-like string stays a string
+
+
+def test_render_of_an_instance_round_trips_its_values(tmp_path):
+    config = DemoConfig(
+        lr=3e-7, teacher=RoleConfig(gpus=4, engine="vllm"), colocate_groups=[["train", "rollout"]],
+        device_groups={"nproc_per_node": 4, "g": {"ranks": [0, 1], "workers": ["sampler"]}}, output_dir="a: b",
+    )
+    assert load_config(DemoConfig, write(tmp_path, render_config(config))) == config
