@@ -1,0 +1,18 @@
+"""The `vllm` engine: rollout and teacher roles served by vLLM's offline engine in the worker's process.
+
+Importing this plugin does not import vLLM; building an engine does (`pip install 'rlcore[vllm]'`).
+"""
+
+from __future__ import annotations
+
+from rlcore import EngineSpec, hookimpl
+
+from .engine import VLLMRolloutEngine
+
+__all__ = ["VLLMRolloutEngine"]
+
+
+@hookimpl
+def rlcore_engines():
+    yield EngineSpec("vllm", kind="rollout", factory=VLLMRolloutEngine, description="vLLM offline engine; sleep mode, in-process weight loading")
+    yield EngineSpec("vllm", kind="teacher", factory=VLLMRolloutEngine, description="vLLM prompt top-k log-probs for distillation")

@@ -1,0 +1,212 @@
+"""`VLLMRolloutEngine`: rlcore's rollout (and teacher) engine over vLLM's offline `LLM`, in this process.
+
+vLLM's engine core runs in the worker's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so new weights
+are loaded in place through the model's `load_weights` without a copy through another process. Log-probs
+of sampled tokens come from vLLM's `logprobs_mode="processed_logprobs"`: the distribution the sampler drew
+from, after temperature (and top-k/top-p), which is what importance sampling against the trainer needs.
+Options are spelled as ms-swift spells them (`vllm_gpu_memory_utilization`, ...).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from rlcore import ConfigError, Generation, RlcoreError, RolloutEngine, SamplingParams, TopK
+
+if TYPE_CHECKING:
+    import torch
+
+SLEEP_TAGS = ("weights", "kv_cache")
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's default cap on logprobs / prompt_logprobs per position
+
+# Engine arguments that this engine sets itself from its own options; passing them in
+# vllm_engine_kwargs would be ambiguous, so the error names the option to use instead.
+_OWN_ENGINE_ARGS = {
+    "model": "model",
+    "tensor_parallel_size": "vllm_tensor_parallel_size",
+    "gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "max_model_len": "vllm_max_model_len",
+    "enforce_eager": "vllm_enforce_eager",
+    "enable_sleep_mode": "vllm_enable_sleep_mode",
+    "dtype": "dtype",
+    "seed": "seed",
+    "logprobs_mode": "(none: this engine needs 'processed_logprobs')",
+}
+
+
+def _validate(
+    model: str,
+    tensor_parallel_size: int,
+    gpu_memory_utilization: float,
+    max_model_len: int | None,
+    engine_kwargs: dict[str, Any],
+) -> None:
+    problems: list[tuple[str, str]] = []
+    if not isinstance(model, str) or not model:
+        problems.append(("model", f"a model directory or hub name is required, got {model!r}"))
+    if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
+        problems.append(("vllm_tensor_parallel_size", f"must be an integer >= 1, got {tensor_parallel_size!r}"))
+    if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
+        problems.append(("vllm_gpu_memory_utilization", f"must be in (0, 1], got {gpu_memory_utilization!r}"))
+    if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 1):
+        problems.append(("vllm_max_model_len", f"must be a positive integer or None, got {max_model_len!r}"))
+    if not isinstance(engine_kwargs, dict):
+        problems.append(("vllm_engine_kwargs", f"must be a mapping of vLLM engine arguments, got {type(engine_kwargs).__name__}"))
+    else:
+        for key in sorted(set(engine_kwargs) & set(_OWN_ENGINE_ARGS)):
+            problems.append((f"vllm_engine_kwargs.{key}", f"is set by this engine; use {_OWN_ENGINE_ARGS[key]} instead"))
+    if problems:
+        lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
+        raise ConfigError(f"invalid vllm engine options ({len(problems)}):\n{lines}", problems)
+
+
+def _load_weights_on_worker(worker: Any, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """Run inside each vLLM worker (via collective_rpc) when workers live in their own processes."""
+    worker.model_runner.model.load_weights(weights=named_tensors)
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """vLLM's offline `LLM` behind rlcore's RolloutEngine interface: generation, teacher top-k, sleep, weights."""
+
+    def __init__(
+        self,
+        model: str,
+        vllm_tensor_parallel_size: int = 1,
+        vllm_gpu_memory_utilization: float = 0.9,
+        vllm_max_model_len: int | None = None,
+        vllm_enforce_eager: bool = False,
+        vllm_enable_sleep_mode: bool = True,
+        vllm_engine_kwargs: dict[str, Any] | None = None,
+        dtype: str = "auto",
+        seed: int = 0,
+    ):
+        engine_kwargs = {} if vllm_engine_kwargs is None else vllm_engine_kwargs
+        _validate(model, vllm_tensor_parallel_size, vllm_gpu_memory_utilization, vllm_max_model_len, engine_kwargs)
+        engine_kwargs = dict(engine_kwargs)
+        # The engine core in this process: weights load in place and sleep/wake act on this process's GPU.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if vllm_tensor_parallel_size > 1:  # workers in their own processes receive a load function by pickle
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        try:
+            import vllm
+        except ImportError as e:
+            raise RlcoreError(f"the vllm engine needs vLLM: pip install 'rlcore[vllm]' ({e})") from e
+
+        self._vllm = vllm
+        self.sleep_mode = vllm_enable_sleep_mode
+        self.max_logprobs = int(engine_kwargs.get("max_logprobs", DEFAULT_MAX_LOGPROBS))
+        self._detokenize = not engine_kwargs.get("skip_tokenizer_init", False)
+        self._asleep: set[str] = set()
+        self.llm = vllm.LLM(
+            model=model,
+            tensor_parallel_size=vllm_tensor_parallel_size,
+            gpu_memory_utilization=vllm_gpu_memory_utilization,
+            max_model_len=vllm_max_model_len,
+            enforce_eager=vllm_enforce_eager,
+            enable_sleep_mode=vllm_enable_sleep_mode,
+            dtype=dtype,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            **engine_kwargs,
+        )
+
+    # ---- generation --------------------------------------------------------
+
+    def _require_awake(self, what: str, tags: Iterable[str] = SLEEP_TAGS) -> None:
+        asleep = sorted(self._asleep & set(tags))
+        if asleep:
+            raise RlcoreError(f"vllm engine: cannot {what} while {', '.join(asleep)} sleep; call wake_up() first")
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """`params.n` completions per prompt, prompt-major, each token with the sampler's log-prob."""
+        self._require_awake("generate")
+        if params.n < 1 or params.max_tokens < 1:
+            raise ConfigError(f"sampling needs n >= 1 and max_tokens >= 1, got n={params.n}, max_tokens={params.max_tokens}")
+        sampling = self._vllm.SamplingParams(
+            n=params.n,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            stop_token_ids=list(params.stop_token_ids) or None,
+            seed=params.seed,
+            logprobs=0,  # the sampled token's own log-prob only
+            detokenize=self._detokenize,
+        )
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False)
+        result: list[Generation] = []
+        for index, output in enumerate(outputs):
+            for completion in output.outputs:
+                token_ids = list(completion.token_ids)
+                logprobs = [float(pos[token].logprob) for pos, token in zip(completion.logprobs, token_ids)]
+                result.append(Generation(index, token_ids, logprobs, str(completion.finish_reason), completion.text or ""))
+        return result
+
+    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopK]:
+        """The k most likely next tokens at positions 1..L-1 of each sequence, at temperature 1."""
+        import torch
+
+        self._require_awake("score prompts")
+        if not 1 <= k <= self.max_logprobs:
+            raise ConfigError(
+                f"prompt top-k: k={k} is outside 1..{self.max_logprobs}; raise vLLM's cap with "
+                f"vllm_engine_kwargs={{'max_logprobs': {k}}}"
+            )
+        short = [i for i, s in enumerate(sequences) if len(s) < 2]
+        if short:
+            raise ConfigError(f"prompt top-k needs sequences of at least 2 tokens; sequences {short} are shorter")
+        sampling = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=k, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], sampling, use_tqdm=False)
+        result = []
+        for output in outputs:
+            positions = output.prompt_logprobs[1:]  # position 0 has no prefix: vLLM gives None
+            ids = torch.empty(len(positions), k, dtype=torch.long)
+            values = torch.empty(len(positions), k, dtype=torch.float32)
+            for row, position in enumerate(positions):
+                # vLLM adds the prompt token's own log-prob to the top-k when it is not among them.
+                best = sorted(position.items(), key=lambda item: item[1].logprob, reverse=True)[:k]
+                ids[row] = torch.tensor([token for token, _ in best])
+                values[row] = torch.tensor([lp.logprob for _, lp in best])
+            result.append(TopK(ids=ids, logprobs=values))
+        return result
+
+    # ---- weights ---------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load one bucket of Hugging Face-named tensors into the model (vLLM maps and fuses the names)."""
+        self._require_awake("load weights", tags=("weights",))
+        executor = self.llm.llm_engine.model_executor
+        driver = getattr(executor, "driver_worker", None)
+        if driver is not None:  # one worker, in this process: hand the tensors over as they are
+            driver.worker.model_runner.model.load_weights(weights=named_tensors)
+        else:
+            cpu = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
+            self.llm.collective_rpc(_load_weights_on_worker, args=(cpu,))
+
+    def finish_weight_update(self) -> None:
+        """Drop cached prefixes: their KV entries were computed with the old weights."""
+        self.llm.reset_prefix_cache()
+
+    # ---- memory ------------------------------------------------------------
+
+    def sleep(self, level: int = 1) -> None:
+        """Level 1 offloads weights to CPU memory and drops the KV cache; level 2 drops both."""
+        if not self.sleep_mode:
+            raise ConfigError("vllm engine: sleep needs vllm_enable_sleep_mode=True when the engine is created")
+        if level not in (1, 2):
+            raise ConfigError(f"vllm engine: sleep level must be 1 or 2, got {level}")
+        self.llm.sleep(level=level)
+        self._asleep = set(SLEEP_TAGS)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back the memory of `tags` ("weights", "kv_cache"); None wakes everything."""
+        if tags is not None:
+            unknown = sorted(set(tags) - set(SLEEP_TAGS))
+            if unknown:
+                raise ConfigError(f"vllm engine: unknown wake_up tags {unknown}; known: {', '.join(SLEEP_TAGS)}")
+        if not self._asleep:
+            return
+        self.llm.wake_up(tags=list(tags) if tags is not None else None)
+        self._asleep -= set(tags if tags is not None else SLEEP_TAGS)
