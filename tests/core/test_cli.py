@@ -1,0 +1,159 @@
+"""The `rlcore` command through a subprocess: exit statuses, messages without tracebacks, lifecycle hooks."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+import rlcore
+from rlcore.config import load_config
+
+# Installed as a distribution next to the example, so its hooks observe `rlcore run --plugin example`.
+OBSERVER = textwrap.dedent(
+    """
+    import json, os
+    from rlcore import AlgorithmSpec, ConfigError, RunConfig, Trainer, hookimpl
+
+    def log(**event):
+        with open(os.environ["HOOK_LOG"], "a") as f:
+            f.write(json.dumps(event) + "\\n")
+
+    class Interrupted(Trainer):
+        def fit(self):
+            raise KeyboardInterrupt
+
+    @hookimpl
+    def rlcore_algorithms():
+        yield AlgorithmSpec("interrupted", config=RunConfig, trainer=Interrupted)
+
+    @hookimpl
+    def rlcore_configure(config, algorithm):
+        if algorithm == "example" and config.steps == 13:
+            raise ConfigError("steps=13 is refused by the observer plugin")
+        if algorithm == "example":
+            config.num_workers = 3
+        log(event="configure", algorithm=algorithm)
+
+    @hookimpl
+    def rlcore_train_start(trainer):
+        log(event="start", workers=trainer.config.num_workers)
+
+    @hookimpl
+    def rlcore_step_end(trainer, step, metrics):
+        log(event="step", step=step, loss=metrics["loss"])
+
+    @hookimpl
+    def rlcore_train_end(trainer, metrics):
+        log(event="end", w=metrics["w"])
+    """
+)
+
+
+@pytest.fixture
+def observed(rlcore_cli, make_distribution, tmp_path):
+    """`rlcore` with the observer plugin installed; hook events land in tmp_path/hooks.jsonl."""
+    site = make_distribution("rlcore-observer", "observer", "rlcore_observer", OBSERVER)
+    env = {"PYTHONPATH": str(site), "HOOK_LOG": str(tmp_path / "hooks.jsonl")}
+    return lambda *args, **extra: rlcore_cli(*args, env={**env, **extra})
+
+
+def events(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "hooks.jsonl").read_text().splitlines()]
+
+
+def assert_usage_error(done, *needles: str) -> None:
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith("rlcore: error: ") and "Traceback" not in done.stderr
+    for needle in needles:
+        assert needle in done.stderr
+
+
+def test_version(rlcore_cli):
+    done = rlcore_cli("--version")
+    assert (done.returncode, done.stdout.strip()) == (0, f"rlcore {rlcore.__version__}")
+
+
+def test_run_calls_configure_and_the_lifecycle_hooks(observed, tmp_path):
+    done = observed("run", "--plugin", "example", "steps=5", "output_dir=out")
+    assert done.returncode == 0, done.stderr
+    seen = events(tmp_path)
+    assert [e["event"] for e in seen] == ["configure", "start"] + ["step"] * 5 + ["end"]
+    assert seen[1]["workers"] == 3  # rlcore_configure adjusted the config before the trainer was built
+    assert [e["step"] for e in seen if e["event"] == "step"] == [1, 2, 3, 4, 5]
+    assert seen[-1]["w"] == json.loads(done.stdout.splitlines()[-1])["w"]
+
+
+def test_configure_can_reject_a_config(observed, tmp_path):
+    assert_usage_error(observed("run", "--plugin", "example", "steps=13"), "steps=13 is refused")
+    assert not (tmp_path / "output").exists()
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["run", "--plugin", "exmaple"], ["no plugin or algorithm is called 'exmaple'", "Did you mean 'example'?"]),
+        (["run", "--plugin", "example", "stpes=3"], ["stpes: unknown key 'stpes'. Did you mean 'steps'?"]),
+        (["run", "--plugin", "example", "steps=many"], ["steps: Input should be a valid integer", "'many'"]),
+        (["run", "--plugin", "example", "--config", "missing.yaml"], ["config file 'missing.yaml' does not exist"]),
+        (["run", "--plugin", "interrupted", "--resume"], ["algorithm 'interrupted' has no 'resume' key"]),
+    ],
+    ids=["unknown-plugin", "bad-key", "bad-value", "missing-file", "resume-unsupported"],
+)
+def test_usage_and_config_errors_exit_2_without_a_traceback(observed, args, needles):
+    assert_usage_error(observed(*args), *needles)
+
+
+def test_argparse_usage_errors_exit_2(rlcore_cli):
+    done = rlcore_cli("run")
+    assert done.returncode == 2 and "--plugin" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_runtime_failure_exits_1_with_a_traceback_only_when_debugging(rlcore_cli):
+    done = rlcore_cli("run", "--plugin", "example", "lr=50", "output_dir=diverged")
+    assert done.returncode == 1
+    assert "rlcore: error: example: training diverged" in done.stderr and "Traceback" not in done.stderr
+    debug = rlcore_cli("run", "--plugin", "example", "lr=50", "output_dir=diverged2", env={"RLCORE_DEBUG": "1"})
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_interrupt_exits_130(observed):
+    done = observed("run", "--plugin", "interrupted")
+    assert done.returncode == 130 and "interrupted" in done.stderr
+
+
+def test_resume_continues_a_run(rlcore_cli, tmp_path):
+    assert rlcore_cli("run", "--plugin", "example", "steps=4", "output_dir=r").returncode == 0
+    assert_usage_error(rlcore_cli("run", "--plugin", "example", "steps=6", "output_dir=r"), "--resume")
+    done = rlcore_cli("run", "--plugin", "example", "--resume", "steps=6", "output_dir=r")
+    assert done.returncode == 0, done.stderr
+    steps = [json.loads(line)["step"] for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_plugins_json(rlcore_cli):
+    done = rlcore_cli("plugins", "--json")
+    assert done.returncode == 0
+    listed = {p["name"]: p for p in json.loads(done.stdout)}
+    assert {"name", "version", "distribution", "provides"} <= set(listed["example"])
+    assert listed["example"]["provides"]["placements"] == ["reverse"]
+    assert listed["builtins"]["version"] == rlcore.__version__
+
+
+def test_config_show_prints_a_config_that_loads_back(rlcore_cli, tmp_path):
+    done = rlcore_cli("config", "show", "--plugin", "example", "lr=0.25")
+    assert done.returncode == 0, done.stderr
+    assert "# learning rate\nlr: 0.25\n" in done.stdout
+    (tmp_path / "shown.yaml").write_text(done.stdout)
+    config_model = rlcore.load_plugins().algorithms.get("example").config
+    assert load_config(config_model, tmp_path / "shown.yaml") == config_model(lr=0.25)
+
+
+def test_config_validate(rlcore_cli, tmp_path):
+    (tmp_path / "good.yaml").write_text("steps: 3\nlr: 0.2\n")
+    done = rlcore_cli("config", "validate", "--plugin", "example", "--config", "good.yaml", "steps=4")
+    assert done.returncode == 0 and "valid for algorithm 'example'" in done.stdout
+    (tmp_path / "bad.yaml").write_text("steps: 0\nlr: high\nnum_worker: 2\n")
+    bad = rlcore_cli("config", "validate", "--plugin", "example", "--config", "bad.yaml")
+    assert_usage_error(bad, "3 problems", "steps:", "lr:", "Did you mean 'num_workers'?")
