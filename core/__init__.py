@@ -5,7 +5,7 @@ plugins pay for what they use.
 """
 
 from .batch import Batch
-from .config import BaseConfig, RoleConfig, RunConfig
+from .config import BaseConfig, RoleConfig, RunConfig, load_config, render_config
 from .engines import Generation, RolloutEngine, SamplingParams, TopK, TrainEngine
 from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed
 from .hookspecs import hookimpl, hookspec
@@ -57,5 +57,7 @@ __all__ = [
     "__version__",
     "hookimpl",
     "hookspec",
+    "load_config",
     "load_plugins",
+    "render_config",
 ]
