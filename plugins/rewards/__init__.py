@@ -1,0 +1,42 @@
+"""The built-in rewards plugin: accuracy, format, cosine, repetition, soft_overlong and the toy task's reward.
+
+All have TRL's signature `fn(prompts, completions, completion_ids, **columns)`, so a TRL reward function
+works here unchanged and these work in TRL. `resolve_reward` finds one by name (or `module:function`);
+`call_reward` calls it without letting one broken function end a run. `OrmScorer` (rlcore.plugins.rewards.orm)
+is what an `orm` role runs: a sequence-classification reward model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlcore import RewardSpec, hookimpl
+
+from .calling import call_reward, resolve_reward
+from .functions import CosineReward, RepetitionPenalty, SoftOverlong, accuracy_reward, completion_text, format_reward
+
+__all__ = [
+    "CosineReward",
+    "RepetitionPenalty",
+    "SoftOverlong",
+    "accuracy_reward",
+    "call_reward",
+    "completion_text",
+    "format_reward",
+    "resolve_reward",
+]
+
+
+@hookimpl
+def rlcore_rewards():
+    from rlcore.plugins.grpo.toy import toy_reward
+
+    yield RewardSpec("accuracy", fn=accuracy_reward, description="math_verify: completion's answer == `solution`")
+    yield RewardSpec("format", fn=format_reward, description="<think>...</think><answer>...</answer>")
+    yield RewardSpec("toy", fn=toy_reward, description="fraction of characters in `target` (the embedded task)")
+    for name, fn, description in (
+        ("cosine", CosineReward(), "correctness scaled by length (cosine schedule)"),
+        ("repetition", RepetitionPenalty(), "n-gram repetition penalty"),
+        ("soft_overlong", SoftOverlong(), "DAPO's soft overlong punishment"),
+    ):
+        yield RewardSpec(name, fn=fn, description=description, options=dataclasses.asdict(fn))

@@ -1,0 +1,265 @@
+"""The built-in rewards (against TRL's where TRL has one), TRL-signature compatibility both ways,
+module:function loading, error accounting in call_reward, and the ORM scorer on a real tiny model."""
+
+from __future__ import annotations
+
+import logging
+import random
+import textwrap
+
+import pytest
+
+from rlcore import ConfigError, NotRegistered, RlcoreError, load_plugins
+from rlcore.plugins.grpo.toy import PROMPTS, RANDOM_POLICY_REWARD, toy_dataset, toy_reward
+from rlcore.plugins.rewards import (
+    CosineReward,
+    RepetitionPenalty,
+    SoftOverlong,
+    accuracy_reward,
+    call_reward,
+    format_reward,
+    resolve_reward,
+)
+from rlcore.plugins.rewards import calling as calling_module
+
+SOLUTIONS = [r"\frac{1}{3}", r"\frac{1}{3}", "no math here"]
+ANSWERS = [r"So it is \boxed{\frac{1}{3}}", r"I think \boxed{\frac{1}{2}}", r"\boxed{1}"]
+
+
+def conversational(texts):
+    return [[{"role": "assistant", "content": t}] for t in texts]
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return load_plugins(strict=True)
+
+
+def test_registered_with_their_defaults(plugins):
+    assert {"accuracy", "format", "cosine", "repetition", "soft_overlong", "toy"} <= set(plugins.rewards.names())
+    assert plugins.rewards.owner("accuracy") == "rewards"
+    assert plugins.rewards.get("cosine").options == {
+        "max_len": 1000, "min_value_wrong": -1.0, "max_value_wrong": -0.5, "min_value_correct": 0.5, "max_value_correct": 1.0,
+    }
+    assert plugins.rewards.get("repetition").options == {"ngram_size": 3, "max_penalty": -1.0}
+
+
+def test_accuracy_matches_trl_and_skips_an_unparsable_solution():
+    from trl.rewards import accuracy_reward as trl_accuracy
+
+    completions = conversational(ANSWERS)
+    ours = accuracy_reward(prompts=["q"] * 3, completions=completions, solution=SOLUTIONS)
+    assert ours == [1.0, 0.0, None]
+    assert ours == trl_accuracy(completions, SOLUTIONS)
+    assert accuracy_reward(prompts=["q"] * 3, completions=ANSWERS, solution=SOLUTIONS) == ours  # plain strings
+
+
+def test_accuracy_without_a_solution_column_is_a_config_error():
+    with pytest.raises(ConfigError, match="reward 'accuracy' needs a 'solution' column"):
+        call_reward(accuracy_reward, "accuracy", ["q"], ["1"], None, {})
+
+
+def test_format():
+    texts = [
+        "<think>\nstep one\n</think>\n<answer>42</answer>",
+        "<think>x</think><answer>y</answer>",
+        "<think>x</think> stray <answer>y</answer>",
+        "<answer>y</answer>",
+        "<think>x</think><answer>y</answer> trailing",
+    ]
+    assert format_reward(prompts=[""] * 5, completions=texts) == [1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_cosine_matches_trl():
+    from trl.rewards import get_cosine_scaled_reward
+
+    options = dict(max_len=40, min_value_wrong=-1.0, max_value_wrong=-0.3, min_value_correct=0.4, max_value_correct=1.0)
+    ids = [[7] * 10, [7] * 30, [7] * 60]
+    ours = CosineReward(**options)(prompts=["q"] * 3, completions=conversational(ANSWERS), completion_ids=ids, solution=SOLUTIONS)
+    assert ours == pytest.approx(get_cosine_scaled_reward(**options)(conversational(ANSWERS), SOLUTIONS, ids), nan_ok=True)
+    # shorter correct answers earn more; shorter wrong answers are punished more
+    short, long = (CosineReward(max_len=40)(prompts=["q"], completions=[ANSWERS[1]], completion_ids=[[1] * n], solution=[SOLUTIONS[1]])[0]
+                   for n in (4, 36))
+    assert short < long < 0
+
+
+def test_repetition_penalty_counts_word_ngrams():
+    penalty = RepetitionPenalty(ngram_size=3, max_penalty=-1.0)
+    texts = ["a b c a b c", "one two three four", "hi", "go go go go go"]
+    # a b c a b c: 4 trigrams, 3 unique; go x5: 3 trigrams, 1 unique
+    assert penalty(prompts=[""] * 4, completions=texts) == pytest.approx([-0.25, 0.0, 0.0, -2 / 3])
+    with pytest.raises(ConfigError, match="max_penalty must be <= 0"):
+        RepetitionPenalty(max_penalty=0.5)
+
+
+def test_soft_overlong_matches_trl():
+    from trl.rewards import get_soft_overlong_punishment
+
+    ids = [[1] * n for n in (10, 80, 81, 90, 100, 101)]
+    ours = SoftOverlong(max_completion_length=100, soft_cache_length=20)(prompts=[""] * 6, completions=[""] * 6, completion_ids=ids)
+    assert ours == get_soft_overlong_punishment(100, 20)(ids)
+    assert ours == pytest.approx([0.0, 0.0, -0.05, -0.5, -1.0, -1.0])
+
+
+def test_toy_reward_and_its_chance_level():
+    assert toy_reward(prompts=["p"] * 4, completions=["aeiou", "xyz", "", "ab"]) == [1.0, 0.0, 0.0, 0.5]
+    assert toy_reward(prompts=["p"], completions=["ab"], target=["b"]) == [0.5]  # the row's target column
+    rng = random.Random(0)
+    texts = [bytes(rng.randrange(256) for _ in range(20)).decode("utf-8", errors="replace") for _ in range(3000)]
+    mean = sum(toy_reward(prompts=[""] * len(texts), completions=texts)) / len(texts)
+    assert mean == pytest.approx(RANDOM_POLICY_REWARD, rel=0.2)
+    rows = toy_dataset(64, seed=3)
+    assert rows == toy_dataset(64, seed=3) and rows != toy_dataset(64, seed=4)
+    assert all(r["prompt"] in PROMPTS and r["target"] == "aeiou" for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# TRL compatibility and loading
+# ---------------------------------------------------------------------------------------------------------
+
+TRL_DOCS_REWARD = textwrap.dedent(
+    '''
+    def reward_len(completions, **kwargs):
+        """TRL's documentation example, as written there."""
+        return [-abs(20 - len(completion)) for completion in completions]
+
+    not_a_function = 3
+    '''
+)
+
+
+def test_a_trl_reward_function_works_unchanged(tmp_path, plugins):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(TRL_DOCS_REWARD)
+    fn = resolve_reward(f"{path}:reward_len", plugins)
+    rewards, errors = call_reward(fn, "reward_len", ["p", "p"], ["x" * 20, "x" * 5], [[1], [2]], {"solution": ["a", "b"]})
+    assert (rewards, errors) == ([0.0, -15.0], 0)
+    # TRL's own functions and factories, from the installed trl package
+    think = resolve_reward("trl.rewards:think_format_reward", plugins)
+    assert call_reward(think, "think", [""], conversational(["<think>r</think>a"]), None, {}) == ([1.0], 0)
+    overlong = resolve_reward("trl.rewards:get_soft_overlong_punishment", plugins,
+                              {"max_completion_len": 100, "soft_punish_cache": 20})
+    assert call_reward(overlong, "overlong", [""], [""], [[1] * 90], {})[0] == [-0.5]
+
+
+def test_our_rewards_take_what_trl_passes(plugins):
+    """GRPOTrainer calls with keywords only, plus trainer_state, log_extra and log_metric."""
+    extra = dict(trainer_state=object(), log_extra=lambda *a: None, log_metric=lambda *a: None)
+    for name in plugins.rewards.names():
+        fn = plugins.rewards.get(name).fn
+        out = fn(prompts=["q"], completions=conversational([ANSWERS[0]]), completion_ids=[[1, 2]],
+                 solution=[SOLUTIONS[0]], **extra)
+        assert len(out) == 1 and (out[0] is None or isinstance(out[0], float)), name
+
+
+def test_options_override_defaults(plugins):
+    fn = resolve_reward("soft_overlong", plugins, {"max_completion_length": 16, "soft_cache_length": 4})
+    assert fn(prompts=[""], completions=[""], completion_ids=[[1] * 14]) == [-0.5]
+    assert plugins.rewards.get("soft_overlong").fn.max_completion_length == 256  # the registered one is untouched
+    with pytest.raises(ConfigError, match=r"reward_kwargs.cosine.max_lenght: unknown option; .*Did you mean 'max_len'"):
+        resolve_reward("cosine", plugins, {"max_lenght": 10})
+    with pytest.raises(ConfigError, match="reward 'format' takes no options"):
+        resolve_reward("format", plugins, {"x": 1})
+
+
+def test_loading_errors_name_the_string(tmp_path, plugins):
+    with pytest.raises(NotRegistered, match=r"reward 'acuracy' is not registered; known: .*Did you mean 'accuracy'"):
+        resolve_reward("acuracy", plugins)
+    with pytest.raises(ConfigError, match="reward function 'no_such_module:f': module 'no_such_module' cannot be imported"):
+        resolve_reward("no_such_module:f", plugins)
+    with pytest.raises(ConfigError, match="reward function 'json:nope': module 'json' has no attribute 'nope'"):
+        resolve_reward("json:nope", plugins)
+    path = tmp_path / "r.py"
+    path.write_text(TRL_DOCS_REWARD)
+    with pytest.raises(ConfigError, match=f"reward function '{path}:not_a_function' is a int, not a function"):
+        resolve_reward(f"{path}:not_a_function", plugins)
+    with pytest.raises(ConfigError, match="file 'missing.py' does not exist"):
+        resolve_reward("missing.py:f", plugins)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# call_reward: errors are counted (or fatal in strict mode), never silent
+# ---------------------------------------------------------------------------------------------------------
+
+
+def broken(prompts, completions, **kwargs):
+    raise ValueError("judge offline")
+
+
+def test_a_raising_function_gives_none_and_is_counted_and_logged_once(caplog, monkeypatch):
+    monkeypatch.setattr(calling_module, "_logged", set())
+    with caplog.at_level(logging.WARNING, logger="rlcore.rewards"):
+        first = call_reward(broken, "judge", ["p"] * 3, ["c"] * 3, None, {})
+        second = call_reward(broken, "judge", ["p"] * 2, ["c"] * 2, None, {})
+    assert first == ([None, None, None], 1)
+    assert second == ([None, None], 1)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "reward function 'judge' failed: ValueError('judge offline')" in messages[0]
+
+
+def test_strict_mode_raises_naming_the_function():
+    with pytest.raises(RlcoreError, match=r"reward function 'judge' failed: ValueError\('judge offline'\) \(strict_rewards"):
+        call_reward(broken, "judge", ["p"], ["c"], None, {}, strict=True)
+
+
+def test_wrong_length_or_type_is_an_error_naming_the_function():
+    short = lambda prompts, completions, **kw: [1.0]  # noqa: E731
+    with pytest.raises(RlcoreError, match="reward function 'short' failed: returned 1 rewards for 2 completions"):
+        call_reward(short, "short", ["p"] * 2, ["c"] * 2, None, {}, strict=True)
+    assert call_reward(short, "short", ["p"] * 2, ["c"] * 2, None, {}) == ([None, None], 1)
+    words = lambda prompts, completions, **kw: ["good"]  # noqa: E731
+    with pytest.raises(RlcoreError, match="reward function 'words' failed: .*a reward must be a number or None; got str"):
+        call_reward(words, "words", ["p"], ["c"], None, {}, strict=True)
+
+
+def test_nan_none_and_numpy_values_are_normalised():
+    import numpy as np
+
+    fn = lambda prompts, completions, **kw: [np.float32(0.5), None, float("nan"), True]  # noqa: E731
+    assert call_reward(fn, "f", ["p"] * 4, ["c"] * 4, None, {}) == ([0.5, None, None, 1.0], 0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the outcome reward model
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def orm_path(tmp_path_factory):
+    from rlcore.plugins.hf.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("orm") / "model", num_labels=1)
+
+
+def test_orm_scores_pairs_like_an_unpadded_forward(orm_path):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from rlcore.plugins.rewards.orm import OrmScorer
+
+    scorer = OrmScorer(str(orm_path), batch_size=2)
+    prompts = ["Write a word:", "Say something:", "Q:"]
+    completions = [" apple", " a much longer completion than the others", " b"]
+    scores = scorer.score(prompts, completions)
+    tokenizer = AutoTokenizer.from_pretrained(orm_path)
+    model = AutoModelForSequenceClassification.from_pretrained(orm_path).eval()
+    for p, c, s in zip(prompts, completions, scores):
+        ids = tokenizer(p + c, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            assert s == pytest.approx(model(**ids).logits[0, 0].item(), abs=1e-5)
+    assert len(set(scores)) == 3
+    # it is a TRL-signature reward function too, and takes conversations through the chat template
+    rewards, errors = call_reward(scorer, "orm", [[{"role": "user", "content": "hi"}]],
+                                  conversational(["hello"]), None, {})
+    assert errors == 0 and isinstance(rewards[0], float)
+
+
+def test_orm_refuses_a_model_with_several_labels(tmp_path):
+    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.plugins.rewards.orm import OrmScorer
+
+    path = build_tiny_model(tmp_path / "two", num_labels=2)
+    with pytest.raises(ConfigError, match="has num_labels=2; a reward model has one"):
+        OrmScorer(str(path))
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        OrmScorer(str(tmp_path / "nowhere"))
