@@ -1,0 +1,49 @@
+"""The Hugging Face engines: `hf` as a train engine (transformers + torch, DDP across a group's workers)
+and as a rollout engine (a batched sampling loop with a KV cache), plus `build_tiny_model` for tests and
+demos. Importing this module imports neither torch nor transformers; the factories do.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from rlcore import EngineSpec, hookimpl
+from rlcore.errors import ConfigError, did_you_mean
+
+from .tiny import build_tiny_model
+
+__all__ = ["build_tiny_model", "make_rollout_engine", "make_train_engine"]
+
+
+def _build(cls: type, kind: str, options: dict[str, Any]) -> Any:
+    known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        raise ConfigError(
+            "; ".join(f"hf {kind} engine has no option '{k}'.{did_you_mean(k, known)}" for k in unknown)
+            + f" Options: {', '.join(known)}.",
+            [(k, "unknown option") for k in unknown],
+        )
+    return cls(**options)
+
+
+def make_train_engine(**options: Any) -> Any:
+    """An `HFTrainEngine(**options)`; unknown options are a ConfigError naming the closest one."""
+    from .train import HFTrainEngine
+
+    return _build(HFTrainEngine, "train", options)
+
+
+def make_rollout_engine(**options: Any) -> Any:
+    """An `HFRolloutEngine(**options)`; unknown options are a ConfigError naming the closest one."""
+    from .rollout import HFRolloutEngine
+
+    return _build(HFRolloutEngine, "rollout", options)
+
+
+@hookimpl
+def rlcore_engines():
+    yield EngineSpec("hf", kind="train", factory=make_train_engine, description="transformers + torch; DDP over a group")
+    yield EngineSpec("hf", kind="rollout", factory=make_rollout_engine, description="transformers sampling loop with a KV cache")
+    yield EngineSpec("hf", kind="teacher", factory=make_rollout_engine, description="the hf rollout engine serving top-k log-probs")

@@ -1,0 +1,156 @@
+"""Build a tiny, randomly initialised Hugging Face model directory, offline and deterministically.
+
+The directory is an ordinary one (config.json, model.safetensors, tokenizer files with a ChatML chat
+template), so everything that loads a real model loads it: `AutoTokenizer.from_pretrained(path)`,
+`AutoModelForCausalLM.from_pretrained(path)`, vLLM, TRL. Tests, the embedded GRPO demo and the
+benchmarks use it instead of downloading weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rlcore.errors import ConfigError
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# Qwen2's ChatML template, without the default system prompt (every token counts on a CPU).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# A few merges of frequent English pairs (in byte-level spelling) so that text is not one token per byte.
+MERGES = (("Ġ", "t"), ("h", "e"), ("Ġ", "a"), ("i", "n"), ("e", "r"), ("Ġt", "he"), ("o", "n"), ("r", "e"))
+ARCHS = ("qwen2", "llama")
+MARKER = "rlcore_tiny.json"
+
+
+def build_tiny_model(
+    path: str | os.PathLike,
+    arch: str = "qwen2",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 1024,
+    seed: int = 0,
+    num_labels: int | None = None,
+) -> Path:
+    """Write a tiny `arch` model with random weights and a byte-level tokenizer to `path`; return it.
+
+    `num_labels` builds a sequence-classification model (an outcome reward model) instead of a causal LM.
+    Calling again with the same arguments returns the existing directory without rebuilding it.
+    """
+    args = dict(
+        arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings, seed=seed, num_labels=num_labels,
+    )
+    _check(args)
+    path = Path(path)
+    marker = path / MARKER
+    if marker.is_file() and json.loads(marker.read_text()) == args:
+        return path
+    if path.exists() and any(path.iterdir()) and not marker.is_file():
+        raise ConfigError(
+            f"build_tiny_model: '{path}' exists and was not built by build_tiny_model; "
+            "pass an empty or new directory"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        tokenizer = build_tokenizer()
+        tokenizer.save_pretrained(tmp)
+        _build_model(tokenizer, args).save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps(args, indent=2))
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def build_tokenizer() -> Any:
+    """A byte-level BPE tokenizer (every byte is a token, plus a few merges) with ChatML special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for left, right in MERGES:
+        vocab[left + right] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES)))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=1 << 20,
+    )
+    return tokenizer
+
+
+def _check(args: dict[str, Any]) -> None:
+    problems = []
+    if args["arch"] not in ARCHS:
+        problems.append(f"arch={args['arch']!r} is not one of {', '.join(ARCHS)}")
+    for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_position_embeddings"):
+        if not isinstance(args[key], int) or args[key] < 1:
+            problems.append(f"{key}={args[key]!r} must be a positive int")
+    if not problems:
+        if args["hidden_size"] % args["num_heads"]:
+            problems.append(f"hidden_size={args['hidden_size']} must be a multiple of num_heads={args['num_heads']}")
+        if args["num_heads"] % args["num_kv_heads"]:
+            problems.append(f"num_heads={args['num_heads']} must be a multiple of num_kv_heads={args['num_kv_heads']}")
+    if args["num_labels"] is not None and (not isinstance(args["num_labels"], int) or args["num_labels"] < 1):
+        problems.append(f"num_labels={args['num_labels']!r} must be None or a positive int")
+    if problems:
+        raise ConfigError("build_tiny_model: " + "; ".join(problems), [(p.split("=")[0], p) for p in problems])
+
+
+def _build_model(tokenizer: Any, args: dict[str, Any]) -> Any:
+    import torch
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        GenerationConfig,
+        LlamaConfig,
+        Qwen2Config,
+    )
+
+    config_class = Qwen2Config if args["arch"] == "qwen2" else LlamaConfig
+    config = config_class(
+        vocab_size=len(tokenizer),
+        hidden_size=args["hidden_size"],
+        intermediate_size=args["intermediate_size"],
+        num_hidden_layers=args["num_layers"],
+        num_attention_heads=args["num_heads"],
+        num_key_value_heads=args["num_kv_heads"],
+        max_position_embeddings=args["max_position_embeddings"],
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+    torch.manual_seed(args["seed"])
+    if args["num_labels"] is not None:
+        config.num_labels = args["num_labels"]
+        return AutoModelForSequenceClassification.from_config(config)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model

@@ -1,0 +1,430 @@
+"""`HFTrainEngine`: a transformers causal LM with AdamW on one worker; a group's workers form one DDP world.
+
+Build one with `HFTrainEngine(model="path/or/hub-id", learning_rate=1e-5, ...)` or through the registry
+(`plugins.engines.get("hf", kind="train").factory(**options)`). When the worker runtime sets WORLD_SIZE > 1
+(with RANK, MASTER_ADDR, MASTER_PORT), the engine joins that torch.distributed world (gloo on the CPU, NCCL
+on CUDA) and wraps the model in DistributedDataParallel; gradients are then averaged over the workers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import nullcontext
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from rlcore.batch import Batch
+from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
+from rlcore.errors import ConfigError, RlcoreError
+
+from .common import aligned_logprobs, check_common, check_temperature, load_causal_lm, torch_device
+from .lora import lora_merged_tensors
+
+SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
+STATE_FILE = "engine_state.pt"
+
+
+class HFTrainEngine(TrainEngine):
+    """A Hugging Face causal LM trained with AdamW (optionally LoRA through peft), DDP across a group.
+
+    Options are named as TRL and ms-swift name them. `max_steps` (the run's optimizer steps) is needed
+    by the cosine and linear schedules; `max_grad_norm=0` turns clipping off; `lora_rank=0` trains every weight;
+    `logprob_micro_batch_size` bounds the rows of one forward-only pass (so [B, T, V] logits never exist
+    for the whole batch at once).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        dtype: str = "float32",
+        device: str = "cpu",
+        learning_rate: float = 1e-6,
+        weight_decay: float = 0.0,
+        adam_beta1: float = 0.9,
+        adam_beta2: float = 0.999,
+        adam_epsilon: float = 1e-8,
+        max_grad_norm: float = 1.0,
+        lr_scheduler_type: str = "constant",
+        warmup_steps: int = 0,
+        max_steps: int = 0,
+        gradient_checkpointing: bool = False,
+        lora_rank: int = 0,
+        lora_alpha: int = 32,
+        lora_dropout: float = 0.0,
+        lora_target_modules: str | list[str] = "all-linear",
+        logprob_micro_batch_size: int = 16,
+        seed: int = 42,
+        dist_timeout_s: float = 600.0,
+    ):
+        check_common(model, dtype, device)
+        _check_train_options(locals())
+        import torch
+
+        self.model_name = str(model)
+        self.device = torch_device(device)
+        self.max_grad_norm = max_grad_norm
+        self.logprob_micro_batch_size = logprob_micro_batch_size
+        self.lora = lora_rank > 0
+        self.global_step = 0
+        self.rank, self.world_size = _init_distributed(self.device, dist_timeout_s)
+        torch.manual_seed(seed)
+
+        self.model = load_causal_lm(model, dtype, self.device)
+        if gradient_checkpointing:
+            self.model.config.use_cache = False
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.lora:
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(
+                r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                target_modules=lora_target_modules, task_type="CAUSAL_LM",
+            )
+            self.model = get_peft_model(self.model, config)
+        self.model.eval()
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.ddp = None
+        if self.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [self.device.index or 0] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
+        self.optimizer = torch.optim.AdamW(
+            self.trainable, lr=learning_rate, betas=(adam_beta1, adam_beta2), eps=adam_epsilon,
+            weight_decay=weight_decay,
+        )
+        from transformers import get_scheduler
+
+        self.scheduler = get_scheduler(
+            lr_scheduler_type, self.optimizer, num_warmup_steps=warmup_steps,
+            num_training_steps=max_steps or None,
+        )
+        self._offloaded: set[str] = set()
+
+    # ------------------------------------------------------------------ forward-only passes
+
+    def forward_logprobs(self, batch: Batch, temperature: float = 1.0) -> Any:
+        """Per-token log-probs [B, T] (CPU, float32), column t = log p(input_ids[t] | input_ids[:t])."""
+        import torch
+
+        check_temperature(temperature)
+        input_ids, attention_mask = _columns(batch)
+        out = torch.zeros(input_ids.shape, dtype=torch.float32)
+        with torch.inference_mode():
+            for rows, width in self._chunks(attention_mask):
+                ids, mask = input_ids[rows, :width].to(self.device), attention_mask[rows, :width].to(self.device)
+                out[rows, :width] = aligned_logprobs(self.model, ids, mask, temperature).cpu()
+        return out
+
+    def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0) -> TopK | Any:
+        """Top-k log-probs (ids and values [B, T, k]) or full log-probs [B, T, V] when k is None, on CPU.
+
+        Row t is the distribution of token t given tokens :t, aligned like `forward_logprobs`; row 0 and
+        padded rows are 0.
+        """
+        import torch
+
+        check_temperature(temperature)
+        if k is not None and (not isinstance(k, int) or k < 1):
+            raise RlcoreError(f"forward_topk: k={k!r} must be a positive int or None (full vocabulary)")
+        input_ids, attention_mask = _columns(batch)
+        (B, T), V = input_ids.shape, self._vocab_size()
+        width_k = V if k is None else min(k, V)
+        values = torch.zeros(B, T, width_k, dtype=torch.float32)
+        ids = torch.zeros(B, T, width_k, dtype=torch.long)
+        with torch.inference_mode():
+            for rows, width in self._chunks(attention_mask):
+                logits = self.model(
+                    input_ids=input_ids[rows, :width].to(self.device),
+                    attention_mask=attention_mask[rows, :width].to(self.device), use_cache=False,
+                ).logits[:, :-1]
+                logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+                if k is None:
+                    values[rows, 1:width] = logprobs.cpu()
+                else:
+                    top = logprobs.topk(width_k, dim=-1)
+                    values[rows, 1:width], ids[rows, 1:width] = top.values.cpu(), top.indices.cpu()
+        return values if k is None else TopK(ids=ids, logprobs=values)
+
+    def _chunks(self, attention_mask: Any) -> Iterator[tuple[slice, int]]:
+        """Row slices of at most `logprob_micro_batch_size`, each with its longest row's width."""
+        lengths = attention_mask.sum(dim=1)
+        for start in range(0, attention_mask.shape[0], self.logprob_micro_batch_size):
+            rows = slice(start, start + self.logprob_micro_batch_size)
+            yield rows, max(int(lengths[rows].max()), 1)
+
+    def _vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:
+        """One AdamW step over `batch` in micro-batches (see `TrainEngine.train_step` for the loss contract).
+
+        `loss_fn` sees each micro-batch with its per-token columns trimmed to the micro-batch's longest row
+        (right padding only), and log-probs computed at `temperature` as GRPO's importance ratio needs.
+        """
+        import torch
+
+        check_temperature(temperature)
+        if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+            raise RlcoreError(f"train_step: micro_batch_size={micro_batch_size!r} must be a positive int")
+        _columns(batch)
+        num_micro = math.ceil(len(batch) / micro_batch_size)
+        if self.ddp is not None:  # every rank must run the same number of backward passes
+            count = torch.tensor([num_micro], device=self.device)
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            num_micro = int(count.item())
+        if len(batch) < num_micro or len(batch) == 0:
+            raise RlcoreError(
+                f"train_step: rank {self.rank} got {len(batch)} rows but its group runs {num_micro} "
+                f"micro-batches; give every worker at least that many rows"
+            )
+        self._ensure_loaded()
+        module = self.ddp or self.model
+        module.train()
+        sums: dict[str, float] = defaultdict(float)
+        total_loss = 0.0
+        for i, micro in enumerate(batch.split(num_micro)):
+            micro = _trim(micro).to(self.device)
+            sync = self.ddp is None or i == num_micro - 1
+            with nullcontext() if sync else self.ddp.no_sync():
+                logprobs = aligned_logprobs(module, micro["input_ids"], micro["attention_mask"], temperature)
+                loss, metrics = loss_fn(logprobs, micro)
+                loss.backward()
+            total_loss += float(loss.detach())
+            for key, value in metrics.items():
+                sums[key] += float(value)
+        module.eval()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.max_grad_norm or math.inf)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        out = {"loss": total_loss}
+        out.update({key: value / num_micro for key, value in sums.items()})
+        out.update(grad_norm=float(grad_norm), lr=float(lr))
+        return out
+
+    # ------------------------------------------------------------------ weights and state
+
+    def export_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[NamedTensors]:
+        """Weights in Hugging Face names (LoRA merged into the base weights), detached, on the model's device."""
+        import torch
+
+        if bucket_bytes < 1:
+            raise RlcoreError(f"export_weights: bucket_bytes={bucket_bytes!r} must be positive")
+        self._ensure_loaded()
+        with torch.no_grad():
+            named = lora_merged_tensors(self.model) if self.lora else (
+                (name, p.detach()) for name, p in self.model.named_parameters()
+            )
+            bucket: NamedTensors = []
+            size = 0
+            for name, tensor in named:
+                nbytes = tensor.numel() * tensor.element_size()
+                if bucket and size + nbytes > bucket_bytes:
+                    yield bucket
+                    bucket, size = [], 0
+                bucket.append((name, tensor))
+                size += nbytes
+            if bucket:
+                yield bucket
+
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        """Move params and optimizer state to CPU memory and drop grads; params/optimizer are no-ops on a CPU model."""
+        import torch
+
+        if grads:
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cpu":
+            return
+        if params:
+            _move_module(self.model, torch.device("cpu"))
+            self._offloaded.add("params")
+        if optimizer:
+            _move_optimizer(self.optimizer, torch.device("cpu"))
+            self._offloaded.add("optimizer")
+        torch.cuda.empty_cache()
+
+    def reload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        """Bring offloaded params and optimizer state back to the engine's device (grads are rebuilt by backward)."""
+        if params and "params" in self._offloaded:
+            _move_module(self.model, self.device)
+            self._offloaded.discard("params")
+        if optimizer and "optimizer" in self._offloaded:
+            _move_optimizer(self.optimizer, self.device)
+            self._offloaded.discard("optimizer")
+
+    def _ensure_loaded(self) -> None:
+        if "params" in self._offloaded:
+            raise RlcoreError("the train engine's params are offloaded; call reload(params=True) first")
+
+    def save(self, path: str) -> None:
+        """Write `path/model` (save_pretrained: full weights, or the LoRA adapter) and `path/engine_state.pt`
+        (optimizer, scheduler, step) into a temporary directory, then rename it into place. Rank 0 writes."""
+        import torch
+
+        path = Path(path)
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+            try:
+                self.model.save_pretrained(tmp / "model")
+                torch.save(
+                    {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                     "global_step": self.global_step},
+                    tmp / STATE_FILE,
+                )
+                _replace_dir(tmp, path)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        if self.world_size > 1:
+            torch.distributed.barrier()
+
+    def load(self, path: str) -> None:
+        """Restore what `save` wrote: weights in place, then optimizer, scheduler and step."""
+        import torch
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        files = sorted((path / "model").glob("*.safetensors"))
+        if not files or not (path / STATE_FILE).is_file():
+            raise RlcoreError(f"'{path}' is not a checkpoint of the hf train engine (no model/*.safetensors or {STATE_FILE})")
+        weights: dict[str, Any] = {}
+        for file in files:
+            weights.update(load_file(file))
+        if self.lora:
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.model, weights)
+            missing = []
+        else:
+            result = self.model.load_state_dict(weights, strict=False)
+            missing = _untied_missing(self.model, weights, result.missing_keys)
+        if result.unexpected_keys or missing:
+            raise RlcoreError(
+                f"checkpoint '{path}' does not fit the model: unexpected {result.unexpected_keys[:5]}, "
+                f"missing {missing[:5]}"
+            )
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.global_step = int(state["global_step"])
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "device": str(self.device),
+            "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            "num_parameters": sum(p.numel() for p in self.model.parameters()),
+            "num_trainable_parameters": sum(p.numel() for p in self.trainable),
+            "global_step": self.global_step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "lora": self.lora,
+        }
+
+
+def _check_train_options(o: dict[str, Any]) -> None:
+    problems = []
+
+    def need(ok: bool, key: str, rule: str) -> None:
+        if not ok:
+            problems.append((key, f"{key}={o[key]!r} {rule}"))
+
+    need(o["learning_rate"] >= 0, "learning_rate", "must be >= 0")
+    need(o["weight_decay"] >= 0, "weight_decay", "must be >= 0")
+    need(0 <= o["adam_beta1"] < 1, "adam_beta1", "must be in [0, 1)")
+    need(0 <= o["adam_beta2"] < 1, "adam_beta2", "must be in [0, 1)")
+    need(o["adam_epsilon"] > 0, "adam_epsilon", "must be > 0")
+    need(o["max_grad_norm"] is None or o["max_grad_norm"] >= 0, "max_grad_norm", "must be >= 0 (0: no clipping)")
+    need(o["lr_scheduler_type"] in SCHEDULERS, "lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
+    need(isinstance(o["warmup_steps"], int) and o["warmup_steps"] >= 0, "warmup_steps", "must be an int >= 0")
+    need(isinstance(o["max_steps"], int) and o["max_steps"] >= 0, "max_steps", "must be an int >= 0")
+    if o["lr_scheduler_type"] in ("cosine", "linear"):
+        need(o["max_steps"] > 0, "max_steps", f"must be > 0 for lr_scheduler_type={o['lr_scheduler_type']!r}")
+    need(isinstance(o["lora_rank"], int) and o["lora_rank"] >= 0, "lora_rank", "must be an int >= 0 (0: no LoRA)")
+    need(o["lora_alpha"] > 0, "lora_alpha", "must be > 0")
+    need(0 <= o["lora_dropout"] < 1, "lora_dropout", "must be in [0, 1)")
+    need(isinstance(o["logprob_micro_batch_size"], int) and o["logprob_micro_batch_size"] >= 1,
+         "logprob_micro_batch_size", "must be a positive int")
+    need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
+    if problems:
+        raise ConfigError("hf train engine: " + "; ".join(m for _, m in problems), problems)
+
+
+def _init_distributed(device: Any, timeout_s: float) -> tuple[int, int]:
+    """Join the group's torch.distributed world when WORLD_SIZE > 1; returns (rank, world_size)."""
+    import torch
+    import torch.distributed as dist
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return 0, 1
+    if not dist.is_initialized():
+        missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; the worker runtime sets them")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo", rank=int(os.environ["RANK"]),
+            world_size=world_size, timeout=timedelta(seconds=timeout_s),
+        )
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _columns(batch: Batch) -> tuple[Any, Any]:
+    missing = [k for k in ("input_ids", "attention_mask") if k not in batch]
+    if missing:
+        raise RlcoreError(f"the batch has no {', '.join(missing)} column; columns: {', '.join(batch.keys()) or '(none)'}")
+    return batch["input_ids"], batch["attention_mask"]
+
+
+def _trim(micro: Batch) -> Batch:
+    """Drop the all-padding tail columns of a right-padded micro-batch from every [rows, T] tensor."""
+    T = micro["input_ids"].shape[1]
+    width = max(int(micro["attention_mask"].sum(dim=1).max()), 1)
+    if width == T:
+        return micro
+    return Batch({
+        k: v[:, :width] if hasattr(v, "shape") and v.dim() >= 2 and v.shape[1] == T else v for k, v in micro.items()
+    })
+
+
+def _move_module(module: Any, device: Any) -> None:
+    """Move params and buffers in place (`.data`), so optimizer and DDP keep their references."""
+    for tensor in [*module.parameters(), *module.buffers()]:
+        tensor.data = tensor.data.to(device, non_blocking=True)
+
+
+def _move_optimizer(optimizer: Any, device: Any) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if hasattr(value, "to") and key != "step":
+                state[key] = value.to(device, non_blocking=True)
+
+
+def _untied_missing(model: Any, loaded: dict[str, Any], missing: list[str]) -> list[str]:
+    """Missing keys that are not tied to a loaded weight (a tied lm_head is saved once)."""
+    state = model.state_dict()
+    loaded_ptrs = {state[k].data_ptr() for k in loaded if k in state}
+    return [k for k in missing if state[k].data_ptr() not in loaded_ptrs]
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Put directory `src` at `dst`, replacing an old `dst` only once `src` is complete."""
+    if dst.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
+        os.replace(dst, old / dst.name)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
