@@ -1,0 +1,181 @@
+"""Prompt datasets: local JSONL, JSON or Parquet rows, and the order a run draws them in.
+
+A row needs a `prompt` (a string, or a conversation: a list of `{"role", "content"}` messages) or a
+`messages` column (a conversation; a final assistant message, the reference answer, is dropped from the
+prompt). Every other column (`solution`, ...) travels with the row to the reward functions. Mistakes in the
+file are `ConfigError`s naming the file, the row (1-based; the line for JSONL) and the column, all at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+FORMATS = (".jsonl", ".json", ".parquet")
+MAX_REPORTED = 10
+
+
+def _read_jsonl(path: Path, problems: list[tuple[str, str]]) -> list[tuple[int, Any]]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((line_no, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                problems.append((f"row {line_no}", f"is not valid JSON ({exc.msg} at column {exc.colno})"))
+    return rows
+
+
+def _read_json(path: Path) -> list[tuple[int, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"dataset '{path}' is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise ConfigError(f"dataset '{path}' must hold a list of objects or {{\"data\": [...]}}; it holds a {type(data).__name__}")
+    return list(enumerate(data, start=1))
+
+
+def _read_parquet(path: Path) -> list[tuple[int, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ConfigError(f"dataset '{path}' is Parquet, which needs pyarrow: pip install 'rlcore[data]'") from exc
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:
+        raise ConfigError(f"dataset '{path}' cannot be read as Parquet: {exc}") from exc
+    return list(enumerate(table.to_pylist(), start=1))
+
+
+def _conversation_problem(value: Any) -> str | None:
+    """Why `value` is not a list of messages, or None when it is one."""
+    if not isinstance(value, list) or not value:
+        return f"must be a non-empty list of messages; got {type(value).__name__}"
+    for i, message in enumerate(value, start=1):
+        if not isinstance(message, dict):
+            return f"message {i} is a {type(message).__name__}, not an object with 'role' and 'content'"
+        if not isinstance(message.get("role"), str):
+            return f"message {i} has no 'role' string"
+        if not isinstance(message.get("content"), (str, list)):
+            return f"message {i} has no 'content' (a string, or a list of content parts)"
+    return None
+
+
+def _prompt_of(row: dict[str, Any]) -> tuple[str, Any, str | None]:
+    """(column, prompt, problem): the row's prompt taken from `prompt` or `messages`."""
+    if row.get("prompt") is not None:  # a null prompt (a Parquet column other rows fill) means "use messages"
+        prompt = row["prompt"]
+        if isinstance(prompt, str):
+            return "prompt", prompt, None if prompt else "is an empty string"
+        return "prompt", prompt, _conversation_problem(prompt)
+    if row.get("messages") is not None:
+        messages = row["messages"]
+        problem = _conversation_problem(messages)
+        if problem is None and messages[-1]["role"] == "assistant":
+            messages = messages[:-1]
+            problem = None if messages else "has only an assistant message; a prompt needs a user turn"
+        return "messages", messages, problem
+    return "prompt", None, "is missing or null (a row needs a 'prompt' or a 'messages' column)"
+
+
+def load_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a local `.jsonl`, `.json` or `.parquet` file, each with a `prompt` and its other columns."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(
+            f"dataset '{path}' is not a file; rlcore reads local {', '.join(FORMATS)} files",
+            [("dataset", f"'{path}' does not exist")],
+        )
+    suffix = file.suffix.lower()
+    problems: list[tuple[str, str]] = []
+    if suffix == ".jsonl":
+        raw = _read_jsonl(file, problems)
+    elif suffix == ".json":
+        raw = _read_json(file)
+    elif suffix == ".parquet":
+        raw = _read_parquet(file)
+    else:
+        raise ConfigError(f"dataset '{path}' has suffix '{suffix}'; rlcore reads {', '.join(FORMATS)}")
+
+    rows = []
+    for number, row in raw:
+        if not isinstance(row, dict):
+            problems.append((f"row {number}", f"is a {type(row).__name__}, not an object with a 'prompt' column"))
+            continue
+        column, prompt, problem = _prompt_of(row)
+        if problem:
+            problems.append((f"row {number}, column '{column}'", problem))
+            continue
+        rows.append({**row, "prompt": prompt})
+    if problems:
+        shown = "; ".join(f"{where} {what}" for where, what in problems[:MAX_REPORTED])
+        more = f" (and {len(problems) - MAX_REPORTED} more)" if len(problems) > MAX_REPORTED else ""
+        raise ConfigError(f"dataset '{path}': {shown}{more}", [(f"{path}: {where}", what) for where, what in problems])
+    if not rows:
+        raise ConfigError(f"dataset '{path}' has no rows")
+    return rows
+
+
+class PromptSampler:
+    """Batches of rows, epoch after epoch, reshuffled each epoch; deterministic for a seed, resumable exactly.
+
+    Batches run across epoch ends (a batch may end one epoch and start the next), so every batch is full
+    even when `batch_size` does not divide the dataset. The position is (epoch, index into that epoch's order).
+    """
+
+    def __init__(self, rows: list[dict[str, Any]], batch_size: int, seed: int = 0):
+        if not rows:
+            raise ConfigError("PromptSampler needs at least one row")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        self.epoch, self.index = 0, 0
+        self._order = self._shuffled(0)
+
+    def _shuffled(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        random.Random(f"rlcore-data:{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self) -> list[dict[str, Any]]:
+        """The next `batch_size` rows (copies: callers may add columns)."""
+        batch = []
+        while len(batch) < self.batch_size:
+            if self.index == len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._shuffled(self.epoch)
+            batch.append(dict(self.rows[self._order[self.index]]))
+            self.index += 1
+        return batch
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the sampler is: what a checkpoint saves."""
+        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_rows": len(self.rows)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue exactly where `state_dict()` was taken; refuse a different dataset size or seed."""
+        if state.get("num_rows") != len(self.rows) or state.get("seed") != self.seed:
+            raise ConfigError(
+                f"the checkpoint's data position was taken with {state.get('num_rows')} rows and seed "
+                f"{state.get('seed')}; this run has {len(self.rows)} rows and seed {self.seed}. Resume with the "
+                "same dataset and seed, or start a new run"
+            )
+        if not 0 <= state["index"] <= len(self.rows) or state["epoch"] < 0:
+            raise ConfigError(f"the checkpoint's data position {state} is out of range for {len(self.rows)} rows")
+        self.epoch, self.index = state["epoch"], state["index"]
+        self._order = self._shuffled(self.epoch)

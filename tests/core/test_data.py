@@ -1,0 +1,180 @@
+"""load_prompts on real JSONL, JSON and Parquet files; errors name file, row and column; PromptSampler order."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from rlcore import ConfigError
+from rlcore.data import PromptSampler, load_prompts
+
+CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+1?"}]
+ROWS = [
+    {"prompt": "Write a word:", "solution": "a"},
+    {"prompt": CHAT, "solution": "2"},
+    {"messages": CHAT + [{"role": "assistant", "content": "2"}], "solution": "2"},
+]
+
+
+def write_jsonl(path, rows, extra_lines=()):
+    lines = [json.dumps(r) for r in rows] + list(extra_lines)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def check_rows(rows):
+    assert [r["prompt"] for r in rows] == ["Write a word:", CHAT, CHAT]  # the assistant answer is dropped
+    assert [r["solution"] for r in rows] == ["a", "2", "2"]  # other columns pass through
+    assert rows[2]["messages"][-1]["role"] == "assistant"
+
+
+def test_jsonl(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n\n" + "\n".join(json.dumps(r) for r in ROWS[1:]) + "\n")
+    check_rows(load_prompts(path))
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_json(tmp_path, wrapped):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"data": ROWS} if wrapped else ROWS))
+    check_rows(load_prompts(str(path)))
+
+
+def test_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": r.get("prompt"), "messages": r.get("messages"), "solution": r["solution"]}
+                                         for r in ROWS[1:]] ), path)
+    rows = load_prompts(path)
+    assert [r["prompt"] for r in rows] == [CHAT, CHAT] and rows[0]["solution"] == "2"
+    pq.write_table(pa.Table.from_pylist([{"question": "x"}, {"question": "y"}]), tmp_path / "bad.parquet")
+    with pytest.raises(ConfigError, match=r"bad.parquet': row 1, column 'prompt' is missing .*row 2, column 'prompt'"):
+        load_prompts(tmp_path / "bad.parquet")
+
+
+def test_jsonl_errors_name_file_line_and_column(tmp_path):
+    path = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [{"prompt": "ok"}],
+        [
+            "{not json",  # line 2
+            "[1, 2]",  # line 3
+            json.dumps({"prompt": 5}),  # line 4
+            json.dumps({"question": "?"}),  # line 5
+            json.dumps({"prompt": [{"role": "user"}]}),  # line 6
+            json.dumps({"messages": [{"role": "assistant", "content": "x"}]}),  # line 7
+            json.dumps({"prompt": ""}),  # line 8
+        ],
+    )
+    with pytest.raises(ConfigError) as info:
+        load_prompts(path)
+    message = str(info.value)
+    assert str(path) in message
+    for expected in (
+        "row 2 is not valid JSON",
+        "row 3 is a list, not an object",
+        "row 4, column 'prompt' must be a non-empty list of messages; got int",
+        "row 5, column 'prompt' is missing or null (a row needs a 'prompt' or a 'messages' column)",
+        "row 6, column 'prompt' message 1 has no 'content'",
+        "row 7, column 'messages' has only an assistant message",
+        "row 8, column 'prompt' is an empty string",
+    ):
+        assert expected in message
+    assert len(info.value.problems) == 7  # every problem, each with its place
+    assert info.value.problems[0] == (f"{path}: row 2", "is not valid JSON (Expecting property name enclosed in double quotes at column 2)")
+
+
+def test_json_errors(tmp_path):
+    (tmp_path / "a.json").write_text('{"rows": []}')
+    with pytest.raises(ConfigError, match=r"a.json' must hold a list of objects or \{\"data\": \[...\]\}; it holds a dict"):
+        load_prompts(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text("[{\"prompt\": 1},")
+    with pytest.raises(ConfigError, match=r"b.json' is not valid JSON: .* at line 1"):
+        load_prompts(tmp_path / "b.json")
+    (tmp_path / "c.json").write_text(json.dumps([{"prompt": "x"}, {"prompt": ["hi"]}]))
+    with pytest.raises(ConfigError, match=r"c.json': row 2, column 'prompt' message 1 is a str"):
+        load_prompts(tmp_path / "c.json")
+    (tmp_path / "d.json").write_text("[]")
+    with pytest.raises(ConfigError, match="d.json' has no rows"):
+        load_prompts(tmp_path / "d.json")
+
+
+def test_missing_file_and_unknown_format(tmp_path):
+    with pytest.raises(ConfigError, match=r"dataset 'nope.jsonl' is not a file; rlcore reads local .jsonl, .json, .parquet"):
+        load_prompts("nope.jsonl")
+    (tmp_path / "d.csv").write_text("prompt\nx\n")
+    with pytest.raises(ConfigError, match="has suffix '.csv'"):
+        load_prompts(tmp_path / "d.csv")
+
+
+def test_many_problems_are_summarised(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"q": i} for i in range(25)])
+    with pytest.raises(ConfigError, match=r"row 10, column 'prompt' is missing .* \(and 15 more\)$") as info:
+        load_prompts(path)
+    assert len(info.value.problems) == 25
+
+
+# ---------------------------------------------------------------------------------------------------------
+# PromptSampler
+# ---------------------------------------------------------------------------------------------------------
+
+DATA = [{"prompt": f"p{i}"} for i in range(10)]
+
+
+def prompts(batches):
+    return [[r["prompt"] for r in b] for b in batches]
+
+
+def take(sampler, n):
+    return prompts(sampler.next_batch() for _ in range(n))
+
+
+def test_deterministic_for_a_seed_and_reshuffled_each_epoch():
+    a, b, c = PromptSampler(DATA, 5, seed=1), PromptSampler(DATA, 5, seed=1), PromptSampler(DATA, 5, seed=2)
+    first = take(a, 6)
+    assert first == take(b, 6)
+    assert first != take(c, 6)
+    epochs = [sorted(first[i] + first[i + 1]) for i in (0, 2, 4)]
+    assert all(e == sorted(r["prompt"] for r in DATA) for e in epochs)  # each epoch sees every row once
+    assert len({tuple(first[i] + first[i + 1]) for i in (0, 2, 4)}) == 3  # in a new order
+
+
+def test_batches_run_across_epoch_ends():
+    sampler = PromptSampler(DATA, 4, seed=0)
+    batches = take(sampler, 5)  # 20 rows = 2 epochs
+    assert all(len(b) == 4 for b in batches)
+    assert Counter(p for b in batches for p in b) == Counter({r["prompt"]: 2 for r in DATA})
+    assert sampler.state_dict() == {"epoch": 1, "index": 10, "seed": 0, "num_rows": 10}
+    big = PromptSampler(DATA[:3], 7, seed=0)  # a batch larger than the dataset
+    assert len(big.next_batch()) == 7
+
+
+def test_save_and_restore_continues_exactly():
+    sampler = PromptSampler(DATA, 3, seed=7)
+    take(sampler, 4)  # mid-way through the second epoch
+    state = json.loads(json.dumps(sampler.state_dict()))  # as a checkpoint stores it
+    expected = take(sampler, 5)
+    resumed = PromptSampler(DATA, 3, seed=7)
+    resumed.load_state_dict(state)
+    assert take(resumed, 5) == expected
+
+
+def test_restore_refuses_another_dataset_or_seed():
+    state = PromptSampler(DATA, 3, seed=7).state_dict()
+    with pytest.raises(ConfigError, match="taken with 10 rows and seed 7; this run has 9 rows and seed 7"):
+        PromptSampler(DATA[:9], 3, seed=7).load_state_dict(state)
+    with pytest.raises(ConfigError, match="this run has 10 rows and seed 8"):
+        PromptSampler(DATA, 3, seed=8).load_state_dict(state)
+    with pytest.raises(ConfigError, match="batch_size must be >= 1"):
+        PromptSampler(DATA, 0)
+
+
+def test_rows_handed_out_are_copies():
+    sampler = PromptSampler(DATA, 2, seed=0)
+    sampler.next_batch()[0]["completion"] = "x"
+    assert all("completion" not in r for r in DATA)
