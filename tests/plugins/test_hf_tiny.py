@@ -1,0 +1,99 @@
+"""build_tiny_model writes an ordinary Hugging Face directory: offline loading, ChatML, determinism, caching."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from rlcore import ConfigError
+from rlcore.plugins.hf import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-qwen2")
+
+
+def _digest(path) -> str:
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_loads_offline_with_auto_classes(tiny_model, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert model.config.vocab_size == len(tokenizer)
+    assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 2
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")]
+    assert ids == list(range(len(tokenizer) - 3, len(tokenizer)))  # after the bytes and merges, in Qwen's order
+    for token, token_id in zip(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), ids):
+        assert tokenizer(token)["input_ids"] == [token_id] and tokenizer.decode([token_id]) == token
+
+
+def test_byte_level_tokenizer_round_trips_any_text(tiny_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    text = "The answer is 42.\n\tünïcödé ✓ 数学  double  spaces"
+    ids = tokenizer(text)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    assert len(ids) < len(text.encode())  # the merges shorten English text
+    assert "the" in tokenizer.convert_ids_to_tokens(tokenizer(" the")["input_ids"])[0]
+
+
+def test_chat_template_is_chatml(tiny_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+3?<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer(text)["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "system\nBe brief.\nuser\n2+3?\nassistant\n"
+
+
+def test_same_arguments_are_cached_and_seed_is_deterministic(tiny_model, tmp_path):
+    before = (tiny_model / "model.safetensors").stat().st_mtime_ns
+    assert build_tiny_model(tiny_model) == tiny_model
+    assert (tiny_model / "model.safetensors").stat().st_mtime_ns == before
+
+    again = build_tiny_model(tmp_path / "again")
+    assert _digest(again) == _digest(tiny_model)
+    other_seed = build_tiny_model(tmp_path / "again", seed=1)  # other arguments rebuild in place
+    assert _digest(other_seed) != _digest(tiny_model)
+    assert json.loads((other_seed / "rlcore_tiny.json").read_text())["seed"] == 1
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no temporary directory left
+
+
+def test_llama_and_sequence_classification(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    llama = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "llama", arch="llama", hidden_size=32))
+    assert llama.config.model_type == "llama" and llama.config.hidden_size == 32
+    orm = AutoModelForSequenceClassification.from_pretrained(build_tiny_model(tmp_path / "orm", num_labels=1))
+    assert orm.config.num_labels == 1 and orm.score.weight.shape == (1, 64)
+
+
+def test_bad_arguments_are_reported_together(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        build_tiny_model(tmp_path / "bad", arch="gpt9", hidden_size=30, num_heads=4, num_labels=0)
+    message = str(err.value)
+    assert "arch='gpt9'" in message and "num_labels=0" in message
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ConfigError, match="multiple of num_heads"):
+        build_tiny_model(tmp_path / "bad", hidden_size=30)
+
+
+def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not built by build_tiny_model"):
+        build_tiny_model(tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
