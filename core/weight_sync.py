@@ -115,7 +115,7 @@ def flatten_bucket(named_tensors: Iterable[tuple[str, torch.Tensor]], device: to
     target = device if device is not None else (items[0][1].device if items else "cpu")
     buffers = {name: torch.empty(n, dtype=_dtype(name), device=target) for name, n in sizes.items()}
     for meta, (_, tensor) in zip(metas, items):
-        buffers[meta.dtype][meta.offset : meta.offset + meta.numel].copy_(tensor.detach().reshape(-1), non_blocking=True)
+        buffers[meta.dtype][meta.offset : meta.offset + meta.numel].copy_(tensor.detach().reshape(-1))
     return FlatBucket(metas, buffers)
 
 
@@ -305,12 +305,12 @@ class BroadcastGroup:
 
 
 def check_weight_sync(
-    train_engine: TrainEngine, rollout_engine: RolloutEngine, sequence: list[int], atol: float = 0.1, k: int = 4
+    train_engine: TrainEngine, rollout_engine: RolloutEngine, sequence: list[int], atol: float = 0.25, k: int = 4
 ) -> float:
     """Assert that both engines give the same top-k log-probs for `sequence`; return the largest difference.
 
     A cheap check a trainer runs after its first sync: a wrong weight name mapping, a missed tied
-    embedding or a bucket that never arrived shows up as differences far above bf16's (~0.05).
+    embedding or a bucket that never arrived shows up as differences of whole units, far above bf16's (a few hundredths to tenths).
     Values are compared sorted, so near-ties that swap order in bf16 do not count as mismatches.
     """
     from .batch import Batch
