@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
-def check_common(model: str, dtype: str, device: str) -> None:
-    """Reject bad model/dtype/device options before any weight is read."""
+def common_problems(model: str, dtype: str, device: str) -> list[tuple[str, str]]:
+    """(key, message) for every bad model/dtype/device option, found before any weight is read."""
     problems = []
     if not isinstance(model, (str, os.PathLike)) or not str(model):
         problems.append(("model", f"model={model!r} must be a local directory or a Hugging Face hub id"))
@@ -30,8 +30,13 @@ def check_common(model: str, dtype: str, device: str) -> None:
 
         if not torch.cuda.is_available():
             problems.append(("device", f"device={device!r} was asked but CUDA is not available; use device='cpu'"))
+    return problems
+
+
+def raise_problems(engine: str, problems: list[tuple[str, str]]) -> None:
+    """One ConfigError listing every problem, each with its option name."""
     if problems:
-        raise ConfigError("; ".join(m for _, m in problems), problems)
+        raise ConfigError(f"{engine}: " + "; ".join(m for _, m in problems), problems)
 
 
 def _looks_like_path(model: str) -> bool:
@@ -74,12 +79,13 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 
 def aligned_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Per-token log-probs [B, T] aligned with `input_ids` (column 0 is 0), differentiable when grad is on."""
+    """Per-token log-probs [B, T] aligned with `input_ids` (column 0 and padding are 0), differentiable
+    when grad is on."""
     import torch.nn.functional as F
 
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     logprobs = token_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
-    return F.pad(logprobs, (1, 0))
+    return F.pad(logprobs, (1, 0)) * attention_mask
 
 
 def check_temperature(temperature: float) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from rlcore.engines import Generation, RolloutEngine, SamplingParams, TopK
 from rlcore.errors import RlcoreError, did_you_mean
 
-from .common import check_common, load_causal_lm, torch_device
+from .common import common_problems, load_causal_lm, raise_problems, torch_device
 
 TAGS = ("weights", "kv_cache")
 TOPK_ROWS = 16  # sequences per forward pass in prompt_topk_logprobs
@@ -27,7 +27,10 @@ class HFRolloutEngine(RolloutEngine):
     """Samples with a KV cache; `update_weights` copies into the live parameters; `sleep`/`wake_up` as vLLM's."""
 
     def __init__(self, model: str, dtype: str = "float32", device: str = "cpu", seed: int = 42):
-        check_common(model, dtype, device)
+        problems = common_problems(model, dtype, device)
+        if not isinstance(seed, int):
+            problems.append(("seed", f"seed={seed!r} must be an int"))
+        raise_problems("hf rollout engine", problems)
         import torch
         from transformers import AutoTokenizer
 

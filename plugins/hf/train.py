@@ -23,7 +23,14 @@ from rlcore.batch import Batch
 from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
 from rlcore.errors import ConfigError, RlcoreError
 
-from .common import aligned_logprobs, check_common, check_temperature, load_causal_lm, torch_device
+from .common import (
+    aligned_logprobs,
+    check_temperature,
+    common_problems,
+    load_causal_lm,
+    raise_problems,
+    torch_device,
+)
 from .lora import lora_merged_tensors
 
 SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
@@ -62,8 +69,7 @@ class HFTrainEngine(TrainEngine):
         seed: int = 42,
         dist_timeout_s: float = 600.0,
     ):
-        check_common(model, dtype, device)
-        _check_train_options(locals())
+        raise_problems("hf train engine", common_problems(model, dtype, device) + _train_problems(locals()))
         import torch
 
         self.model_name = str(model)
@@ -332,8 +338,8 @@ class HFTrainEngine(TrainEngine):
         }
 
 
-def _check_train_options(o: dict[str, Any]) -> None:
-    problems = []
+def _train_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
 
     def need(ok: bool, key: str, rule: str) -> None:
         if not ok:
@@ -356,8 +362,7 @@ def _check_train_options(o: dict[str, Any]) -> None:
     need(isinstance(o["logprob_micro_batch_size"], int) and o["logprob_micro_batch_size"] >= 1,
          "logprob_micro_batch_size", "must be a positive int")
     need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
-    if problems:
-        raise ConfigError("hf train engine: " + "; ".join(m for _, m in problems), problems)
+    return problems
 
 
 def _init_distributed(device: Any, timeout_s: float) -> tuple[int, int]:

@@ -1,0 +1,268 @@
+"""HFTrainEngine on a real tiny Qwen2: log-probs, top-k, training, micro-batches, DDP, LoRA, export, save/load."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlcore import Batch, ConfigError, RlcoreError, load_plugins
+from rlcore.plugins.hf import build_tiny_model
+from rlcore.plugins.hf.train import HFTrainEngine
+
+# With a huge Adam epsilon the first step moves each weight by about -lr/eps * grad: parameter deltas
+# then compare gradients (a plain first Adam step would only show their signs).
+LINEAR_ADAM = dict(learning_rate=1e3, adam_epsilon=1e3, max_grad_norm=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-qwen2")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    return HFTrainEngine(tiny_model)
+
+
+def make_batch(rows: int = 6, width: int = 10, seed: int = 0) -> Batch:
+    """Right-padded random sequences of different lengths, with a per-row weight 1/rows for the loss."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, 256, (rows, width), generator=g)
+    lengths = torch.randint(width // 2, width + 1, (rows,), generator=g)
+    lengths[0] = width
+    attention_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    input_ids = input_ids.masked_fill(attention_mask == 0, 265)
+    completion_mask = attention_mask.clone()
+    completion_mask[:, :3] = 0
+    return Batch(
+        input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
+        weight=torch.full((rows,), 1.0 / rows),
+    )
+
+
+def nll_loss(logprobs: torch.Tensor, micro: Batch):
+    """Mean over rows of the completion's summed NLL: each micro-batch gives its rows' share."""
+    per_row = -(logprobs * micro["completion_mask"]).sum(dim=1)
+    loss = (per_row * micro["weight"]).sum()
+    return loss, {"nll": float(per_row.detach().mean())}
+
+
+def reference_logprobs(model, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    logprobs = torch.log_softmax(logits[:, :-1] / temperature, dim=-1)
+    picked = logprobs.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(picked, (1, 0)) * batch["attention_mask"]
+
+
+def params(engine: HFTrainEngine) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+
+
+def test_registered_lazily_and_options_checked(tiny_model):
+    plugins = load_plugins()
+    assert plugins.engines.owner("train/hf") == "hf" and plugins.engines.owner("rollout/hf") == "hf"
+    code = "import sys, rlcore.plugins.hf; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    factory = plugins.engines.get("hf", kind="train").factory
+    with pytest.raises(ConfigError, match="no option 'learning_rte'.*Did you mean 'learning_rate'"):
+        factory(model=str(tiny_model), learning_rte=1e-3)
+    with pytest.raises(ConfigError) as err:
+        factory(model=str(tiny_model), dtype="float8", lr_scheduler_type="cosine", lora_rank=-1)
+    assert {key for key, _ in err.value.problems} == {"dtype", "max_steps", "lora_rank"}
+    with pytest.raises(ConfigError, match="is not a directory"):
+        factory(model=str(tiny_model / "missing"))
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        factory(model=str(tiny_model), device="cuda")
+
+
+def test_forward_logprobs_match_a_plain_reference(engine):
+    batch = make_batch()
+    for temperature in (1.0, 0.7):
+        got = engine.forward_logprobs(batch, temperature)
+        assert got.shape == batch["input_ids"].shape and got.dtype == torch.float32
+        assert torch.all(got[:, 0] == 0)
+        want = reference_logprobs(engine.model, batch, temperature)
+        mask = batch["attention_mask"].bool()
+        torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=1e-5)
+        assert torch.all(got[~mask] == 0)
+    assert not torch.allclose(engine.forward_logprobs(batch, 0.7), engine.forward_logprobs(batch, 1.0))
+    with pytest.raises(RlcoreError, match="temperature"):
+        engine.forward_logprobs(batch, 0.0)
+
+
+def test_forward_logprobs_chunks_rows(tiny_model):
+    chunked = HFTrainEngine(tiny_model, logprob_micro_batch_size=2)
+    batch = make_batch(rows=5)
+    torch.testing.assert_close(chunked.forward_logprobs(batch), HFTrainEngine(tiny_model).forward_logprobs(batch))
+
+
+def test_forward_topk_and_full_vocabulary(engine):
+    batch = make_batch()
+    full = engine.forward_topk(batch, None, temperature=0.7)
+    assert full.shape == (*batch["input_ids"].shape, engine.model.config.vocab_size)
+    assert torch.all(full[:, 0] == 0)
+    torch.testing.assert_close(full[:, 1:].exp().sum(-1)[batch["attention_mask"][:, 1:].bool()], torch.ones(
+        int(batch["attention_mask"][:, 1:].sum())), atol=1e-5, rtol=0)
+    gathered = full.gather(-1, batch["input_ids"][..., None]).squeeze(-1) * batch["attention_mask"]
+    gathered[:, 0] = 0
+    torch.testing.assert_close(gathered, engine.forward_logprobs(batch, 0.7), atol=1e-5, rtol=1e-5)
+    top = engine.forward_topk(batch, 5, temperature=0.7)
+    assert top.ids.shape == top.logprobs.shape == (*batch["input_ids"].shape, 5)
+    want = full.topk(5, dim=-1)
+    mask = batch["attention_mask"].bool()
+    mask[:, 0] = False
+    torch.testing.assert_close(top.logprobs[mask], want.values[mask])
+    assert torch.equal(full.gather(-1, top.ids)[mask], top.logprobs[mask])
+
+
+def test_train_step_lowers_the_loss(tiny_model):
+    engine = HFTrainEngine(tiny_model, learning_rate=1e-2, lr_scheduler_type="cosine", warmup_steps=2, max_steps=6)
+    batch = make_batch()
+    losses, lrs = [], []
+    for _ in range(6):
+        metrics = engine.train_step(batch, nll_loss, micro_batch_size=4)
+        losses.append(metrics["loss"])
+        lrs.append(metrics["lr"])
+        assert metrics["grad_norm"] > 0 and set(metrics) == {"loss", "nll", "grad_norm", "lr"}
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert lrs[:3] == pytest.approx([0.0, 5e-3, 1e-2]) and lrs[3] < lrs[2]  # warmup, then cosine decay
+    assert engine.state()["global_step"] == 6
+
+
+def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_model):
+    batch = make_batch(rows=6)
+    deltas, metrics = [], []
+    for micro_batch_size in (6, 2, 4):  # one pass, three equal passes, two unequal passes (3 + 3)
+        engine = HFTrainEngine(tiny_model, **LINEAR_ADAM)
+        before = params(engine)
+        metrics.append(engine.train_step(batch, nll_loss, micro_batch_size))
+        deltas.append({n: p - before[n] for n, p in params(engine).items()})
+    for other, other_metrics in zip(deltas[1:], metrics[1:]):
+        assert other_metrics["grad_norm"] == pytest.approx(metrics[0]["grad_norm"], rel=1e-5)
+        assert other_metrics["loss"] == pytest.approx(metrics[0]["loss"], rel=1e-5)
+        for name, delta in deltas[0].items():
+            torch.testing.assert_close(other[name], delta, atol=1e-6, rtol=1e-4)
+    with pytest.raises(RlcoreError, match="micro_batch_size=0"):
+        engine.train_step(batch, nll_loss, 0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, model: str, port: int, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    engine = HFTrainEngine(model, **LINEAR_ADAM, seed=rank)  # different seeds: DDP broadcasts rank 0's weights
+    shard = make_batch(rows=6).split(2)[rank]
+    shard["weight"] = torch.full((len(shard),), 1.0 / len(shard))  # each rank's share of its own batch
+    metrics = engine.train_step(shard, nll_loss, micro_batch_size=2)  # two micro-batches: no_sync, then sync
+    torch.save({"params": params(engine), "metrics": metrics, "state": engine.state()}, f"{out}/rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_ddp_over_two_processes_equals_one_process_on_the_whole_batch(tiny_model, tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ddp_worker, args=(str(tiny_model), _free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert [r["state"]["world_size"] for r in ranks] == [2, 2] and ranks[1]["state"]["rank"] == 1
+    for name, value in ranks[0]["params"].items():
+        assert torch.equal(value, ranks[1]["params"][name]), name
+    single = HFTrainEngine(tiny_model, **LINEAR_ADAM)
+    before = params(single)
+    metrics = single.train_step(make_batch(rows=6), nll_loss, micro_batch_size=6)
+    assert ranks[0]["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-5)
+    for name, value in params(single).items():
+        torch.testing.assert_close(ranks[0]["params"][name] - before[name], value - before[name], atol=1e-6, rtol=1e-4)
+
+
+def test_lora_trains_adapters_and_exports_merged_base_weights(tiny_model):
+    from rlcore.plugins.hf.rollout import HFRolloutEngine
+
+    engine = HFTrainEngine(tiny_model, lora_rank=4, lora_alpha=8, learning_rate=5e-2)
+    base_names = {n for n, _ in HFTrainEngine(tiny_model).model.named_parameters()}
+    state = engine.state()
+    assert state["lora"] and state["num_trainable_parameters"] < state["num_parameters"] // 5
+    before = params(engine)
+    batch = make_batch()
+    for _ in range(2):
+        engine.train_step(batch, nll_loss, micro_batch_size=3)
+    after = params(engine)
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed and all(".lora_" in n for n in changed)
+
+    exported = [item for bucket in engine.export_weights() for item in bucket]
+    assert {n for n, _ in exported} == base_names and len(exported) == len(base_names)
+    rollout = HFRolloutEngine(tiny_model)
+    rollout.update_weights(exported)
+    recomputed = HFTrainEngine(tiny_model)
+    recomputed.model.load_state_dict(rollout.model.state_dict())
+    torch.testing.assert_close(recomputed.forward_logprobs(batch), engine.forward_logprobs(batch), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(HFTrainEngine(tiny_model).forward_logprobs(batch), engine.forward_logprobs(batch))
+
+
+def test_export_buckets_respect_the_size(engine):
+    sizes = {n: p.numel() * p.element_size() for n, p in engine.model.named_parameters()}
+    limit = 20_000
+    buckets = list(engine.export_weights(bucket_bytes=limit))
+    assert len(buckets) > 1
+    for bucket in buckets:
+        total = sum(t.numel() * t.element_size() for _, t in bucket)
+        assert total <= limit or len(bucket) == 1
+        assert all(t.device.type == "cpu" and not t.requires_grad for _, t in bucket)
+    names = [n for bucket in buckets for n, _ in bucket]
+    assert names == list(sizes)
+    assert torch.equal(dict(buckets[0])[names[0]], engine.model.get_parameter(names[0]))
+    with pytest.raises(RlcoreError, match="bucket_bytes"):
+        next(engine.export_weights(bucket_bytes=0))
+
+
+def test_save_load_round_trip_restores_weights_and_optimizer(tiny_model, tmp_path):
+    batch = make_batch()
+    engine = HFTrainEngine(tiny_model, learning_rate=1e-2, lr_scheduler_type="linear", max_steps=10)
+    for _ in range(2):
+        engine.train_step(batch, nll_loss, micro_batch_size=6)
+    engine.save(tmp_path / "ckpt")
+    engine.save(tmp_path / "ckpt")  # saving again replaces the directory whole
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+    restored = HFTrainEngine(tiny_model, learning_rate=1e-2, lr_scheduler_type="linear", max_steps=10)
+    restored.load(tmp_path / "ckpt")
+    for name, value in params(engine).items():
+        assert torch.equal(value, restored.model.get_parameter(name)), name
+    assert restored.global_step == 2 and restored.scheduler.get_last_lr() == engine.scheduler.get_last_lr()
+    first = next(iter(engine.optimizer.state.values()))
+    assert torch.equal(next(iter(restored.optimizer.state.values()))["exp_avg_sq"], first["exp_avg_sq"])
+    engine.train_step(batch, nll_loss, micro_batch_size=6)
+    restored.train_step(batch, nll_loss, micro_batch_size=6)
+    for name, value in params(engine).items():
+        torch.testing.assert_close(restored.model.get_parameter(name), value, atol=0, rtol=0)
+    with pytest.raises(RlcoreError, match="not a checkpoint"):
+        restored.load(tmp_path)
+
+
+def test_offload_on_cpu_drops_grads_and_is_harmless(tiny_model):
+    engine = HFTrainEngine(tiny_model, learning_rate=1e-2)
+    batch = make_batch()
+    engine.train_step(batch, nll_loss, micro_batch_size=6)
+    engine.model.get_parameter("model.norm.weight").grad = torch.ones(64)
+    engine.offload()
+    assert all(p.grad is None for p in engine.model.parameters())
+    engine.reload()
+    assert engine.train_step(batch, nll_loss, micro_batch_size=6)["grad_norm"] > 0
+
+
+def test_bad_batches_are_clear_errors(engine):
+    with pytest.raises(RlcoreError, match="no attention_mask column"):
+        engine.forward_logprobs(Batch(input_ids=torch.zeros(2, 3, dtype=torch.long)))
+    with pytest.raises(RlcoreError, match="k=0"):
+        engine.forward_topk(make_batch(), 0)
