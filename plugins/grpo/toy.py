@@ -9,10 +9,12 @@ so a completion's reward is small but rarely zero over ~16-24 tokens, groups of 
 5 of ~260 tokens, which it can do in a few dozen steps without understanding the prompt.
 
 Chance level: a uniform policy over the 256 byte tokens emits a target byte with probability 5/256, so its
-expected reward is about 5/256 = 0.0195 per character (invalid UTF-8 decodes to one replacement character
-per byte, which keeps the ratio). `RANDOM_POLICY_REWARD` holds that number; a trained policy scoring 0.2
-or more (ten times chance) has visibly learned. An empty completion scores 0, so stopping at once is not
-a way out.
+expected reward is about 5/256 = 0.0195 (`RANDOM_POLICY_REWARD`). The tiny model's tokenizer
+(rlcore.plugins.hf.tiny: 267 ids, with merges such as "in", "he", "er" that carry vowels, and invalid UTF-8
+runs decoding to replacement characters) raises that to about 0.044; `chance_reward(tokenizer)` measures it
+for any tokenizer. A policy scoring several times that has visibly learned: a plain GRPO loop (8 prompts x 8
+generations, 20 tokens, AdamW lr 1e-3, 2 CPU threads) went from 0.045 to 0.26 in 40 steps (80 s).
+An empty completion scores 0, so stopping at once is not a way out.
 """
 
 from __future__ import annotations
@@ -40,6 +42,22 @@ def toy_dataset(n: int = 256, seed: int = 0) -> list[dict[str, Any]]:
     """`n` rows `{"prompt": ..., "target": "aeiou"}`, prompts drawn from PROMPTS with a seeded generator."""
     rng = random.Random(seed)
     return [{"prompt": rng.choice(PROMPTS), "target": TARGET} for _ in range(n)]
+
+
+def chance_reward(tokenizer: Any, completion_length: int = 20, samples: int = 2000, seed: int = 0) -> float:
+    """The toy reward a uniform random policy over `tokenizer`'s ids earns in expectation (a seeded estimate).
+
+    Each sample is `completion_length` uniform ids, cut at the first eos as generation would cut it.
+    """
+    rng = random.Random(seed)
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    texts = []
+    for _ in range(samples):
+        ids = [rng.randrange(vocab) for _ in range(completion_length)]
+        ids = ids[: ids.index(eos)] if eos in ids else ids
+        texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+    rewards = toy_reward([""] * samples, texts)
+    return sum(r for r in rewards if r is not None) / samples
 
 
 def toy_reward(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None,

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from rlcore import ConfigError, NotRegistered, RlcoreError, load_plugins
-from rlcore.plugins.grpo.toy import PROMPTS, RANDOM_POLICY_REWARD, toy_dataset, toy_reward
+from rlcore.plugins.grpo.toy import PROMPTS, RANDOM_POLICY_REWARD, chance_reward, toy_dataset, toy_reward
 from rlcore.plugins.rewards import (
     CosineReward,
     RepetitionPenalty,
@@ -108,6 +108,11 @@ def test_toy_reward_and_its_chance_level():
     texts = [bytes(rng.randrange(256) for _ in range(20)).decode("utf-8", errors="replace") for _ in range(3000)]
     mean = sum(toy_reward(prompts=[""] * len(texts), completions=texts)) / len(texts)
     assert mean == pytest.approx(RANDOM_POLICY_REWARD, rel=0.2)
+    from rlcore.plugins.hf.tiny import build_tokenizer
+
+    tiny_chance = chance_reward(build_tokenizer(), samples=300)
+    assert tiny_chance == chance_reward(build_tokenizer(), samples=300)  # seeded
+    assert 0.03 < tiny_chance < 0.06  # the merges carry vowels: above the pure-byte 5/256
     rows = toy_dataset(64, seed=3)
     assert rows == toy_dataset(64, seed=3) and rows != toy_dataset(64, seed=4)
     assert all(r["prompt"] in PROMPTS and r["target"] == "aeiou" for r in rows)
