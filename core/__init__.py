@@ -23,6 +23,7 @@ from .specs import (
     Slot,
 )
 from .trainer import Trainer
+from .workers import function, worker
 
 __version__ = "0.1.0"
 
@@ -55,9 +56,11 @@ __all__ = [
     "TrainEngine",
     "Trainer",
     "__version__",
+    "function",
     "hookimpl",
     "hookspec",
     "load_config",
     "load_plugins",
     "render_config",
+    "worker",
 ]

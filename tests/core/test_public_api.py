@@ -37,11 +37,13 @@ EXPECTED = [
     "TrainEngine",
     "Trainer",
     "__version__",
+    "function",
     "hookimpl",
     "hookspec",
     "load_config",
     "load_plugins",
     "render_config",
+    "worker",
 ]
 
 HEAVY = ["torch", "transformers", "ray", "vllm"]
