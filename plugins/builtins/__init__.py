@@ -34,3 +34,12 @@ def rlcore_collectors():
     from rlcore.dispatch import COLLECTORS
 
     yield from COLLECTORS
+
+
+@hookimpl
+def rlcore_placements():
+    from rlcore import PlacementSpec
+    from rlcore.placement import POLICIES
+
+    for name, (place, description) in POLICIES.items():
+        yield PlacementSpec(name, place=place, description=description)
