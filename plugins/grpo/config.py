@@ -1,0 +1,151 @@
+"""The GRPO configuration. Keys are spelled as TRL's GRPOConfig and ms-swift spell them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, model_validator
+
+from rlcore import BaseConfig, RoleConfig, RunConfig
+
+
+class TrainRoleConfig(RoleConfig):
+    """The `train:` section: the policy's train engine."""
+
+    dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights")
+    lora_alpha: int = Field(32, description="LoRA scaling numerator")
+    lora_target_modules: list[str] | str = Field("all-linear", description="modules LoRA adapts")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
+
+
+class RolloutRoleConfig(RoleConfig):
+    """The `rollout:` section: the engine that generates completions."""
+
+    dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
+    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per rollout engine")
+    vllm_gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of GPU memory vLLM takes")
+    vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")
+    vllm_enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
+    vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
+
+
+class ReferenceRoleConfig(RoleConfig):
+    """The `reference:` section: the frozen initial policy, used only when beta > 0."""
+
+    dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
+
+
+# With no `model` and no `dataset`, a run is the embedded demo: the tiny random model learns the toy task
+# (rlcore.plugins.grpo.toy) on the CPU in about two minutes. These defaults make it so; any key the user
+# sets wins, and a run with a model of its own keeps TRL's defaults below.
+DEMO_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 1e-3,
+    "max_steps": 40,
+    "max_completion_length": 20,
+    "per_device_train_batch_size": 32,
+    "gradient_accumulation_steps": 2,
+    "num_generations": 8,
+    "output_dir": "output/grpo-demo",
+}
+
+
+class GRPOConfig(RunConfig):
+    """Group Relative Policy Optimization (DeepSeekMath; TRL's GRPOTrainer)."""
+
+    # model and data
+    model: str | None = Field(None, description="HF model directory or hub id; unset: a tiny random model (demo)")
+    dataset: str | None = Field(None, description="JSONL/JSON/Parquet with a prompt or messages column; unset: the toy task")
+    use_chat_template: bool = Field(True, description="wrap prompts with the tokenizer's chat template")
+    max_prompt_length: int = Field(512, ge=1, description="prompts are cut to their last max_prompt_length tokens")
+
+    # schedule
+    max_steps: int = Field(30, ge=1, description="optimizer steps to run")
+    learning_rate: float = Field(
+        1e-6, gt=0, validation_alias=AliasChoices("learning_rate", "lr"), description="AdamW learning rate (alias: lr)"
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    lr_scheduler_type: Literal["constant", "cosine", "linear"] = Field("constant", description="learning-rate schedule")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
+    per_device_train_batch_size: int = Field(8, ge=1, description="completions per micro-batch per train worker")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    steps_per_generation: int | None = Field(
+        None, ge=1, description="micro-steps one generation feeds (TRL's meaning); unset: gradient_accumulation_steps"
+    )
+    num_iterations: int = Field(1, ge=1, description="passes over each generation batch (TRL's mu)")
+
+    # sampling
+    num_generations: int = Field(8, ge=2, description="completions per prompt (the group size)")
+    max_completion_length: int = Field(256, ge=1, description="new tokens per completion at most")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    top_k: int = Field(0, ge=0, description="top-k sampling; 0 is off")
+
+    # loss
+    beta: float = Field(0.0, ge=0, description="KL coefficient (k3); > 0 creates the reference role")
+    epsilon: float = Field(0.2, ge=0, description="lower clipping range of the ratio")
+    epsilon_high: float | None = Field(None, ge=0, description="upper clipping range (DAPO); unset: epsilon")
+    delta: float | None = Field(None, gt=1, description="two-sided clipping of the ratio at delta (TRL)")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field("grpo", description="loss aggregation")
+    importance_sampling_level: Literal["token", "sequence"] = Field("token", description="token (GRPO) or sequence (GSPO) ratios")
+
+    # advantages
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="divide advantages by this std")
+    advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus"] = Field("grpo", description="baseline")
+
+    # filtering
+    mask_truncated_completions: bool = Field(False, description="exclude completions cut at max_completion_length from the loss")
+    dynamic_sample: bool = Field(False, description="DAPO: resample groups whose rewards are all equal")
+    max_resample_times: int = Field(3, ge=0, description="dynamic_sample: extra generations per step at most")
+
+    # rewards
+    reward_funcs: list[str] = Field(
+        default_factory=lambda: ["toy"], description="registered names or module:function strings"
+    )
+    reward_weights: list[float] | None = Field(None, description="one weight per reward function; unset: all 1")
+    reward_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict, description="options per reward function")
+    strict_rewards: bool = Field(False, description="a raising reward function stops the run")
+
+    # outputs
+    save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: only at the end")
+    save_total_limit: int | None = Field(None, ge=1, description="keep the newest N checkpoints")
+    resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
+    logging_steps: int = Field(1, ge=1, description="print every N steps")
+    weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")
+    check_weight_sync: bool = Field(True, description="after the first sync, compare rollout and train log-probs")
+
+    # roles
+    train: TrainRoleConfig = Field(default_factory=TrainRoleConfig, description="the policy's train engine")
+    rollout: RolloutRoleConfig = Field(default_factory=RolloutRoleConfig, description="the rollout engine")
+    reference: ReferenceRoleConfig = Field(default_factory=ReferenceRoleConfig, description="used when beta > 0")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _demo_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("model") and not data.get("dataset"):
+            given = set(data) | ({"learning_rate"} if "lr" in data else set())
+            data = {**{k: v for k, v in DEMO_DEFAULTS.items() if k not in given}, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GRPOConfig:
+        problems = []
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            problems.append(
+                ("reward_weights", f"has {len(self.reward_weights)} weights for {len(self.reward_funcs)} reward_funcs; give one per function")
+            )
+        if not self.reward_funcs:
+            problems.append(("reward_funcs", "is empty; name at least one reward function"))
+        if problems:  # a ValueError, so that pydantic reports it beside every other problem
+            raise ValueError("; ".join(f"{k} {m}" for k, m in problems))
+        return self
+
+    @property
+    def micro_steps_per_generation(self) -> int:
+        return self.steps_per_generation or self.gradient_accumulation_steps
+
+
+__all__ = ["BaseConfig", "GRPOConfig", "ReferenceRoleConfig", "RolloutRoleConfig", "TrainRoleConfig"]

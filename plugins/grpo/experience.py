@@ -1,0 +1,260 @@
+"""Turning prompts into training batches: generate, score, compute advantages and log-probs, cut mini-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlcore import Batch, ConfigError, SamplingParams
+
+from .config import GRPOConfig
+
+
+@dataclass
+class Scored:
+    """A generation round after scoring: prompts' rows, the completions, and their advantages."""
+
+    rows: list[dict[str, Any]]  # one per completion (the prompt's row, repeated num_generations times)
+    prompt_ids: list[list[int]]  # one per completion
+    generations: list[Any]
+    advantages: Any  # torch tensor [N]
+    metrics: dict[str, float]
+
+
+class ExperienceMaker:
+    """Owns the tokenizer, the data order and the reward functions; builds each round's batches."""
+
+    def __init__(self, config: GRPOConfig, plugins: Any, dp_size: int):
+        from rlcore.data import PromptSampler, load_prompts
+        from rlcore.plugins.rewards import resolve_reward
+
+        self.config = config
+        cfg = config
+        self.dp_size = dp_size
+        step_rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * dp_size
+        micro = cfg.micro_steps_per_generation
+        problems = []
+        if micro % cfg.gradient_accumulation_steps:
+            problems.append(
+                ("steps_per_generation", f"({micro}) must be a multiple of gradient_accumulation_steps ({cfg.gradient_accumulation_steps})")
+            )
+        self.generation_batch_size = cfg.per_device_train_batch_size * dp_size * micro
+        if self.generation_batch_size % cfg.num_generations:
+            problems.append(
+                (
+                    "num_generations",
+                    f"({cfg.num_generations}) must divide the generation batch: per_device_train_batch_size "
+                    f"({cfg.per_device_train_batch_size}) x train workers ({dp_size}) x steps_per_generation ({micro}) "
+                    f"= {self.generation_batch_size}",
+                )
+            )
+        if problems:
+            raise ConfigError("; ".join(f"{k} {m}" for k, m in problems), problems)
+        self.step_rows = step_rows
+        self.prompts_per_round = self.generation_batch_size // cfg.num_generations
+        self.reward_names = list(cfg.reward_funcs)
+        self.reward_fns = [resolve_reward(name, plugins, self._reward_options(name)) for name in cfg.reward_funcs]
+        self.reward_weights = cfg.reward_weights or [1.0] * len(self.reward_fns)
+        if cfg.dataset:
+            rows = load_prompts(cfg.dataset)
+        else:
+            from .toy import toy_dataset
+
+            rows = toy_dataset(seed=cfg.seed)
+        self.sampler = PromptSampler(rows, self.prompts_per_round, seed=cfg.seed)
+        self.model_path = self._model_path()
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.stop_ids = sorted({i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None})
+
+    def _reward_options(self, name: str) -> dict[str, Any] | None:
+        """The config's `reward_kwargs[name]`; soft_overlong also learns the run's max_completion_length."""
+        options = dict(self.config.reward_kwargs.get(name, {}))
+        if name == "soft_overlong":
+            options.setdefault("max_completion_length", self.config.max_completion_length)
+        return options or None
+
+    def _model_path(self) -> str:
+        if self.config.model:
+            return self.config.model
+        from rlcore.plugins.hf.tiny import build_tiny_model
+
+        return str(build_tiny_model(Path(self.config.output_dir) / "tiny-model", seed=self.config.seed))
+
+    # -- prompts --------------------------------------------------------------------------------
+
+    def encode(self, prompt: Any) -> list[int]:
+        cfg, tok = self.config, self.tokenizer
+        if isinstance(prompt, list):
+            ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        elif cfg.use_chat_template and tok.chat_template:
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        else:
+            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)[-cfg.max_prompt_length :]
+
+    def sampling_params(self, step: int) -> SamplingParams:
+        cfg = self.config
+        return SamplingParams(
+            n=cfg.num_generations, max_tokens=cfg.max_completion_length, temperature=cfg.temperature,
+            top_p=cfg.top_p, top_k=cfg.top_k, stop_token_ids=self.stop_ids, seed=cfg.seed * 100003 + step,
+        )
+
+    def generate(self, rollout: Any, step: int) -> tuple[list[dict], list[Any]]:
+        """The next prompts' completions: rows and generations, prompt-major (num_generations each)."""
+        rows = self.sampler.next_batch()
+        prompt_ids = [self.encode(r["prompt"]) for r in rows]
+        generations = rollout.generate(prompt_ids, self.sampling_params(step))
+        for g, p in zip(generations, [p for p in prompt_ids for _ in range(self.config.num_generations)]):
+            g.prompt_ids = p
+        return rows, generations
+
+    # -- rewards and advantages -----------------------------------------------------------------
+
+    def score(self, rows: list[dict], generations: list[Any], regenerate: Any) -> Scored:
+        """Rewards, advantages and round metrics; with dynamic_sample, groups whose rewards are all equal
+        are replaced by fresh ones (at most max_resample_times more generations)."""
+        import torch
+
+        from .advantages import combine_rewards, compute_advantages, zero_std_groups
+
+        cfg, G = self.config, self.config.num_generations
+        per_func, errors = self._rewards(rows, generations)
+        metrics: dict[str, float] = {}
+        if cfg.dynamic_sample:
+            rows, generations, per_func, metrics = self._dynamic_sample(rows, generations, per_func, regenerate)
+        rewards = combine_rewards(per_func, self.reward_weights)
+        advantages = compute_advantages(rewards, G, scale_rewards=cfg.scale_rewards, estimator=cfg.advantage_estimator)
+        lengths = torch.tensor([len(g.token_ids) for g in generations], dtype=torch.float)
+        truncated = torch.tensor([g.finish_reason == "length" for g in generations], dtype=torch.float)
+        grouped = rewards.view(-1, G)
+        metrics.update(
+            {
+                "reward": float(torch.nanmean(rewards)),
+                "reward_std": float(torch.nan_to_num(grouped, 0.0).std(dim=1).mean()),
+                "frac_reward_zero_std": float(zero_std_groups(rewards, G).float().mean()),
+                "completions/mean_length": float(lengths.mean()),
+                "completions/min_length": float(lengths.min()),
+                "completions/max_length": float(lengths.max()),
+                "completions/clipped_ratio": float(truncated.mean()),
+                "reward_errors": float(sum(errors.values())),
+            }
+        )
+        for j, name in enumerate(self.reward_names):
+            metrics[f"rewards/{name}/mean"] = float(torch.nanmean(per_func[:, j]))
+        rows_per_completion = [r for r in rows for _ in range(G)]
+        prompt_ids = [g.prompt_ids for g in generations]
+        return Scored(rows_per_completion, prompt_ids, generations, advantages, metrics)
+
+    def _rewards(self, rows: list[dict], generations: list[Any]) -> tuple[Any, dict[str, int]]:
+        import torch
+
+        from rlcore.plugins.rewards import call_reward
+
+        G = self.config.num_generations
+        expanded = [r for r in rows for _ in range(G)]
+        prompts = [r["prompt"] for r in expanded]
+        completions = [
+            [{"role": "assistant", "content": g.text}] if isinstance(p, list) else g.text
+            for g, p in zip(generations, prompts)
+        ]
+        completion_ids = [g.token_ids for g in generations]
+        columns = {k: [r.get(k) for r in expanded] for k in rows[0] if k not in ("prompt",)}
+        out = torch.full((len(generations), len(self.reward_fns)), float("nan"))
+        errors: dict[str, int] = {}
+        for j, (name, fn) in enumerate(zip(self.reward_names, self.reward_fns)):
+            values, n_errors = call_reward(
+                fn, name, prompts, completions, completion_ids, columns, strict=self.config.strict_rewards
+            )
+            errors[name] = n_errors
+            out[:, j] = torch.tensor([float("nan") if v is None else float(v) for v in values])
+        return out, errors
+
+    def _dynamic_sample(self, rows, generations, per_func, regenerate):
+        """DAPO's dynamic sampling: keep groups whose rewards differ, generate more until the round is full."""
+        import torch
+
+        from .advantages import combine_rewards, zero_std_groups
+
+        G, want = self.config.num_generations, len(rows)
+        kept: list[tuple] = []  # (row, generations, rewards) per group with a learning signal
+        flat: list[tuple] = []  # groups whose rewards are all equal: zero advantage
+
+        def sort(rows, gens, pf) -> None:
+            equal = set(zero_std_groups(combine_rewards(pf, self.reward_weights), G).nonzero().flatten().tolist())
+            for i, row in enumerate(rows):
+                group = (row, gens[i * G : (i + 1) * G], pf[i * G : (i + 1) * G])
+                (flat if i in equal else kept).append(group)
+
+        sort(rows, generations, per_func)
+        resamples = 0
+        while len(kept) < want and resamples < self.config.max_resample_times:
+            resamples += 1
+            new_rows, new_gens = regenerate()
+            sort(new_rows, new_gens, self._rewards(new_rows, new_gens)[0])
+        filled = max(0, want - len(kept))  # out of retries: fill up with flat groups
+        groups = (kept + flat[:filled])[:want]
+        metrics = {"dynamic_sample/resamples": float(resamples), "dynamic_sample/filled": float(filled)}
+        return (
+            [g[0] for g in groups],
+            [x for g in groups for x in g[1]],
+            torch.cat([g[2] for g in groups]),
+            metrics,
+        )
+
+    # -- log-probs and batches ------------------------------------------------------------------
+
+    def build_batch(self, prompt_ids: list[list[int]], generations: list[Any]) -> Batch:
+        """Prompt + completion, right-padded, with the completion mask (and truncated ones masked out
+        when mask_truncated_completions)."""
+        import torch
+
+        pad = self.tokenizer.pad_token_id
+        seqs = [p + g.token_ids for p, g in zip(prompt_ids, generations)]
+        width = max(len(s) for s in seqs)
+        input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(seqs), width), dtype=torch.long)
+        completion = torch.zeros((len(seqs), width), dtype=torch.float)
+        for i, (p, s) in enumerate(zip(prompt_ids, seqs)):
+            input_ids[i, : len(s)] = torch.tensor(s)
+            attention[i, : len(s)] = 1
+            truncated = generations[i].finish_reason == "length" and self.config.mask_truncated_completions
+            if not truncated:
+                completion[i, len(p) : len(s)] = 1
+        return Batch(input_ids=input_ids, attention_mask=attention, completion_mask=completion)
+
+    def logprobs(self, scored: Scored, train: Any, reference: Any) -> Batch:
+        """The round's batch with advantages, and old/reference log-probs where the loss needs them."""
+        cfg = self.config
+        batch = self.build_batch(scored.prompt_ids, scored.generations)
+        batch["advantages"] = scored.advantages
+        reused = cfg.num_iterations > 1 or cfg.micro_steps_per_generation > cfg.gradient_accumulation_steps
+        if reused:  # otherwise the policy that generated is the one being trained: old = current, detached
+            batch["old_logprobs"] = train.forward_logprobs(batch, cfg.temperature)
+        if reference is not None:
+            batch["ref_logprobs"] = reference.forward_logprobs(batch, cfg.temperature)
+        return batch
+
+    def mini_batches(self, batch: Batch, metrics: dict[str, float]) -> list[tuple[Batch, dict, Any]]:
+        """The optimizer steps this round feeds: (mini-batch, round metrics, loss function) each."""
+        from .objective import PolicyObjective
+
+        cfg = self.config
+        steps = batch.chunks(self.step_rows)
+        round_tokens = float(batch["completion_mask"].sum())
+        out = []
+        for _ in range(cfg.num_iterations):
+            for mini in steps:
+                objective = PolicyObjective.for_step(cfg, mini, self.dp_size, round_tokens, len(steps))
+                out.append((mini, metrics, objective))
+        return out
+
+    def probe_batch(self) -> list[int]:
+        """A fixed prompt for the weight-sync check."""
+        return self.encode(self.sampler.rows[0]["prompt"])

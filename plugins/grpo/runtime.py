@@ -1,0 +1,113 @@
+"""Where GRPO's roles live and how they hand over: workers, colocated sleep/wake, weight sync."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from rlcore import RlcoreError
+
+from .config import GRPOConfig
+from .workers import ReferenceWorker, RolloutWorker, TrainWorker
+
+
+class RoleRuntime:
+    """Builds the train, rollout (and reference) groups, in process or on Ray, and moves weights between them."""
+
+    def __init__(self, config: GRPOConfig, use_ray: bool):
+        self.config = config
+        self.use_ray = use_ray
+        self.roles = ["train", "rollout"] + (["reference"] if config.beta > 0 else [])
+        self.plan = None
+        if use_ray:
+            from rlcore.resources import plan_from_config
+
+            self.plan = plan_from_config(config, roles=self.roles, policy=config.placement)
+        self.colocated = any({"train", "rollout"} <= set(g) for g in config.colocate_groups)
+        self.train_workers = self._workers("train") if use_ray else 1
+        self.train = self.rollout = self.reference = None
+
+    def _workers(self, role: str) -> int:
+        section = getattr(self.config, role)
+        return section.gpus or section.cpus
+
+    def _options(self, role: str, model: str) -> dict[str, Any]:
+        cfg = self.config
+        section = getattr(cfg, role)
+        opts: dict[str, Any] = {"model": model, "dtype": section.dtype, "seed": cfg.seed}
+        if role == "train":
+            opts.update(
+                learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps,
+                gradient_checkpointing=section.gradient_checkpointing, lora_rank=section.lora_rank,
+                lora_alpha=section.lora_alpha, lora_target_modules=section.lora_target_modules,
+            )
+        if role == "rollout" and section.engine == "vllm":
+            opts.update(
+                vllm_tensor_parallel_size=section.vllm_tensor_parallel_size,
+                vllm_gpu_memory_utilization=section.vllm_gpu_memory_utilization,
+                vllm_max_model_len=section.vllm_max_model_len,
+                vllm_enforce_eager=section.vllm_enforce_eager,
+                vllm_engine_kwargs=section.vllm_engine_kwargs,
+            )
+        if section.gpus:
+            opts["device"] = "cuda"
+        opts.update(getattr(section, "engine_kwargs", {}))
+        return opts
+
+    @contextlib.contextmanager
+    def start(self, model: str) -> Iterator[RoleRuntime]:
+        """Allocate devices (Ray) and build the workers; tear everything down on the way out."""
+        with self._placement():
+            cfg = self.config
+            self.train = TrainWorker(cfg.train.engine, self._options("train", model))
+            if cfg.beta > 0:
+                self.reference = ReferenceWorker(cfg.reference.engine, self._options("reference", model))
+            self.rollout = RolloutWorker(cfg.rollout.engine, self._options("rollout", model))
+            if self.colocated:
+                self.rollout.sleep(cfg.sleep_level)
+            yield self
+
+    @contextlib.contextmanager
+    def _placement(self) -> Iterator[None]:
+        if not self.use_ray:
+            yield
+            return
+        from rlcore import cluster, workers
+        from rlcore.placement import allocate, release
+
+        cluster.connect(self.config.ray_address)
+        slots = allocate(self.plan, timeout_s=self.config.placement_timeout_s)
+        try:
+            with workers.runtime(slots, use_ray=True):
+                yield
+        finally:
+            release(slots)
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """Colocated: the train model steps aside while the rollout engine holds the devices."""
+        cfg = self.config
+        if not self.colocated:
+            yield
+            return
+        self.train.offload(params=cfg.offload_model, grads=True, optimizer=cfg.offload_optimizer)
+        self.rollout.wake_up(["kv_cache"] if cfg.sleep_level else None)
+        try:
+            yield
+        finally:
+            self.rollout.sleep(cfg.sleep_level)
+            self.train.reload(params=cfg.offload_model, grads=False, optimizer=cfg.offload_optimizer)
+
+    def sync_weights(self, bucket_bytes: int) -> None:
+        """Train rank 0's weights to every rollout worker, bucketed; colocated engines wake their weights first."""
+        if self.colocated:
+            self.rollout.wake_up(["weights"])
+        self.rollout.update_weights(self.train.export_weights(bucket_bytes))
+
+    def check_weight_sync(self, probe: Any, atol: float = 1e-3) -> None:
+        """After a sync, the rollout engine must score a fixed sequence as the train engine does."""
+        del probe, atol
+        if not self.use_ray and self.rollout is None:
+            raise RlcoreError("weight-sync check before the roles were started")

@@ -1,0 +1,88 @@
+"""The GRPO roles as worker classes: each is one in-process object locally and a group of actors on Ray."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlcore.workers import function, worker
+
+
+def make_engine(kind: str, name: str, options: dict[str, Any]) -> Any:
+    """Build a registered engine of `kind` in this process (a worker's)."""
+    from rlcore.dispatch import plugins
+
+    return plugins().engines.get(name, kind=kind).factory(**options)
+
+
+@worker(group="train")
+class TrainWorker:
+    """The policy: a train engine per worker; the group is one data-parallel world."""
+
+    def __init__(self, engine: str, options: dict[str, Any]):
+        self.engine = make_engine("train", engine, options)
+
+    @function(group="train", dispatch="slice", collect="concat")
+    def forward_logprobs(self, batch, temperature: float = 1.0):
+        return self.engine.forward_logprobs(batch, temperature)
+
+    @function(group="train", dispatch="slice", collect="mean")
+    def train_step(self, batch, loss_fn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:
+        return self.engine.train_step(batch, loss_fn, micro_batch_size, temperature)
+
+    @function(group="train", execute="first", collect="first")
+    def export_weights(self, bucket_bytes: int) -> list:
+        return list(self.engine.export_weights(bucket_bytes))
+
+    @function(group="train")
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        self.engine.offload(params, grads, optimizer)
+
+    @function(group="train")
+    def reload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        self.engine.reload(params, grads, optimizer)
+
+    @function(group="train", execute="first", collect="first")
+    def save(self, path: str) -> None:
+        self.engine.save(path)
+
+    @function(group="train")
+    def load(self, path: str) -> None:
+        self.engine.load(path)
+
+
+@worker(group="reference")
+class ReferenceWorker:
+    """The frozen initial policy, for the KL penalty (created only when beta > 0)."""
+
+    def __init__(self, engine: str, options: dict[str, Any]):
+        self.engine = make_engine("train", engine, options)
+
+    @function(group="reference", dispatch="slice", collect="concat")
+    def forward_logprobs(self, batch, temperature: float = 1.0):
+        return self.engine.forward_logprobs(batch, temperature)
+
+
+@worker(group="rollout")
+class RolloutWorker:
+    """Generates completions; takes new weights after every optimizer step."""
+
+    def __init__(self, engine: str, options: dict[str, Any]):
+        self.engine = make_engine("rollout", engine, options)
+
+    @function(group="rollout", dispatch="slice", collect="flatten")
+    def generate(self, prompts: list[list[int]], params) -> list:
+        return self.engine.generate(prompts, params)
+
+    @function(group="rollout")
+    def update_weights(self, buckets: list) -> None:
+        for bucket in buckets:
+            self.engine.update_weights(bucket)
+        self.engine.finish_weight_update()
+
+    @function(group="rollout")
+    def sleep(self, level: int = 1) -> None:
+        self.engine.sleep(level)
+
+    @function(group="rollout")
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.engine.wake_up(tags)
