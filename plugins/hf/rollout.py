@@ -136,7 +136,7 @@ class HFRolloutEngine(RolloutEngine):
         self._check_ready()
         k = min(k, self.vocab_size)
         results: list[TopK] = []
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference_mode: a distillation loss may save these for backward
             for start in range(0, len(sequences), TOPK_ROWS):
                 chunk = sequences[start:start + TOPK_ROWS]
                 width = max(len(s) for s in chunk)

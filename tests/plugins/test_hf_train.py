@@ -86,6 +86,7 @@ def test_forward_logprobs_match_a_plain_reference(engine):
     for temperature in (1.0, 0.7):
         got = engine.forward_logprobs(batch, temperature)
         assert got.shape == batch["input_ids"].shape and got.dtype == torch.float32
+        assert not got.is_inference()  # the loss may save old log-probs for backward
         assert torch.all(got[:, 0] == 0)
         want = reference_logprobs(engine.model, batch, temperature)
         mask = batch["attention_mask"].bool()

@@ -1,0 +1,183 @@
+"""HFRolloutEngine on a real tiny Qwen2: sampling, log-probs, stops, seeds, weight updates, sleep/wake, top-k."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlcore import Batch, RlcoreError, SamplingParams
+from rlcore.plugins.hf import build_tiny_model
+from rlcore.plugins.hf.rollout import HFRolloutEngine
+from rlcore.plugins.hf.train import HFTrainEngine
+
+PROMPTS = [[265, 84, 82, 260, 198], [5, 6, 7, 8, 9, 10, 11, 12, 13], [100]]  # different lengths: left padding
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-qwen2")
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_model):
+    return HFRolloutEngine(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_model):
+    return HFTrainEngine(tiny_model)
+
+
+def recompute(trainer: HFTrainEngine, prompts, generations, temperature: float) -> list[torch.Tensor]:
+    """The train engine's log-probs of each completion's tokens, from one right-padded batch."""
+    sequences = [prompts[g.prompt_index] + g.token_ids for g in generations]
+    width = max(map(len, sequences))
+    input_ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for i, seq in enumerate(sequences):
+        input_ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+    logprobs = trainer.forward_logprobs(Batch(input_ids=input_ids, attention_mask=mask), temperature)
+    return [
+        logprobs[i, len(prompts[g.prompt_index]) : len(sequences[i])] for i, g in enumerate(generations)
+    ]
+
+
+def test_generate_shapes_order_and_text(rollout):
+    generations = rollout.generate(PROMPTS, SamplingParams(n=3, max_tokens=7, seed=0))
+    assert [g.prompt_index for g in generations] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for g in generations:
+        assert len(g.token_ids) == len(g.logprobs) <= 7
+        assert g.finish_reason == ("length" if len(g.token_ids) == 7 else "stop")
+        assert all(lp <= 0 for lp in g.logprobs)
+        assert g.text == rollout.tokenizer.decode(g.token_ids, skip_special_tokens=True)
+    assert len({tuple(g.token_ids) for g in generations}) > 3  # n samples of one prompt differ
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_the_train_engine(rollout, trainer, temperature):
+    generations = rollout.generate(PROMPTS, SamplingParams(n=2, max_tokens=12, temperature=temperature, seed=1))
+    for g, want in zip(generations, recompute(trainer, PROMPTS, generations, temperature)):
+        torch.testing.assert_close(torch.tensor(g.logprobs), want, atol=1e-4, rtol=1e-4)
+
+
+def test_stop_tokens_finish_with_stop(rollout):
+    greedy = rollout.generate(PROMPTS, SamplingParams(max_tokens=4, temperature=0))
+    first = greedy[1].token_ids[0]
+    stopped = rollout.generate(PROMPTS, SamplingParams(max_tokens=4, temperature=0, stop_token_ids=[first]))
+    assert stopped[1].token_ids == [first] and stopped[1].finish_reason == "stop"  # the stop token is kept
+    for g, ref in zip(stopped, greedy):
+        assert g.token_ids == ref.token_ids[: len(g.token_ids)]
+        assert (g.finish_reason == "stop") == (first in g.token_ids)
+
+
+def test_top_k_one_is_greedy_with_probability_one(rollout):
+    greedy = rollout.generate(PROMPTS, SamplingParams(max_tokens=5, temperature=0))
+    top1 = rollout.generate(PROMPTS, SamplingParams(max_tokens=5, temperature=0.9, top_k=1, seed=3))
+    assert [g.token_ids for g in top1] == [g.token_ids for g in greedy]
+    assert all(lp == 0 for g in top1 for lp in g.logprobs)
+
+
+def test_top_p_renormalises_over_the_nucleus(rollout, trainer):
+    params = SamplingParams(n=4, max_tokens=8, top_p=0.5, seed=4)
+    generations = rollout.generate(PROMPTS, params)
+    for g, full in zip(generations, recompute(trainer, PROMPTS, generations, 1.0)):
+        assert torch.all(torch.tensor(g.logprobs) > full)  # same token, a smaller support
+
+
+def test_seed_makes_sampling_deterministic(rollout):
+    params = SamplingParams(n=2, max_tokens=10, seed=7)
+    first, again = rollout.generate(PROMPTS, params), rollout.generate(PROMPTS, params)
+    assert [g.token_ids for g in first] == [g.token_ids for g in again]
+    assert [g.logprobs for g in first] == [g.logprobs for g in again]
+    other = rollout.generate(PROMPTS, SamplingParams(n=2, max_tokens=10, seed=8))
+    assert [g.token_ids for g in other] != [g.token_ids for g in first]
+    unseeded = [rollout.generate(PROMPTS, SamplingParams(max_tokens=10)) for _ in range(2)]
+    assert [g.token_ids for g in unseeded[0]] != [g.token_ids for g in unseeded[1]]  # the engine's stream moves on
+
+
+def test_update_weights_from_the_train_engine(tiny_model):
+    trainer = HFTrainEngine(tiny_model, learning_rate=5e-2)
+    rollout = HFRolloutEngine(tiny_model)
+    ids = torch.tensor([PROMPTS[1]])
+    batch = Batch(input_ids=ids, attention_mask=torch.ones_like(ids), weight=torch.ones(1))
+    for _ in range(2):
+        trainer.train_step(batch, lambda lp, mb: (-lp.sum(), {}), micro_batch_size=1)
+    params = SamplingParams(n=2, max_tokens=8, seed=2)
+    stale = rollout.generate(PROMPTS, params)
+    assert not all(torch.allclose(torch.tensor(g.logprobs), w, atol=1e-3) for g, w in zip(stale, recompute(trainer, PROMPTS, stale, 1.0)))
+
+    storage = {n: p.data_ptr() for n, p in rollout.model.named_parameters()}
+    for bucket in trainer.export_weights(bucket_bytes=16_000):
+        rollout.update_weights(bucket)
+    rollout.finish_weight_update()
+    assert {n: p.data_ptr() for n, p in rollout.model.named_parameters()} == storage  # in place
+    fresh = rollout.generate(PROMPTS, params)
+    for g, want in zip(fresh, recompute(trainer, PROMPTS, fresh, 1.0)):
+        torch.testing.assert_close(torch.tensor(g.logprobs), want, atol=1e-4, rtol=1e-4)
+
+    with pytest.raises(RlcoreError, match="no weight 'model.norm.weigth'.*Did you mean 'model.norm.weight'"):
+        rollout.update_weights([("model.norm.weigth", torch.ones(64))])
+    with pytest.raises(RlcoreError, match=r"shape \(3,\)"):
+        rollout.update_weights([("model.norm.weight", torch.ones(3))])
+
+
+def test_sleep_and_wake_up(tiny_model, trainer):
+    rollout = HFRolloutEngine(tiny_model)
+    params = SamplingParams(n=2, max_tokens=6, seed=5)
+    before = rollout.generate(PROMPTS, params)
+
+    rollout.sleep(level=1)
+    with pytest.raises(RlcoreError, match="asleep"):
+        rollout.generate(PROMPTS, params)
+    rollout.wake_up()
+    assert [g.logprobs for g in rollout.generate(PROMPTS, params)] == [g.logprobs for g in before]
+
+    rollout.sleep(level=2)
+    assert all(p.numel() == 0 for p in rollout.model.parameters())  # the weights are gone
+    with pytest.raises(RlcoreError, match="wake_up"):
+        rollout.update_weights([("model.norm.weight", torch.ones(64))])
+    rollout.wake_up(tags=["kv_cache"])
+    with pytest.raises(RlcoreError, match="asleep"):
+        rollout.generate(PROMPTS, params)
+    rollout.wake_up(tags=["weights"])
+    with pytest.raises(RlcoreError, match="dropped by sleep"):
+        rollout.generate(PROMPTS, params)
+    for bucket in trainer.export_weights():  # the untrained weights, as the engine had them
+        rollout.update_weights(bucket)
+    after = rollout.generate(PROMPTS, params)
+    assert [g.token_ids for g in after] == [g.token_ids for g in before]
+    for g, ref in zip(after, before):
+        assert g.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+
+    with pytest.raises(RlcoreError, match="level=3"):
+        rollout.sleep(level=3)
+    with pytest.raises(RlcoreError, match="unknown tags"):
+        rollout.wake_up(tags=["weigths"])
+
+
+def test_prompt_topk_logprobs_are_the_top_of_the_full_distribution(rollout):
+    sequences = [PROMPTS[1], PROMPTS[0] + [7, 8], [42]]
+    result = rollout.prompt_topk_logprobs(sequences, k=4)
+    for seq, top in zip(sequences, result):
+        assert top.ids.shape == top.logprobs.shape == (len(seq) - 1, 4)
+        assert not top.logprobs.is_inference()  # usable inside a loss that autograd saves
+        if len(seq) == 1:
+            continue
+        with torch.no_grad():
+            logits = rollout.model(input_ids=torch.tensor([seq])).logits[0, :-1]
+        want = torch.log_softmax(logits, dim=-1).topk(4, dim=-1)
+        torch.testing.assert_close(top.logprobs, want.values, atol=1e-5, rtol=1e-5)
+        assert torch.equal(top.ids, want.indices)
+
+
+def test_bad_requests_are_clear_errors(rollout):
+    with pytest.raises(RlcoreError, match="n=0.*top_p=1.5"):
+        rollout.generate(PROMPTS, SamplingParams(n=0, top_p=1.5))
+    with pytest.raises(RlcoreError, match=r"prompts\[1\] must be a non-empty"):
+        rollout.generate([[1], []], SamplingParams())
+    with pytest.raises(RlcoreError, match="outside"):
+        rollout.generate([[1, 10_000]], SamplingParams())
+    with pytest.raises(RlcoreError, match="k=0"):
+        rollout.prompt_topk_logprobs([[1, 2]], k=0)
+    assert rollout.generate([], SamplingParams()) == []
