@@ -94,11 +94,19 @@ def _load(plugin: str) -> tuple[Plugins, str]:
     return plugins, plugins.algorithm_of(name)
 
 
-def _configured(args: argparse.Namespace, extra_overrides: Sequence[str] = ()) -> tuple[Plugins, str, Any]:
-    """The loaded plugins, the algorithm's name and its validated config, after `rlcore_configure`."""
+def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins, str, Any]:
+    """The loaded plugins, the algorithm's name and its validated config, after `rlcore_configure`.
+
+    `resume` adds the override resume=auto, for algorithms whose config has a `resume` key.
+    """
     plugins, algorithm = _load(args.plugin)
     model = plugins.algorithms.get(algorithm).config
-    config = load_config(model, args.config, [*args.overrides, *extra_overrides])
+    overrides = list(args.overrides)
+    if resume:
+        if "resume" not in model.model_fields:
+            raise ConfigError(f"--resume: algorithm '{algorithm}' has no 'resume' key, so it cannot resume a run")
+        overrides.append("resume=auto")
+    config = load_config(model, args.config, overrides)
     try:
         plugins.hook.rlcore_configure(config=config, algorithm=algorithm)
     except ValidationError as exc:  # a hook assigned a bad value
@@ -107,13 +115,7 @@ def _configured(args: argparse.Namespace, extra_overrides: Sequence[str] = ()) -
 
 
 def _run(args: argparse.Namespace) -> int:
-    extra = ()
-    if args.resume:
-        plugins, algorithm = _load(args.plugin)
-        if "resume" not in plugins.algorithms.get(algorithm).config.model_fields:
-            raise ConfigError(f"--resume: algorithm '{algorithm}' has no 'resume' key, so it cannot resume a run")
-        extra = ("resume=auto",)
-    plugins, algorithm, config = _configured(args, extra)
+    plugins, algorithm, config = _configured(args, resume=args.resume)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
     metrics = trainer.fit()
     print(json.dumps({"algorithm": algorithm, **(metrics or {})}, default=str))

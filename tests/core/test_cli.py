@@ -32,6 +32,8 @@ OBSERVER = textwrap.dedent(
     def rlcore_configure(config, algorithm):
         if algorithm == "example" and config.steps == 13:
             raise ConfigError("steps=13 is refused by the observer plugin")
+        if algorithm == "example" and config.steps == 14:
+            config.lr = -1.0  # validated on assignment: a configuration error
         if algorithm == "example":
             config.num_workers = 3
         log(event="configure", algorithm=algorithm)
@@ -98,8 +100,9 @@ def test_configure_can_reject_a_config(observed, tmp_path):
         (["run", "--plugin", "example", "steps=many"], ["steps: Input should be a valid integer", "'many'"]),
         (["run", "--plugin", "example", "--config", "missing.yaml"], ["config file 'missing.yaml' does not exist"]),
         (["run", "--plugin", "interrupted", "--resume"], ["algorithm 'interrupted' has no 'resume' key"]),
+        (["run", "--plugin", "example", "steps=14"], ["in rlcore_configure", "lr: Input should be greater than 0"]),
     ],
-    ids=["unknown-plugin", "bad-key", "bad-value", "missing-file", "resume-unsupported"],
+    ids=["unknown-plugin", "bad-key", "bad-value", "missing-file", "resume-unsupported", "bad-value-from-hook"],
 )
 def test_usage_and_config_errors_exit_2_without_a_traceback(observed, args, needles):
     assert_usage_error(observed(*args), *needles)
