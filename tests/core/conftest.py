@@ -28,12 +28,18 @@ def example_plugin() -> md.Distribution:
 
 @pytest.fixture
 def rlcore_cli(example_plugin, tmp_path) -> Callable[..., subprocess.CompletedProcess]:
-    """Run the installed `rlcore` console script in tmp_path; returns the completed process."""
+    """Run the installed `rlcore` console script in tmp_path; returns the completed process.
+
+    Installed plugins other than `builtins` and `example` are disabled (RLCORE_DISABLE_PLUGINS) so the
+    CLI's own behaviour is tested quickly; pass env={"RLCORE_DISABLE_PLUGINS": ""} to load them all.
+    """
     if not RLCORE.exists():
         pytest.fail(f"the rlcore console script is missing at {RLCORE}: pip install -e . first")
+    others = sorted({ep.name for ep in md.entry_points(group="rlcore.plugins")} - {"builtins", "example"})
 
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
+        full_env["RLCORE_DISABLE_PLUGINS"] = ",".join(others)
         full_env.update(env or {})
         return subprocess.run(
             [str(RLCORE), *args], cwd=tmp_path, env=full_env, capture_output=True, text=True,

@@ -135,8 +135,8 @@ def test_resume_continues_a_run(rlcore_cli, tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
-def test_plugins_json(rlcore_cli):
-    done = rlcore_cli("plugins", "--json")
+def test_plugins_json_with_every_installed_plugin(rlcore_cli):
+    done = rlcore_cli("plugins", "--json", env={"RLCORE_DISABLE_PLUGINS": ""})
     assert done.returncode == 0
     listed = {p["name"]: p for p in json.loads(done.stdout)}
     assert {"name", "version", "distribution", "provides"} <= set(listed["example"])
