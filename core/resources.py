@@ -242,7 +242,8 @@ def _from_device_groups(
         problems.append(("device_groups.nproc_per_node",
                          f"is {nproc} but nproc_per_node is {top_nproc}; give it once"))
     nproc = nproc or top_nproc
-    nnodes = _positive_int(device_groups.get("nnodes", cfg.get("nnodes")) or 1, "device_groups.nnodes", problems) or 1
+    nnodes = device_groups.get("nnodes", cfg.get("nnodes"))
+    nnodes = _positive_int(1 if nnodes is None else nnodes, "device_groups.nnodes", problems) or 1
 
     groups: list[Group] = []
     owner: dict[str, str] = {}
@@ -361,7 +362,7 @@ def _from_roles(
                 cpus[role] = workers
 
     colocate = _colocate_groups(cfg.get("colocate_groups") or [], gpus, known, problems)
-    nnodes = _positive_int(cfg.get("nnodes") or 1, "nnodes", problems) or 1
+    nnodes = _positive_int(1 if cfg.get("nnodes") is None else cfg["nnodes"], "nnodes", problems) or 1
     nproc = _positive_int(cfg.get("nproc_per_node"), "nproc_per_node", problems)
     try:
         place = plugins.placements.get(policy).place
