@@ -120,6 +120,7 @@ class HFTrainEngine(TrainEngine):
         import torch
 
         check_temperature(temperature)
+        self._ensure_loaded()
         input_ids, attention_mask = _columns(batch)
         out = torch.zeros(input_ids.shape, dtype=torch.float32)
         with torch.inference_mode():
@@ -139,6 +140,7 @@ class HFTrainEngine(TrainEngine):
         check_temperature(temperature)
         if k is not None and (not isinstance(k, int) or k < 1):
             raise RlcoreError(f"forward_topk: k={k!r} must be a positive int or None (full vocabulary)")
+        self._ensure_loaded()
         input_ids, attention_mask = _columns(batch)
         (B, T), V = input_ids.shape, self._vocab_size()
         width_k = V if k is None else min(k, V)
