@@ -252,7 +252,7 @@ class Runtime:
         try:
             for g in groups:
                 mesh = self.meshes.get(g) or Mesh(dp=len(self.slots[g]))
-                started[g] = _RemoteGroup.start(g, self.slots[g], mesh, self.start_timeout)
+                started[g] = _RemoteGroup.start(cls, g, self.slots[g], mesh, self.start_timeout)
             shared_args, shared_kwargs = encode(args, True), encode(kwargs, True)
             pending = [(g, g.setup(cls, shared_args, shared_kwargs)) for g in started.values()]
             for g, refs in pending:
@@ -349,37 +349,50 @@ _actor: _ActorContext | None = None  # set inside a worker actor
 
 
 class WorkerActor:
-    """The Ray actor behind one worker: it hosts one instance of a @worker class."""
+    """The Ray actor behind one worker: it hosts one instance of a @worker class.
+
+    `_actor_class` adds one method per @function, named like it, so a call costs what a plain Ray
+    actor call costs; the actor's own methods carry an `_rlcore_` prefix to stay out of their way.
+    """
 
     def __init__(self) -> None:
         self.instance: Any = None
 
-    def info(self) -> dict[str, Any]:
+    def _rlcore_info(self) -> dict[str, Any]:
         import ray
 
         ip = ray._private.worker.global_worker.node_ip_address  # the Ray node's address, as it was started
         return {"pid": os.getpid(), "ip": ip, "node_id": ray.get_runtime_context().get_node_id()}
 
-    def free_port(self, ip: str) -> int:
+    def _rlcore_free_port(self, ip: str) -> int:
         with socket.socket() as s:
             s.bind((ip, 0))
             return s.getsockname()[1]
 
-    def setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
+    def _rlcore_setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
         global _actor
         os.environ.update(env)
         _actor = _ActorContext(group, rank)
         self.instance = cls(*decode(args), **decode(kwargs))
 
-    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
-        return encode(getattr(self.instance, method)(*decode(args), **decode(kwargs)), False)
+
+def _forward(name: str) -> Callable[..., Any]:
+    def method(self: WorkerActor, *args: Any, **kwargs: Any) -> Any:
+        return encode(getattr(self.instance, name)(*decode(args), **decode(kwargs)), False)
+
+    method.__name__ = method.__qualname__ = name
+    return method
 
 
-@functools.lru_cache(maxsize=1)
-def _actor_class() -> Any:
+@functools.lru_cache(maxsize=None)
+def _actor_class(cls: type) -> Any:
+    """A Ray actor class for `cls`: WorkerActor plus a forwarding method per @function."""
     import ray
 
-    return ray.remote(max_restarts=0, max_task_retries=0)(WorkerActor)
+    names = [n for n in dir(cls) if hasattr(getattr(cls, n, None), "__rlcore_function__")]
+    body = {n: _forward(n) for n in names}
+    actor = type(f"{cls.__name__}Worker", (WorkerActor,), body)
+    return ray.remote(max_restarts=0, max_task_retries=0)(actor)
 
 
 class _RemoteGroup:
@@ -387,11 +400,11 @@ class _RemoteGroup:
 
     def __init__(self, role: str, actors: list[Any], infos: list[dict[str, Any]], mesh: Mesh):
         self.role, self.actors, self.infos, self.mesh = role, actors, infos, mesh
-        self._calls = [a.call for a in actors]
+        self._calls: dict[str, list[Any]] = {}  # method name -> each actor's bound remote method
         self.failure: RoleFailed | None = None
 
     @classmethod
-    def start(cls, role: str, slots: list[Slot], mesh: Mesh, timeout: float) -> _RemoteGroup:
+    def start(cls, worker_cls: type, role: str, slots: list[Slot], mesh: Mesh, timeout: float) -> _RemoteGroup:
         """One actor per slot, scheduled on the slot's bundle; waits until all are up."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -405,9 +418,9 @@ class _RemoteGroup:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     slot.placement_group, -1 if slot.bundle_index is None else slot.bundle_index
                 )
-            actors.append(_actor_class().options(**options).remote())
+            actors.append(_actor_class(worker_cls).options(**options).remote())
         try:
-            infos = ray.get([a.info.remote() for a in actors], timeout=timeout)
+            infos = ray.get([a._rlcore_info.remote() for a in actors], timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             cluster.kill(actors)
             raise ResourceError(
@@ -425,7 +438,7 @@ class _RemoteGroup:
         import ray
 
         master = self.infos[0]["ip"]
-        port = ray.get(self.actors[0].free_port.remote(master))
+        port = ray.get(self.actors[0]._rlcore_free_port.remote(master))
         per_node = collections.Counter(info["node_id"] for info in self.infos)
         seen: collections.Counter = collections.Counter()
         refs = []
@@ -436,13 +449,16 @@ class _RemoteGroup:
                 "MASTER_ADDR": master, "MASTER_PORT": str(port),
             }
             seen[info["node_id"]] += 1
-            refs.append(actor.setup.remote(cls, self.role, rank, env, args, kwargs))
+            refs.append(actor._rlcore_setup.remote(cls, self.role, rank, env, args, kwargs))
         return refs
 
     def call(self, spec: FunctionSpec, args: tuple, kwargs: dict) -> Any:
         if self.failure is not None:
             raise self.failure
-        n = len(self._calls)
+        calls = self._calls.get(spec.name)
+        if calls is None:
+            calls = self._calls[spec.name] = [getattr(a, spec.name) for a in self.actors]
+        n = len(calls)
         if spec.execute == "first":
             shards: list[Any] = [(args, kwargs)]
         else:
@@ -458,7 +474,7 @@ class _RemoteGroup:
             if key not in encoded:
                 shared = uses[key] > 1
                 encoded[key] = (encode(shards[r][0], shared), encode(shards[r][1], shared))
-            refs.append(self._calls[r].remote(spec.name, *encoded[key]))
+            refs.append(calls[r].remote(*encoded[key][0], **encoded[key][1]))
         if spec.blocking:
             return self.collect(spec, ranks, refs, None)
         return Handle(self, spec, ranks, refs)
