@@ -150,14 +150,15 @@ def test_update_weights_from_a_trained_hf_engine_passes_the_weight_sync_check(en
 
     train = HFTrainEngine(model=str(model_dir), dtype="bfloat16", device="cuda")
     sequence = PROMPTS[1] + [77, 78, 79, 80, 81, 82]
-    assert check_weight_sync(train, engine, sequence) < 0.25  # same weights so far
+    assert check_weight_sync(train, engine, sequence) < 0.5  # same weights so far
     generator = torch.Generator(device="cuda").manual_seed(0)
     with torch.no_grad():
         for p in train.model.parameters():
             if p.dim() == 2:
                 p.add_(torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) * 0.05)
-    with pytest.raises(RlcoreError, match="weight sync check failed"):
+    with pytest.raises(RlcoreError, match="weight sync check failed") as stale:
         check_weight_sync(train, engine, sequence)
+    print(f"before sync: {stale.value}")
 
     stats = sync_in_process(train, engine, bucket_bytes=1 << 20)
     assert stats["weight_sync/buckets"] > 1

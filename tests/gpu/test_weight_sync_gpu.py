@@ -4,7 +4,9 @@ between two GPUs (the CPU paths are tested in tests/core/test_weight_sync.py).""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,7 +65,9 @@ def test_cuda_ipc_between_two_ray_actors_sharing_one_gpu():
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, _node_ip_address="127.0.0.1")
+    # The actors call this module's _weights: let Ray's workers import it.
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONPATH": path}})
     try:
         pg = placement_group([{"GPU": 1, "CPU": 2}])
         ray.get(pg.ready(), timeout=TIMEOUT_S)
