@@ -40,13 +40,13 @@ def init(
     import ray
 
     address = address or os.environ.get(ADDRESS_ENV) or None
-    if ray.is_initialized():
-        return ray.cluster_resources()
     if address is not None and (num_cpus is not None or num_gpus is not None):
         raise RlcoreError(
             f"num_cpus/num_gpus only apply to a local Ray; attaching to '{address}' uses that cluster's "
             f"resources. Drop the overrides, or unset {ADDRESS_ENV} to start a local Ray."
         )
+    if ray.is_initialized():
+        return ray.cluster_resources()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         if address is None:
