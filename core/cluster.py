@@ -18,9 +18,6 @@ from typing import Any
 from .batch import Batch
 from .errors import RlcoreError, RoleFailed
 
-# decode() hands out tensors on the object store's read-only buffers (see rlcore.workers); torch warns once
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
 ADDRESS_ENV = "RLCORE_RAY_ADDRESS"
 
 
@@ -208,7 +205,9 @@ def decode(x: Any) -> Any:
         import torch
 
         data = x.data if type(x.data).__module__ == "numpy" else _fetch(x.data)
-        tensor = torch.from_numpy(data)
+        with warnings.catch_warnings():  # the object store's buffers are read-only (see rlcore.workers)
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            tensor = torch.from_numpy(data)
         return tensor.view(getattr(torch, x.dtype)) if x.dtype else tensor
     if t is _Put:
         return decode(_fetch(x.ref))

@@ -133,7 +133,10 @@ def dispatch_slice(n: int, args: tuple, kwargs: dict, mesh: Mesh | None = None) 
 
 
 def dispatch_dp(n: int, args: tuple, kwargs: dict, mesh: Mesh | None = None) -> list[Shard | None]:
-    """One shard per data-parallel rank, the same shard for every tensor/pipeline rank of it."""
+    """One shard per data-parallel rank, the same shard for every tensor/pipeline rank of it.
+
+    Only one result per shard is collected (see `collect_ranks`), so results match a run without Ray.
+    """
     mesh = mesh or Mesh(dp=n)
     if mesh.size != n:
         raise RlcoreError(
@@ -142,6 +145,16 @@ def dispatch_dp(n: int, args: tuple, kwargs: dict, mesh: Mesh | None = None) -> 
         )
     per_dp = _shard_arguments(mesh.dp, args, kwargs, "dp")
     return [per_dp[mesh.dp_rank(rank)] for rank in range(n)]
+
+
+def _dp_collect_ranks(n: int, mesh: Mesh | None) -> list[int]:
+    """Tensor rank 0 of the last pipeline stage of each data-parallel rank: the ranks that hold outputs."""
+    mesh = mesh or Mesh(dp=n)
+    return [r for r in range(n) if mesh.coords(r)[1:] == (mesh.pp - 1, 0)]
+
+
+# A split function may carry `collect_ranks(n, mesh)`: only those ranks' results are collected.
+dispatch_dp.collect_ranks = _dp_collect_ranks  # type: ignore[attr-defined]
 
 
 def from_callable(fn: Callable[..., Any]) -> Split:

@@ -315,16 +315,16 @@ class Handle:
     """The result of a `blocking=False` call: `.get(timeout)` waits for it and collects it."""
 
     def __init__(self, group: _RemoteGroup | None = None, spec: FunctionSpec | None = None,
-                 ranks: list[int] | None = None, refs: list[Any] | None = None,
+                 ranks: list[int] | None = None, refs: list[Any] | None = None, kept: set[int] | None = None,
                  value: Any = _PENDING, error: BaseException | None = None):
         self._group, self._spec, self._ranks, self._refs = group, spec, ranks or [], refs or []
-        self._value, self._error = value, error
+        self._kept, self._value, self._error = kept, value, error
 
     def get(self, timeout: float | None = None) -> Any:
         if self._error is not None:
             raise self._error
         if self._value is _PENDING:
-            self._value = self._group.collect(self._spec, self._ranks, self._refs, timeout)
+            self._value = self._group.collect(self._spec, self._ranks, self._refs, timeout, self._kept)
         return self._value
 
 
@@ -475,11 +475,14 @@ class _RemoteGroup:
                 shared = uses[key] > 1
                 encoded[key] = (encode(shards[r][0], shared), encode(shards[r][1], shared))
             refs.append(calls[r].remote(*encoded[key][0], **encoded[key][1]))
-        if spec.blocking:
-            return self.collect(spec, ranks, refs, None)
-        return Handle(self, spec, ranks, refs)
+        keep = getattr(spec._split, "collect_ranks", None) if spec.execute == "all" else None
+        kept = None if keep is None else set(keep(n, self.mesh))
+        handle = Handle(self, spec, ranks, refs, kept=kept)
+        return handle.get() if spec.blocking else handle
 
-    def collect(self, spec: FunctionSpec, ranks: list[int], refs: list[Any], timeout: float | None) -> Any:
+    def collect(self, spec: FunctionSpec, ranks: list[int], refs: list[Any], timeout: float | None,
+                kept: set[int] | None = None) -> Any:
+        """Wait for the workers' results and collect them (only the `kept` ranks' results, when given)."""
         import ray
 
         try:
@@ -490,7 +493,7 @@ class _RemoteGroup:
             ) from None
         except ray.exceptions.RayError as exc:
             raise self._failed(exc, ranks, refs, spec.name) from None
-        return spec._collect([decode(v) for v in values])
+        return spec._collect([decode(v) for r, v in zip(ranks, values) if kept is None or r in kept])
 
     def wait(self, refs: list[Any], method: str) -> None:
         import ray

@@ -1,0 +1,365 @@
+"""The worker runtime on a real local Ray: dispatch/collect shapes, modes, environment, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+import ray.cloudpickle
+import torch
+
+from rlcore import Batch, ConfigError, RoleFailed, Slot, function, worker, workers
+from rlcore.dispatch import Mesh
+
+# The classes below live in a test module Ray's workers cannot import: send them by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def cpu_slots(**sizes: int) -> dict[str, list[Slot]]:
+    return {role: [Slot(role, i, n, 0, None, 0.0, 0.5) for i in range(n)] for role, n in sizes.items()}
+
+
+@pytest.fixture
+def ray_runtime(ray_local):
+    """Start a Ray runtime with `start(slots, **options)`; it is stopped after the test."""
+    started = []
+
+    def start(slots, **options):
+        started.append(workers.runtime(slots, use_ray=True, **options))
+        return started[-1]
+
+    yield start
+    for rt in started:
+        rt.stop()
+
+
+@worker(group="calc")
+class Calc:
+    def __init__(self, scale: int):
+        self.scale = scale
+
+    @function(group="calc", dispatch="slice", collect="flatten")
+    def double(self, xs, offset=0):
+        return [x * 2 * self.scale + offset for x in xs]
+
+    @function(group="calc", dispatch="slice", collect="concat")
+    def rows(self, t):
+        return t * self.scale
+
+    @function(group="calc", dispatch="slice", collect="concat")
+    def batch(self, b):
+        return Batch(ids=b["ids"] + 1, text=[s.upper() for s in b["text"]])
+
+    @function(group="calc", dispatch="all", collect="mean")
+    def metrics(self, x):
+        return {"x": x * self.scale, "rank": 0.0}
+
+    @function(group="calc", dispatch="dp", collect="flatten")
+    def dp_rows(self, xs):
+        return [x + 1 for x in xs]
+
+    @function(group="calc", dispatch=lambda n, i, xs: ((xs[i::n],), {}), collect=lambda rs: sorted(x for r in rs for x in r))
+    def strided(self, xs):
+        return [x * 10 for x in xs]
+
+    @function(group="calc", dispatch="slice", collect="flatten")
+    def pair(self, xs):
+        return [x + 1 for x in xs], [str(x) for x in xs]
+
+    @function(group="calc", execute="first")
+    def rank(self):
+        return int(os.environ.get("RANK", "0"))
+
+    @function(group="calc", collect="first")
+    def where(self):
+        return os.getpid()
+
+    @function(group="calc", blocking=False, collect="flatten")
+    def slow(self, x):
+        time.sleep(0.2)
+        return [x]
+
+    @function(group="calc")
+    def fail(self, why):
+        raise ValueError(why)
+
+    @function(group="calc")
+    def pid(self):
+        return os.getpid()
+
+    @function(group="calc")
+    def sleep(self, seconds):
+        time.sleep(seconds)
+
+    def local_only(self):
+        return ("driver", os.getpid())
+
+
+def run_all(calc: Calc) -> dict:
+    t = torch.arange(10, dtype=torch.float32).reshape(5, 2)
+    b = Batch(ids=torch.arange(5), text=list("abcde"))
+    return {
+        "double": calc.double([1, 2, 3, 4, 5], offset=1),
+        "rows": calc.rows(t),
+        "batch": calc.batch(b),
+        "metrics": calc.metrics(3),
+        "dp": calc.dp_rows(list(range(6))),
+        "strided": calc.strided(list(range(7))),
+        "pair": calc.pair([1, 2, 3]),
+        "rank": calc.rank(),
+        "empty": calc.double([]),
+    }
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, Batch):
+        return isinstance(b, Batch) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_without_ray_each_group_is_one_in_process_worker():
+    calc = Calc(2)
+    assert calc.pid() == [os.getpid()]  # collect="none": a list of one, the shape it has under Ray
+    assert calc.where() == os.getpid()
+    assert calc.slow(1).get() == [1]
+    with pytest.raises(ValueError, match="boom"):  # in-process: the worker's own exception
+        calc.fail("boom")
+    assert calc.double([1, 2]) == [4, 8]
+
+
+@pytest.mark.ray
+def test_every_dispatcher_and_collector_gives_the_same_result_with_and_without_ray(ray_runtime):
+    local = run_all(Calc(2))
+    ray_runtime(cpu_slots(calc=4), meshes={"calc": Mesh(dp=2, tp=2)})
+    calc = Calc(2)
+    remote = run_all(calc)
+    for key in local:
+        assert same(local[key], remote[key]), (key, local[key], remote[key])
+    assert local["rows"].tolist() == [[0, 2], [4, 6], [8, 10], [12, 14], [16, 18]]
+    assert local["double"] == [5, 9, 13, 17, 21] and local["empty"] == []
+    assert local["pair"] == ([2, 3, 4], ["1", "2", "3"])
+    pids = calc.pid()
+    assert len(pids) == 4 and len(set(pids)) == 4 and os.getpid() not in pids
+    assert calc.rank() == [0]  # execute="first": rank 0 only
+    assert calc.local_only() == ("driver", os.getpid())  # no @function: runs on the driver
+
+
+@pytest.mark.ray
+def test_non_blocking_calls_return_handles(ray_runtime):
+    ray_runtime(cpu_slots(calc=2))
+    calc = Calc(1)
+    start = time.monotonic()
+    first, second = calc.slow(1), calc.slow(2)
+    assert isinstance(first, workers.Handle)
+    assert workers.wait([first, second], timeout=30) == [[1, 1], [2, 2]]
+    assert time.monotonic() - start < 5
+    assert first.get() == [1, 1]
+
+
+@pytest.mark.ray
+def test_a_large_argument_is_stored_once_for_all_workers_and_keeps_its_dtype(ray_runtime, monkeypatch):
+    from rlcore import cluster
+
+    ray_runtime(cpu_slots(calc=3))
+    calc = Calc(1)
+    puts = []
+    real_put = cluster._put
+    monkeypatch.setattr(cluster, "_put", lambda value: puts.append(value) or real_put(value))
+    big = torch.randn(300_000).to(torch.bfloat16)  # 600 KB, no numpy dtype: sent as int16 bits
+    assert calc.metrics(3) == {"x": 3.0, "rank": 0.0} and puts == []  # small arguments go inline
+    assert calc.where.__wrapped__(calc) == os.getpid()
+
+    @worker(group="calc")
+    class Echo:
+        @function(group="calc")
+        def echo(self, t):
+            return t
+
+    results = Echo().echo(big)
+    assert len(puts) == 1  # one put for three workers
+    assert all(r.dtype == torch.bfloat16 and torch.equal(r, big) for r in results) and len(results) == 3
+    sliced = calc.rows(big.reshape(3, -1))  # a different shard per worker: nothing shared
+    assert len(puts) == 1 and sliced.dtype == torch.bfloat16 and torch.equal(sliced, big.reshape(3, -1))
+
+
+@worker(group=["model1", "model2"])
+class TwoModels:
+    """ms-swift's first example: __init__ prepares both groups' models and a dataset."""
+
+    def __init__(self, name):
+        self.prepared = []
+        self._prepare_model1()
+        self._prepare_model2()
+        self.dataset = [name] * 3
+
+    @function(group="model1")
+    def _prepare_model1(self):
+        self.prepared.append("model1")
+
+    @function(group="model2")
+    def _prepare_model2(self):
+        self.prepared.append("model2")
+
+    @function(group="model1", dispatch="slice", collect="flatten")
+    def rollout(self, inputs):
+        return [f"{x}+{self.prepared}+{self.rank_list()}" for x in inputs]
+
+    @function(group="model1")
+    def rank_list(self):
+        return int(os.environ["RANK"])
+
+    @function(group="model2")
+    def state(self):
+        return self.prepared, self.dataset
+
+    @function(group="model1")
+    def cross(self):
+        return self.state()
+
+
+@pytest.mark.ray
+def test_inside_an_actor_own_group_runs_locally_and_another_group_is_an_error(ray_runtime):
+    ray_runtime(cpu_slots(model1=2, model2=1))
+    trainer = TwoModels("d")
+    assert trainer.prepared == [] and trainer.dataset == ["d"] * 3  # the driver skips @function setup
+    # own-group call inside the actor ran locally and returned its plain result (rank, not a list)
+    assert trainer.rollout(["a", "b"]) == ["a+['model1']+0", "b+['model1']+1"]
+    assert trainer.state() == [(["model2"], ["d"] * 3)]  # model2's setup was skipped in model1's actors
+    with pytest.raises(RoleFailed, match=r"role 'model1' rank 0 .* raised RlcoreError in cross\(\): "
+                       r"TwoModels.state\(\) belongs to group 'model2' but was called inside a worker of group 'model1'"):
+        trainer.cross()
+
+
+@worker(group="dist")
+class Gloo:
+    def __init__(self):
+        self._init_distributed()  # a @function: per-worker setup runs in the actors, not on the driver
+
+    @function(group="dist")
+    def _init_distributed(self):
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")  # env:// from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+
+    @function(group="dist")
+    def env(self):
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        return {k: os.environ[k] for k in keys}
+
+    @function(group="dist", collect="flatten")
+    def all_reduce(self, values):
+        import torch.distributed as dist
+
+        t = torch.tensor([values[dist.get_rank()]], dtype=torch.float32)
+        dist.all_reduce(t)
+        return t.tolist()
+
+
+@pytest.mark.ray
+def test_a_group_gets_its_environment_and_forms_a_gloo_world(ray_runtime):
+    ray_runtime(cpu_slots(dist=2))
+    group = Gloo()
+    envs = group.env()
+    assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"] and {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+    assert group.all_reduce([1.5, 2.5]) == [4.0, 4.0]
+
+
+@pytest.mark.ray
+def test_a_raising_worker_names_role_rank_and_the_original_error(ray_runtime):
+    ray_runtime(cpu_slots(calc=2))
+    calc = Calc(1)
+    with pytest.raises(RoleFailed, match=r"role 'calc' rank 0 on node \S+ \(pid \d+\) raised ValueError in fail\(\): bad input") as info:
+        calc.fail("bad input")
+    assert info.value.role == "calc" and info.value.rank == 0
+    assert calc.double([1, 2]) == [2, 4]  # the workers are alive: a raise is not a death
+
+
+@pytest.mark.ray
+def test_a_worker_killed_during_a_call_raises_role_failed_within_seconds(ray_runtime):
+    ray_runtime(cpu_slots(calc=2))
+    calc = Calc(1)
+    pids = calc.pid()
+    killer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGKILL))
+    killer.start()
+    start = time.monotonic()
+    with pytest.raises(RoleFailed, match=r"role 'calc' rank 1 on node \S+ \(pid %d\) died during sleep\(\)" % pids[1]) as info:
+        calc.sleep(60)
+    assert time.monotonic() - start < 15
+    assert info.value.node and info.value.rank == 1 and info.value.role == "calc"
+    with pytest.raises(RoleFailed, match="role 'calc' rank 1"):
+        calc.pid()  # the group stays failed
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pids[0]):
+        time.sleep(0.1)
+    assert not _alive(pids[0]), "the group's other worker was not stopped"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+@pytest.mark.ray
+def test_slots_from_placement_allocate_share_bundles(ray_runtime):
+    from rlcore.placement import allocate, release
+    from rlcore.resources import plan_from_config
+
+    plan = plan_from_config({"colocate_groups": [["train", "rollout"]], "train": {"gpus": 2}, "rollout": {"gpus": 2}})
+    slots = allocate(plan, timeout_s=30)
+    try:
+        ray_runtime(slots)
+
+        @worker(group=["train", "rollout"])
+        class Colocated:
+            @function(group="train")
+            def gpus(self):
+                return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+            @function(group="rollout", collect="flatten")
+            def gpu_list(self):
+                return [os.environ.get("CUDA_VISIBLE_DEVICES")]
+
+        both = Colocated()
+        train, rollout = both.gpus(), both.gpu_list()
+        assert train == rollout and len(set(train)) == 2  # rank i of both roles on the same fake GPU
+        workers.current_runtime().stop()
+    finally:
+        release(slots)
+
+
+def test_bad_declarations_and_runtimes_are_clear_errors(ray_local):
+    with pytest.raises(ConfigError, match="execute='last'"):
+        function(group="g", execute="last")
+    with pytest.raises(ConfigError, match="a @function of group 'b', but @worker declares \\['a'\\]"):
+
+        @worker(group="a")
+        class Wrong:
+            @function(group="b")
+            def f(self):
+                pass
+
+    with pytest.raises(ConfigError, match="needs slots"):
+        workers.runtime(use_ray=True)
+    bad = {"calc": [Slot("calc", 1, 1, 0, None, 0.0, 1.0)]}
+    with pytest.raises(ConfigError, match=r"slots.calc\[0\]: expected role 'calc', rank 0"):
+        workers.runtime(bad, use_ray=True)
+    with workers.runtime(cpu_slots(other=1), use_ray=True):
+        with pytest.raises(ConfigError, match=r"serves group\(s\) \['calc'\] but the runtime has slots only for \['other'\]"):
+            Calc(1)
+    assert workers.current_runtime() is None
