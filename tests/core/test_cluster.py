@@ -1,0 +1,68 @@
+"""Starting and attaching to Ray, in subprocesses so the session's shared Ray is left alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlcore import RlcoreError, cluster
+
+
+def run(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> dict:
+    full_env = {k: v for k, v in os.environ.items() if k != cluster.ADDRESS_ENV}
+    full_env.update(env or {})
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=full_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_runtime_does_not_import_ray():
+    out = run("import json, sys, rlcore, rlcore.workers, rlcore.cluster, rlcore.dispatch\n"
+              "print(json.dumps({'ray': 'ray' in sys.modules, 'torch': 'torch' in sys.modules}))")
+    assert out == {"ray": False, "torch": False}
+
+
+ATTACH = """
+import json, os
+from rlcore import cluster
+resources = cluster.init()
+import ray
+print(json.dumps({"cpus": resources["CPU"], "node": ray.get_runtime_context().get_node_id()}))
+"""
+
+START = f"""
+import json, os, subprocess, sys
+from rlcore import cluster
+resources = cluster.init(num_cpus=3, num_gpus=2)
+import ray
+node = ray._private.worker._global_node
+gcs = ray.get_runtime_context().gcs_address
+env = dict(os.environ, {cluster.ADDRESS_ENV}=gcs)
+attached = subprocess.run([sys.executable, "-c", {ATTACH!r}], capture_output=True, text=True, env=env, timeout=90)
+me = ray.get_runtime_context().get_node_id()
+cluster.shutdown()
+print(json.dumps({{
+    "cpus": resources["CPU"], "gpus": resources["GPU"], "node": me,
+    "dashboard": "dashboard" in str(node.all_processes), "usage_stats": os.environ.get("RAY_USAGE_STATS_ENABLED"),
+    "attached": json.loads(attached.stdout.strip().splitlines()[-1]) if attached.returncode == 0 else attached.stderr[-2000:],
+    "after_shutdown": cluster.is_initialized(),
+}}))
+"""
+
+
+@pytest.mark.ray
+def test_a_local_ray_with_overrides_and_a_second_process_attaching_to_it():
+    out = run(START, timeout=180)
+    assert (out["cpus"], out["gpus"]) == (3.0, 2.0)
+    assert out["dashboard"] is False and out["usage_stats"] == "0"
+    assert out["attached"] == {"cpus": 3.0, "node": out["node"]}  # RLCORE_RAY_ADDRESS attached to it
+    assert out["after_shutdown"] is False
+
+
+def test_overrides_with_an_address_are_an_error_before_connecting():
+    with pytest.raises(RlcoreError, match="num_cpus/num_gpus only apply to a local Ray; attaching to 'auto'"):
+        cluster.init("auto", num_cpus=2)
