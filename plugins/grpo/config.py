@@ -36,6 +36,7 @@ class ReferenceRoleConfig(RoleConfig):
     """The `reference:` section: the frozen initial policy, used only when beta > 0."""
 
     dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 
 
 # With no `model` and no `dataset`, a run is the embedded demo: the tiny random model learns the toy task

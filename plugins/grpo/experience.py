@@ -255,6 +255,6 @@ class ExperienceMaker:
                 out.append((mini, metrics, objective))
         return out
 
-    def probe_batch(self) -> list[int]:
-        """A fixed prompt for the weight-sync check."""
+    def probe_sequence(self) -> list[int]:
+        """A fixed sequence for the weight-sync check: the first prompt of the data."""
         return self.encode(self.sampler.rows[0]["prompt"])

@@ -6,8 +6,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from rlcore import RlcoreError
-
 from .config import GRPOConfig
 from .workers import ReferenceWorker, RolloutWorker, TrainWorker
 
@@ -27,6 +25,7 @@ class RoleRuntime:
         self.colocated = any({"train", "rollout"} <= set(g) for g in config.colocate_groups)
         self.train_workers = self._workers("train") if use_ray else 1
         self.train = self.rollout = self.reference = None
+        self.awake: set[str] = {"weights", "kv_cache"}  # what of the rollout engine holds memory now
 
     def _workers(self, role: str) -> int:
         section = getattr(self.config, role)
@@ -65,8 +64,7 @@ class RoleRuntime:
             if cfg.beta > 0:
                 self.reference = ReferenceWorker(cfg.reference.engine, self._options("reference", model))
             self.rollout = RolloutWorker(cfg.rollout.engine, self._options("rollout", model))
-            if self.colocated:
-                self.rollout.sleep(cfg.sleep_level)
+            self._sleep()
             yield self
 
     @contextlib.contextmanager
@@ -77,7 +75,7 @@ class RoleRuntime:
         from rlcore import cluster, workers
         from rlcore.placement import allocate, release
 
-        cluster.connect(self.config.ray_address)
+        cluster.init(self.config.ray_address)
         slots = allocate(self.plan, timeout_s=self.config.placement_timeout_s)
         try:
             with workers.runtime(slots, use_ray=True):
@@ -93,21 +91,36 @@ class RoleRuntime:
             yield
             return
         self.train.offload(params=cfg.offload_model, grads=True, optimizer=cfg.offload_optimizer)
-        self.rollout.wake_up(["kv_cache"] if cfg.sleep_level else None)
+        self._wake(["weights", "kv_cache"])
         try:
             yield
         finally:
-            self.rollout.sleep(cfg.sleep_level)
+            self._sleep()
             self.train.reload(params=cfg.offload_model, grads=False, optimizer=cfg.offload_optimizer)
 
     def sync_weights(self, bucket_bytes: int) -> None:
         """Train rank 0's weights to every rollout worker, bucketed; colocated engines wake their weights first."""
-        if self.colocated:
-            self.rollout.wake_up(["weights"])
+        self._wake(["weights"])
         self.rollout.update_weights(self.train.export_weights(bucket_bytes))
 
-    def check_weight_sync(self, probe: Any, atol: float = 1e-3) -> None:
-        """After a sync, the rollout engine must score a fixed sequence as the train engine does."""
-        del probe, atol
-        if not self.use_ray and self.rollout is None:
-            raise RlcoreError("weight-sync check before the roles were started")
+    def check_weight_sync(self, sequence: list[int]) -> float:
+        """After a sync, the rollout engine must score `sequence` as the train engine does (top-k log-probs);
+        a mismatch (a wrong name mapping, a lost bucket) stops the run with a clear error."""
+        from rlcore.weight_sync import check_weight_sync
+
+        self._wake(["kv_cache"])
+        # the worker groups answer to the engines' method names, locally and on Ray
+        return check_weight_sync(self.train, self.rollout, sequence)
+
+    def _sleep(self) -> None:
+        """Colocated: the rollout engine frees the devices (sleep_level 0 keeps it resident)."""
+        if self.colocated and self.config.sleep_level:
+            self.rollout.sleep(self.config.sleep_level)
+            self.awake.clear()
+
+    def _wake(self, tags: list[str]) -> None:
+        """Wake what is asleep of `tags`; waking twice is never asked of an engine."""
+        missing = [t for t in tags if t not in self.awake]
+        if self.colocated and self.config.sleep_level and missing:
+            self.rollout.wake_up(missing)
+        self.awake.update(missing)

@@ -101,7 +101,7 @@ class GRPOTrainer(Trainer):
         with self.timer("sync"):
             self.roles.sync_weights(self.config.weight_sync_bucket_mb << 20)
         if check:
-            self.roles.check_weight_sync(self.experience.probe_batch())
+            self.roles.check_weight_sync(self.experience.probe_sequence())
 
     # -- outputs --------------------------------------------------------------------------------
 

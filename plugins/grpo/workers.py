@@ -19,11 +19,20 @@ class TrainWorker:
     """The policy: a train engine per worker; the group is one data-parallel world."""
 
     def __init__(self, engine: str, options: dict[str, Any]):
+        self.setup(engine, options)
+
+    @function(group="train")
+    def setup(self, engine: str, options: dict[str, Any]) -> None:
+        """Build the engine where the worker runs (on Ray, the driver's own call is skipped)."""
         self.engine = make_engine("train", engine, options)
 
     @function(group="train", dispatch="slice", collect="concat")
     def forward_logprobs(self, batch, temperature: float = 1.0):
         return self.engine.forward_logprobs(batch, temperature)
+
+    @function(group="train", execute="first", collect="first")
+    def forward_topk(self, batch, k: int | None, temperature: float = 1.0):
+        return self.engine.forward_topk(batch, k, temperature)
 
     @function(group="train", dispatch="slice", collect="mean")
     def train_step(self, batch, loss_fn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:
@@ -41,8 +50,8 @@ class TrainWorker:
     def reload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
         self.engine.reload(params, grads, optimizer)
 
-    @function(group="train", execute="first", collect="first")
-    def save(self, path: str) -> None:
+    @function(group="train", collect="first")
+    def save(self, path: str) -> None:  # every rank takes part; rank 0 writes
         self.engine.save(path)
 
     @function(group="train")
@@ -55,6 +64,11 @@ class ReferenceWorker:
     """The frozen initial policy, for the KL penalty (created only when beta > 0)."""
 
     def __init__(self, engine: str, options: dict[str, Any]):
+        self.setup(engine, options)
+
+    @function(group="reference")
+    def setup(self, engine: str, options: dict[str, Any]) -> None:
+        """Build the engine where the worker runs (on Ray, the driver's own call is skipped)."""
         self.engine = make_engine("train", engine, options)
 
     @function(group="reference", dispatch="slice", collect="concat")
@@ -67,11 +81,20 @@ class RolloutWorker:
     """Generates completions; takes new weights after every optimizer step."""
 
     def __init__(self, engine: str, options: dict[str, Any]):
+        self.setup(engine, options)
+
+    @function(group="rollout")
+    def setup(self, engine: str, options: dict[str, Any]) -> None:
+        """Build the engine where the worker runs (on Ray, the driver's own call is skipped)."""
         self.engine = make_engine("rollout", engine, options)
 
     @function(group="rollout", dispatch="slice", collect="flatten")
     def generate(self, prompts: list[list[int]], params) -> list:
         return self.engine.generate(prompts, params)
+
+    @function(group="rollout", execute="first", collect="first")
+    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list:
+        return self.engine.prompt_topk_logprobs(sequences, k)
 
     @function(group="rollout")
     def update_weights(self, buckets: list) -> None:
