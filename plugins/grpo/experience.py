@@ -144,6 +144,7 @@ class ExperienceMaker:
                 "completions/max_length": float(lengths.max()),
                 "completions/clipped_ratio": float(truncated.mean()),
                 "reward_errors": float(sum(errors.values())),
+                "kl": float("nan"),  # written as null unless a reference model measures it (beta > 0)
             }
         )
         for j, name in enumerate(self.reward_names):

@@ -1,0 +1,203 @@
+"""GRPO end to end on the Hugging Face engines: locally, and on a real Ray (fake GPUs, CPU engines)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlcore import ConfigError, NotRegistered, RewardSpec, hookimpl, load_config, load_plugins
+from rlcore.plugins.grpo.config import GRPOConfig
+from rlcore.plugins.grpo.trainer import GRPOTrainer
+from rlcore.plugins.hf.tiny import build_tiny_model
+
+QUICK = {
+    "learning_rate": 1e-3,
+    "max_completion_length": 8,
+    "per_device_train_batch_size": 16,
+    "num_generations": 4,
+    "max_steps": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return load_plugins()
+
+
+def make(plugins, tmp_path, tiny, use_ray=False, **overrides):
+    config = GRPOConfig(**{**QUICK, "model": tiny, "output_dir": str(tmp_path / "run"), **overrides})
+    return GRPOTrainer(config, plugins, use_ray=use_ray)
+
+
+def metrics_of(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+REQUIRED = [
+    "step", "reward", "rewards/toy/mean", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
+    "clip_ratio/region_mean", "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
+    "time/generate", "time/reward", "time/logprobs", "time/train", "time/sync", "loss", "grad_norm", "lr",
+]
+
+
+def test_local_run_writes_metrics_and_a_checkpoint(plugins, tmp_path, tiny):
+    summary = make(plugins, tmp_path, tiny).fit()
+    rows = metrics_of(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in REQUIRED:
+        assert key in rows[-1], key
+    assert rows[-1]["kl"] is None  # beta = 0: no reference model, nothing measured
+    assert 0 < rows[0]["reward"] < 1 and rows[0]["reward"] == rows[0]["rewards/toy/mean"]
+    assert summary["step"] == 2
+    assert (tmp_path / "run" / "checkpoint-2" / "trainer_state.json").is_file()
+
+
+def test_beta_creates_a_reference_and_measures_kl(plugins, tmp_path, tiny):
+    trainer = make(plugins, tmp_path, tiny, beta=0.1)
+    assert trainer.roles.roles == ["train", "rollout", "reference"]
+    trainer.fit()
+    rows = metrics_of(tmp_path)
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy still equals the reference
+    assert rows[1]["kl"] > 0
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"loss_type": "bnpo", "importance_sampling_level": "sequence"},
+        {"loss_type": "dr_grpo", "scale_rewards": "batch", "advantage_estimator": "rloo"},
+        {"loss_type": "dapo", "epsilon_high": 0.28, "steps_per_generation": 2, "per_device_train_batch_size": 8},
+        {"mask_truncated_completions": True, "dynamic_sample": True, "max_resample_times": 1},
+    ],
+    ids=["bnpo-sequence", "dr_grpo-rloo", "dapo-two-steps-per-generation", "masked-dynamic"],
+)
+def test_variants_train(plugins, tmp_path, tiny, overrides):
+    make(plugins, tmp_path, tiny, **overrides).fit()
+    rows = metrics_of(tmp_path)
+    assert len(rows) == 2 and all(r["grad_norm"] >= 0 for r in rows)
+    if overrides.get("dynamic_sample"):
+        assert "dynamic_sample/resamples" in rows[0] and "dynamic_sample/filled" in rows[0]
+
+
+def test_truncated_completions_leave_the_loss_when_masked(plugins, tmp_path, tiny):
+    from rlcore import Generation
+
+    gens = [Generation(0, [5, 6, 7], [0.0] * 3, "length"), Generation(0, [5, 266], [0.0] * 2, "stop")]
+    for masked, expected in ((False, [3.0, 2.0]), (True, [0.0, 2.0])):
+        maker = make(plugins, tmp_path, tiny, mask_truncated_completions=masked).experience
+        batch = maker.build_batch([[1, 2], [1, 2, 3]], gens)
+        assert batch["completion_mask"].sum(dim=1).tolist() == expected
+        assert batch["input_ids"][1, 3:5].tolist() == [5, 266]
+
+
+class Interrupt(Exception):
+    pass
+
+
+class InterruptAt:
+    """A plugin that stops a run after step `step`'s metrics are written, before its checkpoint."""
+
+    def __init__(self, step):
+        self.step = step
+
+    @hookimpl
+    def rlcore_step_end(self, trainer, step, metrics):
+        if step == self.step:
+            raise Interrupt()
+
+
+def test_resume_continues_step_count_data_and_optimizer(tmp_path, tiny):
+    full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
+    full_dir.mkdir(), cut_dir.mkdir()
+    make(load_plugins(), full_dir, tiny, max_steps=4).fit()
+
+    interrupted = load_plugins()
+    interrupted.register(InterruptAt(3), "interrupt")
+    with pytest.raises(Interrupt):
+        make(interrupted, cut_dir, tiny, max_steps=4, save_steps=1).fit()
+    assert [r["step"] for r in metrics_of(cut_dir)] == [1, 2, 3]
+    with pytest.raises(ConfigError, match="already holds checkpoint-2"):  # a fresh run never overwrites it
+        make(load_plugins(), cut_dir, tiny, max_steps=4)
+
+    resumed = make(load_plugins(), cut_dir, tiny, max_steps=4, save_steps=1, resume="auto")
+    assert resumed.resume_from.name == "checkpoint-2"
+    resumed.fit()
+    full, cut = metrics_of(full_dir), metrics_of(cut_dir)
+    assert [r["step"] for r in cut] == [1, 2, 3, 4]
+    for a, b in zip(full, cut):  # same data, same sampling seeds, same weights and optimizer state
+        assert a["reward"] == pytest.approx(b["reward"], abs=1e-5)
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+    state = json.loads((cut_dir / "run" / "checkpoint-4" / "trainer_state.json").read_text())
+    full_state = json.loads((full_dir / "run" / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["step"] == 4 and state["data"] == full_state["data"]
+
+
+def boom_reward(prompts, completions, **kwargs):
+    raise ValueError("the grader is down")
+
+
+class BoomPlugin:
+    @hookimpl
+    def rlcore_rewards(self):
+        yield RewardSpec("boom", fn=boom_reward)
+
+
+def test_a_raising_reward_is_counted_and_excluded(tmp_path, tiny):
+    plugins = load_plugins()
+    plugins.register(BoomPlugin(), "boom")
+    make(plugins, tmp_path, tiny, reward_funcs=["toy", "boom"], max_steps=1).fit()
+    row = metrics_of(tmp_path)[0]
+    assert row["reward_errors"] == 1 and row["rewards/boom/mean"] is None
+    assert row["reward"] == pytest.approx(row["rewards/toy/mean"])
+    with pytest.raises(Exception, match="boom"):
+        make(plugins, tmp_path / "strict", tiny, reward_funcs=["toy", "boom"], strict_rewards=True).fit()
+
+
+def test_bad_inputs_fail_before_anything_runs(plugins, tmp_path, tiny):
+    with pytest.raises(ConfigError, match="nowhere.jsonl"):
+        make(plugins, tmp_path, tiny, dataset=str(tmp_path / "nowhere.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi"}\n{"question": "no prompt"}\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl.*2.*prompt"):
+        make(plugins, tmp_path, tiny, dataset=str(bad))
+    with pytest.raises(ConfigError, match="num_generations"):
+        make(plugins, tmp_path, tiny, num_generations=3)
+    with pytest.raises(NotRegistered, match="reward 'toi' is not registered.*Did you mean 'toy'"):
+        make(plugins, tmp_path, tiny, reward_funcs=["toi"])
+
+
+def test_config_file_with_mistakes_reports_them_all(tmp_path):
+    path = tmp_path / "grpo.yaml"
+    path.write_text("num_generation: 8\nloss_type: ppo\ntrain: {gpu: 2}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(GRPOConfig, str(path))
+    keys = [k for k, _ in err.value.problems]
+    assert "num_generation" in keys and "loss_type" in keys and "train.gpu" in keys
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("layout", ["colocate", "separate"])
+def test_ray_run(ray_local, tmp_path, tiny, plugins, layout):
+    cpu = {"engine_kwargs": {"device": "cpu"}}  # fake GPUs place the actors; the engines compute on the CPU
+    if layout == "colocate":
+        roles = {
+            "colocate_groups": [["train", "rollout"]], "sleep_level": 1, "offload_model": True,
+            "offload_optimizer": True, "train": {"gpus": 2, **cpu}, "rollout": {"gpus": 2, **cpu},
+        }
+    else:
+        roles = {"train": {"gpus": 2, **cpu}, "rollout": {"gpus": 2, **cpu}, "beta": 0.05,
+                 "reference": {"gpus": 1, **cpu}}
+    trainer = make(plugins, tmp_path, tiny, use_ray=True, **roles)
+    assert trainer.roles.colocated == (layout == "colocate")
+    trainer.fit()
+    rows = metrics_of(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[-1]["time/sync"] > 0 and rows[-1]["grad_norm"] > 0
+    if layout == "separate":
+        assert rows[-1]["kl"] > 0
