@@ -42,16 +42,21 @@ def build_tiny_model(
     max_position_embeddings: int = 1024,
     seed: int = 0,
     num_labels: int | None = None,
+    vocab_size: int | None = None,
+    dtype: str = "float32",
 ) -> Path:
     """Write a tiny `arch` model with random weights and a byte-level tokenizer to `path`; return it.
 
     `num_labels` builds a sequence-classification model (an outcome reward model) instead of a causal LM.
+    `vocab_size` grows the tokenizer with synthetic merges to that many ids (a model shaped like a real
+    one, e.g. Qwen2-0.5B's for the GPU benchmark); `dtype` is the dtype the weights are saved in.
     Calling again with the same arguments returns the existing directory without rebuilding it.
     """
     args = dict(
         arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings, seed=seed, num_labels=num_labels,
+        vocab_size=vocab_size, dtype=dtype,
     )
     _check(args)
     path = Path(path)
@@ -66,7 +71,7 @@ def build_tiny_model(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        tokenizer = build_tokenizer()
+        tokenizer = build_tokenizer(vocab_size)
         tokenizer.save_pretrained(tmp)
         _build_model(tokenizer, args).save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps(args, indent=2))
@@ -78,16 +83,35 @@ def build_tiny_model(
     return path
 
 
-def build_tokenizer() -> Any:
-    """A byte-level BPE tokenizer (every byte is a token, plus a few merges) with ChatML special tokens."""
+def _synthetic_merges(vocab: dict[str, int], merges: list[tuple[str, str]], size: int) -> None:
+    """Grow `vocab` to `size` tokens with merges of existing tokens (seeded, so the same every time)."""
+    import random
+
+    rng = random.Random(0)
+    tokens = list(vocab)
+    while len(vocab) < size:
+        left, right = rng.choice(tokens), rng.choice(tokens)
+        if left + right in vocab or len(left + right) > 8:
+            continue
+        vocab[left + right] = len(vocab)
+        merges.append((left, right))
+        tokens.append(left + right)
+
+
+def build_tokenizer(vocab_size: int | None = None) -> Any:
+    """A byte-level BPE tokenizer (every byte is a token, plus a few merges) with ChatML special tokens;
+    `vocab_size` adds synthetic merges until the tokenizer has that many ids."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    for left, right in MERGES:
+    merges = list(MERGES)
+    for left, right in merges:
         vocab[left + right] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES)))
+    if vocab_size is not None:
+        _synthetic_merges(vocab, merges, vocab_size - len(SPECIAL_TOKENS))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
@@ -114,6 +138,11 @@ def _check(args: dict[str, Any]) -> None:
             problems.append(f"hidden_size={args['hidden_size']} must be a multiple of num_heads={args['num_heads']}")
         if args["num_heads"] % args["num_kv_heads"]:
             problems.append(f"num_heads={args['num_heads']} must be a multiple of num_kv_heads={args['num_kv_heads']}")
+    minimum = 256 + len(MERGES) + len(SPECIAL_TOKENS)
+    if args["vocab_size"] is not None and (not isinstance(args["vocab_size"], int) or args["vocab_size"] < minimum):
+        problems.append(f"vocab_size={args['vocab_size']!r} must be None or an int >= {minimum}")
+    if args["dtype"] not in ("float32", "bfloat16", "float16"):
+        problems.append(f"dtype={args['dtype']!r} is not one of float32, bfloat16, float16")
     if args["num_labels"] is not None and (not isinstance(args["num_labels"], int) or args["num_labels"] < 1):
         problems.append(f"num_labels={args['num_labels']!r} must be None or a positive int")
     if problems:
@@ -143,13 +172,13 @@ def _build_model(tokenizer: Any, args: dict[str, Any]) -> Any:
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        dtype="float32",
+        dtype=args["dtype"],
     )
     torch.manual_seed(args["seed"])
     if args["num_labels"] is not None:
         config.num_labels = args["num_labels"]
         return AutoModelForSequenceClassification.from_config(config)
-    model = AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args["dtype"]))
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from rlcore import ConfigError
 from rlcore.plugins.hf import build_tiny_model
@@ -97,3 +98,18 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
     with pytest.raises(ConfigError, match="not built by build_tiny_model"):
         build_tiny_model(tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_vocab_size_and_dtype_shape_a_real_sized_model(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_tiny_model(tmp_path / "wide", vocab_size=4096, dtype="bfloat16")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert len(tokenizer) == model.config.vocab_size == 4096
+    assert model.dtype == torch.bfloat16
+    text = "every id decodes; the text round-trips"
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+    assert tokenizer.decode(list(range(4096)))  # synthetic merges decode like any token
+    with pytest.raises(ConfigError, match="vocab_size"):
+        build_tiny_model(tmp_path / "small", vocab_size=10)
