@@ -30,13 +30,14 @@ def init(
 ) -> dict[str, float]:
     """Start (or attach to) Ray once per process; returns the cluster's resources.
 
-    `address` None (and RLCORE_RAY_ADDRESS unset) starts a local Ray; `num_cpus` / `num_gpus` override
-    what it declares (tests, fake GPUs). Attaching with overrides is an error: a running cluster's
-    resources are its own. A process already connected to Ray is left as it is.
+    `address` None (and RLCORE_RAY_ADDRESS unset) starts a local Ray, and `"local"` always does (as in
+    `ray.init`); `num_cpus` / `num_gpus` override what it declares (tests, fake GPUs). Attaching with
+    overrides is an error: a running cluster's resources are its own. A process already connected to
+    Ray is left as it is.
     """
     import ray
 
-    address = address or os.environ.get(ADDRESS_ENV) or None
+    address = None if address == "local" else (address or os.environ.get(ADDRESS_ENV) or None)
     if address is not None and (num_cpus is not None or num_gpus is not None):
         raise RlcoreError(
             f"num_cpus/num_gpus only apply to a local Ray; attaching to '{address}' uses that cluster's "

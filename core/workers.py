@@ -22,32 +22,44 @@ group before `__init__` runs, so `torch.distributed.init_process_group()` forms 
 Tensors travel as numpy buffers, which Ray reads without copying; an argument every worker receives
 (`dispatch="all"`, or a `dp` shard shared by tensor ranks) goes into the object store once. A worker
 must treat a tensor argument as read-only (`.clone()` it before writing in place): the workers of a node
-share its memory.
+share its memory. The Ray half (the actor that hosts an instance, and the driver's proxy for a group of
+them) is `rlcore.actors`.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
-import os
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .cluster import decode, encode
+from .cluster import encode
 from .dispatch import Collect, Mesh, Split, resolve_collector, resolve_dispatcher
-from .errors import ConfigError, ResourceError, RlcoreError, RoleFailed
+from .errors import ConfigError, RlcoreError
 from .specs import Slot
+
+if TYPE_CHECKING:
+    from .actors import RemoteGroup
 
 # Wrappers read the mode through the module (`_here._actor`), never as their own globals: cloudpickle
 # copies a wrapper of a class defined in __main__ by value, globals included, into every actor.
 _here = sys.modules[__name__]
-_REMOTE = "_rlcore_remote"  # instance attribute on the driver: {group: _RemoteGroup}
+_REMOTE = "_rlcore_remote"  # instance attribute on the driver: {group: RemoteGroup}
 _CONSTRUCTING = "_rlcore_constructing"  # instance attribute: True while __init__ runs
 EXECUTE = ("all", "first")
+
+
+@dataclass(frozen=True)
+class ActorContext:
+    """The group and rank a worker actor serves; `rlcore.actors` sets `_actor` in each actor."""
+
+    group: str
+    rank: int
+
+
+_actor: ActorContext | None = None  # None on the driver and without Ray
 
 
 # -------------------------------------------------------------------------
@@ -69,6 +81,7 @@ class FunctionSpec:
     _collect: Collect | None = field(default=None, repr=False)
 
     def resolve(self) -> None:
+        """Look up the named dispatcher and collector (once; later calls do nothing)."""
         if self._split is None:
             self._split = resolve_dispatcher(self.dispatch)
             self._collect = resolve_collector(self.collect)
@@ -208,7 +221,7 @@ class Runtime:
         self.slots = dict(slots or {})
         self.meshes = dict(meshes or {})
         self.start_timeout = start_timeout
-        self._groups: list[_RemoteGroup] = []
+        self._groups: list[RemoteGroup] = []
         self._validate()
 
     def _validate(self) -> None:
@@ -240,19 +253,21 @@ class Runtime:
             if not cluster.is_initialized():
                 raise RlcoreError("runtime(use_ray=True) needs a running Ray; call rlcore.cluster.init() first")
 
-    def launch(self, cls: type, groups: list[str], args: tuple, kwargs: dict) -> dict[str, _RemoteGroup]:
+    def launch(self, cls: type, groups: list[str], args: tuple, kwargs: dict) -> dict[str, RemoteGroup]:
         """Start one actor per slot of each group and build the class in all of them."""
+        from .actors import RemoteGroup
+
         missing = [g for g in groups if g not in self.slots]
         if missing:
             raise ConfigError(
                 f"{cls.__name__} serves group(s) {missing} but the runtime has slots only for "
                 f"{sorted(self.slots)}; add them to the resource plan"
             )
-        started: dict[str, _RemoteGroup] = {}
+        started: dict[str, RemoteGroup] = {}
         try:
             for g in groups:
                 mesh = self.meshes.get(g) or Mesh(dp=len(self.slots[g]))
-                started[g] = _RemoteGroup.start(cls, g, self.slots[g], mesh, self.start_timeout)
+                started[g] = RemoteGroup.start(cls, g, self.slots[g], mesh, self.start_timeout)
             shared_args, shared_kwargs = encode(args, True), encode(kwargs, True)
             pending = [(g, g.setup(cls, shared_args, shared_kwargs)) for g in started.values()]
             for g, refs in pending:
@@ -295,6 +310,7 @@ def runtime(
 
 
 def current_runtime() -> Runtime | None:
+    """The running worker runtime, or None."""
     return _runtime
 
 
@@ -314,13 +330,14 @@ _PENDING = object()
 class Handle:
     """The result of a `blocking=False` call: `.get(timeout)` waits for it and collects it."""
 
-    def __init__(self, group: _RemoteGroup | None = None, spec: FunctionSpec | None = None,
+    def __init__(self, group: RemoteGroup | None = None, spec: FunctionSpec | None = None,
                  ranks: list[int] | None = None, refs: list[Any] | None = None, kept: set[int] | None = None,
                  value: Any = _PENDING, error: BaseException | None = None):
         self._group, self._spec, self._ranks, self._refs = group, spec, ranks or [], refs or []
         self._kept, self._value, self._error = kept, value, error
 
     def get(self, timeout: float | None = None) -> Any:
+        """The collected result (waiting at most `timeout` seconds); the call's error is raised here."""
         if self._error is not None:
             raise self._error
         if self._value is _PENDING:
@@ -332,203 +349,3 @@ def wait(handles: Iterable[Handle], timeout: float | None = None) -> list[Any]:
     """Wait for several handles (one shared deadline); their results in order."""
     deadline = None if timeout is None else time.monotonic() + timeout
     return [h.get(None if deadline is None else max(0.0, deadline - time.monotonic())) for h in handles]
-
-
-# -------------------------------------------------------------------------
-# Ray: the actor that hosts one instance, and the driver's view of a group of them
-# -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _ActorContext:
-    group: str
-    rank: int
-
-
-_actor: _ActorContext | None = None  # set inside a worker actor
-
-
-class WorkerActor:
-    """The Ray actor behind one worker: it hosts one instance of a @worker class.
-
-    `_actor_class` adds one method per @function, named like it, so a call costs what a plain Ray
-    actor call costs; the actor's own methods carry an `_rlcore_` prefix to stay out of their way.
-    """
-
-    def __init__(self) -> None:
-        self.instance: Any = None
-
-    def _rlcore_info(self) -> dict[str, Any]:
-        import ray
-
-        ip = ray._private.worker.global_worker.node_ip_address  # the Ray node's address, as it was started
-        return {"pid": os.getpid(), "ip": ip, "node_id": ray.get_runtime_context().get_node_id()}
-
-    def _rlcore_free_port(self, ip: str) -> int:
-        with socket.socket() as s:
-            s.bind((ip, 0))
-            return s.getsockname()[1]
-
-    def _rlcore_setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
-        global _actor
-        os.environ.update(env)
-        _actor = _ActorContext(group, rank)
-        self.instance = cls(*decode(args), **decode(kwargs))
-
-
-def _forward(name: str) -> Callable[..., Any]:
-    def method(self: WorkerActor, *args: Any, **kwargs: Any) -> Any:
-        return encode(getattr(self.instance, name)(*decode(args), **decode(kwargs)), False)
-
-    method.__name__ = method.__qualname__ = name
-    return method
-
-
-@functools.lru_cache(maxsize=None)
-def _actor_class(cls: type) -> Any:
-    """A Ray actor class for `cls`: WorkerActor plus a forwarding method per @function."""
-    import ray
-
-    names = [n for n in dir(cls) if hasattr(getattr(cls, n, None), "__rlcore_function__")]
-    body = {n: _forward(n) for n in names}
-    actor = type(f"{cls.__name__}Worker", (WorkerActor,), body)
-    return ray.remote(max_restarts=0, max_task_retries=0)(actor)
-
-
-class _RemoteGroup:
-    """The driver's side of one group: its actors, and how a call is spread over them."""
-
-    def __init__(self, role: str, actors: list[Any], infos: list[dict[str, Any]], mesh: Mesh):
-        self.role, self.actors, self.infos, self.mesh = role, actors, infos, mesh
-        self._calls: dict[str, list[Any]] = {}  # method name -> each actor's bound remote method
-        self.failure: RoleFailed | None = None
-
-    @classmethod
-    def start(cls, worker_cls: type, role: str, slots: list[Slot], mesh: Mesh, timeout: float) -> _RemoteGroup:
-        """One actor per slot, scheduled on the slot's bundle; waits until all are up."""
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from . import cluster
-
-        actors = []
-        for slot in slots:
-            options: dict[str, Any] = {"num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus}
-            if slot.placement_group is not None:
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    slot.placement_group, -1 if slot.bundle_index is None else slot.bundle_index
-                )
-            actors.append(_actor_class(worker_cls).options(**options).remote())
-        try:
-            infos = ray.get([a._rlcore_info.remote() for a in actors], timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            cluster.kill(actors)
-            raise ResourceError(
-                f"role '{role}': {len(slots)} workers asking {slots[0].num_cpus} CPU and {slots[0].num_gpus} "
-                f"GPU each were not scheduled within {timeout:.0f}s; the cluster has "
-                f"{ray.available_resources()} free. Ask for less, or raise start_timeout."
-            ) from None
-        except ray.exceptions.RayError as exc:
-            cluster.kill(actors)
-            raise cluster.role_error(exc, role=role, rank=None, node="", pid=None, method="start") from exc
-        return cls(role, actors, infos, mesh)
-
-    def setup(self, cls: type, args: tuple, kwargs: dict) -> list[Any]:
-        """Give every actor its group environment and build the instance (returns the pending refs)."""
-        import ray
-
-        master = self.infos[0]["ip"]
-        port = ray.get(self.actors[0]._rlcore_free_port.remote(master))
-        per_node = collections.Counter(info["node_id"] for info in self.infos)
-        seen: collections.Counter = collections.Counter()
-        refs = []
-        for rank, (actor, info) in enumerate(zip(self.actors, self.infos)):
-            env = {
-                "RANK": str(rank), "WORLD_SIZE": str(len(self.actors)),
-                "LOCAL_RANK": str(seen[info["node_id"]]), "LOCAL_WORLD_SIZE": str(per_node[info["node_id"]]),
-                "MASTER_ADDR": master, "MASTER_PORT": str(port),
-            }
-            seen[info["node_id"]] += 1
-            refs.append(actor._rlcore_setup.remote(cls, self.role, rank, env, args, kwargs))
-        return refs
-
-    def call(self, spec: FunctionSpec, args: tuple, kwargs: dict) -> Any:
-        if self.failure is not None:
-            raise self.failure
-        calls = self._calls.get(spec.name)
-        if calls is None:
-            calls = self._calls[spec.name] = [getattr(a, spec.name) for a in self.actors]
-        n = len(calls)
-        if spec.execute == "first":
-            shards: list[Any] = [(args, kwargs)]
-        else:
-            shards = spec._split(n, args, kwargs, self.mesh)
-            if len(shards) != n:
-                raise RlcoreError(f"dispatch {spec.dispatch!r} returned {len(shards)} shards for {n} workers")
-        ranks = [r for r, s in enumerate(shards) if s is not None]
-        uses = collections.Counter(id(shards[r]) for r in ranks)
-        encoded: dict[int, tuple] = {}
-        refs = []
-        for r in ranks:
-            key = id(shards[r])
-            if key not in encoded:
-                shared = uses[key] > 1
-                encoded[key] = (encode(shards[r][0], shared), encode(shards[r][1], shared))
-            refs.append(calls[r].remote(*encoded[key][0], **encoded[key][1]))
-        keep = getattr(spec._split, "collect_ranks", None) if spec.execute == "all" else None
-        kept = None if keep is None else set(keep(n, self.mesh))
-        handle = Handle(self, spec, ranks, refs, kept=kept)
-        return handle.get() if spec.blocking else handle
-
-    def collect(self, spec: FunctionSpec, ranks: list[int], refs: list[Any], timeout: float | None,
-                kept: set[int] | None = None) -> Any:
-        """Wait for the workers' results and collect them (only the `kept` ranks' results, when given)."""
-        import ray
-
-        try:
-            values = ray.get(refs, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise RlcoreError(
-                f"role '{self.role}': {spec.name}() gave no result within {timeout}s; get() again to keep waiting"
-            ) from None
-        except ray.exceptions.RayError as exc:
-            raise self._failed(exc, ranks, refs, spec.name) from None
-        return spec._collect([decode(v) for r, v in zip(ranks, values) if kept is None or r in kept])
-
-    def wait(self, refs: list[Any], method: str) -> None:
-        import ray
-
-        try:
-            ray.get(refs)
-        except ray.exceptions.RayError as exc:
-            raise self._failed(exc, list(range(len(refs))), refs, method) from None
-
-    def _failed(self, exc: BaseException, ranks: list[int], refs: list[Any], method: str) -> RoleFailed:
-        """The error of the first worker that failed; a dead worker stops its whole group."""
-        import ray
-
-        from . import cluster
-
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=2.0)[0])
-        rank = None
-        for r, ref in zip(ranks, refs):  # the lowest failed rank; every error is read, so Ray logs none
-            if ref in ready:
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayError as err:
-                    if rank is None:
-                        rank, exc = r, err
-        info = self.infos[rank] if rank is not None else {}
-        error = cluster.role_error(exc, role=self.role, rank=rank, node=info.get("ip", ""),
-                                   pid=info.get("pid"), method=method)
-        if cluster.is_death(exc):
-            self.failure = error
-            cluster.kill(self.actors)
-        return error
-
-    def stop(self, why: str) -> None:
-        from . import cluster
-
-        if self.failure is None:
-            self.failure = RoleFailed(f"role '{self.role}' is stopped: {why}", role=self.role)
-        cluster.kill(self.actors)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-# Keep Ray small and local on a 2-core machine; no dashboard, no usage stats, loopback only.
+# Keep Ray small and local on a 2-core machine: no dashboard, no usage stats, no log dedup.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -16,17 +16,11 @@ RAY_GPUS = 8  # fake: placement only; nothing runs CUDA here
 
 
 def start_local_ray(num_cpus: int = RAY_CPUS, num_gpus: int = RAY_GPUS) -> None:
-    import ray
+    """A fresh local Ray of this shape (`address="local"`: never a cluster left running on the machine)."""
+    from rlcore import cluster
 
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=True,
-    )
+    cluster.shutdown()
+    cluster.init("local", num_cpus=num_cpus, num_gpus=num_gpus)
 
 
 @pytest.fixture
@@ -38,8 +32,10 @@ def ray_local():
     """
     import ray
 
-    ctx = ray.get_runtime_context() if ray.is_initialized() else None
-    if ctx is None or ray.cluster_resources().get("GPU", 0) != RAY_GPUS or ray.cluster_resources().get("CPU", 0) != RAY_CPUS:
+    from rlcore import cluster
+
+    resources = ray.cluster_resources() if cluster.is_initialized() else {}
+    if (resources.get("CPU", 0), resources.get("GPU", 0)) != (RAY_CPUS, RAY_GPUS):
         start_local_ray()
     yield ray
 

@@ -227,6 +227,8 @@ class HFTrainEngine(TrainEngine):
         """Weights in Hugging Face names (LoRA merged into the base weights), detached, on the model's device."""
         import torch
 
+        from rlcore.weight_sync import iter_buckets
+
         if bucket_bytes < 1:
             raise RlcoreError(f"export_weights: bucket_bytes={bucket_bytes!r} must be positive")
         self._ensure_loaded()
@@ -234,17 +236,7 @@ class HFTrainEngine(TrainEngine):
             named = lora_merged_tensors(self.model) if self.lora else (
                 (name, p.detach()) for name, p in self.model.named_parameters()
             )
-            bucket: NamedTensors = []
-            size = 0
-            for name, tensor in named:
-                nbytes = tensor.numel() * tensor.element_size()
-                if bucket and size + nbytes > bucket_bytes:
-                    yield bucket
-                    bucket, size = [], 0
-                bucket.append((name, tensor))
-                size += nbytes
-            if bucket:
-                yield bucket
+            yield from iter_buckets(named, bucket_bytes)
 
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
         """Move params and optimizer state to CPU memory and drop grads; params/optimizer are no-ops on a CPU model."""

@@ -21,7 +21,7 @@ def run(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> d
 
 
 def test_importing_the_runtime_does_not_import_ray():
-    out = run("import json, sys, rlcore, rlcore.workers, rlcore.cluster, rlcore.dispatch\n"
+    out = run("import json, sys, rlcore, rlcore.workers, rlcore.actors, rlcore.cluster, rlcore.dispatch\n"
               "print(json.dumps({'ray': 'ray' in sys.modules, 'torch': 'torch' in sys.modules}))")
     assert out == {"ray": False, "torch": False}
 
@@ -66,3 +66,17 @@ def test_a_local_ray_with_overrides_and_a_second_process_attaching_to_it():
 def test_overrides_with_an_address_are_an_error_before_connecting():
     with pytest.raises(RlcoreError, match="num_cpus/num_gpus only apply to a local Ray; attaching to 'auto'"):
         cluster.init("auto", num_cpus=2)
+
+
+LOCAL = """
+import json
+from rlcore import cluster
+resources = cluster.init("local", num_cpus=1, num_gpus=0)
+print(json.dumps({"cpus": resources["CPU"], "gpus": resources.get("GPU", 0.0)}))
+"""
+
+
+@pytest.mark.ray
+def test_local_starts_its_own_ray_even_with_an_address_in_the_environment():
+    out = run(LOCAL, env={cluster.ADDRESS_ENV: "127.0.0.1:1"})  # nothing listens there: attaching would fail
+    assert out == {"cpus": 1.0, "gpus": 0.0}

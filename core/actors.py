@@ -1,0 +1,206 @@
+"""Ray: the actor that hosts one @worker instance, and the driver's view of a group of them.
+
+`rlcore.workers` decides when a group runs on Ray and starts it here (`RemoteGroup.start`, then
+`setup`); a group call splits its arguments, sends each worker its shard through the transport in
+`rlcore.cluster`, and collects the results. Ray is imported only when a group starts.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import cluster, workers
+from .cluster import decode, encode
+from .dispatch import Mesh
+from .errors import ResourceError, RlcoreError, RoleFailed
+from .specs import Slot
+
+if TYPE_CHECKING:
+    from .workers import FunctionSpec
+
+
+class WorkerActor:
+    """The Ray actor behind one worker: it hosts one instance of a @worker class.
+
+    `_actor_class` adds one method per @function, named like it, so a call costs what a plain Ray
+    actor call costs; the actor's own methods carry an `_rlcore_` prefix to stay out of their way.
+    """
+
+    def __init__(self) -> None:
+        self.instance: Any = None
+
+    def _rlcore_info(self) -> dict[str, Any]:
+        import ray
+
+        ip = ray._private.worker.global_worker.node_ip_address  # the Ray node's address, as it was started
+        return {"pid": os.getpid(), "ip": ip, "node_id": ray.get_runtime_context().get_node_id()}
+
+    def _rlcore_free_port(self, ip: str) -> int:
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return s.getsockname()[1]
+
+    def _rlcore_setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
+        os.environ.update(env)
+        workers._actor = workers.ActorContext(group, rank)
+        self.instance = cls(*decode(args), **decode(kwargs))
+
+
+def _forward(name: str) -> Callable[..., Any]:
+    def method(self: WorkerActor, *args: Any, **kwargs: Any) -> Any:
+        return encode(getattr(self.instance, name)(*decode(args), **decode(kwargs)), False)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+@functools.lru_cache(maxsize=None)
+def _actor_class(cls: type) -> Any:
+    """A Ray actor class for `cls`: WorkerActor plus a forwarding method per @function."""
+    import ray
+
+    names = [n for n in dir(cls) if hasattr(getattr(cls, n, None), "__rlcore_function__")]
+    body = {n: _forward(n) for n in names}
+    actor = type(f"{cls.__name__}Worker", (WorkerActor,), body)
+    return ray.remote(max_restarts=0, max_task_retries=0)(actor)
+
+
+class RemoteGroup:
+    """The driver's side of one group: its actors, and how a call is spread over them."""
+
+    def __init__(self, role: str, actors: list[Any], infos: list[dict[str, Any]], mesh: Mesh):
+        self.role, self.actors, self.infos, self.mesh = role, actors, infos, mesh
+        self._calls: dict[str, list[Any]] = {}  # method name -> each actor's bound remote method
+        self.failure: RoleFailed | None = None
+
+    @classmethod
+    def start(cls, worker_cls: type, role: str, slots: list[Slot], mesh: Mesh, timeout: float) -> RemoteGroup:
+        """One actor per slot, scheduled on the slot's bundle; waits until all are up."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        actors = []
+        for slot in slots:
+            options: dict[str, Any] = {"num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus}
+            if slot.placement_group is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    slot.placement_group, -1 if slot.bundle_index is None else slot.bundle_index
+                )
+            actors.append(_actor_class(worker_cls).options(**options).remote())
+        try:
+            infos = ray.get([a._rlcore_info.remote() for a in actors], timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            cluster.kill(actors)
+            raise ResourceError(
+                f"role '{role}': {len(slots)} workers asking {slots[0].num_cpus} CPU and {slots[0].num_gpus} "
+                f"GPU each were not scheduled within {timeout:.0f}s; the cluster has "
+                f"{ray.available_resources()} free. Ask for less, or raise start_timeout."
+            ) from None
+        except ray.exceptions.RayError as exc:
+            cluster.kill(actors)
+            raise cluster.role_error(exc, role=role, rank=None, node="", pid=None, method="start") from exc
+        return cls(role, actors, infos, mesh)
+
+    def setup(self, cls: type, args: tuple, kwargs: dict) -> list[Any]:
+        """Give every actor its group environment and build the instance (returns the pending refs)."""
+        import ray
+
+        master = self.infos[0]["ip"]
+        port = ray.get(self.actors[0]._rlcore_free_port.remote(master))
+        per_node = collections.Counter(info["node_id"] for info in self.infos)
+        seen: collections.Counter = collections.Counter()
+        refs = []
+        for rank, (actor, info) in enumerate(zip(self.actors, self.infos)):
+            env = {
+                "RANK": str(rank), "WORLD_SIZE": str(len(self.actors)),
+                "LOCAL_RANK": str(seen[info["node_id"]]), "LOCAL_WORLD_SIZE": str(per_node[info["node_id"]]),
+                "MASTER_ADDR": master, "MASTER_PORT": str(port),
+            }
+            seen[info["node_id"]] += 1
+            refs.append(actor._rlcore_setup.remote(cls, self.role, rank, env, args, kwargs))
+        return refs
+
+    def call(self, spec: FunctionSpec, args: tuple, kwargs: dict) -> Any:
+        """Split the arguments over the workers and call them; the collected result, or a Handle."""
+        if self.failure is not None:
+            raise self.failure
+        calls = self._calls.get(spec.name)
+        if calls is None:
+            calls = self._calls[spec.name] = [getattr(a, spec.name) for a in self.actors]
+        n = len(calls)
+        if spec.execute == "first":
+            shards: list[Any] = [(args, kwargs)]
+        else:
+            shards = spec._split(n, args, kwargs, self.mesh)
+            if len(shards) != n:
+                raise RlcoreError(f"dispatch {spec.dispatch!r} returned {len(shards)} shards for {n} workers")
+        ranks = [r for r, s in enumerate(shards) if s is not None]
+        uses = collections.Counter(id(shards[r]) for r in ranks)
+        encoded: dict[int, tuple] = {}
+        refs = []
+        for r in ranks:
+            key = id(shards[r])
+            if key not in encoded:
+                shared = uses[key] > 1
+                encoded[key] = (encode(shards[r][0], shared), encode(shards[r][1], shared))
+            refs.append(calls[r].remote(*encoded[key][0], **encoded[key][1]))
+        keep = getattr(spec._split, "collect_ranks", None) if spec.execute == "all" else None
+        kept = None if keep is None else set(keep(n, self.mesh))
+        handle = workers.Handle(self, spec, ranks, refs, kept=kept)
+        return handle.get() if spec.blocking else handle
+
+    def collect(self, spec: FunctionSpec, ranks: list[int], refs: list[Any], timeout: float | None,
+                kept: set[int] | None = None) -> Any:
+        """Wait for the workers' results and collect them (only the `kept` ranks' results, when given)."""
+        import ray
+
+        try:
+            values = ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise RlcoreError(
+                f"role '{self.role}': {spec.name}() gave no result within {timeout}s; get() again to keep waiting"
+            ) from None
+        except ray.exceptions.RayError as exc:
+            raise self._failed(exc, ranks, refs, spec.name) from None
+        return spec._collect([decode(v) for r, v in zip(ranks, values) if kept is None or r in kept])
+
+    def wait(self, refs: list[Any], method: str) -> None:
+        """Wait for every worker's call (`__init__` while starting); a failure raises RoleFailed."""
+        import ray
+
+        try:
+            ray.get(refs)
+        except ray.exceptions.RayError as exc:
+            raise self._failed(exc, list(range(len(refs))), refs, method) from None
+
+    def _failed(self, exc: BaseException, ranks: list[int], refs: list[Any], method: str) -> RoleFailed:
+        """The error of the first worker that failed; a dead worker stops its whole group."""
+        import ray
+
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=2.0)[0])
+        rank = None
+        for r, ref in zip(ranks, refs):  # the lowest failed rank; every error is read, so Ray logs none
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    if rank is None:
+                        rank, exc = r, err
+        info = self.infos[rank] if rank is not None else {}
+        error = cluster.role_error(exc, role=self.role, rank=rank, node=info.get("ip", ""),
+                                   pid=info.get("pid"), method=method)
+        if cluster.is_death(exc):
+            self.failure = error
+            cluster.kill(self.actors)
+        return error
+
+    def stop(self, why: str) -> None:
+        """Kill the group's actors; later calls raise RoleFailed saying `why`."""
+        if self.failure is None:
+            self.failure = RoleFailed(f"role '{self.role}' is stopped: {why}", role=self.role)
+        cluster.kill(self.actors)
