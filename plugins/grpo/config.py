@@ -116,6 +116,12 @@ class GRPOConfig(RunConfig):
     resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
     logging_steps: int = Field(1, ge=1, description="print every N steps")
     weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")
+    weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo"] = Field(
+        "auto", description="Ray, separate roles: nccl/gloo broadcast from train rank 0; auto: nccl on GPUs, else the object store"
+    )
+    async_generate: bool = Field(
+        False, description="separate roles: generate the next round while this one trains (one step off-policy)"
+    )
     check_weight_sync: bool = Field(True, description="after the first sync, compare rollout and train log-probs")
 
     # roles
@@ -140,6 +146,10 @@ class GRPOConfig(RunConfig):
             )
         if not self.reward_funcs:
             problems.append(("reward_funcs", "is empty; name at least one reward function"))
+        if self.async_generate and any({"train", "rollout"} <= set(g) for g in self.colocate_groups):
+            problems.append(
+                ("async_generate", "needs train and rollout on separate devices; drop it or the [train, rollout] colocate group")
+            )
         if problems:  # a ValueError, so that pydantic reports it beside every other problem
             raise ValueError("; ".join(f"{k} {m}" for k, m in problems))
         return self

@@ -1,4 +1,9 @@
-"""Where GRPO's roles live and how they hand over: workers, colocated sleep/wake, weight sync."""
+"""Where GRPO's roles live and how they hand over: workers, colocated sleep/wake, weight sync.
+
+Weight sync transports: in process (no Ray: the engines share a process), Ray's object store (colocated
+actors, CPU runs) and a broadcast from train rank 0 to the rollout workers over a process group of their
+own (NCCL on GPUs, gloo to test it on the CPU) for separate roles.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +28,23 @@ class RoleRuntime:
 
             self.plan = plan_from_config(config, roles=self.roles, policy=config.placement)
         self.colocated = any({"train", "rollout"} <= set(g) for g in config.colocate_groups)
+        self.transport = self._transport()
         self.train_workers = self._workers("train") if use_ray else 1
         self.train = self.rollout = self.reference = None
         self.awake: set[str] = {"weights", "kv_cache"}  # what of the rollout engine holds memory now
+
+    def _transport(self) -> str:
+        """How weights reach the rollout engines: in process, through Ray's object store, or a broadcast."""
+        cfg = self.config
+        if not self.use_ray:
+            return "in_process"
+        if cfg.weight_sync_backend != "auto":
+            return cfg.weight_sync_backend
+        on_gpus = all(
+            getattr(cfg, r).gpus > 0 and getattr(cfg, r).engine_kwargs.get("device", "cuda") != "cpu"
+            for r in ("train", "rollout")
+        )
+        return "nccl" if on_gpus and not self.colocated else "object_store"
 
     def _workers(self, role: str) -> int:
         section = getattr(self.config, role)
@@ -43,6 +62,7 @@ class RoleRuntime:
                 lora_alpha=section.lora_alpha, lora_target_modules=section.lora_target_modules,
             )
         if role == "rollout" and section.engine == "vllm":
+            opts.pop("device", None)
             opts.update(
                 vllm_tensor_parallel_size=section.vllm_tensor_parallel_size,
                 vllm_gpu_memory_utilization=section.vllm_gpu_memory_utilization,
@@ -50,9 +70,9 @@ class RoleRuntime:
                 vllm_enforce_eager=section.vllm_enforce_eager,
                 vllm_engine_kwargs=section.vllm_engine_kwargs,
             )
-        if section.gpus:
+        if section.gpus and section.engine != "vllm":
             opts["device"] = "cuda"
-        opts.update(getattr(section, "engine_kwargs", {}))
+        opts.update(section.engine_kwargs)
         return opts
 
     @contextlib.contextmanager
@@ -64,6 +84,8 @@ class RoleRuntime:
             if cfg.beta > 0:
                 self.reference = ReferenceWorker(cfg.reference.engine, self._options("reference", model))
             self.rollout = RolloutWorker(cfg.rollout.engine, self._options("rollout", model))
+            if self.transport in ("nccl", "gloo"):
+                self._join_weight_group()
             self._sleep()
             yield self
 
@@ -98,10 +120,35 @@ class RoleRuntime:
             self._sleep()
             self.train.reload(params=cfg.offload_model, grads=False, optimizer=cfg.offload_optimizer)
 
-    def sync_weights(self, bucket_bytes: int) -> None:
-        """Train rank 0's weights to every rollout worker, bucketed; colocated engines wake their weights first."""
-        self._wake(["weights"])
-        self.rollout.update_weights(self.train.export_weights(bucket_bytes))
+    def _join_weight_group(self) -> None:
+        """A broadcast group of train rank 0 and every rollout worker; all members join at once."""
+        from rlcore.workers import wait
+
+        host, port = self.train.weight_group_address()
+        world_size = 1 + self._workers("rollout")
+        wait([
+            self.train.join_weight_group(host, port, world_size, self.transport),
+            self.rollout.join_weight_group(host, port, world_size, self.transport),
+        ], timeout=self.config.placement_timeout_s)
+
+    def sync_weights(self, bucket_bytes: int) -> dict[str, float]:
+        """Train rank 0's weights to every rollout worker, bucketed; colocated engines wake their weights first.
+        Returns the bytes moved and the seconds it took."""
+        import time
+
+        start = time.perf_counter()
+        if self.transport in ("nccl", "gloo"):  # the receive queues behind a generation still in flight
+            from rlcore.workers import wait
+
+            sent, _ = wait([self.train.send_weights(bucket_bytes), self.rollout.receive_weights()])
+            nbytes = sent["weight_sync/bytes"]
+        else:
+            self._wake(["weights"])
+            buckets = self.train.export_weights(bucket_bytes)
+            self.rollout.update_weights(buckets)
+            nbytes = sum(t.numel() * t.element_size() for bucket in buckets for _, t in bucket)
+        seconds = time.perf_counter() - start
+        return {"weight_sync/seconds": seconds, "weight_sync/gb_per_s": nbytes / seconds / 1e9}
 
     def check_weight_sync(self, sequence: list[int]) -> float:
         """After a sync, the rollout engine must score `sequence` as the train engine does (top-k log-probs);

@@ -55,6 +55,8 @@ class GRPOTrainer(Trainer):
         self.metrics = MetricsWriter(self.output_dir / "metrics.jsonl")
         self.step = 0
         self.queue: list[Any] = []  # mini-batches left from the last generation
+        self.pending: Any = None  # async_generate: the next round, generating while this one trains
+        self.sync_stats: dict[str, float] = {}
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -72,6 +74,7 @@ class GRPOTrainer(Trainer):
                     last = self.train_step(self.queue.pop(0))
                     self.sync_weights()
                     self.step += 1
+                    last.update(self.sync_stats)
                     self.log(last, bar)
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save()
@@ -84,7 +87,12 @@ class GRPOTrainer(Trainer):
         """One generation round: the mini-batches of the next optimizer steps, and the round's metrics."""
         roles, maker = self.roles, self.experience
         with self.timer("generate"), roles.generating():
-            rows, generations = maker.generate(roles.rollout, self.step)
+            if self.config.async_generate:  # this round was started during the last one's training
+                pending = self.pending or maker.start_generate(roles.rollout, self.step)
+                rows, generations = maker.finish_generate(pending)
+                self.pending = maker.start_generate(roles.rollout, self.step + 1)
+            else:
+                rows, generations = maker.generate(roles.rollout, self.step)
         with self.timer("reward"):
             scored = maker.score(rows, generations, regenerate=lambda: maker.generate(roles.rollout, self.step))
         with self.timer("logprobs"):
@@ -99,7 +107,7 @@ class GRPOTrainer(Trainer):
 
     def sync_weights(self, check: bool = False) -> None:
         with self.timer("sync"):
-            self.roles.sync_weights(self.config.weight_sync_bucket_mb << 20)
+            self.sync_stats = self.roles.sync_weights(self.config.weight_sync_bucket_mb << 20)
         if check:
             self.roles.check_weight_sync(self.experience.probe_sequence())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from rlcore.workers import function, worker
@@ -41,6 +42,24 @@ class TrainWorker:
     @function(group="train", execute="first", collect="first")
     def export_weights(self, bucket_bytes: int) -> list:
         return list(self.engine.export_weights(bucket_bytes))
+
+    @function(group="train", execute="first", collect="first")
+    def weight_group_address(self) -> tuple[str, int]:
+        """Where train rank 0 will host the broadcast group's store: its node's address and a free port."""
+        from rlcore.weight_sync import find_free_port
+
+        host = _node_ip()
+        return host, find_free_port(host)
+
+    @function(group="train", execute="first", collect="first", blocking=False)
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
+        from rlcore.weight_sync import BroadcastGroup
+
+        self.weight_group = BroadcastGroup(host, port, 0, world_size, backend)
+
+    @function(group="train", execute="first", collect="first", blocking=False)
+    def send_weights(self, bucket_bytes: int) -> dict[str, float]:
+        return self.weight_group.send(self.engine.export_weights(bucket_bytes))
 
     @function(group="train")
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
@@ -92,6 +111,24 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], params) -> list:
         return self.engine.generate(prompts, params)
 
+    @function(group="rollout", dispatch="slice", collect="flatten", blocking=False)
+    def generate_async(self, prompts: list[list[int]], params) -> list:
+        """`generate` that returns a handle at once, so the next round generates while this one trains."""
+        return self.engine.generate(prompts, params)
+
+    @function(group="rollout", blocking=False)
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
+        from rlcore.weight_sync import BroadcastGroup
+
+        rank = 1 + int(os.environ.get("RANK", "0"))
+        self.weight_group = BroadcastGroup(host, port, rank, world_size, backend)
+
+    @function(group="rollout", blocking=False)
+    def receive_weights(self) -> None:
+        for bucket in self.weight_group.receive():
+            self.engine.update_weights(bucket)
+        self.engine.finish_weight_update()
+
     @function(group="rollout", execute="first", collect="first")
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list:
         return self.engine.prompt_topk_logprobs(sequences, k)
@@ -109,3 +146,14 @@ class RolloutWorker:
     @function(group="rollout")
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.engine.wake_up(tags)
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"

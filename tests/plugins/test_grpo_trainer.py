@@ -182,7 +182,7 @@ def test_config_file_with_mistakes_reports_them_all(tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("layout", ["colocate", "separate"])
+@pytest.mark.parametrize("layout", ["colocate", "separate", "separate-async-broadcast"])
 def test_ray_run(ray_local, tmp_path, tiny, plugins, layout):
     cpu = {"engine_kwargs": {"device": "cpu"}}  # fake GPUs place the actors; the engines compute on the CPU
     if layout == "colocate":
@@ -190,14 +190,20 @@ def test_ray_run(ray_local, tmp_path, tiny, plugins, layout):
             "colocate_groups": [["train", "rollout"]], "sleep_level": 1, "offload_model": True,
             "offload_optimizer": True, "train": {"gpus": 2, **cpu}, "rollout": {"gpus": 2, **cpu},
         }
-    else:
+    elif layout == "separate":
         roles = {"train": {"gpus": 2, **cpu}, "rollout": {"gpus": 2, **cpu}, "beta": 0.05,
                  "reference": {"gpus": 1, **cpu}}
+    else:  # weights broadcast over gloo (NCCL's stand-in on the CPU); the next round generates during training
+        roles = {"train": {"gpus": 1, **cpu}, "rollout": {"gpus": 2, **cpu}, "weight_sync_backend": "gloo",
+                 "async_generate": True, "max_steps": 3}
     trainer = make(plugins, tmp_path, tiny, use_ray=True, **roles)
     assert trainer.roles.colocated == (layout == "colocate")
+    assert trainer.roles.transport == ("gloo" if "broadcast" in layout else "object_store")
     trainer.fit()
     rows = metrics_of(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == list(range(1, roles.get("max_steps", 2) + 1))
     assert rows[-1]["time/sync"] > 0 and rows[-1]["grad_norm"] > 0
+    assert rows[-1]["weight_sync/gb_per_s"] > 0
+    assert rows[-1]["off_policy_steps"] == float("async" in layout)
     if layout == "separate":
         assert rows[-1]["kl"] > 0
