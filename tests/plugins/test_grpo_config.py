@@ -1,0 +1,41 @@
+"""The GRPO config: the reference examples load and place; the demo defaults apply only to the demo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlcore import ConfigError, load_config
+from rlcore.plugins.grpo.config import DEMO_DEFAULTS, GRPOConfig
+from rlcore.resources import plan_from_config
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "ray" / "grpo").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_examples_load_and_place(path):
+    config = load_config(GRPOConfig, str(path))
+    plan = plan_from_config(config, roles=["train", "rollout"])
+    train, rollout = plan.ranks_of("train"), plan.ranks_of("rollout")
+    assert len(train) == config.train.gpus and len(rollout) == config.rollout.gpus
+    colocated = [["train", "rollout"]] == config.colocate_groups
+    assert (train == rollout) if colocated else not set(train) & set(rollout)
+    assert config.rollout.engine == "vllm"
+
+
+def test_demo_defaults_apply_only_without_a_model_or_dataset():
+    assert GRPOConfig().learning_rate == DEMO_DEFAULTS["learning_rate"]
+    assert GRPOConfig(max_steps=3).max_steps == 3  # what the user sets wins
+    assert GRPOConfig(lr=0.5).learning_rate == 0.5  # also through the alias
+    real = GRPOConfig(model="some/model")
+    assert real.learning_rate == 1e-6 and real.max_completion_length == 256  # TRL's defaults
+
+
+def test_inconsistent_keys_are_reported_with_their_names():
+    with pytest.raises(ConfigError) as err:
+        load_config(GRPOConfig, None, ["reward_weights=[1, 2]", "async_generate=true",
+                                       "colocate_groups=[[train, rollout]]"])
+    text = str(err.value)
+    assert "reward_weights has 2 weights for 1 reward_funcs" in text
+    assert "async_generate needs train and rollout on separate devices" in text
