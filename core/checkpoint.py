@@ -79,4 +79,5 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str) -> Path | None:
 
 
 def load_state(path: Path) -> dict[str, Any]:
+    """The trainer state that `save_checkpoint` wrote into the checkpoint folder `path`."""
     return json.loads((path / STATE_FILE).read_text())

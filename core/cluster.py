@@ -73,6 +73,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """Whether this process is connected to Ray (without importing Ray when it is not loaded)."""
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized()
 

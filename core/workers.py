@@ -189,12 +189,6 @@ def _call_local(instance: Any, func: Callable[..., Any], spec: FunctionSpec, arg
     return value if spec.blocking else Handle(value=value, error=error)
 
 
-def group_size(instance: Any, group: str) -> int:
-    """How many workers serve `group` for a @worker instance (1 without Ray)."""
-    remote = instance.__dict__.get(_REMOTE)
-    return len(remote[group].actors) if remote is not None else 1
-
-
 # -------------------------------------------------------------------------
 # the runtime: which mode @worker classes start in
 # -------------------------------------------------------------------------

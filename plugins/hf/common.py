@@ -89,5 +89,6 @@ def aligned_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.
 
 
 def check_temperature(temperature: float) -> None:
+    """Reject a temperature the logits cannot be divided by (0, negative or NaN)."""
     if not temperature > 0:
         raise RlcoreError(f"temperature={temperature!r} must be > 0")

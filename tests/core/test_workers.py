@@ -338,7 +338,8 @@ def test_slots_from_placement_allocate_share_bundles(ray_runtime):
         both = Colocated()
         train, rollout = both.gpus(), both.gpu_list()
         assert train == rollout and len(set(train)) == 2  # rank i of both roles on the same fake GPU
-        workers.current_runtime().stop()
+        workers.stop_runtime()
+        assert workers.current_runtime() is None
     finally:
         release(slots)
 
