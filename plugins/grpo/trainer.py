@@ -72,9 +72,10 @@ class GRPOTrainer(Trainer):
                     if not self.queue:
                         self.queue = self.make_experience()
                     last = self.train_step(self.queue.pop(0))
-                    self.sync_weights()
                     self.step += 1
-                    last.update(self.sync_stats)
+                    if self.step < cfg.max_steps:  # the rollout engine needs the new weights for another round
+                        self.sync_weights()
+                        last.update(self.sync_stats)
                     self.log(last, bar)
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save()

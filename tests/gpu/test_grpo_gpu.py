@@ -42,7 +42,7 @@ def test_colocated_vllm_sleeps_offloads_and_syncs_in_process(model_dir, tmp_path
                         offload_model=True, offload_optimizer=True)
     assert trainer.roles.transport == "in_process" and trainer.roles.colocated
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all(r["weight_sync/seconds"] > 0 and r["grad_norm"] > 0 for r in rows)
+    assert all(r["weight_sync/seconds"] > 0 for r in rows[:-1]) and all(r["grad_norm"] > 0 for r in rows)
     assert rows[-1]["completions/mean_length"] > 0
     # check_weight_sync (on by default) compared vLLM's and the trainer's log-probs after the first sync
 
@@ -61,4 +61,4 @@ def test_separate_async_on_ray_broadcasts_over_nccl(model_dir, tmp_path):
     assert trainer.roles.transport == "nccl"
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["off_policy_steps"] == 1.0 for r in rows)
-    assert rows[-1]["weight_sync/gb_per_s"] > 0 and rows[-1]["grad_norm"] > 0
+    assert rows[0]["weight_sync/gb_per_s"] > 0 and rows[-1]["grad_norm"] > 0

@@ -42,8 +42,9 @@ def metrics_of(tmp_path):
 REQUIRED = [
     "step", "reward", "rewards/toy/mean", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
     "clip_ratio/region_mean", "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
-    "time/generate", "time/reward", "time/logprobs", "time/train", "time/sync", "loss", "grad_norm", "lr",
+    "time/generate", "time/reward", "time/logprobs", "time/train", "loss", "grad_norm", "lr",
 ]
+SYNCED = ["time/sync", "weight_sync/seconds", "weight_sync/gb_per_s"]  # every step but the last
 
 
 def test_local_run_writes_metrics_and_a_checkpoint(plugins, tmp_path, tiny):
@@ -52,6 +53,8 @@ def test_local_run_writes_metrics_and_a_checkpoint(plugins, tmp_path, tiny):
     assert [r["step"] for r in rows] == [1, 2]
     for key in REQUIRED:
         assert key in rows[-1], key
+    for key in SYNCED:
+        assert key in rows[0] and key not in rows[-1], key
     assert rows[-1]["kl"] is None  # beta = 0: no reference model, nothing measured
     assert 0 < rows[0]["reward"] < 1 and rows[0]["reward"] == rows[0]["rewards/toy/mean"]
     assert summary["step"] == 2
@@ -202,8 +205,8 @@ def test_ray_run(ray_local, tmp_path, tiny, plugins, layout):
     trainer.fit()
     rows = metrics_of(tmp_path)
     assert [r["step"] for r in rows] == list(range(1, roles.get("max_steps", 2) + 1))
-    assert rows[-1]["time/sync"] > 0 and rows[-1]["grad_norm"] > 0
-    assert rows[-1]["weight_sync/gb_per_s"] > 0
+    assert rows[0]["time/sync"] > 0 and rows[-1]["grad_norm"] > 0
+    assert rows[0]["weight_sync/gb_per_s"] > 0
     assert rows[-1]["off_policy_steps"] == float("async" in layout)
     if layout == "separate":
         assert rows[-1]["kl"] > 0
