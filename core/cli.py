@@ -1,4 +1,4 @@
-"""The `rlcore` command: run an algorithm, list plugins, show or validate a config.
+"""The `rlcore` command: run an algorithm, list plugins, show or validate a config, plot a run's metrics.
 
 Exit status: 0 on success; 2 for usage and configuration mistakes (a one-paragraph message, no
 traceback); 1 for other rlcore errors at run time (a traceback only with RLCORE_DEBUG=1); 130 when
@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     listing.set_defaults(func=_plugins)
 
+    plot = commands.add_parser("plot", help="draw a run's metrics.jsonl as curves (a PNG)")
+    plot.add_argument("metrics", metavar="METRICS_JSONL", help="a run's metrics.jsonl")
+    plot.add_argument("--keys", help="comma-separated metrics (default: reward, kl, lengths, loss, grad_norm)")
+    plot.add_argument("-o", "--output", metavar="PNG", help="where to write (default: beside the metrics)")
+    plot.set_defaults(func=_plot)
+
     config = commands.add_parser("config", help="show or validate an algorithm's config")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     show = config_commands.add_parser("show", help="print the full config with comments (defaults + overrides)")
@@ -119,6 +125,14 @@ def _run(args: argparse.Namespace) -> int:
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
     metrics = trainer.fit()
     print(json.dumps({"algorithm": algorithm, **(metrics or {})}, default=str))
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from .plot import plot_metrics
+
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
+    print(plot_metrics(args.metrics, keys, args.output))
     return 0
 
 
