@@ -22,6 +22,7 @@ from . import __version__
 from .config import config_error, load_config, render_config, validation_problems
 from .errors import ConfigError, RlcoreError
 from .manager import Plugins, load_plugins
+from .metrics import jsonable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args, resume=args.resume)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
     metrics = trainer.fit()
-    print(json.dumps({"algorithm": algorithm, **(metrics or {})}, default=str))
+    print(json.dumps({"algorithm": algorithm, **jsonable(metrics or {})}, default=str))
     return 0
 
 

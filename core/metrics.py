@@ -17,6 +17,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def jsonable(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics as strict JSON values: tensors to numbers, NaN and infinities to null."""
+    return {k: _plain(v) for k, v in metrics.items()}
+
+
 class MetricsWriter:
     """Appends step metrics to `path`. `resume_at(step)` drops lines of steps after `step` (a resumed run
     recomputes them) by rewriting the file atomically; nothing before it is touched."""
@@ -37,7 +42,7 @@ class MetricsWriter:
         os.replace(tmp, self.path)
 
     def write(self, metrics: dict[str, Any]) -> None:
-        line = json.dumps({k: _plain(v) for k, v in metrics.items()}, sort_keys=False)
+        line = json.dumps(jsonable(metrics))
         with open(self.path, "a") as f:
             f.write(line + "\n")
             f.flush()

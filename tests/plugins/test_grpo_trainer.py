@@ -210,3 +210,27 @@ def test_ray_run(ray_local, tmp_path, tiny, plugins, layout):
     assert rows[-1]["off_policy_steps"] == float("async" in layout)
     if layout == "separate":
         assert rows[-1]["kl"] > 0
+
+
+def test_the_embedded_demo_learns_the_toy_task(tmp_path):
+    """What a new user's `rlcore run --plugin grpo` does: the last five steps' mean reward is clearly above
+    the first five's (measured: 0.047 -> 0.24; chance for the untrained model is about 0.045)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "demo"
+    done = subprocess.run(
+        [sys.executable, "-m", "rlcore", "run", "--plugin", "grpo", f"output_dir={out}"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    def no_nan(token):
+        raise AssertionError(f"summary line is not strict JSON: {token}")
+
+    summary = json.loads(done.stdout.splitlines()[-1], parse_constant=no_nan)
+    assert summary["algorithm"] == "grpo" and summary["step"] == 40 and summary["kl"] is None
+    rewards = [json.loads(line)["reward"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert len(rewards) == 40 and last > 2.5 * first, (first, last)
+    assert (out / "checkpoint-40" / "trainer_state.json").is_file()
