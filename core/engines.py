@@ -77,6 +77,22 @@ class RolloutEngine(abc.ABC):
     def finish_weight_update(self) -> None:
         """Called after the last bucket of a sync (vLLM resets its prefix cache here)."""
 
+    def weight_receivers(self) -> int:
+        """How many members this engine adds to a weight broadcast group (one per process holding weights)."""
+        return 1
+
+    def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        """Join the broadcast group through which train rank 0 sends new weights (ranks rank.. rank+receivers-1)."""
+        from .weight_sync import BroadcastGroup
+
+        self._weight_group = BroadcastGroup(host, port, rank, world_size, backend)
+
+    def receive_weights(self) -> None:
+        """Take one sync's buckets from the broadcast group, then finish the update."""
+        for bucket in self._weight_group.receive():
+            self.update_weights(bucket)
+        self.finish_weight_update()
+
     @abc.abstractmethod
     def sleep(self, level: int = 1) -> None:
         """Release memory: level 1 offloads weights and drops the cache, level 2 drops both."""

@@ -28,6 +28,9 @@ class RolloutRoleConfig(RoleConfig):
     vllm_gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of GPU memory vLLM takes")
     vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")
     vllm_enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
+    vllm_in_process: bool = Field(
+        True, description="vLLM's engine core in the worker's process (weights load in place); false: its own processes"
+    )
     vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 

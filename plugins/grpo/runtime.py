@@ -68,6 +68,7 @@ class RoleRuntime:
                 vllm_gpu_memory_utilization=section.vllm_gpu_memory_utilization,
                 vllm_max_model_len=section.vllm_max_model_len,
                 vllm_enforce_eager=section.vllm_enforce_eager,
+                vllm_in_process=section.vllm_in_process,
                 vllm_engine_kwargs=section.vllm_engine_kwargs,
             )
         if section.gpus and section.engine != "vllm":
@@ -125,7 +126,7 @@ class RoleRuntime:
         from rlcore.workers import wait
 
         host, port = self.train.weight_group_address()
-        world_size = 1 + self._workers("rollout")
+        world_size = 1 + sum(self.rollout.weight_receivers())
         wait([
             self.train.join_weight_group(host, port, world_size, self.transport),
             self.rollout.join_weight_group(host, port, world_size, self.transport),

@@ -116,18 +116,19 @@ class RolloutWorker:
         """`generate` that returns a handle at once, so the next round generates while this one trains."""
         return self.engine.generate(prompts, params)
 
+    @function(group="rollout")
+    def weight_receivers(self) -> int:
+        return self.engine.weight_receivers()
+
     @function(group="rollout", blocking=False)
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
-        from rlcore.weight_sync import BroadcastGroup
-
-        rank = 1 + int(os.environ.get("RANK", "0"))
-        self.weight_group = BroadcastGroup(host, port, rank, world_size, backend)
+        receivers = self.engine.weight_receivers()
+        rank = 1 + int(os.environ.get("RANK", "0")) * receivers  # train rank 0 is the group's rank 0
+        self.engine.join_weight_group(host, port, rank, world_size, backend)
 
     @function(group="rollout", blocking=False)
     def receive_weights(self) -> None:
-        for bucket in self.weight_group.receive():
-            self.engine.update_weights(bucket)
-        self.engine.finish_weight_update()
+        self.engine.receive_weights()
 
     @function(group="rollout", execute="first", collect="first")
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list:

@@ -1,7 +1,10 @@
-"""`VLLMRolloutEngine`: rlcore's rollout (and teacher) engine over vLLM's offline `LLM`, in this process.
+"""`VLLMRolloutEngine`: rlcore's rollout (and teacher) engine over vLLM's offline `LLM`.
 
-vLLM's engine core runs in the worker's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so new weights
-are loaded in place through the model's `load_weights` without a copy through another process. Log-probs
+By default vLLM's engine core runs in the worker's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so
+new weights are loaded in place through the model's `load_weights` without a copy through another
+process. With `vllm_in_process=False` (and always with tensor parallelism) the engine core has processes
+of its own, which overlap scheduling and output processing with the GPU; weights then reach each vLLM
+worker through `collective_rpc`, and a broadcast group from the trainer is joined by the workers themselves. Log-probs
 of sampled tokens come from vLLM's `logprobs_mode="processed_logprobs"`: the distribution the sampler drew
 from, after temperature (and top-k/top-p), which is what importance sampling against the trainer needs.
 Options are spelled as ms-swift spells them (`vllm_gpu_memory_utilization`, ...).
@@ -67,6 +70,20 @@ def _load_weights_on_worker(worker: Any, named_tensors: list[tuple[str, torch.Te
     worker.model_runner.model.load_weights(weights=named_tensors)
 
 
+def _join_group_on_worker(worker: Any, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+    """Inside each vLLM worker: join the trainer's broadcast group as rank + this worker's TP rank."""
+    from rlcore.weight_sync import BroadcastGroup
+
+    worker.rlcore_weight_group = BroadcastGroup(host, port, rank + worker.rank, world_size, backend)
+
+
+def _receive_on_worker(worker: Any) -> None:
+    """Inside each vLLM worker: load every bucket of one sync straight from the broadcast group."""
+    model = worker.model_runner.model
+    for bucket in worker.rlcore_weight_group.receive():
+        model.load_weights(weights=bucket)
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """vLLM's offline `LLM` behind rlcore's RolloutEngine interface: generation, teacher top-k, sleep, weights."""
 
@@ -78,6 +95,7 @@ class VLLMRolloutEngine(RolloutEngine):
         vllm_max_model_len: int | None = None,
         vllm_enforce_eager: bool = False,
         vllm_enable_sleep_mode: bool = True,
+        vllm_in_process: bool = True,
         vllm_engine_kwargs: dict[str, Any] | None = None,
         dtype: str = "auto",
         seed: int = 0,
@@ -85,9 +103,11 @@ class VLLMRolloutEngine(RolloutEngine):
         engine_kwargs = {} if vllm_engine_kwargs is None else vllm_engine_kwargs
         _validate(model, vllm_tensor_parallel_size, vllm_gpu_memory_utilization, vllm_max_model_len, engine_kwargs)
         engine_kwargs = dict(engine_kwargs)
-        # The engine core in this process: weights load in place and sleep/wake act on this process's GPU.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if vllm_tensor_parallel_size > 1:  # workers in their own processes receive a load function by pickle
+        # In process: weights load in place and sleep/wake act on this process's GPU.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if vllm_in_process else "1"
+        self.in_process = vllm_in_process and vllm_tensor_parallel_size == 1
+        self.tensor_parallel_size = vllm_tensor_parallel_size
+        if not self.in_process:  # workers in their own processes receive rlcore's functions by pickle
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         try:
             import vllm
@@ -177,13 +197,30 @@ class VLLMRolloutEngine(RolloutEngine):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load one bucket of Hugging Face-named tensors into the model (vLLM maps and fuses the names)."""
         self._require_awake("load weights", tags=("weights",))
-        executor = self.llm.llm_engine.model_executor
-        driver = getattr(executor, "driver_worker", None)
-        if driver is not None:  # one worker, in this process: hand the tensors over as they are
+        if self.in_process:  # one worker, in this process: hand the tensors over as they are
+            driver = self.llm.llm_engine.model_executor.driver_worker
             driver.worker.model_runner.model.load_weights(weights=named_tensors)
         else:
             cpu = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
             self.llm.collective_rpc(_load_weights_on_worker, args=(cpu,))
+
+    def weight_receivers(self) -> int:
+        """In process the engine receives broadcasts itself; otherwise each vLLM worker does."""
+        return 1 if self.in_process else self.tensor_parallel_size
+
+    def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        if self.in_process:
+            super().join_weight_group(host, port, rank, world_size, backend)
+        else:
+            self.llm.collective_rpc(_join_group_on_worker, args=(host, port, rank, world_size, backend))
+
+    def receive_weights(self) -> None:
+        self._require_awake("receive weights", tags=("weights",))
+        if self.in_process:
+            super().receive_weights()
+            return
+        self.llm.collective_rpc(_receive_on_worker)
+        self.finish_weight_update()
 
     def finish_weight_update(self) -> None:
         """Drop cached prefixes: their KV entries were computed with the old weights."""
