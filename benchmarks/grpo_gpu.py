@@ -63,9 +63,9 @@ def run_rlcore(model: str, out: Path, mode: str) -> dict:
         config = GRPOConfig(**common, rollout=vllm, colocate_groups=[["train", "rollout"]], sleep_level=0,
                             per_device_train_batch_size=16, gradient_accumulation_steps=4)
         trainer = GRPOTrainer(config, plugins)
-    else:  # Ray: train on one GPU, vLLM (engine core in its own processes) on the other, NCCL weight sync,
-        # the next round generated during training
-        config = GRPOConfig(**common, rollout={**vllm, "vllm_in_process": os.environ.get("RLCORE_VLLM_IN_PROCESS") == "1"},
+    else:  # Ray: train on one GPU, vLLM on the other, NCCL weight sync, the next round generated during
+        # training. RLCORE_VLLM_IN_PROCESS=0 puts vLLM's engine core in processes of its own.
+        config = GRPOConfig(**common, rollout={**vllm, "vllm_in_process": os.environ.get("RLCORE_VLLM_IN_PROCESS", "1") == "1"},
                             async_generate=True,
                             per_device_train_batch_size=16, gradient_accumulation_steps=4)
         trainer = GRPOTrainer(config, plugins, use_ray=True)

@@ -24,8 +24,9 @@ def run(model_dir, tmp_path, use_ray=False, rollout=None, **overrides):
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
 
+    overrides = {"max_steps": 3, **overrides}
     config = GRPOConfig(
-        model=model_dir, output_dir=str(tmp_path / "run"), max_steps=3, learning_rate=1e-5,
+        model=model_dir, output_dir=str(tmp_path / "run"), learning_rate=1e-5,
         num_generations=4, per_device_train_batch_size=16, max_completion_length=32,
         train={"gpus": 1, "dtype": "bfloat16"},
         rollout={"gpus": 1, "engine": "vllm", "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.2,
