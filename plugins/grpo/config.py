@@ -56,6 +56,15 @@ DEMO_DEFAULTS: dict[str, Any] = {
 }
 
 
+class OrmRoleConfig(RoleConfig):
+    """The `orm:` section: an outcome reward model (sequence classification, one label), used when
+    `reward_funcs` names `orm`."""
+
+    model: str | None = Field(None, description="the reward model: a directory or hub id")
+    dtype: str = Field("float32", description="float32, bfloat16 or float16")
+    batch_size: int = Field(16, ge=1, description="pairs scored per forward pass")
+
+
 class GRPOConfig(RunConfig):
     """Group Relative Policy Optimization (DeepSeekMath; TRL's GRPOTrainer)."""
 
@@ -131,6 +140,7 @@ class GRPOConfig(RunConfig):
     train: TrainRoleConfig = Field(default_factory=TrainRoleConfig, description="the policy's train engine")
     rollout: RolloutRoleConfig = Field(default_factory=RolloutRoleConfig, description="the rollout engine")
     reference: ReferenceRoleConfig = Field(default_factory=ReferenceRoleConfig, description="used when beta > 0")
+    orm: OrmRoleConfig = Field(default_factory=OrmRoleConfig, description="used when reward_funcs names orm")
 
     @model_validator(mode="before")
     @classmethod
@@ -149,6 +159,8 @@ class GRPOConfig(RunConfig):
             )
         if not self.reward_funcs:
             problems.append(("reward_funcs", "is empty; name at least one reward function"))
+        if "orm" in self.reward_funcs and not self.orm.model:
+            problems.append(("orm.model", "is unset, but reward_funcs names orm; set it to a reward model (num_labels=1)"))
         if self.async_generate and any({"train", "rollout"} <= set(g) for g in self.colocate_groups):
             problems.append(
                 ("async_generate", "needs train and rollout on separate devices; drop it or the [train, rollout] colocate group")
@@ -162,4 +174,4 @@ class GRPOConfig(RunConfig):
         return self.steps_per_generation or self.gradient_accumulation_steps
 
 
-__all__ = ["BaseConfig", "GRPOConfig", "ReferenceRoleConfig", "RolloutRoleConfig", "TrainRoleConfig"]
+__all__ = ["BaseConfig", "GRPOConfig", "OrmRoleConfig", "ReferenceRoleConfig", "RolloutRoleConfig", "TrainRoleConfig"]

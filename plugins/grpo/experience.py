@@ -54,7 +54,10 @@ class ExperienceMaker:
         self.step_rows = step_rows
         self.prompts_per_round = self.generation_batch_size // cfg.num_generations
         self.reward_names = list(cfg.reward_funcs)
-        self.reward_fns = [resolve_reward(name, plugins, self._reward_options(name)) for name in cfg.reward_funcs]
+        self.reward_fns = [
+            None if name == "orm" else resolve_reward(name, plugins, self._reward_options(name))
+            for name in cfg.reward_funcs
+        ]  # orm: the reward-model role, bound once the roles run (bind_orm)
         self.reward_weights = cfg.reward_weights or [1.0] * len(self.reward_fns)
         if cfg.dataset:
             rows = load_prompts(cfg.dataset)
@@ -70,6 +73,12 @@ class ExperienceMaker:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.stop_ids = sorted({i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None})
+
+    def bind_orm(self, orm: Any) -> None:
+        """Score `orm` in reward_funcs with the reward-model role's workers."""
+        if orm is not None:
+            index = self.reward_names.index("orm")
+            self.reward_fns[index] = lambda prompts, completions, **columns: orm.score(prompts, completions)
 
     def _reward_options(self, name: str) -> dict[str, Any] | None:
         """The config's `reward_kwargs[name]`; soft_overlong also learns the run's max_completion_length."""

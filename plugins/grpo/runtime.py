@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .config import GRPOConfig
-from .workers import ReferenceWorker, RolloutWorker, TrainWorker
+from .workers import OrmWorker, ReferenceWorker, RolloutWorker, TrainWorker
 
 
 class RoleRuntime:
@@ -22,6 +22,7 @@ class RoleRuntime:
         self.config = config
         self.use_ray = use_ray
         self.roles = ["train", "rollout"] + (["reference"] if config.beta > 0 else [])
+        self.roles += ["orm"] if "orm" in config.reward_funcs else []
         self.plan = None
         if use_ray:
             from rlcore.resources import plan_from_config
@@ -30,7 +31,7 @@ class RoleRuntime:
         self.colocated = any({"train", "rollout"} <= set(g) for g in config.colocate_groups)
         self.transport = self._transport()
         self.train_workers = self._workers("train") if use_ray else 1
-        self.train = self.rollout = self.reference = None
+        self.train = self.rollout = self.reference = self.orm = None
         self.awake: set[str] = {"weights", "kv_cache"}  # what of the rollout engine holds memory now
 
     def _transport(self) -> str:
@@ -85,6 +86,10 @@ class RoleRuntime:
             if cfg.beta > 0:
                 self.reference = ReferenceWorker(cfg.reference.engine, self._options("reference", model))
             self.rollout = RolloutWorker(cfg.rollout.engine, self._options("rollout", model))
+            if "orm" in self.roles:
+                orm = cfg.orm
+                device = "cuda" if orm.gpus else "cpu"
+                self.orm = OrmWorker({"model_path": orm.model, "dtype": orm.dtype, "batch_size": orm.batch_size, "device": device})
             if self.transport in ("nccl", "gloo"):
                 self._join_weight_group()
             self._sleep()

@@ -63,6 +63,7 @@ class GRPOTrainer(Trainer):
     def fit(self) -> dict[str, Any]:
         cfg = self.config
         with self.roles.start(self.experience.model_path):
+            self.experience.bind_orm(self.roles.orm)
             self.restore()
             self.sync_weights(check=cfg.check_weight_sync)
             self.hook.rlcore_train_start(trainer=self)

@@ -149,6 +149,24 @@ class RolloutWorker:
         self.engine.wake_up(tags)
 
 
+@worker(group="orm")
+class OrmWorker:
+    """An outcome reward model scoring (prompt, completion) pairs; a group of them shares the work."""
+
+    def __init__(self, options: dict[str, Any]):
+        self.setup(options)
+
+    @function(group="orm")
+    def setup(self, options: dict[str, Any]) -> None:
+        from rlcore.plugins.rewards.orm import OrmScorer
+
+        self.scorer = OrmScorer(**options)
+
+    @function(group="orm", dispatch="slice", collect="flatten")
+    def score(self, prompts: list, completions: list) -> list[float]:
+        return self.scorer.score(prompts, completions)
+
+
 def _node_ip() -> str:
     try:
         import ray

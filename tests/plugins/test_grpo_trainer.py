@@ -26,6 +26,11 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def reward_model(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "orm", num_labels=1, seed=3))
+
+
+@pytest.fixture(scope="module")
 def plugins():
     return load_plugins()
 
@@ -162,6 +167,22 @@ def test_a_raising_reward_is_counted_and_excluded(tmp_path, tiny):
         make(plugins, tmp_path / "strict", tiny, reward_funcs=["toy", "boom"], strict_rewards=True).fit()
 
 
+def test_an_orm_role_scores_with_a_reward_model(plugins, tmp_path, tiny, reward_model):
+    from rlcore.plugins.rewards.orm import OrmScorer
+
+    trainer = make(plugins, tmp_path, tiny, reward_funcs=["toy", "orm"], reward_weights=[1.0, 0.5],
+                   orm={"model": reward_model}, max_steps=1)
+    assert trainer.roles.roles == ["train", "rollout", "orm"]
+    trainer.fit()
+    row = metrics_of(tmp_path)[0]
+    assert row["rewards/orm/mean"] is not None and row["rewards/orm/mean"] != 0
+    assert row["reward"] == pytest.approx(row["rewards/toy/mean"] + 0.5 * row["rewards/orm/mean"], abs=1e-5)
+    direct = OrmScorer(reward_model).score(["a"], ["b"])[0]  # the same model, outside the run
+    assert isinstance(direct, float)
+    with pytest.raises(ConfigError, match="orm.model is unset"):
+        load_config(GRPOConfig, None, [f"model={tiny}", "reward_funcs=[orm]"])
+
+
 def test_bad_inputs_fail_before_anything_runs(plugins, tmp_path, tiny):
     with pytest.raises(ConfigError, match="nowhere.jsonl"):
         make(plugins, tmp_path, tiny, dataset=str(tmp_path / "nowhere.jsonl"))
@@ -186,16 +207,17 @@ def test_config_file_with_mistakes_reports_them_all(tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.parametrize("layout", ["colocate", "separate", "separate-async-broadcast"])
-def test_ray_run(ray_local, tmp_path, tiny, plugins, layout):
+def test_ray_run(ray_local, tmp_path, tiny, plugins, layout, request):
     cpu = {"engine_kwargs": {"device": "cpu"}}  # fake GPUs place the actors; the engines compute on the CPU
     if layout == "colocate":
         roles = {
             "colocate_groups": [["train", "rollout"]], "sleep_level": 1, "offload_model": True,
             "offload_optimizer": True, "train": {"gpus": 2, **cpu}, "rollout": {"gpus": 2, **cpu},
         }
-    elif layout == "separate":
+    elif layout == "separate":  # with a reference model and a reward model on two CPU workers
         roles = {"train": {"gpus": 2, **cpu}, "rollout": {"gpus": 2, **cpu}, "beta": 0.05,
-                 "reference": {"gpus": 1, **cpu}}
+                 "reference": {"gpus": 1, **cpu}, "reward_funcs": ["toy", "orm"],
+                 "orm": {"model": request.getfixturevalue("reward_model"), "cpus": 2}}
     else:  # weights broadcast over gloo (NCCL's stand-in on the CPU); the next round generates during training
         roles = {"train": {"gpus": 1, **cpu}, "rollout": {"gpus": 2, **cpu}, "weight_sync_backend": "gloo",
                  "async_generate": True, "max_steps": 3}
@@ -209,7 +231,7 @@ def test_ray_run(ray_local, tmp_path, tiny, plugins, layout):
     assert rows[0]["weight_sync/gb_per_s"] > 0
     assert rows[-1]["off_policy_steps"] == float("async" in layout)
     if layout == "separate":
-        assert rows[-1]["kl"] > 0
+        assert rows[-1]["kl"] > 0 and rows[-1]["rewards/orm/mean"] is not None
 
 
 def test_the_embedded_demo_learns_the_toy_task(tmp_path):
