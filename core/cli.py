@@ -27,7 +27,8 @@ from .metrics import jsonable
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rlcore` console script; returns the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(_dashed_overrides(list(sys.argv[1:] if argv is None else argv), parser))
     try:
         return args.func(args)
     except BrokenPipeError:  # `rlcore plugins | head`
@@ -43,12 +44,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
 
 
+OWN_OPTIONS = {"--plugin", "--config", "--use-ray", "--resume", "--json", "--keys", "--output", "--help", "--version"}
+
+
+def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """ms-swift's spelling of overrides for `run` and `config`: `--key value` or `--key=value` becomes
+    `key=value` (what follows `--device_groups` may be a JSON string). The CLI's own options stay as they
+    are; every override moves to the end, in the order given, so options and overrides may interleave."""
+    if not argv or argv[0] not in ("run", "config"):
+        return argv
+    head, overrides, i = [], [], 0
+    while i < len(argv):
+        item = argv[i]
+        key, eq, value = item[2:].partition("=")
+        if not item.startswith("--") or len(item) == 2 or f"--{key}" in OWN_OPTIONS:
+            (overrides if "=" in item and not item.startswith("-") else head).append(item)
+            if item in ("--plugin", "--config") and i + 1 < len(argv):  # their values are theirs
+                head.append(argv[i + 1])
+                i += 1
+        elif eq:
+            overrides.append(f"{key}={value}")
+        elif i + 1 < len(argv):
+            overrides.append(f"{key}={argv[i + 1]}")
+            i += 1
+        else:
+            parser.error(f"--{key} needs a value (--{key} VALUE or --{key}=VALUE)")
+        i += 1
+    return head + overrides
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlcore",
         description="A plugin-based trainer framework for post-training language models.",
         epilog="Overrides are dotted key=value pairs parsed as YAML: lr=1e-6 train.gpus=8 "
-        "colocate_groups=[[train,rollout]]. The command line wins over --config.",
+        "colocate_groups=[[train,rollout]], or ms-swift's --key value. The command line wins over --config.",
     )
     parser.add_argument("--version", action="version", version=f"rlcore {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

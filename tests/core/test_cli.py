@@ -160,3 +160,21 @@ def test_config_validate(rlcore_cli, tmp_path):
     (tmp_path / "bad.yaml").write_text("steps: 0\nlr: high\nnum_worker: 2\n")
     bad = rlcore_cli("config", "validate", "--plugin", "example", "--config", "bad.yaml")
     assert_usage_error(bad, "3 problems", "steps:", "lr:", "Did you mean 'num_workers'?")
+
+
+def test_dashed_overrides_as_ms_swift_spells_them(tmp_path, capsys):
+    """`--device_groups '{...}'` (a JSON string) and `--key=value` work like key=value overrides."""
+    from rlcore.cli import main
+
+    groups = '{"nproc_per_node": 4, "sample_group": {"device": "GPU", "ranks": "list(range(0, 2))", "workers": ["train"]}}'
+    assert main(["config", "show", "--plugin", "grpo", "--device_groups", groups, "--max_steps=7"]) == 0
+    shown = capsys.readouterr().out
+    assert "max_steps: 7" in shown and "nproc_per_node: 4" in shown and "list(range(0, 2))" in shown
+    assert main(["config", "show", "max_steps=5", "--plugin", "grpo", "--seed", "3", "temperature=0.5"]) == 0
+    shown = capsys.readouterr().out
+    assert "max_steps: 5" in shown and "seed: 3" in shown and "temperature: 0.5" in shown
+    assert main(["config", "show", "--plugin", "grpo", "--max_stesp", "7"]) == 2
+    assert "Did you mean 'max_steps'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["config", "show", "--plugin", "grpo", "--max_steps"])
+    assert exit_.value.code == 2
