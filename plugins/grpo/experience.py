@@ -13,9 +13,8 @@ from .config import GRPOConfig
 
 @dataclass
 class Scored:
-    """A generation round after scoring: prompts' rows, the completions, and their advantages."""
+    """A generation round after scoring: the completions, their prompts' token ids, and their advantages."""
 
-    rows: list[dict[str, Any]]  # one per completion (the prompt's row, repeated num_generations times)
     prompt_ids: list[list[int]]  # one per completion
     generations: list[Any]
     advantages: Any  # torch tensor [N]
@@ -168,9 +167,7 @@ class ExperienceMaker:
         )
         for j, name in enumerate(self.reward_names):
             metrics[f"rewards/{name}/mean"] = float(torch.nanmean(per_func[:, j]))
-        rows_per_completion = [r for r in rows for _ in range(G)]
-        prompt_ids = [g.prompt_ids for g in generations]
-        return Scored(rows_per_completion, prompt_ids, generations, advantages, metrics)
+        return Scored([g.prompt_ids for g in generations], generations, advantages, metrics)
 
     def _rewards(self, rows: list[dict], generations: list[Any]) -> tuple[Any, dict[str, int]]:
         import torch
