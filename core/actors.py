@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import cluster, workers
 from .cluster import decode, encode
-from .dispatch import Mesh
+from .dispatch import EXTRA_PLUGINS_ENV, Mesh, plugins
 from .errors import ResourceError, RlcoreError, RoleFailed
 from .specs import Slot
 
@@ -120,6 +120,8 @@ class RemoteGroup:
                 "RANK": str(rank), "WORLD_SIZE": str(len(self.actors)),
                 "LOCAL_RANK": str(seen[info["node_id"]]), "LOCAL_WORLD_SIZE": str(per_node[info["node_id"]]),
                 "MASTER_ADDR": master, "MASTER_PORT": str(port),
+                # a user's own plugin files and modules: the worker resolves engines and names with them too
+                EXTRA_PLUGINS_ENV: os.pathsep.join(plugins().extra),
             }
             seen[info["node_id"]] += 1
             refs.append(actor._rlcore_setup.remote(cls, self.role, rank, env, args, kwargs))

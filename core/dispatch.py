@@ -271,8 +271,18 @@ def plugins() -> Plugins:
     if _plugins is None:
         from .manager import load_plugins
 
-        _plugins = load_plugins()
+        _plugins = load_plugins(extra=extra_plugins_from_env())
     return _plugins
+
+
+EXTRA_PLUGINS_ENV = "RLCORE_EXTRA_PLUGINS"
+
+
+def extra_plugins_from_env() -> tuple[str, ...]:
+    """The module or file plugins the driver loaded, handed to worker processes through the environment."""
+    import os
+
+    return tuple(p for p in os.environ.get(EXTRA_PLUGINS_ENV, "").split(os.pathsep) if p)
 
 
 def use_plugins(loaded: Plugins | None) -> None:

@@ -60,6 +60,7 @@ class Plugins:
         self.manager.add_hookspecs(hookspecs)
         self.info: dict[str, PluginInfo] = {}
         self.failed: dict[str, PluginInfo] = {}
+        self.extra: tuple[str, ...] = ()  # plugins given as modules or files, which worker processes load too
         for attr, kind in REGISTRIES.values():
             setattr(self, attr, (EngineRegistry if attr == "engines" else Registry)(kind))
 
@@ -192,4 +193,5 @@ def load_plugins(extra: tuple[str, ...] = (), strict: bool | None = None) -> Plu
         if plugins.manager.is_registered(module):
             continue
         plugins.register(module, name, getattr(module, "__version__", ""), "")
+    plugins.extra = tuple(str(Path(s).resolve()) if s.endswith(".py") else s for s in extra)
     return plugins

@@ -16,9 +16,12 @@ class Trainer:
     """
 
     def __init__(self, config: Any, plugins: Plugins, *, use_ray: bool = False):
+        from .dispatch import use_plugins
+
         self.config = config
         self.plugins = plugins
         self.use_ray = use_ray
+        use_plugins(plugins)  # workers resolve engines, dispatchers and collectors with these plugins
 
     @property
     def hook(self) -> Any:

@@ -256,3 +256,39 @@ def test_the_embedded_demo_learns_the_toy_task(tmp_path):
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert len(rewards) == 40 and last > 2.5 * first, (first, last)
     assert (out / "checkpoint-40" / "trainer_state.json").is_file()
+
+
+VOWEL_ENGINE = '''
+"""A user's own plugin file: a rollout engine that only ever writes the letter a."""
+from rlcore import EngineSpec, hookimpl
+from rlcore.plugins.hf.rollout import HFRolloutEngine
+
+
+class VowelEngine(HFRolloutEngine):
+    def generate(self, prompts, params):
+        out = super().generate(prompts, params)
+        a = self.tokenizer.convert_tokens_to_ids("a")
+        for g in out:
+            g.token_ids, g.text = [a] * len(g.token_ids), "a" * len(g.token_ids)
+        return out
+
+
+@hookimpl
+def rlcore_engines():
+    yield EngineSpec("vowels", kind="rollout", factory=lambda **options: VowelEngine(**options))
+'''
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("use_ray", [False, True], ids=["local", "ray"])
+def test_an_engine_from_a_plugin_file_runs_in_the_workers(tmp_path, tiny, use_ray, request):
+    """A `.py` plugin loaded on the driver is loaded by the Ray workers too, so its engine is found there."""
+    if use_ray:
+        request.getfixturevalue("ray_local")
+    path = tmp_path / "vowel_plugin.py"
+    path.write_text(VOWEL_ENGINE)
+    plugins = load_plugins(extra=(str(path),))
+    cpu = {"engine_kwargs": {"device": "cpu"}} if use_ray else {}
+    make(plugins, tmp_path, tiny, use_ray=use_ray, max_steps=1, check_weight_sync=False,
+         rollout={"engine": "vowels", "gpus": 1 if use_ray else 0, **cpu}, train={"gpus": 1 if use_ray else 0, **cpu}).fit()
+    assert metrics_of(tmp_path)[0]["reward"] == 1.0  # every character a vowel: the plugin's engine generated
