@@ -56,6 +56,7 @@ class GRPOTrainer(Trainer):
         self.step = 0
         self.queue: list[Any] = []  # mini-batches left from the last generation
         self.pending: Any = None  # async_generate: the next round, generating while this one trains
+        self.pending_data: dict[str, int] | None = None  # the data position before that round
         self.sync_stats: dict[str, float] = {}
 
     # -- the loop -------------------------------------------------------------------------------
@@ -92,6 +93,7 @@ class GRPOTrainer(Trainer):
             if self.config.async_generate:  # this round was started during the last one's training
                 pending = self.pending or maker.start_generate(roles.rollout, self.step)
                 rows, generations = maker.finish_generate(pending)
+                self.pending_data = maker.sampler.state_dict()  # what a checkpoint resumes from
                 self.pending = maker.start_generate(roles.rollout, self.step + 1)
             else:
                 rows, generations = maker.generate(roles.rollout, self.step)
@@ -135,15 +137,23 @@ class GRPOTrainer(Trainer):
             yield bar
 
     def save(self) -> Path:
+        """A checkpoint of the model, optimizer, data position and the rest of the current round: a resumed
+        run continues mid-round exactly. A round still generating (async) is not saved; the data position
+        is the one before it, so a resumed run generates it again."""
         state = {
             "step": self.step,
-            "data": self.experience.sampler.state_dict(),
+            "data": self.pending_data or self.experience.sampler.state_dict(),
             "config": self.config.model_dump(mode="json"),
         }
-        return save_checkpoint(
-            self.output_dir, self.step, state, lambda tmp: self.roles.train.save(str(tmp / "model")),
-            keep=self.config.save_total_limit,
-        )
+
+        def write(tmp: Path) -> None:
+            self.roles.train.save(str(tmp / "model"))
+            if self.queue:
+                import torch
+
+                torch.save(self.queue, tmp / "round.pt")
+
+        return save_checkpoint(self.output_dir, self.step, state, write, keep=self.config.save_total_limit)
 
     def restore(self) -> None:
         if self.resume_from is None:
@@ -157,5 +167,9 @@ class GRPOTrainer(Trainer):
             )
         self.roles.train.load(str(self.resume_from / "model"))
         self.experience.sampler.load_state_dict(state["data"])
+        if (self.resume_from / "round.pt").is_file():
+            import torch
+
+            self.queue = torch.load(self.resume_from / "round.pt", weights_only=False)
         self.step = state["step"]
         self.metrics.resume_at(self.step)

@@ -120,21 +120,26 @@ class InterruptAt:
             raise Interrupt()
 
 
-def test_resume_continues_step_count_data_and_optimizer(tmp_path, tiny):
+@pytest.mark.parametrize("mid_round", [False, True], ids=["round-boundary", "mid-round"])
+def test_resume_continues_step_count_data_and_optimizer(tmp_path, tiny, mid_round):
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
     full_dir.mkdir(), cut_dir.mkdir()
-    make(load_plugins(), full_dir, tiny, max_steps=4).fit()
+    # mid-round: each generation feeds two optimizer steps, and the checkpoint falls between them
+    rounds = {"steps_per_generation": 2, "per_device_train_batch_size": 8} if mid_round else {}
+    make(load_plugins(), full_dir, tiny, max_steps=4, **rounds).fit()
 
+    stop = 2 if mid_round else 3  # the newest checkpoint is then step 1 (mid-round) or step 2
     interrupted = load_plugins()
-    interrupted.register(InterruptAt(3), "interrupt")
+    interrupted.register(InterruptAt(stop), "interrupt")
     with pytest.raises(Interrupt):
-        make(interrupted, cut_dir, tiny, max_steps=4, save_steps=1).fit()
-    assert [r["step"] for r in metrics_of(cut_dir)] == [1, 2, 3]
-    with pytest.raises(ConfigError, match="already holds checkpoint-2"):  # a fresh run never overwrites it
+        make(interrupted, cut_dir, tiny, max_steps=4, save_steps=1, **rounds).fit()
+    assert [r["step"] for r in metrics_of(cut_dir)] == list(range(1, stop + 1))
+    with pytest.raises(ConfigError, match=f"already holds checkpoint-{stop - 1}"):  # a fresh run never overwrites it
         make(load_plugins(), cut_dir, tiny, max_steps=4)
+    assert (cut_dir / "run" / f"checkpoint-{stop - 1}" / "round.pt").is_file() == mid_round
 
-    resumed = make(load_plugins(), cut_dir, tiny, max_steps=4, save_steps=1, resume="auto")
-    assert resumed.resume_from.name == "checkpoint-2"
+    resumed = make(load_plugins(), cut_dir, tiny, max_steps=4, save_steps=1, resume="auto", **rounds)
+    assert resumed.resume_from.name == f"checkpoint-{stop - 1}"
     resumed.fit()
     full, cut = metrics_of(full_dir), metrics_of(cut_dir)
     assert [r["step"] for r in cut] == [1, 2, 3, 4]
