@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import functools
 import os
-import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,9 +40,7 @@ class WorkerActor:
         return {"pid": os.getpid(), "ip": ip, "node_id": ray.get_runtime_context().get_node_id()}
 
     def _rlcore_free_port(self, ip: str) -> int:
-        with socket.socket() as s:
-            s.bind((ip, 0))
-            return s.getsockname()[1]
+        return cluster.find_free_port(ip)
 
     def _rlcore_setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
         os.environ.update(env)

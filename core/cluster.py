@@ -65,6 +65,15 @@ def init(
     return ray.cluster_resources()
 
 
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` right now (a process group's store or rendezvous)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def shutdown() -> None:
     """Disconnect from Ray (a local Ray started here stops with it)."""
     ray = sys.modules.get("ray")

@@ -17,7 +17,6 @@ import it.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -191,13 +190,6 @@ def receive_ipc(payload: dict[str, Any]) -> NamedTensors:
 # -------------------------------------------------------------------------
 # broadcast: train rank 0 -> a separate rollout group (NCCL; gloo on the CPU)
 # -------------------------------------------------------------------------
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now, for a broadcast group's store."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class BroadcastGroup:

@@ -161,13 +161,18 @@ class GRPOConfig(RunConfig):
             problems.append(("reward_funcs", "is empty; name at least one reward function"))
         if "orm" in self.reward_funcs and not self.orm.model:
             problems.append(("orm.model", "is unset, but reward_funcs names orm; set it to a reward model (num_labels=1)"))
-        if self.async_generate and any({"train", "rollout"} <= set(g) for g in self.colocate_groups):
+        if self.async_generate and self.colocated:
             problems.append(
                 ("async_generate", "needs train and rollout on separate devices; drop it or the [train, rollout] colocate group")
             )
         if problems:  # a ValueError, so that pydantic reports it beside every other problem
             raise ValueError("; ".join(f"{k} {m}" for k, m in problems))
         return self
+
+    @property
+    def colocated(self) -> bool:
+        """Train and rollout share devices (one colocate group holds both)."""
+        return any({"train", "rollout"} <= set(group) for group in self.colocate_groups)
 
     @property
     def micro_steps_per_generation(self) -> int:

@@ -28,7 +28,7 @@ class RoleRuntime:
             from rlcore.resources import plan_from_config
 
             self.plan = plan_from_config(config, roles=self.roles, policy=config.placement)
-        self.colocated = any({"train", "rollout"} <= set(g) for g in config.colocate_groups)
+        self.colocated = config.colocated
         self.transport = self._transport()
         self.train_workers = self._workers("train") if use_ray else 1
         self.train = self.rollout = self.reference = self.orm = None
@@ -63,7 +63,6 @@ class RoleRuntime:
                 lora_alpha=section.lora_alpha, lora_target_modules=section.lora_target_modules,
             )
         if role == "rollout" and section.engine == "vllm":
-            opts.pop("device", None)
             opts.update(
                 vllm_tensor_parallel_size=section.vllm_tensor_parallel_size,
                 vllm_gpu_memory_utilization=section.vllm_gpu_memory_utilization,

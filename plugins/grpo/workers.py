@@ -46,9 +46,9 @@ class TrainWorker:
     @function(group="train", execute="first", collect="first")
     def weight_group_address(self) -> tuple[str, int]:
         """Where train rank 0 will host the broadcast group's store: its node's address and a free port."""
-        from rlcore.weight_sync import find_free_port
+        from rlcore.cluster import find_free_port
 
-        host = _node_ip()
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")  # rank 0 is its group's master: this node
         return host, find_free_port(host)
 
     @function(group="train", execute="first", collect="first", blocking=False)
@@ -166,13 +166,3 @@ class OrmWorker:
     def score(self, prompts: list, completions: list) -> list[float]:
         return self.scorer.score(prompts, completions)
 
-
-def _node_ip() -> str:
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:
-        pass
-    return "127.0.0.1"

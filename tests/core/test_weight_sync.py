@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from rlcore import ConfigError, RlcoreError
+from rlcore.cluster import find_free_port
 from rlcore.weight_sync import (
     BroadcastGroup,
     FlatBucket,
-    find_free_port,
     flatten_bucket,
     iter_buckets,
     unflatten_bucket,

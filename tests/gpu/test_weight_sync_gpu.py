@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.weight_sync import BroadcastGroup, find_free_port, iter_buckets
+from rlcore.cluster import find_free_port
+from rlcore.weight_sync import BroadcastGroup, iter_buckets
 
 TIMEOUT_S = 120
 MiB = 1 << 20
