@@ -21,8 +21,8 @@ QUICK = {
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))
+def tiny(tiny_model):
+    return str(tiny_model)
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,10 @@ import pytest
 import torch
 
 from rlcore import Batch, RlcoreError, SamplingParams
-from rlcore.plugins.hf import build_tiny_model
 from rlcore.plugins.hf.rollout import HFRolloutEngine
 from rlcore.plugins.hf.train import HFTrainEngine
 
 PROMPTS = [[265, 84, 82, 260, 198], [5, 6, 7, 8, 9, 10, 11, 12, 13], [100]]  # different lengths: left padding
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-qwen2")
 
 
 @pytest.fixture(scope="module")

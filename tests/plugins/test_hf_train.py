@@ -11,17 +11,11 @@ import pytest
 import torch
 
 from rlcore import Batch, ConfigError, RlcoreError, load_plugins
-from rlcore.plugins.hf import build_tiny_model
 from rlcore.plugins.hf.train import HFTrainEngine
 
 # With a huge Adam epsilon the first step moves each weight by about -lr/eps * grad: parameter deltas
 # then compare gradients (a plain first Adam step would only show their signs).
 LINEAR_ADAM = dict(learning_rate=1e3, adam_epsilon=1e3, max_grad_norm=0)
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-qwen2")
 
 
 @pytest.fixture(scope="module")
