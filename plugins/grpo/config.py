@@ -31,6 +31,9 @@ class RolloutRoleConfig(RoleConfig):
     vllm_in_process: bool = Field(
         True, description="vLLM's engine core in the worker's process (weights load in place); false: its own processes"
     )
+    vllm_request_seeds: bool = Field(
+        False, description="seed every vLLM request (samples independent of the batch; slower sampling)"
+    )
     vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 

@@ -69,6 +69,7 @@ class RoleRuntime:
                 vllm_max_model_len=section.vllm_max_model_len,
                 vllm_enforce_eager=section.vllm_enforce_eager,
                 vllm_in_process=section.vllm_in_process,
+                vllm_request_seeds=section.vllm_request_seeds,
                 vllm_engine_kwargs=section.vllm_engine_kwargs,
             )
         if section.gpus and section.engine != "vllm":

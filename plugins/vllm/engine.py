@@ -8,6 +8,13 @@ worker through `collective_rpc`, and a broadcast group from the trainer is joine
 of sampled tokens come from vLLM's `logprobs_mode="processed_logprobs"`: the distribution the sampler drew
 from, after temperature (and top-k/top-p), which is what importance sampling against the trainer needs.
 Options are spelled as ms-swift spells them (`vllm_gpu_memory_utilization`, ...).
+
+Two choices keep generation near raw vLLM's speed (`benchmarks/vllm_generate.py` measures each):
+- completions are decoded to text after generation, each in one tokenizer call, not token by token
+  inside vLLM's engine loop;
+- requests are not seeded one by one: vLLM's sampler draws seeded rows one kernel at a time, every token.
+  The engine is seeded once at creation (`seed`); `vllm_request_seeds=True` passes `SamplingParams.seed`
+  on to every request, for samples that do not depend on what else is in the batch.
 """
 
 from __future__ import annotations
@@ -84,6 +91,17 @@ def _receive_on_worker(worker: Any) -> None:
         model.load_weights(weights=bucket)
 
 
+def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
+    """Each sampled token's log-prob, from vLLM's flat log-probs (lists) or its per-position dicts."""
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs: with logprobs=0 a position holds its sampled token only
+        ids, values = logprobs.token_ids, logprobs.logprobs
+        starts = logprobs.start_indices
+        if len(starts) != len(token_ids) or any(ids[s] != t for s, t in zip(starts, token_ids)):
+            raise RlcoreError("vllm engine: the sampled tokens' log-probs do not line up with the tokens")
+        return [float(values[s]) for s in starts]
+    return [float(position[token].logprob) for position, token in zip(logprobs, token_ids)]
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """vLLM's offline `LLM` behind rlcore's RolloutEngine interface: generation, teacher top-k, sleep, weights."""
 
@@ -96,6 +114,7 @@ class VLLMRolloutEngine(RolloutEngine):
         vllm_enforce_eager: bool = False,
         vllm_enable_sleep_mode: bool = True,
         vllm_in_process: bool = True,
+        vllm_request_seeds: bool = False,
         vllm_engine_kwargs: dict[str, Any] | None = None,
         dtype: str = "auto",
         seed: int = 0,
@@ -117,6 +136,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._vllm = vllm
         self.sleep_mode = vllm_enable_sleep_mode
         self.max_logprobs = int(engine_kwargs.get("max_logprobs", DEFAULT_MAX_LOGPROBS))
+        self.request_seeds = vllm_request_seeds
         self._detokenize = not engine_kwargs.get("skip_tokenizer_init", False)
         self._asleep: set[str] = set()
         self.llm = vllm.LLM(
@@ -151,17 +171,22 @@ class VLLMRolloutEngine(RolloutEngine):
             top_p=params.top_p,
             top_k=params.top_k,
             stop_token_ids=list(params.stop_token_ids) or None,
-            seed=params.seed,
+            seed=params.seed if self.request_seeds else None,
             logprobs=0,  # the sampled token's own log-prob only
-            detokenize=self._detokenize,
+            detokenize=False,  # decoded below, once per completion
+            flat_logprobs=True,  # plain lists instead of a dict and a Logprob object per token
         )
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False)
         result: list[Generation] = []
         for index, output in enumerate(outputs):
             for completion in output.outputs:
                 token_ids = list(completion.token_ids)
-                logprobs = [float(pos[token].logprob) for pos, token in zip(completion.logprobs, token_ids)]
-                result.append(Generation(index, token_ids, logprobs, str(completion.finish_reason), completion.text or ""))
+                logprobs = _sampled_logprobs(completion.logprobs, token_ids)
+                result.append(Generation(index, token_ids, logprobs, str(completion.finish_reason)))
+        if self._detokenize and result:
+            tokenizer = self.llm.get_tokenizer()  # vLLM's TokenizerLike promises decode, not batch_decode
+            for generation in result:
+                generation.text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         return result
 
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopK]:
