@@ -73,8 +73,10 @@ def run_rlcore(model: str, out: Path, mode: str) -> dict:
     trainer.fit()
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
     lengths = [r["completions/mean_length"] for r in rows]
+    phases = sorted({k for r in rows for k in r if k.startswith("time/")})
     return {"step_s": steps, "mean_length": lengths,
-            "sync_s": [r.get("weight_sync/seconds") for r in rows], "sync_gb_s": [r.get("weight_sync/gb_per_s") for r in rows]}
+            "sync_s": [r.get("weight_sync/seconds") for r in rows], "sync_gb_s": [r.get("weight_sync/gb_per_s") for r in rows],
+            "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}}
 
 
 def run_trl(model: str, out: Path, processes: int) -> dict:
@@ -140,6 +142,10 @@ def summarise(result: dict, completions: int) -> dict:
         sync = [s for s in result["sync_s"][SKIP:] if s is not None]
         rate = [g for g in result["sync_gb_s"][SKIP:] if g is not None]
         out.update(sync_s=round(statistics.median(sync), 4), sync_gb_s=round(statistics.median(rate), 2))
+    if result.get("phases"):  # where a step's time goes (the driver's view; async generation overlaps train)
+        out["phases_s"] = {k.removeprefix("time/"): round(statistics.median(v[SKIP:]), 4) for k, v in result["phases"].items()}
+        out["per_step_s"] = {"step": [round(s, 3) for s in result["step_s"]],
+                             **{k.removeprefix("time/"): [round(s, 3) for s in v] for k, v in result["phases"].items()}}
     return out
 
 
@@ -148,6 +154,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=["colocate", "separate"], default="colocate")
     parser.add_argument("--json", help="where to write the results")
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200"), help="machine kind, for the record")
+    parser.add_argument("--only", choices=["rlcore", "trl"], help="run one side and print it (no ratio, no JSON)")
     parser.add_argument("--run", choices=["rlcore", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -167,8 +174,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = str(build_tiny_model(tmp / "qwen2-0.5b-shaped", **SHAPE))
-        ours = summarise(subprocess_run("rlcore", model, tmp, mode=args.mode), completions)
         trl_processes = 2 if args.mode == "separate" else 1
+        if args.only:
+            processes = trl_processes if args.only == "trl" else 1
+            print(json.dumps(summarise(subprocess_run(args.only, model, tmp, processes=processes, mode=args.mode), completions)))
+            return
+        ours = summarise(subprocess_run("rlcore", model, tmp, mode=args.mode), completions)
         theirs = summarise(subprocess_run("trl", model, tmp, processes=trl_processes), completions)
 
     if args.mode == "colocate":
@@ -184,6 +195,7 @@ def main() -> None:
     print(f"{ours_label:<24}{ours['step_s']:>10.3f}{ours['tokens_per_s']:>12.0f}{ours.get('sync_s', 0):>10.3f}{ours.get('sync_gb_s', 0):>11.1f}")
     print(f"{trl_label:<24}{theirs['step_s']:>10.3f}{theirs['tokens_per_s']:>12.0f}")
     print(f"{'ratio':<24}{ratio:>10.3f}   target: {target}")
+    print("rlcore phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in ours.get("phases_s", {}).items()))
     path = Path(args.json or f"benchmarks/results/grpo_gpu-{args.mode}-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from rlcore.workers import function, worker
@@ -37,7 +38,10 @@ class TrainWorker:
 
     @function(group="train", dispatch="slice", collect="mean")
     def train_step(self, batch, loss_fn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:
-        return self.engine.train_step(batch, loss_fn, micro_batch_size, temperature)
+        """The engine's step, timed where it runs (`time/train` is the driver's view, dispatch included)."""
+        start = time.perf_counter()
+        out = self.engine.train_step(batch, loss_fn, micro_batch_size, temperature)
+        return {**out, "time/train_worker": time.perf_counter() - start}
 
     @function(group="train", execute="first", collect="first")
     def export_weights(self, bucket_bytes: int) -> list:

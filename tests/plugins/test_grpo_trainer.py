@@ -47,7 +47,7 @@ def metrics_of(tmp_path):
 REQUIRED = [
     "step", "reward", "rewards/toy/mean", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
     "clip_ratio/region_mean", "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
-    "time/generate", "time/reward", "time/logprobs", "time/train", "loss", "grad_norm", "lr",
+    "time/generate", "time/reward", "time/logprobs", "time/train", "time/train_worker", "loss", "grad_norm", "lr",
 ]
 SYNCED = ["time/sync", "weight_sync/seconds", "weight_sync/gb_per_s"]  # every step but the last
 
