@@ -165,7 +165,8 @@ class CudaIpcSender:
                 raise RlcoreError(f"CUDA IPC weight sync needs CUDA tensors; the {name} buffer is on {buf.device}")
         torch.cuda.current_stream().synchronize()  # the copies into the buffers are done before anyone maps them
         self._alive.append(bucket)
-        return {"meta": bucket.to_json(), "handles": {name: reduce_tensor(buf) for name, buf in bucket.buffers.items()}}
+        handles = {name: reduce_tensor(buf) for name, buf in bucket.buffers.items()}
+        return {"meta": bucket.to_json(), "handles": handles, "nbytes": bucket.nbytes}
 
     def release(self) -> None:
         """Drop the buffers of every packed bucket (the receivers are done with them)."""

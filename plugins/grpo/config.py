@@ -131,8 +131,10 @@ class GRPOConfig(RunConfig):
     resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
     logging_steps: int = Field(1, ge=1, description="print every N steps")
     weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")
-    weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo"] = Field(
-        "auto", description="Ray, separate roles: nccl/gloo broadcast from train rank 0; auto: nccl on GPUs, else the object store"
+    weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo", "cuda_ipc"] = Field(
+        "auto",
+        description="on Ray: nccl/gloo broadcast from train rank 0 (separate roles), cuda_ipc (colocated on GPUs) or "
+        "the object store; auto: nccl for separate GPU roles, cuda_ipc for colocated ones (rollout TP 1), else the object store",
     )
     async_generate: bool = Field(
         False, description="separate roles: generate the next round while this one trains (one step off-policy)"
@@ -167,6 +169,11 @@ class GRPOConfig(RunConfig):
         if self.async_generate and self.colocated:
             problems.append(
                 ("async_generate", "needs train and rollout on separate devices; drop it or the [train, rollout] colocate group")
+            )
+        if self.weight_sync_backend == "cuda_ipc" and not (self.colocated and self.train.gpus and self.rollout.gpus):
+            problems.append(
+                ("weight_sync_backend", "cuda_ipc hands GPU memory between processes on one GPU; it needs train and rollout "
+                 "colocated on GPUs (colocate_groups [[train, rollout]], gpus > 0); use auto")
             )
         if problems:  # a ValueError, so that pydantic reports it beside every other problem
             raise ValueError("; ".join(f"{k} {m}" for k, m in problems))

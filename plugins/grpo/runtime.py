@@ -1,8 +1,10 @@
 """Where GRPO's roles live and how they hand over: workers, colocated sleep/wake, weight sync.
 
-Weight sync transports: in process (no Ray: the engines share a process), Ray's object store (colocated
-actors, CPU runs) and a broadcast from train rank 0 to the rollout workers over a process group of their
-own (NCCL on GPUs, gloo to test it on the CPU) for separate roles.
+Weight sync transports: in process (no Ray: the engines share a process); CUDA IPC between colocated
+actors on one GPU (each train rank hands its flat buckets to the rollout worker on its GPU as handles, no
+copy through the host); Ray's object store (CPU runs, colocated tensor-parallel rollouts); and a broadcast
+from train rank 0 to the rollout workers over a process group of their own (NCCL on GPUs, gloo to test it
+on the CPU) for separate roles.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class RoleRuntime:
         self.train_workers = self._workers("train") if use_ray else 1
         self.train = self.rollout = self.reference = self.orm = None
         self.awake: set[str] = {"weights", "kv_cache"}  # what of the rollout engine holds memory now
+        self.ipc_sources: list[int] = []  # cuda_ipc: for each rollout worker, the train rank on its GPU
 
     def _transport(self) -> str:
         """How weights reach the rollout engines: in process, through Ray's object store, or a broadcast."""
@@ -45,7 +48,13 @@ class RoleRuntime:
             getattr(cfg, r).gpus > 0 and getattr(cfg, r).engine_kwargs.get("device", "cuda") != "cpu"
             for r in ("train", "rollout")
         )
-        return "nccl" if on_gpus and not self.colocated else "object_store"
+        if not on_gpus:
+            return "object_store"
+        if not self.colocated:
+            return "nccl"
+        # a tensor-parallel vLLM keeps its workers in processes of their own, beyond one actor's handles
+        single = cfg.rollout.engine != "vllm" or cfg.rollout.vllm_tensor_parallel_size == 1
+        return "cuda_ipc" if single else "object_store"
 
     def _workers(self, role: str) -> int:
         section = getattr(self.config, role)
@@ -92,6 +101,8 @@ class RoleRuntime:
                 self.orm = OrmWorker({"model_path": orm.model, "dtype": orm.dtype, "batch_size": orm.batch_size, "device": device})
             if self.transport in ("nccl", "gloo"):
                 self._join_weight_group()
+            if self.transport == "cuda_ipc":
+                self.ipc_sources = self._pair_by_gpu()
             self._sleep()
             yield self
 
@@ -137,6 +148,33 @@ class RoleRuntime:
             self.rollout.join_weight_group(host, port, world_size, self.transport),
         ], timeout=self.config.placement_timeout_s)
 
+    def _pair_by_gpu(self) -> list[int]:
+        """For each rollout worker, the train rank on the same GPU (CUDA IPC only maps memory within one GPU)."""
+        from rlcore import ConfigError
+
+        train, rollout = self.train.gpu_uuid(), self.rollout.gpu_uuid()
+        missing = [r for r, uuid in enumerate(rollout) if uuid not in train]
+        if missing:
+            raise ConfigError(
+                f"weight_sync_backend cuda_ipc: rollout workers {missing} share no GPU with a train worker "
+                f"(train GPUs {train}, rollout GPUs {rollout}); colocate train and rollout, or use object_store"
+            )
+        return [train.index(uuid) for uuid in rollout]
+
+    def _sync_ipc(self, bucket_bytes: int) -> int:
+        """Bucket by bucket: every train rank packs CUDA IPC handles, the rollout workers load from their
+        GPU's train rank; a bucket's memory is freed once they are done. Returns the bytes per rollout worker."""
+        nbytes = 0
+        self.train.start_ipc_export(bucket_bytes)
+        while True:
+            payloads = self.train.next_ipc_bucket()  # also drops the previous bucket, which every receiver has loaded
+            if payloads[0] is None:
+                break
+            self.rollout.load_ipc_bucket([payloads[source] for source in self.ipc_sources])
+            nbytes += payloads[0]["nbytes"]
+        self.rollout.finish_weight_update()
+        return nbytes
+
     def sync_weights(self, bucket_bytes: int) -> dict[str, float]:
         """Train rank 0's weights to every rollout worker, bucketed; colocated engines wake their weights first.
         Returns the bytes moved and the seconds it took."""
@@ -148,6 +186,9 @@ class RoleRuntime:
 
             sent, _ = wait([self.train.send_weights(bucket_bytes), self.rollout.receive_weights()])
             nbytes = sent["weight_sync/bytes"]
+        elif self.transport == "cuda_ipc":
+            self._wake(["weights"])
+            nbytes = self._sync_ipc(bucket_bytes)
         else:
             self._wake(["weights"])
             buckets = self.train.export_weights(bucket_bytes)

@@ -16,6 +16,13 @@ def make_engine(kind: str, name: str, options: dict[str, Any]) -> Any:
     return plugins().engines.get(name, kind=kind).factory(**options)
 
 
+def _gpu_uuid() -> str:
+    """The physical GPU of this worker's current device (indices differ between processes; UUIDs do not)."""
+    import torch
+
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
+
 @worker(group="train")
 class TrainWorker:
     """The policy: a train engine per worker; the group is one data-parallel world."""
@@ -64,6 +71,25 @@ class TrainWorker:
     @function(group="train", execute="first", collect="first", blocking=False)
     def send_weights(self, bucket_bytes: int) -> dict[str, float]:
         return self.weight_group.send(self.engine.export_weights(bucket_bytes))
+
+    @function(group="train")
+    def gpu_uuid(self) -> str:
+        return _gpu_uuid()
+
+    @function(group="train")
+    def start_ipc_export(self, bucket_bytes: int) -> None:
+        """Begin a CUDA IPC sync: `next_ipc_bucket` then walks the engine's buckets one at a time."""
+        from rlcore.weight_sync import CudaIpcSender
+
+        self.ipc_sender = CudaIpcSender()
+        self.ipc_buckets = iter(self.engine.export_weights(bucket_bytes))
+
+    @function(group="train")
+    def next_ipc_bucket(self) -> dict[str, Any] | None:
+        """The next bucket as CUDA IPC handles (None after the last), freeing the one before."""
+        self.ipc_sender.release()
+        bucket = next(self.ipc_buckets, None)
+        return None if bucket is None else self.ipc_sender.pack(bucket)
 
     @function(group="train")
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
@@ -137,6 +163,22 @@ class RolloutWorker:
     @function(group="rollout", execute="first", collect="first")
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list:
         return self.engine.prompt_topk_logprobs(sequences, k)
+
+    @function(group="rollout")
+    def gpu_uuid(self) -> str:
+        return _gpu_uuid()
+
+    @function(group="rollout", dispatch="slice")
+    def load_ipc_bucket(self, payloads: list[dict[str, Any]]) -> None:
+        """Load a bucket packed as CUDA IPC handles by the train rank on this worker's GPU."""
+        from rlcore.weight_sync import receive_ipc
+
+        for payload in payloads:
+            self.engine.update_weights(receive_ipc(payload))
+
+    @function(group="rollout")
+    def finish_weight_update(self) -> None:
+        self.engine.finish_weight_update()
 
     @function(group="rollout")
     def update_weights(self, buckets: list) -> None:

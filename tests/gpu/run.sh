@@ -11,7 +11,7 @@ if [ "${1:-all}" = all ]; then
     run tests/gpu/test_weight_sync_gpu.py
     run tests/gpu/test_hf_cuda.py
 fi
-for test in test_colocated test_rollout_tensor_parallel "test_separate_async and in_actor" "test_separate_async and core_processes"; do
+for test in test_colocated_vllm test_colocated_on_ray test_rollout_tensor_parallel "test_separate_async and in_actor" "test_separate_async and core_processes"; do
     run tests/gpu/test_grpo_gpu.py -k "$test"
 done
 exit $status

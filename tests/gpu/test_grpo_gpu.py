@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from rlcore import hookimpl
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -19,21 +21,49 @@ def model_dir(tmp_path_factory):
                                 num_kv_heads=2, intermediate_size=512, dtype="bfloat16"))
 
 
-def run(model_dir, tmp_path, use_ray=False, rollout=None, **overrides):
+class SyncProbe:
+    """After every sync: the rollout engine's top-k log-probs of a fixed sequence must match the trainer's
+    (check_weight_sync) and must have moved away from the initial weights', so the trained weights arrived."""
+
+    def __init__(self):
+        self.initial = None
+        self.moved: list[float] = []
+
+    def topk(self, trainer):
+        import torch
+
+        sequence = trainer.experience.probe_sequence()
+        trainer.roles.check_weight_sync(sequence)  # raises on a mismatch; wakes the KV cache
+        return torch.as_tensor(trainer.roles.rollout.prompt_topk_logprobs([sequence], 4)[0].logprobs).float()
+
+    @hookimpl
+    def rlcore_train_start(self, trainer):
+        self.initial = self.topk(trainer)
+
+    @hookimpl
+    def rlcore_step_end(self, trainer, step, metrics):
+        if step < trainer.config.max_steps:  # the last step is not synced
+            self.moved.append(float((self.topk(trainer) - self.initial).abs().max()))
+
+
+def run(model_dir, tmp_path, use_ray=False, rollout=None, probe=None, **overrides):
     from rlcore import load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
 
-    overrides = {"max_steps": 3, **overrides}
+    overrides = {"max_steps": 3, "learning_rate": 1e-2 if probe else 1e-5, **overrides}
     config = GRPOConfig(
-        model=model_dir, output_dir=str(tmp_path / "run"), learning_rate=1e-5,
+        model=model_dir, output_dir=str(tmp_path / "run"),
         num_generations=4, per_device_train_batch_size=16, max_completion_length=32,
         train={"gpus": 1, "dtype": "bfloat16"},
         rollout={"gpus": 1, "engine": "vllm", "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.2,
                  "vllm_enforce_eager": True, "vllm_max_model_len": 256, **(rollout or {})},
         **overrides,
     )
-    trainer = GRPOTrainer(config, load_plugins(), use_ray=use_ray)
+    plugins = load_plugins()
+    if probe is not None:
+        plugins.register(probe, "sync-probe")
+    trainer = GRPOTrainer(config, plugins, use_ray=use_ray)
     trainer.fit()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     return trainer, rows
@@ -47,6 +77,21 @@ def test_colocated_vllm_sleeps_offloads_and_syncs_in_process(model_dir, tmp_path
     assert all(r["weight_sync/seconds"] > 0 for r in rows[:-1]) and all(r["grad_norm"] > 0 for r in rows)
     assert rows[-1]["completions/mean_length"] > 0
     # check_weight_sync (on by default) compared vLLM's and the trainer's log-probs after the first sync
+
+
+def test_colocated_on_ray_hands_weights_over_cuda_ipc(model_dir, tmp_path):
+    import ray
+
+    probe = SyncProbe()
+    try:
+        trainer, rows = run(model_dir, tmp_path, use_ray=True, probe=probe, colocate_groups=[["train", "rollout"]],
+                            sleep_level=1, offload_optimizer=True)
+    finally:
+        ray.shutdown()
+    assert trainer.roles.transport == "cuda_ipc" and trainer.roles.ipc_sources == [0]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["weight_sync/gb_per_s"] > 0
+    # a sync that moved the rollout further than check_weight_sync tolerates, and the check passed: it arrived
+    assert len(probe.moved) == 2 and max(probe.moved) > 0.5
 
 
 def needs_two_gpus():
@@ -68,12 +113,15 @@ def test_separate_async_on_ray_broadcasts_over_nccl(model_dir, tmp_path, in_proc
     needs_two_gpus()
     import ray
 
+    probe = SyncProbe()
     try:
-        trainer, rows = run(model_dir, tmp_path, use_ray=True, async_generate=True,
+        trainer, rows = run(model_dir, tmp_path, use_ray=True, async_generate=True, probe=probe,
                             rollout={"vllm_in_process": in_process})
     finally:
         ray.shutdown()
     assert trainer.roles.transport == "nccl"
+    # a sync that moved the rollout further than check_weight_sync tolerates, and the check passed: it arrived
+    assert len(probe.moved) == 2 and max(probe.moved) > 0.5
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["off_policy_steps"] == 1.0 for r in rows)
     assert rows[0]["weight_sync/gb_per_s"] > 0 and rows[-1]["grad_norm"] > 0

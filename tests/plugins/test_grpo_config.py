@@ -39,3 +39,32 @@ def test_inconsistent_keys_are_reported_with_their_names():
     text = str(err.value)
     assert "reward_weights has 2 weights for 1 reward_funcs" in text
     assert "async_generate needs train and rollout on separate devices" in text
+
+
+GPU_ROLES = {"train": {"gpus": 1}, "rollout": {"gpus": 1, "engine": "vllm"}}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "transport"),
+    [
+        ({**GPU_ROLES, "colocate_groups": [["train", "rollout"]]}, "cuda_ipc"),
+        ({"train": {"gpus": 2}, "rollout": {"gpus": 2, "engine": "vllm", "vllm_tensor_parallel_size": 2},
+          "colocate_groups": [["train", "rollout"]]}, "object_store"),
+        (GPU_ROLES, "nccl"),
+        ({"train": {"gpus": 1, "engine_kwargs": {"device": "cpu"}}, "rollout": {"gpus": 1, "engine_kwargs": {"device": "cpu"}}},
+         "object_store"),
+    ],
+    ids=["colocated", "colocated-tp2", "separate", "cpu"],
+)
+def test_weight_sync_transport_follows_the_layout(overrides, transport):
+    from rlcore.plugins.grpo.runtime import RoleRuntime
+
+    config = GRPOConfig(model="m", output_dir="unused", **overrides)
+    assert RoleRuntime(config, use_ray=True).transport == transport
+    assert RoleRuntime(config, use_ray=False).transport == "in_process"
+
+
+def test_cuda_ipc_without_colocated_gpus_names_the_key():
+    with pytest.raises(ConfigError) as err:
+        load_config(GRPOConfig, None, ["model=m", "weight_sync_backend=cuda_ipc", "train.gpus=1", "rollout.gpus=1"])
+    assert "weight_sync_backend cuda_ipc hands GPU memory between processes on one GPU" in str(err.value)
