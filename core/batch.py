@@ -20,6 +20,21 @@ def _length(value: Any) -> int:
     return int(value.shape[0]) if _is_tensor(value) else len(value)
 
 
+def pad_tokens(rows: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[Any, Any]:
+    """Token lists as `input_ids` [B, T] (T the longest row) and `attention_mask` [B, T], both long;
+    padded on the right, or on the left (prompts for generation) with `left=True`."""
+    import torch
+
+    width = max((len(r) for r in rows), default=0)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        input_ids[i, span] = torch.tensor(row, dtype=torch.long)
+        mask[i, span] = 1
+    return input_ids, mask
+
+
 class Batch(Mapping[str, Any]):
     """Columns of equal length. Tensors keep their type; anything else is stored as a list."""
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore import Batch, ConfigError, SamplingParams
+from rlcore.batch import pad_tokens
 
 from .config import GRPOConfig
 
@@ -232,16 +233,11 @@ class ExperienceMaker:
         when mask_truncated_completions)."""
         import torch
 
-        pad = self.tokenizer.pad_token_id
         seqs = [p + g.token_ids for p, g in zip(prompt_ids, generations)]
-        width = max(len(s) for s in seqs)
-        input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(seqs), width), dtype=torch.long)
-        completion = torch.zeros((len(seqs), width), dtype=torch.float)
-        sampled = torch.zeros((len(seqs), width), dtype=torch.float)  # the rollout engine's log-probs
+        input_ids, attention = pad_tokens(seqs, self.tokenizer.pad_token_id)
+        completion = torch.zeros(input_ids.shape, dtype=torch.float)
+        sampled = torch.zeros(input_ids.shape, dtype=torch.float)  # the rollout engine's log-probs
         for i, (p, s) in enumerate(zip(prompt_ids, seqs)):
-            input_ids[i, : len(s)] = torch.tensor(s)
-            attention[i, : len(s)] = 1
             sampled[i, len(p) : len(s)] = torch.tensor(generations[i].logprobs, dtype=torch.float)
             truncated = generations[i].finish_reason == "length" and self.config.mask_truncated_completions
             if not truncated:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from rlcore.batch import pad_tokens
 from rlcore.engines import Generation, RolloutEngine, SamplingParams, TopK
 from rlcore.errors import RlcoreError, did_you_mean
 
@@ -116,14 +117,7 @@ class HFRolloutEngine(RolloutEngine):
         ]
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[Any, Any]:
-        import torch
-
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt):] = 1
+        input_ids, mask = pad_tokens(prompts, self.pad_token_id, left=True)
         return input_ids.to(self.device), mask.to(self.device)
 
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopK]:
@@ -139,12 +133,7 @@ class HFRolloutEngine(RolloutEngine):
         with torch.no_grad():  # not inference_mode: a distillation loss may save these for backward
             for start in range(0, len(sequences), TOPK_ROWS):
                 chunk = sequences[start:start + TOPK_ROWS]
-                width = max(len(s) for s in chunk)
-                input_ids = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)
-                mask = torch.zeros_like(input_ids)
-                for i, seq in enumerate(chunk):
-                    input_ids[i, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-                    mask[i, :len(seq)] = 1
+                input_ids, mask = pad_tokens(chunk, self.pad_token_id)
                 logits = self.model(
                     input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False
                 ).logits[:, :-1]
