@@ -38,7 +38,7 @@ class RoleRuntime:
         self.ipc_sources: list[int] = []  # cuda_ipc: for each rollout worker, the train rank on its GPU
 
     def _transport(self) -> str:
-        """How weights reach the rollout engines: in process, through Ray's object store, or a broadcast."""
+        """How weights reach the rollout engines: in process, CUDA IPC, Ray's object store, or a broadcast."""
         cfg = self.config
         if not self.use_ray:
             return "in_process"

@@ -92,14 +92,12 @@ def _receive_on_worker(worker: Any) -> None:
 
 
 def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
-    """Each sampled token's log-prob, from vLLM's flat log-probs (lists) or its per-position dicts."""
-    if hasattr(logprobs, "start_indices"):  # FlatLogprobs: with logprobs=0 a position holds its sampled token only
-        ids, values = logprobs.token_ids, logprobs.logprobs
-        starts = logprobs.start_indices
-        if len(starts) != len(token_ids) or any(ids[s] != t for s, t in zip(starts, token_ids)):
-            raise RlcoreError("vllm engine: the sampled tokens' log-probs do not line up with the tokens")
-        return [float(values[s]) for s in starts]
-    return [float(position[token].logprob) for position, token in zip(logprobs, token_ids)]
+    """Each sampled token's log-prob from vLLM's FlatLogprobs (asked for with flat_logprobs=True): with
+    logprobs=0 a position holds its sampled token only, at its start index."""
+    ids, values, starts = logprobs.token_ids, logprobs.logprobs, logprobs.start_indices
+    if len(starts) != len(token_ids) or any(ids[s] != t for s, t in zip(starts, token_ids)):
+        raise RlcoreError("vllm engine: the sampled tokens' log-probs do not line up with the tokens")
+    return [float(values[s]) for s in starts]
 
 
 class VLLMRolloutEngine(RolloutEngine):
