@@ -1,8 +1,10 @@
-"""Ray: the actor that hosts one @worker instance, and the driver's view of a group of them.
+"""The worker side of `@worker` classes: the actor context, handles to results that come later, the Ray
+actor that hosts one instance, and the driver's view of a group of them.
 
-`rlcore.workers` decides when a group runs on Ray and starts it here (`RemoteGroup.start`, then
-`setup`); a group call splits its arguments, sends each worker its shard through the transport in
-`rlcore.cluster`, and collects the results. Ray is imported only when a group starts.
+`rlcore.workers` (the decorators) decides when a group runs on Ray and starts it here
+(`RemoteGroup.start`, then `setup`); a group call splits its arguments, sends each worker its shard
+through the transport in `rlcore.cluster`, and collects the results. This module does not import
+`rlcore.workers`; Ray is imported only when a group starts.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import collections
 import functools
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import cluster, workers
+from . import cluster
 from .cluster import decode, encode
 from .dispatch import EXTRA_PLUGINS_ENV, Mesh, plugins
 from .errors import ResourceError, RlcoreError, RoleFailed
@@ -21,6 +25,53 @@ from .specs import Slot
 
 if TYPE_CHECKING:
     from .workers import FunctionSpec
+
+
+@dataclass(frozen=True)
+class ActorContext:
+    """The group and rank a worker actor serves; `WorkerActor` sets `_actor` in each actor."""
+
+    group: str
+    rank: int
+
+
+_actor: ActorContext | None = None  # None on the driver and without Ray
+
+
+# -------------------------------------------------------------------------
+# results that come later
+# -------------------------------------------------------------------------
+
+_PENDING = object()
+
+
+class Handle:
+    """The result of a `blocking=False` call: `.get(timeout)` waits for it and collects it."""
+
+    def __init__(self, group: RemoteGroup | None = None, spec: FunctionSpec | None = None,
+                 ranks: list[int] | None = None, refs: list[Any] | None = None, kept: set[int] | None = None,
+                 value: Any = _PENDING, error: BaseException | None = None):
+        self._group, self._spec, self._ranks, self._refs = group, spec, ranks or [], refs or []
+        self._kept, self._value, self._error = kept, value, error
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The collected result (waiting at most `timeout` seconds); the call's error is raised here."""
+        if self._error is not None:
+            raise self._error
+        if self._value is _PENDING:
+            self._value = self._group.collect(self._spec, self._ranks, self._refs, timeout, self._kept)
+        return self._value
+
+
+def wait(handles: Iterable[Handle], timeout: float | None = None) -> list[Any]:
+    """Wait for several handles (one shared deadline); their results in order."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    return [h.get(None if deadline is None else max(0.0, deadline - time.monotonic())) for h in handles]
+
+
+# -------------------------------------------------------------------------
+# Ray
+# -------------------------------------------------------------------------
 
 
 class WorkerActor:
@@ -44,7 +95,8 @@ class WorkerActor:
 
     def _rlcore_setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
         os.environ.update(env)
-        workers._actor = workers.ActorContext(group, rank)
+        global _actor
+        _actor = ActorContext(group, rank)
         self.instance = cls(*decode(args), **decode(kwargs))
 
 
@@ -150,7 +202,7 @@ class RemoteGroup:
             refs.append(calls[r].remote(*encoded[key][0], **encoded[key][1]))
         keep = getattr(spec._split, "collect_ranks", None) if spec.execute == "all" else None
         kept = None if keep is None else set(keep(n, self.mesh))
-        handle = workers.Handle(self, spec, ranks, refs, kept=kept)
+        handle = Handle(self, spec, ranks, refs, kept=kept)
         return handle.get() if spec.blocking else handle
 
     def collect(self, spec: FunctionSpec, ranks: list[int], refs: list[Any], timeout: float | None,

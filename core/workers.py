@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import actors as _actors
+from .actors import ActorContext, Handle, wait
 from .cluster import encode
 from .dispatch import Collect, Mesh, Split, resolve_collector, resolve_dispatcher
 from .errors import ConfigError, RlcoreError
@@ -43,23 +45,13 @@ from .specs import Slot
 if TYPE_CHECKING:
     from .actors import RemoteGroup
 
-# Wrappers read the mode through the module (`_here._actor`), never as their own globals: cloudpickle
-# copies a wrapper of a class defined in __main__ by value, globals included, into every actor.
+# Wrappers read the mode through modules (`_actors._actor`, `_here._runtime`), never as their own
+# globals: cloudpickle copies a wrapper of a class defined in __main__ by value, globals included.
 _here = sys.modules[__name__]
 _REMOTE = "_rlcore_remote"  # instance attribute on the driver: {group: RemoteGroup}
 _CONSTRUCTING = "_rlcore_constructing"  # instance attribute: True while __init__ runs
+_BINDINGS = "__rlcore_bindings__"  # class attribute set by @worker: {function name: the group serving it}
 EXECUTE = ("all", "first")
-
-
-@dataclass(frozen=True)
-class ActorContext:
-    """The group and rank a worker actor serves; `rlcore.actors` sets `_actor` in each actor."""
-
-    group: str
-    rank: int
-
-
-_actor: ActorContext | None = None  # None on the driver and without Ray
 
 
 # -------------------------------------------------------------------------
@@ -88,7 +80,7 @@ class FunctionSpec:
 
 
 def function(
-    group: str,
+    group: str | None = None,
     dispatch: str | Callable[..., Any] = "all",
     execute: str = "all",
     collect: str | Callable[[list[Any]], Any] = "none",
@@ -96,11 +88,12 @@ def function(
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark a method as served by `group`'s workers; see the module docstring for the three modes.
 
+    `group=None` means the role the class serves, bound by `@worker` or `bind` (a class of one role).
     `execute="first"` calls rank 0 only, with the arguments unsplit. `blocking=False` returns a
     `Handle`; its `.get()` waits for the collected result.
     """
-    if not isinstance(group, str) or not group:
-        raise ConfigError(f"@function(group=...) must be a non-empty string, got {group!r}")
+    if group is not None and (not isinstance(group, str) or not group):
+        raise ConfigError(f"@function(group=...) must be a non-empty string or None, got {group!r}")
     if execute not in EXECUTE:
         raise ConfigError(f"@function(execute={execute!r}) is not supported; use 'all' or 'first'")
     for key, value in (("dispatch", dispatch), ("collect", collect)):
@@ -113,12 +106,13 @@ def function(
         @functools.wraps(func)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             state = self.__dict__
+            group = getattr(type(self), _BINDINGS, {}).get(spec.name, spec.group)
             remote = state.get(_REMOTE)
             if remote is not None:  # the driver, with Ray
                 if state.get(_CONSTRUCTING):
                     return None
                 return remote[group].call(spec, args, kwargs)
-            actor = _here._actor
+            actor = _actors._actor
             if actor is not None:  # inside an actor
                 if group == actor.group:
                     return func(self, *args, **kwargs)
@@ -137,26 +131,52 @@ def function(
 
 
 def worker(group: str | list[str]) -> Callable[[type], type]:
-    """Mark a class as the workers of one or more groups (roles); its `@function`s name one of them."""
+    """Mark a class as the workers of one or more groups (roles); its `@function`s name one of them.
+
+    A `@function` without a group, or one inherited from a class that serves another role, is served
+    by the class's role when it has exactly one: `@worker(group="teacher") class Teacher(Rollout)` runs
+    Rollout's functions in the teacher group, with and without Ray.
+    """
     groups = [group] if isinstance(group, str) else list(group)
     if not groups or not all(isinstance(g, str) and g for g in groups):
         raise ConfigError(f"@worker(group=...) must be a group name or a list of them, got {group!r}")
 
     def decorate(cls: type) -> type:
-        specs = [getattr(v, "__rlcore_function__") for v in vars(cls).values() if hasattr(v, "__rlcore_function__")]
-        for spec in specs:
-            if spec.group not in groups:
+        bindings: dict[str, str] = {}
+        specs: list[FunctionSpec] = []
+        for name in dir(cls):
+            spec = getattr(getattr(cls, name, None), "__rlcore_function__", None)
+            if spec is None:
+                continue
+            own = name in vars(cls)
+            if spec.group in groups:
+                bound = spec.group
+            elif len(groups) == 1 and (spec.group is None or not own):
+                bound = groups[0]
+            elif spec.group is None:
+                raise ConfigError(
+                    f"{cls.__name__}.{spec.name}() is a @function without a group, but @worker declares "
+                    f"{groups}; name its group: @function(group=...)"
+                )
+            elif own:
                 raise ConfigError(
                     f"{cls.__name__}.{spec.name}() is a @function of group '{spec.group}', but @worker "
                     f"declares {groups}; add '{spec.group}' to @worker(group=...)"
                 )
+            else:
+                raise ConfigError(
+                    f"{cls.__name__} inherits {spec.name}() of group '{spec.group}', but @worker declares "
+                    f"{groups}; add '{spec.group}' to @worker(group=...), or serve one role only"
+                )
+            bindings[spec.name] = bound
+            specs.append(spec)
         init = cls.__init__
 
         @functools.wraps(init)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             state = self.__dict__
             outer = not state.get(_CONSTRUCTING)
-            if outer and _here._actor is None:
+            if outer and _actors._actor is None:
                 for spec in specs:
                     spec.resolve()
                 rt = _here._runtime
@@ -171,9 +191,23 @@ def worker(group: str | list[str]) -> Callable[[type], type]:
 
         cls.__init__ = __init__
         cls.__rlcore_groups__ = tuple(groups)
+        setattr(cls, _BINDINGS, bindings)
         return cls
 
     return decorate
+
+
+@functools.lru_cache(maxsize=None)
+def bind(cls: type, role: str) -> type:
+    """`cls` serving `role`: a subclass whose @functions run in that role's group. A worker class is
+    written once and serves any role name (a train worker as `train`, `reference` or `teacher`)."""
+    if getattr(cls, "__rlcore_groups__", None) == (role,):
+        return cls
+    groups = getattr(cls, "__rlcore_groups__", ())
+    if len(groups) > 1:
+        raise ConfigError(f"{cls.__name__} serves several groups {list(groups)}; only a one-role class can be bound to '{role}'")
+    namespace = {"__module__": cls.__module__, "__qualname__": f"{cls.__qualname__}[{role}]", "__doc__": cls.__doc__}
+    return worker(group=role)(type(cls.__name__, (cls,), namespace))
 
 
 def _call_local(instance: Any, func: Callable[..., Any], spec: FunctionSpec, args: tuple, kwargs: dict) -> Any:
@@ -312,34 +346,3 @@ def stop_runtime() -> None:
     """Stop the running worker runtime, if any."""
     if _runtime is not None:
         _runtime.stop()
-
-
-# -------------------------------------------------------------------------
-# results that come later
-# -------------------------------------------------------------------------
-
-_PENDING = object()
-
-
-class Handle:
-    """The result of a `blocking=False` call: `.get(timeout)` waits for it and collects it."""
-
-    def __init__(self, group: RemoteGroup | None = None, spec: FunctionSpec | None = None,
-                 ranks: list[int] | None = None, refs: list[Any] | None = None, kept: set[int] | None = None,
-                 value: Any = _PENDING, error: BaseException | None = None):
-        self._group, self._spec, self._ranks, self._refs = group, spec, ranks or [], refs or []
-        self._kept, self._value, self._error = kept, value, error
-
-    def get(self, timeout: float | None = None) -> Any:
-        """The collected result (waiting at most `timeout` seconds); the call's error is raised here."""
-        if self._error is not None:
-            raise self._error
-        if self._value is _PENDING:
-            self._value = self._group.collect(self._spec, self._ranks, self._refs, timeout, self._kept)
-        return self._value
-
-
-def wait(handles: Iterable[Handle], timeout: float | None = None) -> list[Any]:
-    """Wait for several handles (one shared deadline); their results in order."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    return [h.get(None if deadline is None else max(0.0, deadline - time.monotonic())) for h in handles]

@@ -364,3 +364,69 @@ def test_bad_declarations_and_runtimes_are_clear_errors(ray_local):
         with pytest.raises(ConfigError, match=r"serves group\(s\) \['calc'\] but the runtime has slots only for \['other'\]"):
             Calc(1)
     assert workers.current_runtime() is None
+
+
+# -- inherited @functions and roles bound when a group is made (one class serves any role name) ----------
+
+
+@worker(group="rollout")
+class Rollout:
+    def __init__(self, base: int):
+        self.base = base
+
+    @function(group="rollout", dispatch="slice", collect="flatten")
+    def generate(self, xs):
+        return [x + self.base for x in xs]
+
+    @function(group="rollout", collect="none")
+    def where(self):
+        return workers._actors._actor.group if workers._actors._actor else "local"
+
+
+@worker(group="teacher")
+class Teacher(Rollout):
+    """Serves as a teacher what it inherits from the rollout class."""
+
+
+class Generic:
+    def __init__(self, base: int):
+        self.base = base
+
+    @function(dispatch="slice", collect="flatten")
+    def generate(self, xs):
+        return [x + self.base for x in xs]
+
+    @function()
+    def where(self):
+        return workers._actors._actor.group if workers._actors._actor else "local"
+
+
+def test_inherited_functions_serve_the_subclass_role_locally():
+    assert Teacher(10).generate([1, 2]) == [11, 12]
+    assert workers.bind(Generic, "sampler")(1).generate([1]) == [2]
+
+
+@pytest.mark.ray
+def test_inherited_functions_serve_the_subclass_role_on_ray(ray_runtime):
+    ray_runtime(cpu_slots(teacher=2))
+    teacher = Teacher(10)
+    assert teacher.generate([1, 2, 3]) == [11, 12, 13]
+    assert teacher.where() == ["teacher", "teacher"]
+
+
+@pytest.mark.ray
+def test_a_class_binds_to_any_role_when_its_group_is_made(ray_runtime):
+    ray_runtime(cpu_slots(reference=1, sampler=2))
+    reference, sampler = workers.bind(Generic, "reference")(1), workers.bind(Generic, "sampler")(100)
+    assert reference.where() == ["reference"] and sampler.where() == ["sampler", "sampler"]
+    assert sampler.generate([1, 2]) == [101, 102]
+    assert workers.bind(Generic, "sampler") is workers.bind(Generic, "sampler")
+
+
+def test_binding_errors_name_the_function_and_the_fix():
+    with pytest.raises(ConfigError, match="without a group"):
+        worker(group=["a", "b"])(type("Two", (Generic,), {}))
+    with pytest.raises(ConfigError, match="inherits generate\\(\\) of group 'rollout'"):
+        worker(group=["a", "b"])(type("Two", (Rollout,), {}))
+    with pytest.raises(ConfigError, match="serves several groups"):
+        workers.bind(worker(group=["x", "y"])(type("XY", (), {})), "z")
