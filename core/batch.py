@@ -35,6 +35,15 @@ def pad_tokens(rows: Sequence[Sequence[int]], pad_id: int, left: bool = False) -
     return input_ids, mask
 
 
+def pad_width(tensor: Any, width: int, value: Any = 0) -> Any:
+    """`tensor` ([B, T, ...], any rank >= 2) right-padded along dim 1 to `width` with `value`."""
+    if tensor.shape[1] >= width:
+        return tensor
+    out = tensor.new_full((tensor.shape[0], width, *tensor.shape[2:]), value)
+    out[:, : tensor.shape[1]] = tensor
+    return out
+
+
 class Batch(Mapping[str, Any]):
     """Columns of equal length. Tensors keep their type; anything else is stored as a list."""
 
@@ -109,7 +118,8 @@ class Batch(Mapping[str, Any]):
 
     @staticmethod
     def concat(batches: Sequence[Batch], pad_value: Mapping[str, Any] | None = None) -> Batch:
-        """Join batches row-wise. 2-D+ tensors of different widths are right-padded first."""
+        """Join batches row-wise. Tensors of two or more dims (per-token [B, T], top-k [B, T, k], ...) of
+        different widths are right-padded along dim 1 first, with `pad_value[key]` (default 0)."""
         batches = [b for b in batches if len(b)]
         if not batches:
             return Batch()
@@ -123,16 +133,18 @@ class Batch(Mapping[str, Any]):
             if _is_tensor(values[0]):
                 import torch
 
+                shapes = {(v.dim(), tuple(v.shape[2:])) for v in values}
+                if len(shapes) > 1:
+                    found = ", ".join(str(tuple(v.shape)) for v in values)
+                    raise RlcoreError(
+                        f"cannot concat column '{key}': its tensors must agree in every dim but 0 and 1, got {found}"
+                    )
                 if values[0].dim() >= 2:
                     width = max(v.shape[1] for v in values)
                     fill = (pad_value or {}).get(key, 0)
-                    values = [
-                        torch.nn.functional.pad(v, (0, width - v.shape[1]), value=fill)
-                        if v.dim() == 2 and v.shape[1] < width
-                        else v
-                        for v in values
-                    ]
+                    values = [pad_width(v, width, fill) for v in values]
                 out[key] = torch.cat(values, dim=0)
             else:
                 out[key] = [x for v in values for x in v]
         return Batch(out)
+
