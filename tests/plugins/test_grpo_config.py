@@ -18,10 +18,26 @@ def test_examples_load_and_place(path):
     config = load_config(GRPOConfig, str(path))
     plan = plan_from_config(config, roles=["train", "rollout"])
     train, rollout = plan.ranks_of("train"), plan.ranks_of("rollout")
-    assert len(train) == config.train.gpus and len(rollout) == config.rollout.gpus
-    colocated = [["train", "rollout"]] == config.colocate_groups
+    if config.device_groups:  # ms-swift's form: the roles of one group share its GPUs
+        colocated = plan.group_of("train") == plan.group_of("rollout")
+    else:
+        assert len(train) == config.train.gpus and len(rollout) == config.rollout.gpus
+        colocated = [["train", "rollout"]] == config.colocate_groups
     assert (train == rollout) if colocated else not set(train) & set(rollout)
     assert config.rollout.engine == "vllm"
+
+
+@pytest.mark.parametrize("layout", ["colocate", "separate"])
+def test_device_groups_examples_mirror_the_per_role_ones(layout):
+    """`<layout>_device_groups.yaml` is `<layout>.yaml` in ms-swift's form: the same keys, the same GPUs."""
+    folder = EXAMPLES[0].parent
+    per_role = load_config(GRPOConfig, str(folder / f"{layout}.yaml"))
+    per_group = load_config(GRPOConfig, str(folder / f"{layout}_device_groups.yaml"))
+    placement = {"device_groups": True, "colocate_groups": True, "train": {"gpus"}, "rollout": {"gpus"}}
+    assert per_group.model_dump(exclude=placement) == per_role.model_dump(exclude=placement)
+    one, other = (plan_from_config(c, roles=["train", "rollout"]) for c in (per_role, per_group))
+    assert one.nproc_per_node == other.nproc_per_node
+    assert [one.ranks_of(r) for r in ("train", "rollout")] == [other.ranks_of(r) for r in ("train", "rollout")]
 
 
 def test_demo_defaults_apply_only_without_a_model_or_dataset():
