@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import cluster
 from .cluster import decode, encode
-from .dispatch import EXTRA_PLUGINS_ENV, Mesh, plugins
+from .dispatch import Mesh
 from .errors import ResourceError, RlcoreError, RoleFailed
+from .manager import EXTRA_PLUGINS_ENV, plugins
 from .specs import Slot
 
 if TYPE_CHECKING:

@@ -14,24 +14,22 @@ The built-ins (registered by the `builtins` plugin) follow ms-swift's RayHelper:
 
 A user may also pass a callable: a dispatcher `(n, i, *args, **kwargs) -> (args, kwargs)` (ms-swift's
 form; return None to skip worker i) or a collector `(results) -> value`. Names are resolved through the
-plugin registries, so a plugin's `rlcore_dispatchers` / `rlcore_collectors` work by name.
+process's plugins (`rlcore.manager.plugins()`), so a plugin's `rlcore_dispatchers` / `rlcore_collectors`
+work by name.
 """
 
 from __future__ import annotations
 
-import functools
 import numbers
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .batch import Batch
 from .errors import RlcoreError
+from .manager import plugins, use_plugins  # noqa: F401 - use_plugins: until rlcore.trainer imports it from .manager
 from .specs import CollectorSpec, DispatcherSpec
-
-if TYPE_CHECKING:
-    from .manager import Plugins
 
 Shard = tuple[tuple, dict]
 Split = Callable[[int, tuple, dict, "Mesh"], list]
@@ -262,38 +260,7 @@ COLLECTORS = (
 # resolution through the plugin registries
 # -------------------------------------------------------------------------
 
-_plugins: Plugins | None = None
 
-
-def plugins() -> Plugins:
-    """The plugins this process resolves names with: loaded once, on first use."""
-    global _plugins
-    if _plugins is None:
-        from .manager import load_plugins
-
-        _plugins = load_plugins(extra=extra_plugins_from_env())
-    return _plugins
-
-
-EXTRA_PLUGINS_ENV = "RLCORE_EXTRA_PLUGINS"
-
-
-def extra_plugins_from_env() -> tuple[str, ...]:
-    """The module or file plugins the driver loaded, handed to worker processes through the environment."""
-    import os
-
-    return tuple(p for p in os.environ.get(EXTRA_PLUGINS_ENV, "").split(os.pathsep) if p)
-
-
-def use_plugins(loaded: Plugins | None) -> None:
-    """Resolve names with `loaded` (e.g. after `load_plugins(extra=...)`); None reloads on next use."""
-    global _plugins
-    _plugins = loaded
-    resolve_dispatcher.cache_clear()
-    resolve_collector.cache_clear()
-
-
-@functools.lru_cache(maxsize=None)
 def resolve_dispatcher(dispatch: str | Callable[..., Any] | DispatcherSpec) -> Split:
     """A split function for a registered name, a DispatcherSpec or an ms-swift style callable."""
     if isinstance(dispatch, DispatcherSpec):
@@ -305,7 +272,6 @@ def resolve_dispatcher(dispatch: str | Callable[..., Any] | DispatcherSpec) -> S
     raise RlcoreError(f"dispatch must be a registered name or a callable, got {dispatch!r}")
 
 
-@functools.lru_cache(maxsize=None)
 def resolve_collector(collect: str | Collect | CollectorSpec) -> Collect:
     """A collect function for a registered name, a CollectorSpec or a callable over the results."""
     if isinstance(collect, CollectorSpec):

@@ -4,6 +4,10 @@
 in RLCORE_DISABLE_PLUGINS), plus any module or `.py` file given as `extra`, and collects what their
 registration hooks yield into registries. A plugin that fails to import is reported by name and
 skipped, unless RLCORE_STRICT_PLUGINS=1 makes that fatal.
+
+`plugins()` is the process's own set, loaded on first use, with which workers resolve engines,
+dispatchers and collectors by name; a driver hands it over with `use_plugins`, and its worker processes
+load the same module and file plugins through RLCORE_EXTRA_PLUGINS.
 """
 
 from __future__ import annotations
@@ -195,3 +199,30 @@ def load_plugins(extra: tuple[str, ...] = (), strict: bool | None = None) -> Plu
         plugins.register(module, name, getattr(module, "__version__", ""), "")
     plugins.extra = tuple(str(Path(s).resolve()) if s.endswith(".py") else s for s in extra)
     return plugins
+
+
+# -------------------------------------------------------------------------
+# the process's plugins
+# -------------------------------------------------------------------------
+
+EXTRA_PLUGINS_ENV = "RLCORE_EXTRA_PLUGINS"
+_plugins: Plugins | None = None
+
+
+def plugins() -> Plugins:
+    """The plugins this process resolves names with: loaded once, on first use."""
+    global _plugins
+    if _plugins is None:
+        _plugins = load_plugins(extra=extra_plugins_from_env())
+    return _plugins
+
+
+def use_plugins(loaded: Plugins | None) -> None:
+    """Resolve names with `loaded` (e.g. after `load_plugins(extra=...)`); None reloads on next use."""
+    global _plugins
+    _plugins = loaded
+
+
+def extra_plugins_from_env() -> tuple[str, ...]:
+    """The module or file plugins the driver loaded, handed to worker processes through the environment."""
+    return tuple(p for p in os.environ.get(EXTRA_PLUGINS_ENV, "").split(os.pathsep) if p)

@@ -11,7 +11,7 @@ from rlcore.workers import function, worker
 
 def make_engine(kind: str, name: str, options: dict[str, Any]) -> Any:
     """Build a registered engine of `kind` in this process (a worker's)."""
-    from rlcore.dispatch import plugins
+    from rlcore.manager import plugins
 
     return plugins().engines.get(name, kind=kind).factory(**options)
 

@@ -8,6 +8,7 @@ import torch
 from rlcore import Batch, NotRegistered, RlcoreError, function, load_plugins, worker
 from rlcore import dispatch as d
 from rlcore.dispatch import Mesh
+from rlcore.manager import use_plugins
 
 
 def test_slice_cuts_contiguous_near_equal_shards_and_replicates_the_rest():
@@ -105,7 +106,7 @@ def rlcore_collectors():
 def test_a_plugin_dispatcher_and_collector_work_by_name(tmp_path):
     path = tmp_path / "reversing.py"
     path.write_text(PLUGIN)
-    d.use_plugins(load_plugins(extra=(str(path),)))
+    use_plugins(load_plugins(extra=(str(path),)))
     try:
 
         @worker(group="w")
@@ -130,4 +131,4 @@ def test_a_plugin_dispatcher_and_collector_work_by_name(tmp_path):
         with pytest.raises(NotRegistered, match="Did you mean 'reversed'"):
             Typo()  # names resolve when the class is built, before any worker starts
     finally:
-        d.use_plugins(None)
+        use_plugins(None)

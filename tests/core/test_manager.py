@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -204,3 +205,22 @@ def test_unknown_names_list_the_known_ones(example_plugin, tmp_path):
         rlcore.load_plugins(extra=(str(tmp_path / "nowhere.py"),))
     with pytest.raises(PluginError, match="plugin module 'no_such.module' cannot be imported"):
         rlcore.load_plugins(extra=("no_such.module",))
+
+
+def test_the_process_plugins_load_once_follow_use_plugins_and_take_extra_plugins_from_the_env(tmp_path, monkeypatch):
+    from rlcore import manager
+
+    path = tmp_path / "extra_roles.py"
+    path.write_text("from rlcore import RoleSpec, hookimpl\n\n@hookimpl\ndef rlcore_roles():\n    yield RoleSpec('critic')\n")
+    monkeypatch.setenv(manager.EXTRA_PLUGINS_ENV, f"{path}{os.pathsep}")
+    assert manager.extra_plugins_from_env() == (str(path),)
+    mine = Plugins()
+    manager.use_plugins(mine)
+    try:
+        assert manager.plugins() is mine
+        manager.use_plugins(None)  # reload on next use, with the environment's extra plugins
+        loaded = manager.plugins()
+        assert loaded is manager.plugins() and loaded.roles.owner("critic") == "extra_roles"
+        assert loaded.extra == (str(path),)
+    finally:
+        manager.use_plugins(None)
