@@ -1,9 +1,17 @@
-"""Prompt datasets: local JSONL, JSON or Parquet rows, and the order a run draws them in.
+"""Datasets: local JSONL, JSON or Parquet rows, loaded once, seen through the view an algorithm needs,
+and the order a run draws them in.
 
-A row needs a `prompt` (a string, or a conversation: a list of `{"role", "content"}` messages) or a
-`messages` column (a conversation; a final assistant message, the reference answer, is dropped from the
-prompt). Every other column (`solution`, ...) travels with the row to the reward functions. Mistakes in the
-file are `ConfigError`s naming the file, the row (1-based; the line for JSONL) and the column, all at once.
+- `load_rows(path)`: the file's rows as they are.
+- `prompt_view(rows)` (RL, sampling): a row needs a `prompt` (a string, or a conversation: a list of
+  `{"role", "content"}` messages) or a `messages` column (a conversation; a final assistant message, the
+  reference answer, is dropped from the prompt). Every other column (`solution`, ...) travels with the
+  row to the reward functions. `load_prompts(path)` is both at once.
+- `conversation_view(rows)` (SFT, distillation): a row's whole conversation in `messages`, assistant turn
+  kept, from a `messages` column or a `prompt` with a `completion` (TRL's prompt-completion form).
+- `PromptEncoder`: a model's tokenizer turning prompts into token ids (chat template, length cut).
+
+Mistakes in the file are `ConfigError`s naming the file, the row (1-based; the line for JSONL) and the
+column, all at once.
 """
 
 from __future__ import annotations
@@ -89,8 +97,8 @@ def _prompt_of(row: dict[str, Any]) -> tuple[str, Any, str | None]:
     return "prompt", None, "is missing or null (a row needs a 'prompt' or a 'messages' column)"
 
 
-def load_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a local `.jsonl`, `.json` or `.parquet` file, each with a `prompt` and its other columns."""
+def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a local `.jsonl`, `.json` or `.parquet` file, as objects; anything else is an error."""
     file = Path(path)
     if not file.is_file():
         raise ConfigError(
@@ -107,24 +115,102 @@ def load_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
         raw = _read_parquet(file)
     else:
         raise ConfigError(f"dataset '{path}' has suffix '{suffix}'; rlcore reads {', '.join(FORMATS)}")
-
     rows = []
     for number, row in raw:
         if not isinstance(row, dict):
-            problems.append((f"row {number}", f"is a {type(row).__name__}, not an object with a 'prompt' column"))
+            problems.append((f"row {number}", f"is a {type(row).__name__}, not an object with named columns"))
             continue
-        column, prompt, problem = _prompt_of(row)
-        if problem:
-            problems.append((f"row {number}, column '{column}'", problem))
-            continue
-        rows.append({**row, "prompt": prompt})
+        rows.append(row)
+    _raise(path, problems)
+    if not rows:
+        raise ConfigError(f"dataset '{path}' has no rows")
+    return rows
+
+
+def _raise(path: Any, problems: list[tuple[str, str]]) -> None:
     if problems:
         shown = "; ".join(f"{where} {what}" for where, what in problems[:MAX_REPORTED])
         more = f" (and {len(problems) - MAX_REPORTED} more)" if len(problems) > MAX_REPORTED else ""
         raise ConfigError(f"dataset '{path}': {shown}{more}", [(f"{path}: {where}", what) for where, what in problems])
-    if not rows:
-        raise ConfigError(f"dataset '{path}' has no rows")
-    return rows
+
+
+def prompt_view(rows: list[dict[str, Any]], path: Any = "dataset") -> list[dict[str, Any]]:
+    """Each row with its `prompt` (from `prompt` or `messages`, see the module docstring)."""
+    out, problems = [], []
+    for number, row in enumerate(rows, start=1):
+        column, prompt, problem = _prompt_of(row)
+        if problem:
+            problems.append((f"row {number}, column '{column}'", problem))
+            continue
+        out.append({**row, "prompt": prompt})
+    _raise(path, problems)
+    return out
+
+
+def conversation_view(rows: list[dict[str, Any]], path: Any = "dataset") -> list[dict[str, Any]]:
+    """Each row with its whole conversation in `messages`, ending in an assistant turn: a `messages`
+    column as it is, or a `prompt` (text or messages) followed by its `completion` (text or messages)."""
+    out, problems = [], []
+    for number, row in enumerate(rows, start=1):
+        if row.get("messages") is not None:
+            column, messages = "messages", row["messages"]
+            problem = _conversation_problem(messages)
+        elif row.get("prompt") is not None and row.get("completion") is not None:
+            column = "prompt/completion"
+            prompt, completion = row["prompt"], row["completion"]
+            messages = (prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]) + (
+                completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
+            )
+            problem = _conversation_problem(messages)
+        else:
+            problems.append((f"row {number}", "has neither a 'messages' column nor 'prompt' and 'completion' columns"))
+            continue
+        if problem is None and messages[-1]["role"] != "assistant":
+            problem = f"ends with a '{messages[-1]['role']}' message; a training conversation ends with the assistant's"
+        if problem:
+            problems.append((f"row {number}, column '{column}'", problem))
+            continue
+        out.append({**row, "messages": messages})
+    _raise(path, problems)
+    return out
+
+
+def load_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a local `.jsonl`, `.json` or `.parquet` file, each with a `prompt` and its other columns."""
+    return prompt_view(load_rows(path), path)
+
+
+class PromptEncoder:
+    """A model's tokenizer for prompts: a conversation goes through the chat template (with the
+    generation prompt), plain text too when `use_chat_template` and the tokenizer has one; the ids are
+    cut to their last `max_prompt_length`. `stop_ids` are the tokens that end a completion."""
+
+    def __init__(self, model_path: str, use_chat_template: bool = True, max_prompt_length: int | None = None):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.use_chat_template, self.max_prompt_length = use_chat_template, max_prompt_length
+        ids = (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+        self.stop_ids = sorted({i for i in ids if i is not None})
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    def encode(self, prompt: Any) -> list[int]:
+        tok = self.tokenizer
+        if isinstance(prompt, list):
+            ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        elif self.use_chat_template and tok.chat_template:
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        else:
+            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        ids = list(ids)
+        return ids[-self.max_prompt_length :] if self.max_prompt_length else ids
 
 
 class PromptSampler:

@@ -1,32 +1,196 @@
-"""`Trainer`: the base class of every algorithm's driver. Subclass it, override the step methods."""
+"""`Trainer`: the loop every algorithm shares. An algorithm writes its step and its own state; the base
+keeps the progress bar, metrics JSONL and lifecycle hooks, phase timing, and checkpoints that `--resume`
+continues exactly (step, data position, engine state).
+
+```python
+class MyTrainer(Trainer):
+    def train_step(self) -> dict[str, float]:          # one optimizer step
+        with self.timer("train"):
+            return {"loss": ...}
+```
+"""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .checkpoint import load_state, resolve_resume, save_checkpoint
+from .errors import ConfigError
+from .metrics import MetricsWriter
 
 if TYPE_CHECKING:
     from .manager import Plugins
 
 
-class Trainer:
-    """Holds the validated config and the loaded plugins; `fit()` runs the algorithm.
+class PhaseTimer:
+    """Seconds per phase of the current step, reported as `time/<phase>`: `with timer("generate"): ...`.
 
-    Lifecycle hooks are called through `self.hook`: `rlcore_train_start(trainer)`,
+    Phases nest without counting twice: while an inner phase runs (a resampling generation inside the
+    reward phase), its time is booked to it alone and the outer phase's clock stops.
+    """
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = defaultdict(float)
+        self._open: list[list[Any]] = []  # [phase, started] of the phases running now, innermost last
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        now = time.perf_counter()
+        if self._open:  # the outer phase's clock stops here
+            outer = self._open[-1]
+            self.times[f"time/{outer[0]}"] += now - outer[1]
+        self._open.append([phase, now])
+        try:
+            yield
+        finally:
+            now = time.perf_counter()
+            _, started = self._open.pop()
+            self.times[f"time/{phase}"] += now - started
+            if self._open:
+                self._open[-1][1] = now
+
+    def pop(self) -> dict[str, float]:
+        out, self.times = dict(self.times), defaultdict(float)
+        return out
+
+
+class Trainer:
+    """Holds the validated config and the loaded plugins; `fit()` runs the loop to `max_steps`.
+
+    Override `train_step()` (one optimizer step, returning its metrics); where the algorithm has state
+    of its own, `state_dict()` / `load_state_dict()` (JSON: data position, counters) and `save_model()` /
+    `load_model()` (engine state into a checkpoint folder); `start()` is the context its roles run in
+    and `on_start()` what happens once they do. The config keys read: `output_dir`, `max_steps`,
+    `save_steps`, `save_total_limit`, `resume`, `logging_steps`, each optional but `max_steps`.
+    Lifecycle hooks go through `self.hook`: `rlcore_train_start(trainer)`,
     `rlcore_step_end(trainer, step, metrics)`, `rlcore_train_end(trainer, metrics)`.
     """
 
-    def __init__(self, config: Any, plugins: Plugins, *, use_ray: bool = False):
-        from .dispatch import use_plugins
+    name = "train"  # the progress bar's label
+    progress_keys: tuple[str, ...] = ("loss",)  # metrics shown on the progress bar
 
+    def __init__(self, config: Any, plugins: Plugins, *, use_ray: bool = False):
         self.config = config
         self.plugins = plugins
         self.use_ray = use_ray
-        use_plugins(plugins)  # workers resolve engines, dispatchers and collectors with these plugins
+        self.output_dir = Path(getattr(config, "output_dir", "output"))
+        resume = getattr(config, "resume", None) or "no"
+        self.resume_from = resolve_resume(self.output_dir, resume)  # refuses to overwrite a run
+        self.timer = PhaseTimer()
+        self.step = 0
+        self._metrics: MetricsWriter | None = None
 
     @property
     def hook(self) -> Any:
         return self.plugins.hook
 
+    @property
+    def metrics(self) -> MetricsWriter:
+        if self._metrics is None:
+            self._metrics = MetricsWriter(self.output_dir / "metrics.jsonl")
+        return self._metrics
+
+    @property
+    def max_steps(self) -> int:
+        return int(self.config.max_steps)
+
+    # -- what an algorithm writes ---------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step; its metrics."""
+        raise NotImplementedError(f"{type(self).__name__} must implement train_step() (or fit())")
+
+    @contextlib.contextmanager
+    def start(self) -> Iterator[None]:
+        """The context the loop runs in (an algorithm starts its roles here)."""
+        yield
+
+    def on_start(self) -> None:
+        """Once the roles run and a checkpoint is restored, before the first step."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The algorithm's own state for a checkpoint (JSON-serialisable)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what `state_dict` returned."""
+
+    def save_model(self, path: Path) -> None:
+        """Write the engines' state (model, optimizer, ...) into the checkpoint folder `path`."""
+
+    def load_model(self, path: Path) -> None:
+        """Read what `save_model` wrote."""
+
+    # -- the loop -------------------------------------------------------------------------------------
+
     def fit(self) -> dict[str, Any]:
-        """Run to the end; return the summary metrics."""
-        raise NotImplementedError(f"{type(self).__name__} must implement fit()")
+        """Run to `max_steps`: restore, step, log, checkpoint; return the last step's metrics."""
+        save_steps = getattr(self.config, "save_steps", 0) or 0
+        with self.start():
+            self.restore()
+            self.on_start()
+            self.hook.rlcore_train_start(trainer=self)
+            last: dict[str, Any] = {}
+            with self.progress() as bar:
+                while self.step < self.max_steps:
+                    last = self.train_step()
+                    self.step += 1
+                    self.log(last, bar)
+                    if save_steps and self.step % save_steps == 0:
+                        self.save()
+            if not save_steps or self.step % save_steps:
+                self.save()
+            self.hook.rlcore_train_end(trainer=self, metrics=last)
+        return last
+
+    def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
+        """Phase times and the step into `metrics`; append it to metrics.jsonl; call the step-end hook;
+        move the bar; every `logging_steps` steps, print the bar's metrics on a line of their own."""
+        metrics.update(self.timer.pop(), step=self.step)
+        self.metrics.write(metrics)
+        self.hook.rlcore_step_end(trainer=self, step=self.step, metrics=metrics)
+        if bar is None:
+            return
+        shown = {k: metrics[k] for k in self.progress_keys if isinstance(metrics.get(k), (int, float))}
+        bar.update(1)
+        bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
+        every = getattr(self.config, "logging_steps", 0) or 0
+        if every and self.step % every == 0:
+            bar.write(f"{self.name} step {self.step}/{self.max_steps}: " + " ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+
+    @contextlib.contextmanager
+    def progress(self) -> Iterator[Any]:
+        from tqdm.auto import tqdm
+
+        with tqdm(total=self.max_steps, initial=self.step, desc=self.name, unit="step", dynamic_ncols=True) as bar:
+            yield bar
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+
+    def save(self) -> Path:
+        """`checkpoint-{step}` in output_dir, written atomically: the engines' state, then the trainer state."""
+        config = self.config.model_dump(mode="json") if hasattr(self.config, "model_dump") else None
+        state = {"step": self.step, **self.state_dict(), "config": config}
+        return save_checkpoint(self.output_dir, self.step, state, self.save_model,
+                               keep=getattr(self.config, "save_total_limit", None))
+
+    def restore(self) -> None:
+        """Continue from the checkpoint `resume` names, if any; metrics of later steps are dropped."""
+        if self.resume_from is None:
+            self.metrics.resume_at(0)
+            return
+        state = load_state(self.resume_from)
+        if state["step"] >= self.max_steps:
+            raise ConfigError(
+                f"resume: {self.resume_from} is at step {state['step']}, already max_steps={self.max_steps}; "
+                f"raise max_steps to train further"
+            )
+        self.load_model(self.resume_from)
+        self.load_state_dict(state)
+        self.step = state["step"]
+        self.metrics.resume_at(self.step)

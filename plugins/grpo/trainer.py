@@ -1,175 +1,151 @@
 """The GRPO driver: generate -> reward -> advantages -> log-probs -> train -> sync, one screen per step.
 
-The plumbing lives elsewhere: roles in `workers.py` (in process, or actor groups on Ray), experience
-building in `experience.py`, losses and advantages as pure functions, metrics and checkpoints in core.
+The plumbing lives in core: the roles and their placement in `rlcore.session` (built from the resource
+plan, in process or on Ray), the loop, metrics and checkpoints in `rlcore.Trainer`. Experience building
+is in `experience.py`; losses and advantages are pure functions.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
-from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, Trainer
-from rlcore.checkpoint import load_state, resolve_resume, save_checkpoint
-from rlcore.metrics import MetricsWriter
+from rlcore import Trainer
+from rlcore.resources import plan_from_config
+from rlcore.roles import GenerateWorker, ScoreWorker, TrainWorker
+from rlcore.session import RoleSession, RoleSetup, announce
 
 from .config import GRPOConfig
 from .experience import ExperienceMaker
-from .runtime import RoleRuntime
-
-
-class PhaseTimer:
-    """Seconds per phase of the current step, reported as `time/<phase>`."""
-
-    def __init__(self) -> None:
-        self.times: dict[str, float] = defaultdict(float)
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.times[f"time/{phase}"] += time.perf_counter() - start
-
-    def pop(self) -> dict[str, float]:
-        out, self.times = dict(self.times), defaultdict(float)
-        return out
 
 
 class GRPOTrainer(Trainer):
     """Runs GRPO locally (every role in this process) or on Ray (`use_ray=True`), colocated or separate."""
 
     config: GRPOConfig
+    name = "grpo"
+    progress_keys = ("reward", "loss", "time/generate", "time/train")
 
     def __init__(self, config: GRPOConfig, plugins: Any, *, use_ray: bool = False):
         super().__init__(config, plugins, use_ray=use_ray)
-        self.output_dir = Path(config.output_dir)
-        self.resume_from = resolve_resume(self.output_dir, config.resume)  # refuses to overwrite a run
-        self.roles = RoleRuntime(config, use_ray=use_ray)  # validates the resource plan; allocates nothing yet
-        self.experience = ExperienceMaker(config, plugins, dp_size=self.roles.train_workers)
-        self.timer = PhaseTimer()
-        self.metrics = MetricsWriter(self.output_dir / "metrics.jsonl")
-        self.step = 0
+        self.session = self.make_session()  # validates the resource plan; allocates nothing yet
+        self.experience = ExperienceMaker(config, plugins, dp_size=self.session.dp_size("train"))
         self.queue: list[Any] = []  # mini-batches left from the last generation
         self.pending: Any = None  # async_generate: the next round, generating while this one trains
         self.pending_data: dict[str, int] | None = None  # the data position before that round
-        self.sync_stats: dict[str, float] = {}
 
-    # -- the loop -------------------------------------------------------------------------------
-
-    def fit(self) -> dict[str, Any]:
+    def make_session(self) -> RoleSession:
         cfg = self.config
-        with self.roles.start(self.experience.model_path):
-            self.experience.bind_orm(self.roles.orm)
-            self.restore()
-            self.sync_weights(check=cfg.check_weight_sync)
-            self.hook.rlcore_train_start(trainer=self)
-            last: dict[str, Any] = {}
-            with self.progress() as bar:
-                while self.step < cfg.max_steps:
-                    if not self.queue:
-                        self.queue = self.make_experience()
-                    last = self.train_step(self.queue.pop(0))
-                    self.step += 1
-                    if self.step < cfg.max_steps:  # the rollout engine needs the new weights for another round
-                        self.sync_weights()
-                        last.update(self.sync_stats)
-                    self.log(last, bar)
-                    if cfg.save_steps and self.step % cfg.save_steps == 0:
-                        self.save()
-            if not cfg.save_steps or self.step % cfg.save_steps:
-                self.save()
-            self.hook.rlcore_train_end(trainer=self, metrics=last)
-        return last
+        roles = ["train", "rollout"] + (["reference"] if cfg.beta > 0 else []) + (["orm"] if "orm" in cfg.reward_funcs else [])
+        plan = plan_from_config(cfg, roles=roles, policy=cfg.placement, plugins=self.plugins)
+        model = cfg.model or str(Path(cfg.output_dir) / "tiny-model")  # the demo's model is built before start
+        train = dict(
+            model=model, dtype=cfg.train.dtype, seed=cfg.seed, learning_rate=cfg.learning_rate,
+            weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lr_scheduler_type=cfg.lr_scheduler_type,
+            warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, gradient_checkpointing=cfg.train.gradient_checkpointing,
+            lora_rank=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha, lora_target_modules=cfg.train.lora_target_modules,
+        )
+        rollout = dict(model=model, dtype=cfg.rollout.dtype, seed=cfg.seed)
+        if cfg.rollout.engine == "vllm":
+            rollout.update({k: getattr(cfg.rollout, k) for k in type(cfg.rollout).model_fields if k.startswith("vllm_")})
+        setups = {
+            "train": RoleSetup(TrainWorker, cfg.train.engine, {**train, **cfg.train.engine_kwargs}),
+            "rollout": RoleSetup(GenerateWorker, cfg.rollout.engine, {**rollout, **cfg.rollout.engine_kwargs}),
+        }
+        if "reference" in roles:
+            reference = dict(model=model, dtype=cfg.reference.dtype, seed=cfg.seed)
+            setups["reference"] = RoleSetup(TrainWorker, cfg.reference.engine, {**reference, **cfg.reference.engine_kwargs}, kind="forward")
+        if "orm" in roles:
+            from rlcore.plugins.rewards.orm import OrmScorer
 
-    def make_experience(self) -> list[Any]:
-        """One generation round: the mini-batches of the next optimizer steps, and the round's metrics."""
-        roles, maker = self.roles, self.experience
-        with self.timer("generate"), roles.generating():
-            if self.config.async_generate:  # this round was started during the last one's training
-                pending = self.pending or maker.start_generate(roles.rollout, self.step)
-                rows, generations = maker.finish_generate(pending)
-                self.pending_data = maker.sampler.state_dict()  # what a checkpoint resumes from
-                self.pending = maker.start_generate(roles.rollout, self.step + 1)
-            else:
-                rows, generations = maker.generate(roles.rollout, self.step)
-        with self.timer("reward"):
-            scored = maker.score(rows, generations, regenerate=lambda: maker.generate(roles.rollout, self.step))
-        with self.timer("logprobs"):
-            batch = maker.logprobs(scored, roles.train, roles.reference)
-        return maker.mini_batches(batch, scored.metrics)
-
-    def train_step(self, mini: Any) -> dict[str, Any]:
-        batch, round_metrics, loss_fn = mini
-        with self.timer("train"):
-            out = self.roles.train.train_step(batch, loss_fn, self.config.per_device_train_batch_size, self.config.temperature)
-        return {**round_metrics, **out}
-
-    def sync_weights(self, check: bool = False) -> None:
-        with self.timer("sync"):
-            self.sync_stats = self.roles.sync_weights(self.config.weight_sync_bucket_mb << 20)
-        if check:
-            self.roles.check_weight_sync(self.experience.probe_sequence())
-
-    # -- outputs --------------------------------------------------------------------------------
-
-    def log(self, metrics: dict[str, Any], bar: Any) -> None:
-        metrics.update(self.timer.pop(), step=self.step)
-        self.metrics.write(metrics)
-        self.hook.rlcore_step_end(trainer=self, step=self.step, metrics=metrics)
-        bar.update(1)
-        bar.set_postfix(
-            reward=f"{metrics.get('reward', float('nan')):.3f}",
-            gen=f"{metrics.get('time/generate', 0):.1f}s",
-            train=f"{metrics.get('time/train', 0):.1f}s",
-            refresh=False,
+            orm = {"model_path": cfg.orm.model, "dtype": cfg.orm.dtype, "batch_size": cfg.orm.batch_size}
+            setups["orm"] = RoleSetup(ScoreWorker, OrmScorer, orm)
+        return RoleSession(
+            plan, setups, use_ray=self.use_ray, plugins=self.plugins, syncs=(("train", "rollout"),),
+            ray_address=cfg.ray_address, placement_timeout_s=cfg.placement_timeout_s, sleep_level=cfg.sleep_level,
+            offload_model=cfg.offload_model, offload_optimizer=cfg.offload_optimizer,
+            weight_sync_backend=cfg.weight_sync_backend,
         )
 
     @contextlib.contextmanager
-    def progress(self):
-        from tqdm.auto import tqdm
+    def start(self) -> Iterator[None]:
+        announce(self.session.describe())
+        with self.session.start():
+            self.experience.bind_orm(self.session.get("orm"))
+            yield
 
-        with tqdm(total=self.config.max_steps, initial=self.step, desc="grpo", unit="step", dynamic_ncols=True) as bar:
-            yield bar
+    def on_start(self) -> None:
+        self.sync_weights(check=self.config.check_weight_sync)
+        self.timer.pop()  # the first sync is not a step's
 
-    def save(self) -> Path:
-        """A checkpoint of the model, optimizer, data position and the rest of the current round: a resumed
-        run continues mid-round exactly. A round still generating (async) is not saved; the data position
-        is the one before it, so a resumed run generates it again."""
-        state = {
-            "step": self.step,
-            "data": self.pending_data or self.experience.sampler.state_dict(),
-            "config": self.config.model_dump(mode="json"),
-        }
+    # -- one step ---------------------------------------------------------------------------------------
 
-        def write(tmp: Path) -> None:
-            self.roles.train.save(str(tmp / "model"))
-            if self.queue:
-                import torch
+    def train_step(self) -> dict[str, Any]:
+        cfg = self.config
+        if not self.queue:
+            self.queue = self.make_experience()
+        batch, round_metrics, loss_fn = self.queue.pop(0)
+        with self.timer("train"):
+            out = self.session["train"].train_step(batch, loss_fn, cfg.per_device_train_batch_size, cfg.temperature)
+        metrics = {**round_metrics, **out}
+        if self.step + 1 < cfg.max_steps:  # the rollout engine needs the new weights for another round
+            metrics.update(self.sync_weights())
+        return metrics
 
-                torch.save(self.queue, tmp / "round.pt")
+    def make_experience(self) -> list[Any]:
+        """One generation round: the mini-batches of the next optimizer steps, and the round's metrics."""
+        session, maker, rollout = self.session, self.experience, self.session["rollout"]
 
-        return save_checkpoint(self.output_dir, self.step, state, write, keep=self.config.save_total_limit)
+        def generate() -> tuple[list[dict], list[Any]]:  # the rollout role holds its devices (colocated: awake)
+            with self.timer("generate"), session.active("rollout"):
+                if not self.config.async_generate:
+                    return maker.generate(rollout, self.step)
+                started = self.pending or maker.start_generate(rollout, self.step)  # started during the last round
+                rows, generations = maker.finish_generate(started)
+                self.pending_data = maker.sampler.state_dict()  # what a checkpoint resumes from
+                self.pending = maker.start_generate(rollout, self.step + 1)
+                return rows, generations
 
-    def restore(self) -> None:
-        if self.resume_from is None:
-            self.metrics.resume_at(0)
-            return
-        state = load_state(self.resume_from)
-        if state["step"] >= self.config.max_steps:
-            raise ConfigError(
-                f"resume: {self.resume_from} is at step {state['step']}, already max_steps={self.config.max_steps}; "
-                f"raise max_steps to train further"
-            )
-        self.roles.train.load(str(self.resume_from / "model"))
+        def regenerate() -> tuple[list[dict], list[Any]]:  # dynamic_sample: more groups, within the generate phase
+            with self.timer("generate"), session.active("rollout"):
+                return maker.generate(rollout, self.step)
+
+        rows, generations = generate()
+        with self.timer("reward"):
+            scored = maker.score(rows, generations, regenerate=regenerate)
+        with self.timer("logprobs"):
+            batch = maker.logprobs(scored, session["train"], session.get("reference"))
+        return maker.mini_batches(batch, scored.metrics)
+
+    def sync_weights(self, check: bool = False) -> dict[str, float]:
+        with self.timer("sync"):
+            stats = self.session.sync_weights("train", "rollout", self.config.weight_sync_bucket_mb << 20)
+        if check:
+            self.session.check_weight_sync("train", "rollout", self.experience.probe_sequence())
+        return stats
+
+    # -- checkpoints: the model and optimizer, the data position, the rest of the current round ----------
+
+    def state_dict(self) -> dict[str, Any]:
+        """A round still generating (async) is not saved: the data position is the one before it, so a
+        resumed run generates it again."""
+        return {"data": self.pending_data or self.experience.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.experience.sampler.load_state_dict(state["data"])
-        if (self.resume_from / "round.pt").is_file():
+
+    def save_model(self, path: Path) -> None:
+        self.session["train"].save(str(path / "model"))
+        if self.queue:  # the rest of this round: a resumed run continues mid-round exactly
             import torch
 
-            self.queue = torch.load(self.resume_from / "round.pt", weights_only=False)
-        self.step = state["step"]
-        self.metrics.resume_at(self.step)
+            torch.save(self.queue, path / "round.pt")
+
+    def load_model(self, path: Path) -> None:
+        self.session["train"].load(str(path / "model"))
+        if (path / "round.pt").is_file():
+            import torch
+
+            self.queue = torch.load(path / "round.pt", weights_only=False)

@@ -68,7 +68,7 @@ def test_local_run_writes_metrics_and_a_checkpoint(plugins, tmp_path, tiny):
 
 def test_beta_creates_a_reference_and_measures_kl(plugins, tmp_path, tiny):
     trainer = make(plugins, tmp_path, tiny, beta=0.1)
-    assert trainer.roles.roles == ["train", "rollout", "reference"]
+    assert trainer.session.roles == ["train", "rollout", "reference"]
     trainer.fit()
     rows = metrics_of(tmp_path)
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy still equals the reference
@@ -177,7 +177,7 @@ def test_an_orm_role_scores_with_a_reward_model(plugins, tmp_path, tiny, reward_
 
     trainer = make(plugins, tmp_path, tiny, reward_funcs=["toy", "orm"], reward_weights=[1.0, 0.5],
                    orm={"model": reward_model}, max_steps=1)
-    assert trainer.roles.roles == ["train", "rollout", "orm"]
+    assert trainer.session.roles == ["train", "rollout", "orm"]
     trainer.fit()
     row = metrics_of(tmp_path)[0]
     assert row["rewards/orm/mean"] is not None and row["rewards/orm/mean"] != 0
@@ -227,9 +227,9 @@ def test_ray_run(ray_local, tmp_path, tiny, plugins, layout, request):
         roles = {"train": {"gpus": 1, **cpu}, "rollout": {"gpus": 2, **cpu}, "weight_sync_backend": "gloo",
                  "async_generate": True, "max_steps": 3}
     trainer = make(plugins, tmp_path, tiny, use_ray=True, **roles)
-    assert trainer.roles.colocated == (layout == "colocate")
-    assert trainer.roles.transport == ("gloo" if "broadcast" in layout else "object_store")
+    assert trainer.session.colocated("train", "rollout") == (layout == "colocate")
     trainer.fit()
+    assert trainer.session.transports[("train", "rollout")] == ("gloo" if "broadcast" in layout else "object_store")
     rows = metrics_of(tmp_path)
     assert [r["step"] for r in rows] == list(range(1, roles.get("max_steps", 2) + 1))
     assert rows[0]["time/sync"] > 0 and rows[-1]["grad_norm"] > 0
@@ -297,3 +297,71 @@ def test_an_engine_from_a_plugin_file_runs_in_the_workers(tmp_path, tiny, use_ra
     make(plugins, tmp_path, tiny, use_ray=use_ray, max_steps=1, check_weight_sync=False,
          rollout={"engine": "vowels", "gpus": 1 if use_ray else 0, **cpu}, train={"gpus": 1 if use_ray else 0, **cpu}).fit()
     assert metrics_of(tmp_path)[0]["reward"] == 1.0  # every character a vowel: the plugin's engine generated
+
+
+# -- the resource plan decides: device_groups, data-parallel size, colocation -------------------------------
+
+DP_GROUPS = {  # ms-swift's per-group form on the CPU: two train workers, one rollout worker
+    "device_groups": {
+        "train_group": {"device": "CPU", "ranks": 2, "workers": ["train"]},
+        "rollout_group": {"device": "CPU", "ranks": 1, "workers": ["rollout"]},
+    },
+    "per_device_train_batch_size": 8,  # x 2 train workers: 16 completions a step, as QUICK's one worker
+    "check_weight_sync": False,
+}
+
+
+@pytest.mark.ray
+def test_device_groups_on_ray_train_data_parallel_with_the_loss_of_one_process(ray_local, tmp_path, tiny, plugins, capfd):
+    """Two CPU train workers from the device_groups form form one DDP world of size 2; each step's loss
+    and gradient norm equal one process training the same global batch (the same config without Ray)."""
+    trainer = make(plugins, tmp_path / "ray", tiny, use_ray=True, **DP_GROUPS)
+    assert trainer.session.dp_size("train") == 2 and trainer.experience.dp_size == 2
+    trainer.fit()
+    err = capfd.readouterr().err
+    assert "rlcore: train: 2 workers, CPU, engine hf" in err and "rlcore: rollout: 1 worker, CPU, engine hf" in err
+
+    local = make(plugins, tmp_path / "local", tiny, **DP_GROUPS)
+    assert local.session.dp_size("train") == 1
+    local.fit()
+    assert "rlcore: train: 1 worker, in this process, engine hf" in capfd.readouterr().err
+    ray_rows, local_rows = metrics_of(tmp_path / "ray"), metrics_of(tmp_path / "local")
+    assert len(ray_rows) == len(local_rows) == 2
+    for a, b in zip(ray_rows, local_rows):
+        assert a["reward"] == pytest.approx(b["reward"], abs=1e-6)  # the same completions
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["completions/mean_length"] == b["completions/mean_length"]
+
+
+def test_roles_sharing_ranks_are_colocated_in_either_form(plugins, tmp_path, tiny):
+    cpu = {"engine_kwargs": {"device": "cpu"}}
+    per_group = make(plugins, tmp_path / "a", tiny, train=cpu, rollout=cpu, device_groups={
+        "nproc_per_node": 2, "shared": {"device": "GPU", "ranks": "list(range(0, 2))", "workers": ["train", "rollout"]}})
+    per_role = make(plugins, tmp_path / "b", tiny, colocate_groups=[["train", "rollout"]],
+                    train={"gpus": 2, **cpu}, rollout={"gpus": 2, **cpu})
+    separate = make(plugins, tmp_path / "c", tiny, train={"gpus": 1, **cpu}, rollout={"gpus": 1, **cpu})
+    assert per_group.session.colocated("train", "rollout") and per_role.session.colocated("train", "rollout")
+    assert not separate.session.colocated("train", "rollout")
+
+
+class Constant:
+    @hookimpl
+    def rlcore_rewards(self):
+        yield RewardSpec("constant", fn=lambda prompts, completions, **kw: [1.0] * len(completions))
+
+
+def test_dynamic_sample_resamples_with_colocated_roles_within_the_generate_phase(tmp_path, tiny):
+    """Every group's rewards are equal, so each step resamples max_resample_times more rounds: the
+    colocated rollout engine is awake for them, and their time is booked as generation, not reward."""
+    plugins = load_plugins()
+    plugins.register(Constant(), "constant")
+    cpu = {"engine_kwargs": {"device": "cpu"}}
+    trainer = make(plugins, tmp_path, tiny, reward_funcs=["constant"], dynamic_sample=True, max_resample_times=2,
+                   colocate_groups=[["train", "rollout"]], sleep_level=1, train={"gpus": 1, **cpu},
+                   rollout={"gpus": 1, **cpu}, max_steps=1)
+    assert trainer.session.colocated("train", "rollout")
+    trainer.fit()
+    row = metrics_of(tmp_path)[0]
+    assert row["dynamic_sample/resamples"] == 2 and row["dynamic_sample/filled"] > 0
+    assert row["time/reward"] < row["time/generate"] / 3  # three generations, rewards that cost nothing

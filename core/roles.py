@@ -1,4 +1,15 @@
-"""The GRPO roles as worker classes: each is one in-process object locally and a group of actors on Ray."""
+"""The role workers every algorithm shares: one class per kind of job, bound to a role name when its
+group is made (`rlcore.workers.bind`), so one class serves any role.
+
+- `TrainWorker`: a train engine per worker, the group one data-parallel world: `train`, `default`
+  (SFT), and forward-only roles (`reference`, a colocated `teacher`) built with `kind="forward"`.
+- `GenerateWorker`: a rollout engine per worker: `rollout`, `sampler`, a served `teacher`.
+- `ScoreWorker`: a scorer per worker (`orm`, `prm`): a reward model that scores (prompt, completion) pairs.
+
+Each is one in-process object without Ray and a group of actors with it (`rlcore.session.RoleSession`
+builds them from the resource plan). The methods are the engines' own, so the driver calls
+`session["train"].train_step(...)` as it would call the engine.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +17,16 @@ import os
 import time
 from typing import Any
 
-from rlcore.workers import function, worker
+from .workers import function, worker
 
 
-def make_engine(kind: str, name: str, options: dict[str, Any]) -> Any:
-    """Build a registered engine of `kind` in this process (a worker's)."""
-    from rlcore.manager import plugins
+def make_engine(kind: str, engine: Any, options: dict[str, Any]) -> Any:
+    """Build the engine `engine` (a registered name of `kind`, or a factory) in this process."""
+    if callable(engine):
+        return engine(**options)
+    from .dispatch import plugins
 
-    return plugins().engines.get(name, kind=kind).factory(**options)
+    return plugins().engines.get(engine, kind=kind).factory(**options)
 
 
 def _gpu_uuid() -> str:
@@ -25,190 +38,173 @@ def _gpu_uuid() -> str:
 
 @worker(group="train")
 class TrainWorker:
-    """The policy: a train engine per worker; the group is one data-parallel world."""
+    """A train engine per worker; the group is one data-parallel world. `kind="forward"` builds a
+    forward-only engine (no optimizer) for reference and teacher models."""
 
-    def __init__(self, engine: str, options: dict[str, Any]):
-        self.setup(engine, options)
+    def __init__(self, engine: Any, options: dict[str, Any], kind: str = "train"):
+        self.setup(engine, options, kind)
 
-    @function(group="train")
-    def setup(self, engine: str, options: dict[str, Any]) -> None:
+    @function()
+    def setup(self, engine: Any, options: dict[str, Any], kind: str) -> None:
         """Build the engine where the worker runs (on Ray, the driver's own call is skipped)."""
-        self.engine = make_engine("train", engine, options)
+        self.engine = make_engine(kind, engine, options)
 
-    @function(group="train", dispatch="slice", collect="concat")
+    @function(dispatch="slice", collect="concat")
     def forward_logprobs(self, batch, temperature: float = 1.0):
         return self.engine.forward_logprobs(batch, temperature)
 
-    @function(group="train", execute="first", collect="first")
+    @function(execute="first", collect="first")
     def forward_topk(self, batch, k: int | None, temperature: float = 1.0):
         return self.engine.forward_topk(batch, k, temperature)
 
-    @function(group="train", dispatch="slice", collect="mean")
+    @function(dispatch="slice", collect="mean")
     def train_step(self, batch, loss_fn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:
-        """The engine's step, timed where it runs (`time/train` is the driver's view, dispatch included)."""
+        """The engine's step, timed where it runs (the driver's `time/train` includes the dispatch)."""
         start = time.perf_counter()
         out = self.engine.train_step(batch, loss_fn, micro_batch_size, temperature)
         return {**out, "time/train_worker": time.perf_counter() - start}
 
-    @function(group="train", execute="first", collect="first")
+    @function(execute="first", collect="first")
     def export_weights(self, bucket_bytes: int) -> list:
         return list(self.engine.export_weights(bucket_bytes))
 
-    @function(group="train", execute="first", collect="first")
+    @function(execute="first", collect="first")
     def weight_group_address(self) -> tuple[str, int]:
-        """Where train rank 0 will host the broadcast group's store: its node's address and a free port."""
-        from rlcore.cluster import find_free_port
+        """Where rank 0 hosts a broadcast group's store: its node's address and a free port."""
+        from .cluster import find_free_port
 
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")  # rank 0 is its group's master: this node
         return host, find_free_port(host)
 
-    @function(group="train", execute="first", collect="first", blocking=False)
+    @function(execute="first", collect="first", blocking=False)
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
-        from rlcore.weight_sync import BroadcastGroup
+        from .weight_sync import BroadcastGroup
 
         self.weight_group = BroadcastGroup(host, port, 0, world_size, backend)
 
-    @function(group="train", execute="first", collect="first", blocking=False)
+    @function(execute="first", collect="first", blocking=False)
     def send_weights(self, bucket_bytes: int) -> dict[str, float]:
         return self.weight_group.send(self.engine.export_weights(bucket_bytes))
 
-    @function(group="train")
+    @function()
     def gpu_uuid(self) -> str:
         return _gpu_uuid()
 
-    @function(group="train")
+    @function()
     def start_ipc_export(self, bucket_bytes: int) -> None:
         """Begin a CUDA IPC sync: `next_ipc_bucket` then walks the engine's buckets one at a time."""
-        from rlcore.weight_sync import CudaIpcSender
+        from .weight_sync import CudaIpcSender
 
         self.ipc_sender = CudaIpcSender()
         self.ipc_buckets = iter(self.engine.export_weights(bucket_bytes))
 
-    @function(group="train")
+    @function()
     def next_ipc_bucket(self) -> dict[str, Any] | None:
         """The next bucket as CUDA IPC handles (None after the last), freeing the one before."""
         self.ipc_sender.release()
         bucket = next(self.ipc_buckets, None)
         return None if bucket is None else self.ipc_sender.pack(bucket)
 
-    @function(group="train")
+    @function()
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
         self.engine.offload(params, grads, optimizer)
 
-    @function(group="train")
+    @function()
     def reload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
         self.engine.reload(params, grads, optimizer)
 
-    @function(group="train", collect="first")
+    @function(collect="first")
     def save(self, path: str) -> None:  # every rank takes part; rank 0 writes
         self.engine.save(path)
 
-    @function(group="train")
+    @function()
     def load(self, path: str) -> None:
         self.engine.load(path)
 
 
-@worker(group="reference")
-class ReferenceWorker:
-    """The frozen initial policy, for the KL penalty (created only when beta > 0)."""
-
-    def __init__(self, engine: str, options: dict[str, Any]):
-        self.setup(engine, options)
-
-    @function(group="reference")
-    def setup(self, engine: str, options: dict[str, Any]) -> None:
-        """Build the engine where the worker runs (on Ray, the driver's own call is skipped)."""
-        self.engine = make_engine("train", engine, options)
-
-    @function(group="reference", dispatch="slice", collect="concat")
-    def forward_logprobs(self, batch, temperature: float = 1.0):
-        return self.engine.forward_logprobs(batch, temperature)
-
-
 @worker(group="rollout")
-class RolloutWorker:
-    """Generates completions; takes new weights after every optimizer step."""
+class GenerateWorker:
+    """A rollout engine per worker: generates completions, serves top-k log-probs, takes new weights,
+    sleeps while colocated roles hold the devices."""
 
-    def __init__(self, engine: str, options: dict[str, Any]):
-        self.setup(engine, options)
+    def __init__(self, engine: Any, options: dict[str, Any], kind: str = "rollout"):
+        self.setup(engine, options, kind)
 
-    @function(group="rollout")
-    def setup(self, engine: str, options: dict[str, Any]) -> None:
+    @function()
+    def setup(self, engine: Any, options: dict[str, Any], kind: str) -> None:
         """Build the engine where the worker runs (on Ray, the driver's own call is skipped)."""
-        self.engine = make_engine("rollout", engine, options)
+        self.engine = make_engine(kind, engine, options)
 
-    @function(group="rollout", dispatch="slice", collect="flatten")
+    @function(dispatch="slice", collect="flatten")
     def generate(self, prompts: list[list[int]], params) -> list:
         return self.engine.generate(prompts, params)
 
-    @function(group="rollout", dispatch="slice", collect="flatten", blocking=False)
+    @function(dispatch="slice", collect="flatten", blocking=False)
     def generate_async(self, prompts: list[list[int]], params) -> list:
         """`generate` that returns a handle at once, so the next round generates while this one trains."""
         return self.engine.generate(prompts, params)
 
-    @function(group="rollout")
+    @function(execute="first", collect="first")
+    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> Any:
+        return self.engine.prompt_topk_logprobs(sequences, k)
+
+    @function()
     def weight_receivers(self) -> int:
         return self.engine.weight_receivers()
 
-    @function(group="rollout", blocking=False)
+    @function(blocking=False)
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
         receivers = self.engine.weight_receivers()
-        rank = 1 + int(os.environ.get("RANK", "0")) * receivers  # train rank 0 is the group's rank 0
+        rank = 1 + int(os.environ.get("RANK", "0")) * receivers  # the sender is the group's rank 0
         self.engine.join_weight_group(host, port, rank, world_size, backend)
 
-    @function(group="rollout", blocking=False)
+    @function(blocking=False)
     def receive_weights(self) -> None:
         self.engine.receive_weights()
 
-    @function(group="rollout", execute="first", collect="first")
-    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list:
-        return self.engine.prompt_topk_logprobs(sequences, k)
-
-    @function(group="rollout")
+    @function()
     def gpu_uuid(self) -> str:
         return _gpu_uuid()
 
-    @function(group="rollout", dispatch="slice")
+    @function(dispatch="slice")
     def load_ipc_bucket(self, payloads: list[dict[str, Any]]) -> None:
-        """Load a bucket packed as CUDA IPC handles by the train rank on this worker's GPU."""
-        from rlcore.weight_sync import receive_ipc
+        """Load a bucket packed as CUDA IPC handles by the sender on this worker's GPU."""
+        from .weight_sync import receive_ipc
 
         for payload in payloads:
             self.engine.update_weights(receive_ipc(payload))
 
-    @function(group="rollout")
+    @function()
     def finish_weight_update(self) -> None:
         self.engine.finish_weight_update()
 
-    @function(group="rollout")
+    @function()
     def update_weights(self, buckets: list) -> None:
         for bucket in buckets:
             self.engine.update_weights(bucket)
         self.engine.finish_weight_update()
 
-    @function(group="rollout")
+    @function()
     def sleep(self, level: int = 1) -> None:
         self.engine.sleep(level)
 
-    @function(group="rollout")
+    @function()
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.engine.wake_up(tags)
 
 
 @worker(group="orm")
-class OrmWorker:
-    """An outcome reward model scoring (prompt, completion) pairs; a group of them shares the work."""
+class ScoreWorker:
+    """A scorer per worker (a reward model): `score(prompts, completions)` -> one float per pair; a group
+    shares the pairs."""
 
-    def __init__(self, options: dict[str, Any]):
-        self.setup(options)
+    def __init__(self, engine: Any, options: dict[str, Any], kind: str = "reward"):
+        self.setup(engine, options, kind)
 
-    @function(group="orm")
-    def setup(self, options: dict[str, Any]) -> None:
-        from rlcore.plugins.rewards.orm import OrmScorer
+    @function()
+    def setup(self, engine: Any, options: dict[str, Any], kind: str) -> None:
+        self.scorer = make_engine(kind, engine, options)
 
-        self.scorer = OrmScorer(**options)
-
-    @function(group="orm", dispatch="slice", collect="flatten")
+    @function(dispatch="slice", collect="flatten")
     def score(self, prompts: list, completions: list) -> list[float]:
         return self.scorer.score(prompts, completions)
-

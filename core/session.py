@@ -1,0 +1,328 @@
+"""`RoleSession`: an algorithm's roles as worker groups, built from the resource plan.
+
+Everything about where a role runs comes from the `ResourcePlan` (either YAML form): how many workers
+it has, on which devices, its data-parallel size, and which roles share GPUs. The session starts and
+stops the groups (in this process, or as Ray actors on placement-group bundles), lets colocated roles
+take turns on their GPUs (`active`), and moves weights from one role to another with the transport the
+placement allows:
+
+- `in_process`: no Ray; every role lives in this process and tensors are handed over directly;
+- `cuda_ipc`: colocated GPU roles; each sender rank hands the receiver on its GPU CUDA IPC handles of
+  flat buckets, bucket by bucket, so the model is never held twice;
+- `nccl` (`gloo` on the CPU): separate roles; the sender's rank 0 broadcasts flat buckets over a
+  process group of its own to every receiving process;
+- `object_store`: through Ray's object store (CPU runs, colocated receivers with several processes).
+
+It knows no algorithm: an algorithm says which roles it runs and how to build each (`RoleSetup`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+from .resources import ResourcePlan
+
+TRANSPORTS = ("auto", "in_process", "object_store", "nccl", "gloo", "cuda_ipc")
+
+
+@dataclass(frozen=True)
+class RoleSetup:
+    """How to build one role's workers: a worker class (bound to the role's name when its group is
+    made), the engine (a registered name or a factory), its options and the engine kind."""
+
+    worker: type
+    engine: Any
+    options: dict[str, Any] = field(default_factory=dict)
+    kind: str | None = None  # None: the worker class's default kind
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine if isinstance(self.engine, str) else getattr(self.engine, "__name__", repr(self.engine))
+
+
+class RoleSession:
+    """The running roles of one algorithm; use `with session.start(): ...`, then `session[role]`.
+
+    `syncs` names the (source, destination) role pairs whose weights `sync_weights` moves, so broadcast
+    groups and CUDA IPC pairs are set up at start. `sleep_level`, `offload_model` and `offload_optimizer`
+    say what colocated roles release while another one holds their GPUs.
+    """
+
+    def __init__(
+        self,
+        plan: ResourcePlan,
+        setups: dict[str, RoleSetup],
+        *,
+        use_ray: bool,
+        plugins: Any = None,
+        syncs: tuple[tuple[str, str], ...] = (),
+        ray_address: str | None = None,
+        placement_timeout_s: float = 60.0,
+        sleep_level: int = 1,
+        offload_model: bool = False,
+        offload_optimizer: bool = False,
+        weight_sync_backend: str = "auto",
+    ):
+        missing = [r for r in setups if r not in plan.roles]
+        if missing:
+            raise ConfigError(f"roles {missing} have no place in the resource plan (its roles: {', '.join(plan.roles)})")
+        if weight_sync_backend not in TRANSPORTS:
+            raise ConfigError(f"weight_sync_backend '{weight_sync_backend}' is unknown; use one of {', '.join(TRANSPORTS)}")
+        self.plan, self.setups, self.use_ray, self.plugins = plan, dict(setups), use_ray, plugins
+        self.syncs = tuple(syncs)
+        self.ray_address, self.placement_timeout_s = ray_address, placement_timeout_s
+        self.sleep_level, self.offload_model, self.offload_optimizer = sleep_level, offload_model, offload_optimizer
+        self.weight_sync_backend = weight_sync_backend
+        self.groups: dict[str, Any] = {}
+        self.asleep: dict[str, set[str]] = {}  # a sleeping role: the memory tags it released
+        self.transports: dict[tuple[str, str], str] = {}
+        self.ipc_sources: dict[tuple[str, str], list[int]] = {}  # cuda_ipc: per receiver, the sender rank on its GPU
+
+    # -- what the plan says --------------------------------------------------------------------------
+
+    @property
+    def roles(self) -> list[str]:
+        return list(self.setups)
+
+    def workers(self, role: str) -> int:
+        """The role's worker count: the plan's on Ray; one in-process worker without it."""
+        return self.plan.num_workers(role) if self.use_ray else 1
+
+    def dp_size(self, role: str) -> int:
+        """The data-parallel size of a train-like role (its workers: every worker holds a full replica)."""
+        return self.workers(role)
+
+    def device(self, role: str) -> str:
+        """'cuda' for a role on GPU ranks, 'cpu' otherwise; an engine option `device` wins."""
+        given = self.setups[role].options.get("device")
+        if given:
+            return "cuda" if str(given).startswith("cuda") else str(given)
+        return "cuda" if self.plan.group_of(role).device == "GPU" else "cpu"
+
+    def colocated(self, a: str, b: str) -> bool:
+        """`a` and `b` share GPU ranks, so they take turns on them."""
+        return a != b and bool(set(self.plan.ranks_of(a)) & set(self.plan.ranks_of(b)))
+
+    def colocated_with(self, role: str) -> list[str]:
+        return [r for r in self.setups if self.colocated(role, r)]
+
+    def describe(self) -> list[str]:
+        """One line per role: `train: 2 workers, GPU 0-1 (shared with rollout), engine hf`."""
+        lines = []
+        for role, setup in self.setups.items():
+            n = self.workers(role)
+            ranks = self.plan.ranks_of(role)
+            if not self.use_ray:
+                where = "in this process" + (f" on {self.device(role)}" if self.device(role) != "cpu" else "")
+            elif ranks:
+                where = f"GPU {_ranges(ranks)}"
+            else:
+                where = "CPU"
+            shared = self.colocated_with(role)
+            if shared:
+                where += f" (shared with {', '.join(shared)})"
+            lines.append(f"{role}: {n} worker{'s' if n != 1 else ''}, {where}, engine {setup.engine_name}")
+        return lines
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def start(self) -> Iterator[RoleSession]:
+        """Allocate the plan (Ray), build every role's group in order, join the weight-sync groups, put
+        colocated generators to sleep; stop and release everything on the way out."""
+        from .dispatch import plugins as current_plugins
+        from .dispatch import use_plugins
+
+        previous = current_plugins() if self.plugins is not None else None
+        if self.plugins is not None:
+            use_plugins(self.plugins)  # workers resolve engines and names with the run's plugins
+        try:
+            with self._placement():
+                for role in self.setups:
+                    self.groups[role] = self._build(role)
+                for src, dst in self.syncs:
+                    self._connect(src, dst)
+                for role in self.setups:
+                    if self._sleeps(role):
+                        self.sleep(role)
+                yield self
+        finally:
+            self.groups.clear()
+            if previous is not None:
+                use_plugins(previous)
+
+    def __getitem__(self, role: str) -> Any:
+        if role not in self.groups:
+            raise KeyError(f"role '{role}' is not running; running: {', '.join(self.groups) or '(none)'}")
+        return self.groups[role]
+
+    def get(self, role: str) -> Any:
+        return self.groups.get(role)
+
+    def _build(self, role: str) -> Any:
+        from .workers import bind
+
+        setup = self.setups[role]
+        options = dict(setup.options)
+        options.setdefault("device", self.device(role))
+        args = (setup.engine, options) + ((setup.kind,) if setup.kind else ())
+        return bind(setup.worker, role)(*args)
+
+    @contextlib.contextmanager
+    def _placement(self) -> Iterator[None]:
+        if not self.use_ray:
+            yield
+            return
+        from . import cluster, workers
+        from .placement import allocate, release
+
+        cluster.init(self.ray_address)
+        slots = allocate(self.plan, timeout_s=self.placement_timeout_s)
+        try:
+            with workers.runtime({r: slots[r] for r in self.setups}, use_ray=True):
+                yield
+        finally:
+            release(slots)
+
+    # -- colocated roles take turns -------------------------------------------------------------------
+
+    def _sleeps(self, role: str) -> bool:
+        """A generating role that shares GPUs sleeps whenever it is not the active one."""
+        return bool(self.sleep_level) and hasattr(self[role], "sleep") and bool(self.colocated_with(role))
+
+    def sleep(self, role: str) -> None:
+        if role not in self.asleep:
+            self[role].sleep(self.sleep_level)
+            self.asleep[role] = {"weights", "kv_cache"}
+
+    def wake(self, role: str, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Take back what of `tags` the role released; waking twice is never asked of an engine."""
+        missing = [t for t in tags if t in self.asleep.get(role, ())]
+        if missing:
+            self[role].wake_up(missing)
+            self.asleep[role] -= set(missing)
+
+    @contextlib.contextmanager
+    def active(self, role: str) -> Iterator[None]:
+        """`role` holds its GPUs: colocated train roles offload what the config says (gradients always),
+        a sleeping `role` wakes; on the way out it sleeps again and the others reload."""
+        others = [r for r in self.colocated_with(role) if hasattr(self[r], "offload")]
+        for other in others:
+            self[other].offload(params=self.offload_model, grads=True, optimizer=self.offload_optimizer)
+        self.wake(role)
+        try:
+            yield
+        finally:
+            if self._sleeps(role):
+                self.sleep(role)
+            for other in others:
+                self[other].reload(params=self.offload_model, grads=False, optimizer=self.offload_optimizer)
+
+    # -- weights from one role to another -------------------------------------------------------------
+
+    def transport(self, src: str, dst: str) -> str:
+        """How weights go from `src` to `dst`, from the placement (see the module docstring)."""
+        if not self.use_ray:
+            return "in_process"
+        if self.weight_sync_backend != "auto":
+            return self.weight_sync_backend
+        if self.device(src) != "cuda" or self.device(dst) != "cuda":
+            return "object_store"
+        if not self.colocated(src, dst):
+            return "nccl"
+        # a receiver whose weights live in several processes (a tensor-parallel vLLM) is beyond one actor's handles
+        return "cuda_ipc" if all(n == 1 for n in self[dst].weight_receivers()) else "object_store"
+
+    def _connect(self, src: str, dst: str) -> None:
+        transport = self.transports[(src, dst)] = self.transport(src, dst)
+        if transport in ("nccl", "gloo"):
+            from .actors import wait
+
+            sender, receiver = self[src], self[dst]
+            host, port = sender.weight_group_address()
+            world_size = 1 + sum(receiver.weight_receivers())
+            wait([sender.join_weight_group(host, port, world_size, transport),
+                  receiver.join_weight_group(host, port, world_size, transport)], timeout=self.placement_timeout_s)
+        elif transport == "cuda_ipc":
+            self.ipc_sources[(src, dst)] = self._pair_by_gpu(src, dst)
+
+    def _pair_by_gpu(self, src: str, dst: str) -> list[int]:
+        """For each `dst` worker, the `src` rank on the same GPU (CUDA IPC maps memory within one GPU)."""
+        senders, receivers = self[src].gpu_uuid(), self[dst].gpu_uuid()
+        missing = [r for r, uuid in enumerate(receivers) if uuid not in senders]
+        if missing:
+            raise ConfigError(
+                f"weight_sync_backend cuda_ipc: {dst} workers {missing} share no GPU with a {src} worker "
+                f"({src} GPUs {senders}, {dst} GPUs {receivers}); colocate {src} and {dst}, or use object_store"
+            )
+        return [senders.index(uuid) for uuid in receivers]
+
+    def sync_weights(self, src: str, dst: str, bucket_bytes: int = 512 << 20) -> dict[str, float]:
+        """`src` rank 0's weights into every `dst` worker, bucketed; returns seconds and GB/s."""
+        start = time.perf_counter()
+        transport = self.transports.get((src, dst)) or self.transport(src, dst)
+        sender, receiver = self[src], self[dst]
+        if transport in ("nccl", "gloo"):  # the receive queues behind a generation still in flight
+            from .actors import wait
+
+            sent, _ = wait([sender.send_weights(bucket_bytes), receiver.receive_weights()])
+            nbytes = sent["weight_sync/bytes"]
+        elif transport == "cuda_ipc":
+            self.wake(dst, ("weights",))
+            nbytes = self._sync_ipc(src, dst, bucket_bytes)
+        else:
+            self.wake(dst, ("weights",))
+            buckets = sender.export_weights(bucket_bytes)
+            receiver.update_weights(buckets)
+            nbytes = sum(t.numel() * t.element_size() for bucket in buckets for _, t in bucket)
+        seconds = time.perf_counter() - start
+        return {"weight_sync/seconds": seconds, "weight_sync/gb_per_s": nbytes / seconds / 1e9}
+
+    def _sync_ipc(self, src: str, dst: str, bucket_bytes: int) -> int:
+        """Bucket by bucket: every sender rank packs CUDA IPC handles, each receiver loads from its GPU's
+        sender; a bucket's memory is freed once all are done. Returns the bytes per receiver."""
+        sender, receiver, sources = self[src], self[dst], self.ipc_sources[(src, dst)]
+        nbytes = 0
+        sender.start_ipc_export(bucket_bytes)
+        while True:
+            payloads = sender.next_ipc_bucket()  # also drops the previous bucket, which every receiver has loaded
+            if payloads[0] is None:
+                break
+            receiver.load_ipc_bucket([payloads[i] for i in sources])
+            nbytes += payloads[0]["nbytes"]
+        receiver.finish_weight_update()
+        return nbytes
+
+    def check_weight_sync(self, src: str, dst: str, sequence: list[int]) -> float:
+        """After a sync, `dst` must score `sequence` as `src` does (top-k log-probs); a mismatch (a wrong
+        name mapping, a lost bucket) stops the run with a clear error."""
+        from .weight_sync import check_weight_sync
+
+        self.wake(dst, ("kv_cache",))
+        return check_weight_sync(self[src], self[dst], sequence)
+
+
+def _ranges(ranks: tuple[int, ...]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, ordered = [], sorted(ranks)
+    start = prev = ordered[0]
+    for r in ordered[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+        if r is not None:
+            start = prev = r
+    return ",".join(out)
+
+
+def announce(lines: list[str]) -> None:
+    """Print the placement before the first step (stderr: stdout keeps the run's JSON summary)."""
+    for line in lines:
+        print(f"rlcore: {line}", file=sys.stderr, flush=True)
