@@ -24,7 +24,7 @@ def make_engine(kind: str, engine: Any, options: dict[str, Any]) -> Any:
     """Build the engine `engine` (a registered name of `kind`, or a factory) in this process."""
     if callable(engine):
         return engine(**options)
-    from .dispatch import plugins
+    from .manager import plugins
 
     return plugins().engines.get(engine, kind=kind).factory(**options)
 

@@ -136,8 +136,8 @@ class RoleSession:
     def start(self) -> Iterator[RoleSession]:
         """Allocate the plan (Ray), build every role's group in order, join the weight-sync groups, put
         colocated generators to sleep; stop and release everything on the way out."""
-        from .dispatch import plugins as current_plugins
-        from .dispatch import use_plugins
+        from .manager import plugins as current_plugins
+        from .manager import use_plugins
 
         previous = current_plugins() if self.plugins is not None else None
         if self.plugins is not None:
