@@ -136,12 +136,11 @@ class RoleSession:
     def start(self) -> Iterator[RoleSession]:
         """Allocate the plan (Ray), build every role's group in order, join the weight-sync groups, put
         colocated generators to sleep; stop and release everything on the way out."""
-        from .manager import plugins as current_plugins
-        from .manager import use_plugins
+        from . import manager
 
-        previous = current_plugins() if self.plugins is not None else None
+        previous = manager._plugins
         if self.plugins is not None:
-            use_plugins(self.plugins)  # workers resolve engines and names with the run's plugins
+            manager.use_plugins(self.plugins)  # workers resolve engines and names with the run's plugins
         try:
             with self._placement():
                 for role in self.setups:
@@ -154,8 +153,9 @@ class RoleSession:
                 yield self
         finally:
             self.groups.clear()
-            if previous is not None:
-                use_plugins(previous)
+            self.asleep.clear()
+            if self.plugins is not None:
+                manager.use_plugins(previous)
 
     def __getitem__(self, role: str) -> Any:
         if role not in self.groups:
