@@ -1,28 +1,26 @@
 """The `example` algorithm: fit y = slope * x + intercept by gradient descent, in pure Python.
 
 Small enough to read in a minute, yet it does what a real trainer does: splits each step's data over
-workers with a registered dispatcher, joins their gradients with a registered collector, appends
-metrics.jsonl, checkpoints atomically, resumes, and calls the lifecycle hooks.
+workers with a registered dispatcher and joins their gradients with a registered collector. The loop
+itself is rlcore's (`rlcore.Trainer`): the progress bar, metrics.jsonl, the lifecycle hooks, atomic
+checkpoints and `--resume` come with it; this algorithm writes its step and its state.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from rlcore import ConfigError, RlcoreError, RunConfig, Trainer
+from rlcore import RlcoreError, RunConfig, Trainer
 
 
 class LineFitConfig(RunConfig):
     """Fit a line to noisy points by full-batch gradient descent."""
 
-    output_dir: str = Field("output/example", description="metrics.jsonl and state.json go here")
+    output_dir: str = Field("output/example", description="metrics.jsonl and checkpoint-N folders go here")
     steps: int = Field(100, ge=1, description="gradient steps")
     lr: float = Field(0.1, gt=0, description="learning rate")
     slope: float = Field(2.0, description="slope of the true line")
@@ -32,13 +30,28 @@ class LineFitConfig(RunConfig):
     num_workers: int = Field(2, ge=1, description="shards each step's data is split into")
     dispatch: str = Field("reverse_slice", description="dispatcher that splits the data over workers")
     collect: str = Field("sum", description="collector that joins the workers' gradients")
-    resume: Literal["auto"] | None = Field(None, description="'auto': continue from output_dir/state.json")
+    save_steps: int = Field(50, ge=0, description="checkpoint every N steps (and at the end); 0: only at the end")
+    save_total_limit: int | None = Field(2, ge=1, description="keep the newest N checkpoints")
+    resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
 
 
 class LineFitTrainer(Trainer):
     """Gradient descent on mean squared error; override `make_data`, `gradient` or `learning_rate`."""
 
     config: LineFitConfig
+    name = "example"
+    progress_keys = ("loss", "w", "b")
+
+    def __init__(self, config: LineFitConfig, plugins, *, use_ray: bool = False):
+        super().__init__(config, plugins, use_ray=use_ray)
+        self.split = plugins.dispatchers.get(config.dispatch).split
+        self.collect = plugins.collectors.get(config.collect).collect
+        self.w = self.b = 0.0
+        self.xs, self.ys = self.make_data()
+
+    @property
+    def max_steps(self) -> int:
+        return self.config.steps
 
     def make_data(self) -> tuple[list[float], list[float]]:
         """The points to fit, drawn from the config's seed."""
@@ -59,55 +72,21 @@ class LineFitTrainer(Trainer):
     def learning_rate(self, step: int) -> float:
         return self.config.lr
 
-    def fit(self) -> dict[str, Any]:
-        cfg = self.config
-        out = Path(cfg.output_dir)
-        split = self.plugins.dispatchers.get(cfg.dispatch).split
-        collect = self.plugins.collectors.get(cfg.collect).collect
-        w, b, start = self._restore(out)
-        xs, ys = self.make_data()
-        loss = math.nan
-        self.hook.rlcore_train_start(trainer=self)
-        for step in range(start + 1, cfg.steps + 1):
-            calls = split(cfg.num_workers, (xs, ys), {}, None)
-            grad_w, grad_b, squared = collect([self.gradient(w, b, *call[0]) for call in calls if call])
-            loss = squared / len(xs)
-            if not math.isfinite(loss):
-                raise RlcoreError(f"example: training diverged at step {step} (loss {loss}); lower lr (now {cfg.lr})")
-            w -= self.learning_rate(step) * grad_w / len(xs)
-            b -= self.learning_rate(step) * grad_b / len(xs)
-            metrics = {"step": step, "loss": loss, "w": w, "b": b}
-            self._append_metrics(out, metrics)
-            self._save(out, step, w, b)
-            self.hook.rlcore_step_end(trainer=self, step=step, metrics=metrics)
-        summary = {"steps": cfg.steps, "loss": loss, "w": w, "b": b}
-        self.hook.rlcore_train_end(trainer=self, metrics=summary)
-        return summary
+    def train_step(self) -> dict[str, Any]:
+        """One gradient step over all points, split over `num_workers` and joined again."""
+        n, step = len(self.xs), self.step + 1
+        with self.timer("gradient"):
+            calls = self.split(self.config.num_workers, (self.xs, self.ys), {}, None)
+            grad_w, grad_b, squared = self.collect([self.gradient(self.w, self.b, *call[0]) for call in calls if call])
+        loss = squared / n
+        if not math.isfinite(loss):
+            raise RlcoreError(f"example: training diverged at step {step} (loss {loss}); lower lr (now {self.config.lr})")
+        self.w -= self.learning_rate(step) * grad_w / n
+        self.b -= self.learning_rate(step) * grad_b / n
+        return {"loss": loss, "w": self.w, "b": self.b}
 
-    def _restore(self, out: Path) -> tuple[float, float, int]:
-        """(w, b, last step) to continue from; a fresh run refuses an output_dir that holds one."""
-        state_file = out / "state.json"
-        if not state_file.exists():
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "metrics.jsonl").unlink(missing_ok=True)
-            return 0.0, 0.0, 0
-        state = json.loads(state_file.read_text())
-        if self.config.resume != "auto":
-            raise ConfigError(
-                f"output_dir '{out}' already holds a run (at step {state['step']}); continue it with "
-                f"--resume (resume=auto) or choose another output_dir=..."
-            )
-        return state["w"], state["b"], state["step"]
+    def state_dict(self) -> dict[str, Any]:
+        return {"w": self.w, "b": self.b}
 
-    @staticmethod
-    def _append_metrics(out: Path, metrics: dict[str, Any]) -> None:
-        with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(metrics) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    @staticmethod
-    def _save(out: Path, step: int, w: float, b: float) -> None:
-        tmp = out / "state.json.tmp"
-        tmp.write_text(json.dumps({"step": step, "w": w, "b": b}))
-        os.replace(tmp, out / "state.json")
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.w, self.b = state["w"], state["b"]

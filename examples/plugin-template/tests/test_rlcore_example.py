@@ -76,3 +76,17 @@ def test_trainer_fits_the_line_and_writes_metrics(plugins, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 151))
     assert rows[-1]["loss"] < rows[0]["loss"] / 100
+
+
+def test_resume_continues_where_the_checkpoint_left_off(plugins, tmp_path):
+    spec = plugins.algorithms.get("example")
+    straight = spec.trainer(spec.config(output_dir=str(tmp_path / "a"), steps=60), plugins).fit()
+    spec.trainer(spec.config(output_dir=str(tmp_path / "b"), steps=40, save_steps=20), plugins).fit()
+    with pytest.raises(rlcore.ConfigError, match="already holds checkpoint-40"):  # never overwritten
+        spec.trainer(spec.config(output_dir=str(tmp_path / "b"), steps=60), plugins)
+    resumed = spec.trainer(spec.config(output_dir=str(tmp_path / "b"), steps=60, resume="auto"), plugins)
+    assert resumed.resume_from.name == "checkpoint-40"
+    summary = resumed.fit()
+    assert summary["step"] == 60 and summary["w"] == pytest.approx(straight["w"], abs=1e-12)
+    rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 61))
