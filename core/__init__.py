@@ -11,6 +11,8 @@ from .errors import ConfigError, NotRegistered, PluginError, ResourceError, Rlco
 from .hookspecs import hookimpl, hookspec
 from .manager import Plugins, load_plugins
 from .registry import Registry
+from .roles import GenerateWorker, ScoreWorker, TrainWorker
+from .session import RoleSession, RoleSetup
 from .specs import (
     AlgorithmSpec,
     CollectorSpec,
@@ -22,8 +24,8 @@ from .specs import (
     RoleSpec,
     Slot,
 )
-from .trainer import Trainer
-from .workers import function, worker
+from .trainer import PhaseTimer, Trainer
+from .workers import bind, function, worker
 
 __version__ = "0.1.0"
 
@@ -35,8 +37,10 @@ __all__ = [
     "ConfigError",
     "DispatcherSpec",
     "EngineSpec",
+    "GenerateWorker",
     "Generation",
     "NotRegistered",
+    "PhaseTimer",
     "PlacementRequest",
     "PlacementSpec",
     "PluginError",
@@ -47,15 +51,20 @@ __all__ = [
     "RlcoreError",
     "RoleConfig",
     "RoleFailed",
+    "RoleSession",
+    "RoleSetup",
     "RoleSpec",
     "RolloutEngine",
     "RunConfig",
     "SamplingParams",
+    "ScoreWorker",
     "Slot",
     "TopK",
     "TrainEngine",
+    "TrainWorker",
     "Trainer",
     "__version__",
+    "bind",
     "function",
     "hookimpl",
     "hookspec",

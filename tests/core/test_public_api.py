@@ -44,6 +44,13 @@ EXPECTED = [
     "load_plugins",
     "render_config",
     "worker",
+    "GenerateWorker",
+    "PhaseTimer",
+    "RoleSession",
+    "RoleSetup",
+    "ScoreWorker",
+    "TrainWorker",
+    "bind",
 ]
 
 HEAVY = ["torch", "transformers", "ray", "vllm"]
