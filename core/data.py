@@ -97,8 +97,8 @@ def _prompt_of(row: dict[str, Any]) -> tuple[str, Any, str | None]:
     return "prompt", None, "is missing or null (a row needs a 'prompt' or a 'messages' column)"
 
 
-def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a local `.jsonl`, `.json` or `.parquet` file, as objects; anything else is an error."""
+def _numbered_rows(path: str | os.PathLike, problems: list[tuple[str, str]]) -> list[tuple[int, dict[str, Any]]]:
+    """(row number in the file, row) of every object row; other rows become problems."""
     file = Path(path)
     if not file.is_file():
         raise ConfigError(
@@ -106,7 +106,6 @@ def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
             [("dataset", f"'{path}' does not exist")],
         )
     suffix = file.suffix.lower()
-    problems: list[tuple[str, str]] = []
     if suffix == ".jsonl":
         raw = _read_jsonl(file, problems)
     elif suffix == ".json":
@@ -117,10 +116,17 @@ def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
         raise ConfigError(f"dataset '{path}' has suffix '{suffix}'; rlcore reads {', '.join(FORMATS)}")
     rows = []
     for number, row in raw:
-        if not isinstance(row, dict):
+        if isinstance(row, dict):
+            rows.append((number, row))
+        else:
             problems.append((f"row {number}", f"is a {type(row).__name__}, not an object with named columns"))
-            continue
-        rows.append(row)
+    return rows
+
+
+def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a local `.jsonl`, `.json` or `.parquet` file, as objects; anything else is an error."""
+    problems: list[tuple[str, str]] = []
+    rows = [row for _, row in _numbered_rows(path, problems)]
     _raise(path, problems)
     if not rows:
         raise ConfigError(f"dataset '{path}' has no rows")
@@ -134,15 +140,21 @@ def _raise(path: Any, problems: list[tuple[str, str]]) -> None:
         raise ConfigError(f"dataset '{path}': {shown}{more}", [(f"{path}: {where}", what) for where, what in problems])
 
 
-def prompt_view(rows: list[dict[str, Any]], path: Any = "dataset") -> list[dict[str, Any]]:
-    """Each row with its `prompt` (from `prompt` or `messages`, see the module docstring)."""
-    out, problems = [], []
-    for number, row in enumerate(rows, start=1):
+def _prompts(numbered: list[tuple[int, dict[str, Any]]], problems: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    out = []
+    for number, row in numbered:
         column, prompt, problem = _prompt_of(row)
         if problem:
             problems.append((f"row {number}, column '{column}'", problem))
-            continue
-        out.append({**row, "prompt": prompt})
+        else:
+            out.append({**row, "prompt": prompt})
+    return out
+
+
+def prompt_view(rows: list[dict[str, Any]], path: Any = "dataset") -> list[dict[str, Any]]:
+    """Each row with its `prompt` (from `prompt` or `messages`, see the module docstring)."""
+    problems: list[tuple[str, str]] = []
+    out = _prompts(list(enumerate(rows, start=1)), problems)
     _raise(path, problems)
     return out
 
@@ -176,8 +188,14 @@ def conversation_view(rows: list[dict[str, Any]], path: Any = "dataset") -> list
 
 
 def load_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a local `.jsonl`, `.json` or `.parquet` file, each with a `prompt` and its other columns."""
-    return prompt_view(load_rows(path), path)
+    """The rows of a local `.jsonl`, `.json` or `.parquet` file, each with a `prompt` and its other columns;
+    every problem of the file is reported at once, by the row's number in the file."""
+    problems: list[tuple[str, str]] = []
+    rows = _prompts(_numbered_rows(path, problems), problems)
+    _raise(path, problems)
+    if not rows:
+        raise ConfigError(f"dataset '{path}' has no rows")
+    return rows
 
 
 class PromptEncoder:

@@ -178,3 +178,31 @@ def test_rows_handed_out_are_copies():
     sampler = PromptSampler(DATA, 2, seed=0)
     sampler.next_batch()[0]["completion"] = "x"
     assert all("completion" not in r for r in DATA)
+
+
+def test_rows_load_once_and_serve_a_prompt_view_and_a_conversation_view(tmp_path):
+    from rlcore.data import conversation_view, load_rows, prompt_view
+
+    path = tmp_path / "chat.jsonl"
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    path.write_text(
+        json.dumps({"messages": chat, "solution": "4"}) + "\n"
+        + json.dumps({"prompt": "hi", "completion": "hello", "solution": "x"}) + "\n"
+    )
+    rows = load_rows(path)
+    prompts = prompt_view(rows, path)
+    assert prompts[0]["prompt"] == chat[:1] and prompts[1]["prompt"] == "hi"  # the answer is not in the prompt
+    talks = conversation_view(rows, path)
+    assert talks[0]["messages"] == chat and talks[0]["solution"] == "4"  # SFT keeps the assistant turn
+    assert talks[1]["messages"] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert "messages" not in rows[1]  # the views copy; the loaded rows stay as they were
+
+
+def test_a_conversation_view_needs_an_assistant_turn(tmp_path):
+    from rlcore.data import conversation_view
+
+    rows = [{"messages": [{"role": "user", "content": "q"}]}, {"prompt": "only a prompt"}]
+    with pytest.raises(ConfigError) as err:
+        conversation_view(rows, "d.jsonl")
+    assert "row 1, column 'messages' ends with a 'user' message" in str(err.value)
+    assert "row 2 has neither a 'messages' column nor 'prompt' and 'completion'" in str(err.value)
