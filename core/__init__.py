@@ -6,7 +6,7 @@ plugins pay for what they use.
 
 from .batch import Batch
 from .config import BaseConfig, RoleConfig, RunConfig, load_config, render_config
-from .engines import Generation, RolloutEngine, SamplingParams, TopK, TrainEngine
+from .engines import Generation, ModelOutputs, RolloutEngine, SamplingParams, TopK, TrainEngine
 from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed
 from .hookspecs import hookimpl, hookspec
 from .manager import Plugins, load_plugins
@@ -39,6 +39,7 @@ __all__ = [
     "EngineSpec",
     "GenerateWorker",
     "Generation",
+    "ModelOutputs",
     "NotRegistered",
     "PhaseTimer",
     "PlacementRequest",

@@ -8,6 +8,8 @@ Conventions shared by every engine:
   ([B, T], right-padded) and, for losses, a `completion_mask` ([B, T], 1 on completion tokens);
 - per-token log-probs are aligned with `input_ids`: column t holds log p(input_ids[t] | input_ids[:t])
   (column 0 is 0), so a mask over `input_ids` selects them directly;
+- distributions are aligned the same way: row t of a [B, T, k] or [B, T, V] tensor is the distribution
+  of token t given tokens :t; row 0 and rows past a sequence's end are 0 (`TopK`, `ModelOutputs`);
 - weights travel in Hugging Face parameter names.
 """
 
@@ -17,6 +19,8 @@ import abc
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from .errors import RlcoreError
 
 if TYPE_CHECKING:
     import torch
@@ -53,10 +57,38 @@ class Generation:
 
 @dataclass
 class TopK:
-    """Top-k log-probs of a sequence's tokens 1..L-1 given their prefixes: ids and logprobs are [L-1, k]."""
+    """The k most likely tokens at every position of a batch of sequences: `ids` (long) and `logprobs`
+    (float32), both [B, T, k], right-padded to the longest sequence, best first.
+
+    Row t is the distribution of token t given tokens :t; row 0 and padding rows are 0 (ids and values).
+    Every engine gives this layout: train engines from `forward_topk`, rollout engines (a served
+    teacher) from `prompt_topk_logprobs`.
+    """
 
     ids: torch.Tensor
     logprobs: torch.Tensor
+
+
+class ModelOutputs(abc.ABC):
+    """One micro-batch's forward pass inside a train step, as the loss function sees it.
+
+    The engine builds it from its forward pass at the step's temperature; the loss asks for what it needs
+    and the engine computes that (a Megatron engine vocab-parallel), once. Results are aligned as the
+    module docstring says (row 0 and padding are 0) and gradients flow through all of them.
+    """
+
+    @abc.abstractmethod
+    def logprobs(self) -> torch.Tensor:
+        """Per-token log-probs [B, T] of `input_ids`."""
+
+    @abc.abstractmethod
+    def logprobs_at(self, ids: torch.Tensor) -> torch.Tensor:
+        """Log-probs at given token ids: `ids` [B, T, k] (a teacher's `TopK.ids`) -> [B, T, k], each
+        normalised over the full vocabulary (renormalise over the k yourself where a loss wants that)."""
+
+    @abc.abstractmethod
+    def full_logprobs(self) -> torch.Tensor:
+        """Log-probs over the whole vocabulary, [B, T, V]."""
 
 
 class RolloutEngine(abc.ABC):
@@ -67,8 +99,9 @@ class RolloutEngine(abc.ABC):
         """`params.n` completions per prompt, prompt-major: result[i * n + j] is prompt i's j-th."""
 
     @abc.abstractmethod
-    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopK]:
-        """The k most likely next tokens at every position of each sequence (a distillation teacher)."""
+    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> TopK:
+        """The k most likely tokens at every position of `sequences` (a distillation teacher), at temperature 1:
+        [B, T, k] with B = len(sequences), T the longest, in the layout `TopK` describes."""
 
     @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -82,16 +115,16 @@ class RolloutEngine(abc.ABC):
         return 1
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
-        """Join the broadcast group through which train rank 0 sends new weights (ranks rank.. rank+receivers-1)."""
-        from .weight_sync import BroadcastGroup
-
-        self._weight_group = BroadcastGroup(host, port, rank, world_size, backend)
+        """Join the broadcast group through which train rank 0 sends new weights (ranks rank.. rank+receivers-1),
+        e.g. as an `rlcore.weight_sync.BroadcastGroup`. An engine that cannot leaves this as it is."""
+        raise RlcoreError(
+            f"{type(self).__name__} cannot receive weights over a broadcast group; colocate the rollout role "
+            "with train (in-process or CUDA IPC sync) or implement join_weight_group and receive_weights"
+        )
 
     def receive_weights(self) -> None:
-        """Take one sync's buckets from the broadcast group, then finish the update."""
-        for bucket in self._weight_group.receive():
-            self.update_weights(bucket)
-        self.finish_weight_update()
+        """Take one sync's buckets from the broadcast group, load them, then finish the update."""
+        raise RlcoreError(f"{type(self).__name__} cannot receive weights over a broadcast group")
 
     @abc.abstractmethod
     def sleep(self, level: int = 1) -> None:
@@ -102,11 +135,15 @@ class RolloutEngine(abc.ABC):
         """Take memory back: `tags` among "weights", "kv_cache"; None means everything."""
 
 
-LossFn = Callable[["torch.Tensor", "Batch"], tuple["torch.Tensor", dict[str, float]]]
+LossFn = Callable[[ModelOutputs, "Batch"], tuple["torch.Tensor", dict[str, float]]]
 
 
 class TrainEngine(abc.ABC):
-    """Holds a model and its optimizer on one worker; several workers of a group form one DDP/Megatron world."""
+    """Holds a model and its optimizer on one worker; several workers of a group form one DDP/Megatron world.
+
+    Registered under kind "train", and under kind "forward" built without optimizer or scheduler (a
+    reference or a colocated teacher model): a forward engine answers forward passes and refuses `train_step`.
+    """
 
     @abc.abstractmethod
     def forward_logprobs(self, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
@@ -114,15 +151,18 @@ class TrainEngine(abc.ABC):
 
     @abc.abstractmethod
     def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0) -> TopK | torch.Tensor:
-        """Top-k log-probs ([B, T, k] ids and values), or full-vocabulary log-probs [B, T, V] when k is None."""
+        """Top-k log-probs (a `TopK`, [B, T, k]), or full-vocabulary log-probs [B, T, V] when k is None."""
 
     @abc.abstractmethod
-    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> dict[str, float]:
+    def train_step(
+        self, batch: Batch, loss_fn: LossFn, micro_batch_size: int, temperature: float = 1.0
+    ) -> dict[str, float]:
         """One optimizer step over `batch` in micro-batches.
 
-        `loss_fn(logprobs, micro_batch)` returns (loss, metrics) where loss is the micro-batch's share of
-        the batch loss: the engine sums gradients over micro-batches (and DDP averages over workers),
-        clips, steps the optimizer and returns averaged metrics plus `grad_norm` and `lr`.
+        `loss_fn(outputs, micro_batch)` gets the micro-batch's `ModelOutputs` (at `temperature`) and returns
+        (loss, metrics) where loss is the micro-batch's share of the batch loss: the engine sums gradients
+        over micro-batches (and DDP averages over workers), clips, steps the optimizer and returns averaged
+        metrics plus `grad_norm` and `lr`.
         """
 
     @abc.abstractmethod

@@ -62,12 +62,17 @@ class AlgorithmSpec:
     roles: tuple[str, ...] = ()  # the roles its resource plan may name
 
 
-EngineKind = Literal["train", "rollout", "teacher", "reward"]
+EngineKind = Literal["train", "forward", "rollout", "teacher", "reward"]
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """An engine implementation. `factory(**options)` builds one; it imports its heavy library lazily."""
+    """An engine implementation. `factory(**options)` builds one; it imports its heavy library lazily.
+
+    Kinds: "train" (a `TrainEngine`), "forward" (a `TrainEngine` built without optimizer, for reference and
+    colocated teacher models: forward passes only), "rollout" and "teacher" (a `RolloutEngine`; a teacher
+    serves `prompt_topk_logprobs`), "reward" (a reward-model scorer).
+    """
 
     name: str
     kind: EngineKind

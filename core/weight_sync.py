@@ -313,7 +313,8 @@ def check_weight_sync(
     ids = torch.tensor([sequence], dtype=torch.long)
     ref = train_engine.forward_topk(Batch(input_ids=ids, attention_mask=torch.ones_like(ids)), k)
     want = ref.logprobs[0, 1 : len(sequence)].float().cpu().sort(dim=-1, descending=True).values
-    got = rollout_engine.prompt_topk_logprobs([sequence], k)[0].logprobs.float().cpu().sort(dim=-1, descending=True).values
+    got = rollout_engine.prompt_topk_logprobs([sequence], k).logprobs[0, 1 : len(sequence)]
+    got = got.float().cpu().sort(dim=-1, descending=True).values
     if got.shape != want.shape:
         raise RlcoreError(f"check_weight_sync: rollout top-k has shape {tuple(got.shape)}, train top-k {tuple(want.shape)}")
     diff = float((got - want).abs().max())

@@ -1,6 +1,7 @@
-"""The Hugging Face engines: `hf` as a train engine (transformers + torch, DDP across a group's workers)
-and as a rollout engine (a batched sampling loop with a KV cache), plus `build_tiny_model` for tests and
-demos. Importing this module imports neither torch nor transformers; the factories do.
+"""The Hugging Face engines: `hf` as a train engine (transformers + torch, DDP across a group's workers),
+as a forward engine (the same model without optimizer: a reference or a colocated teacher) and as a rollout
+engine (a batched sampling loop with a KV cache), plus `build_tiny_model` for tests and demos. Importing
+this module imports neither torch nor transformers; the factories do.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from rlcore.errors import ConfigError, did_you_mean
 
 from .tiny import build_tiny_model
 
-__all__ = ["build_tiny_model", "make_rollout_engine", "make_train_engine"]
+__all__ = ["build_tiny_model", "make_forward_engine", "make_rollout_engine", "make_train_engine"]
+
+# What a forward engine takes: the model and how to run it; nothing about training.
+FORWARD_OPTIONS = ("model", "dtype", "device", "logprob_micro_batch_size", "seed")
 
 
-def _build(cls: type, kind: str, options: dict[str, Any]) -> Any:
-    known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+def _build(cls: type, kind: str, options: dict[str, Any], known: tuple[str, ...] = (), **fixed: Any) -> Any:
+    known = known or tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
     unknown = [k for k in options if k not in known]
     if unknown:
         raise ConfigError(
@@ -25,7 +29,7 @@ def _build(cls: type, kind: str, options: dict[str, Any]) -> Any:
             + f" Options: {', '.join(known)}.",
             [(k, "unknown option") for k in unknown],
         )
-    return cls(**options)
+    return cls(**options, **fixed)
 
 
 def make_train_engine(**options: Any) -> Any:
@@ -33,6 +37,14 @@ def make_train_engine(**options: Any) -> Any:
     from .train import HFTrainEngine
 
     return _build(HFTrainEngine, "train", options)
+
+
+def make_forward_engine(**options: Any) -> Any:
+    """An `HFTrainEngine(forward_only=True, **options)`: no optimizer, `train_step` refuses; options are
+    those of FORWARD_OPTIONS."""
+    from .train import HFTrainEngine
+
+    return _build(HFTrainEngine, "forward", options, FORWARD_OPTIONS, forward_only=True)
 
 
 def make_rollout_engine(**options: Any) -> Any:
@@ -45,5 +57,6 @@ def make_rollout_engine(**options: Any) -> Any:
 @hookimpl
 def rlcore_engines():
     yield EngineSpec("hf", kind="train", factory=make_train_engine, description="transformers + torch; DDP over a group")
+    yield EngineSpec("hf", kind="forward", factory=make_forward_engine, description="the hf train engine without optimizer: reference and teacher models")
     yield EngineSpec("hf", kind="rollout", factory=make_rollout_engine, description="transformers sampling loop with a KV cache")
     yield EngineSpec("hf", kind="teacher", factory=make_rollout_engine, description="the hf rollout engine serving top-k log-probs")

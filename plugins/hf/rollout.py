@@ -18,7 +18,7 @@ from rlcore.batch import pad_tokens
 from rlcore.engines import Generation, RolloutEngine, SamplingParams, TopK
 from rlcore.errors import RlcoreError, did_you_mean
 
-from .common import common_problems, load_causal_lm, raise_problems, torch_device
+from .common import common_problems, load_causal_lm, model_outputs, raise_problems, torch_device
 
 TAGS = ("weights", "kv_cache")
 TOPK_ROWS = 16  # sequences per forward pass in prompt_topk_logprobs
@@ -120,8 +120,9 @@ class HFRolloutEngine(RolloutEngine):
         input_ids, mask = pad_tokens(prompts, self.pad_token_id, left=True)
         return input_ids.to(self.device), mask.to(self.device)
 
-    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopK]:
-        """For each sequence, the top-k next-token log-probs after every prefix: ids/logprobs [L-1, k], on CPU."""
+    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> TopK:
+        """The top-k log-probs at every position of `sequences`, at temperature 1: a `TopK` [B, T, k] on CPU
+        (row t: the distribution of token t given tokens :t; row 0 and padding 0)."""
         import torch
 
         if not isinstance(k, int) or k < 1:
@@ -129,18 +130,18 @@ class HFRolloutEngine(RolloutEngine):
         _check_token_lists(sequences, self.vocab_size, "sequences")
         self._check_ready()
         k = min(k, self.vocab_size)
-        results: list[TopK] = []
+        input_ids, mask = pad_tokens(sequences, self.pad_token_id)
+        ids = torch.zeros(*input_ids.shape, k, dtype=torch.long)
+        values = torch.zeros(*input_ids.shape, k, dtype=torch.float32)
         with torch.no_grad():  # not inference_mode: a distillation loss may save these for backward
             for start in range(0, len(sequences), TOPK_ROWS):
-                chunk = sequences[start:start + TOPK_ROWS]
-                input_ids, mask = pad_tokens(chunk, self.pad_token_id)
-                logits = self.model(
-                    input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False
-                ).logits[:, :-1]
-                top = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
-                ids, values = top.indices.cpu(), top.values.cpu()
-                results.extend(TopK(ids=ids[i, :len(s) - 1], logprobs=values[i, :len(s) - 1]) for i, s in enumerate(chunk))
-        return results
+                rows = slice(start, start + TOPK_ROWS)
+                width = int(mask[rows].sum(dim=1).max())
+                top = model_outputs(
+                    self.model, input_ids[rows, :width].to(self.device), mask[rows, :width].to(self.device)
+                ).topk(k)
+                ids[rows, :width], values[rows, :width] = top.ids.cpu(), top.logprobs.cpu()
+        return TopK(ids=ids, logprobs=values)
 
     # ------------------------------------------------------------------ weights and memory
 
@@ -163,6 +164,21 @@ class HFRolloutEngine(RolloutEngine):
                     )
                 target.copy_(tensor)
                 self._unloaded.discard(id(target))
+
+    def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        """Join train rank 0's broadcast group as `rank` (NCCL buffers arrive on this engine's GPU)."""
+        from rlcore.weight_sync import BroadcastGroup
+
+        device = self.device if backend == "nccl" else None
+        self._weight_group = BroadcastGroup(host, port, rank, world_size, backend, device=device)
+
+    def receive_weights(self) -> None:
+        """Load one sync's buckets from the broadcast group, then finish the update."""
+        if getattr(self, "_weight_group", None) is None:
+            raise RlcoreError("receive_weights before join_weight_group: the engine is in no broadcast group")
+        for bucket in self._weight_group.receive():
+            self.update_weights(bucket)
+        self.finish_weight_update()
 
     def sleep(self, level: int = 1) -> None:
         """Level 1: weights to CPU memory (a no-op on a CPU engine); level 2: weights dropped (the next

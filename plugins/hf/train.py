@@ -4,6 +4,8 @@ Build one with `HFTrainEngine(model="path/or/hub-id", learning_rate=1e-5, ...)` 
 (`plugins.engines.get("hf", kind="train").factory(**options)`). When the worker runtime sets WORLD_SIZE > 1
 (with RANK, MASTER_ADDR, MASTER_PORT), the engine joins that torch.distributed world (gloo on the CPU, NCCL
 on CUDA) and wraps the model in DistributedDataParallel; gradients are then averaged over the workers.
+With `forward_only=True` (the registry's kind "forward": a reference or teacher model) it holds the model
+alone: no optimizer, no scheduler, no torch.distributed world, and `train_step` refuses.
 """
 
 from __future__ import annotations
@@ -23,14 +25,7 @@ from rlcore.batch import Batch
 from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
 from rlcore.errors import ConfigError, RlcoreError
 
-from .common import (
-    aligned_logprobs,
-    check_temperature,
-    common_problems,
-    load_causal_lm,
-    raise_problems,
-    torch_device,
-)
+from .common import check_temperature, common_problems, load_causal_lm, model_outputs, raise_problems, torch_device
 from .lora import lora_merged_tensors
 
 SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
@@ -43,7 +38,8 @@ class HFTrainEngine(TrainEngine):
     Options are named as TRL and ms-swift name them. `max_steps` (the run's optimizer steps) is needed
     by the cosine and linear schedules; `max_grad_norm=0` turns clipping off; `lora_rank=0` trains every weight;
     `logprob_micro_batch_size` bounds the rows of one forward-only pass (so [B, T, V] logits never exist
-    for the whole batch at once).
+    for the whole batch at once). `forward_only=True` builds the model without optimizer (see the module
+    docstring).
     """
 
     def __init__(
@@ -68,18 +64,29 @@ class HFTrainEngine(TrainEngine):
         logprob_micro_batch_size: int = 16,
         seed: int = 42,
         dist_timeout_s: float = 600.0,
+        forward_only: bool = False,
     ):
-        raise_problems("hf train engine", common_problems(model, dtype, device) + _train_problems(locals()))
+        kind = "forward" if forward_only else "train"
+        raise_problems(f"hf {kind} engine", common_problems(model, dtype, device) + _train_problems(locals()))
         import torch
 
         self.model_name = str(model)
         self.device = torch_device(device)
+        if self.device.type == "cuda":  # for NCCL, and for tensors made for "cuda" elsewhere in this process
+            torch.cuda.set_device(self.device)
         self.max_grad_norm = max_grad_norm
         self.logprob_micro_batch_size = logprob_micro_batch_size
         self.lora = lora_rank > 0
+        self.forward_only = forward_only
         self.global_step = 0
-        self.rank, self.world_size = _init_distributed(self.device, dist_timeout_s)
+        self._offloaded: set[str] = set()
         torch.manual_seed(seed)
+        if forward_only:  # no gradients to average: no torch.distributed world to join
+            self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+            self.model = load_causal_lm(model, dtype, self.device).requires_grad_(False)
+            self.trainable, self.ddp, self.optimizer, self.scheduler = [], None, None, None
+            return
+        self.rank, self.world_size = _init_distributed(self.device, dist_timeout_s)
 
         self.model = load_causal_lm(model, dtype, self.device)
         if gradient_checkpointing:
@@ -99,7 +106,7 @@ class HFTrainEngine(TrainEngine):
         if self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            device_ids = [self.device.index or 0] if self.device.type == "cuda" else None
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
         self.optimizer = torch.optim.AdamW(
             self.trainable, lr=learning_rate, betas=(adam_beta1, adam_beta2), eps=adam_epsilon,
@@ -111,7 +118,6 @@ class HFTrainEngine(TrainEngine):
             lr_scheduler_type, self.optimizer, num_warmup_steps=warmup_steps,
             num_training_steps=max_steps or None,
         )
-        self._offloaded: set[str] = set()
 
     # ------------------------------------------------------------------ forward-only passes
 
@@ -126,14 +132,14 @@ class HFTrainEngine(TrainEngine):
         with torch.inference_mode():
             for rows, width in self._chunks(attention_mask):
                 ids, mask = input_ids[rows, :width].to(self.device), attention_mask[rows, :width].to(self.device)
-                out[rows, :width] = aligned_logprobs(self.model, ids, mask, temperature).cpu()
+                out[rows, :width] = model_outputs(self.model, ids, mask, temperature).logprobs().cpu()
         return out
 
     def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0) -> TopK | Any:
-        """Top-k log-probs (ids and values [B, T, k]) or full log-probs [B, T, V] when k is None, on CPU.
+        """Top-k log-probs (a `TopK`, [B, T, k]) or full log-probs [B, T, V] when k is None, on CPU.
 
         Row t is the distribution of token t given tokens :t, aligned like `forward_logprobs`; row 0 and
-        padded rows are 0.
+        padded rows are 0. The values are those a train step's `ModelOutputs` gives at the same ids.
         """
         import torch
 
@@ -148,16 +154,15 @@ class HFTrainEngine(TrainEngine):
         ids = torch.zeros(B, T, width_k, dtype=torch.long)
         with torch.inference_mode():
             for rows, width in self._chunks(attention_mask):
-                logits = self.model(
-                    input_ids=input_ids[rows, :width].to(self.device),
-                    attention_mask=attention_mask[rows, :width].to(self.device), use_cache=False,
-                ).logits[:, :-1]
-                logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+                outputs = model_outputs(
+                    self.model, input_ids[rows, :width].to(self.device), attention_mask[rows, :width].to(self.device),
+                    temperature,
+                )
                 if k is None:
-                    values[rows, 1:width] = logprobs.cpu()
+                    values[rows, :width] = outputs.full_logprobs().cpu()
                 else:
-                    top = logprobs.topk(width_k, dim=-1)
-                    values[rows, 1:width], ids[rows, 1:width] = top.values.cpu(), top.indices.cpu()
+                    top = outputs.topk(width_k)
+                    values[rows, :width], ids[rows, :width] = top.logprobs.cpu(), top.ids.cpu()
         return values if k is None else TopK(ids=ids, logprobs=values)
 
     def _chunks(self, attention_mask: Any) -> Iterator[tuple[slice, int]]:
@@ -175,11 +180,17 @@ class HFTrainEngine(TrainEngine):
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:
         """One AdamW step over `batch` in micro-batches (see `TrainEngine.train_step` for the loss contract).
 
-        `loss_fn` sees each micro-batch with its per-token columns trimmed to the micro-batch's longest row
-        (right padding only), and log-probs computed at `temperature` as GRPO's importance ratio needs.
+        `loss_fn(outputs, micro)` sees each micro-batch with its per-token columns ([B, T] and [B, T, k] alike)
+        trimmed to the micro-batch's longest row (right padding only), and `HFModelOutputs` of the forward
+        pass at `temperature`, as GRPO's importance ratio needs.
         """
         import torch
 
+        if self.forward_only:
+            raise RlcoreError(
+                "train_step on a forward-only hf engine (kind 'forward': a reference or teacher model, built "
+                "without optimizer); build the engine with kind 'train' to train it"
+            )
         check_temperature(temperature)
         if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
             raise RlcoreError(f"train_step: micro_batch_size={micro_batch_size!r} must be a positive int")
@@ -203,8 +214,8 @@ class HFTrainEngine(TrainEngine):
             micro = _trim(micro).to(self.device)
             sync = self.ddp is None or i == num_micro - 1
             with nullcontext() if sync else self.ddp.no_sync():
-                logprobs = aligned_logprobs(module, micro["input_ids"], micro["attention_mask"], temperature)
-                loss, metrics = loss_fn(logprobs, micro)
+                outputs = model_outputs(module, micro["input_ids"], micro["attention_mask"], temperature)
+                loss, metrics = loss_fn(outputs, micro)
                 loss.backward()
             total_loss += float(loss.detach())
             for key, value in metrics.items():
@@ -242,14 +253,14 @@ class HFTrainEngine(TrainEngine):
         """Move params and optimizer state to CPU memory and drop grads; params/optimizer are no-ops on a CPU model."""
         import torch
 
-        if grads:
+        if grads and self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cpu":
             return
         if params:
             _move_module(self.model, torch.device("cpu"))
             self._offloaded.add("params")
-        if optimizer:
+        if optimizer and self.optimizer is not None:
             _move_optimizer(self.optimizer, torch.device("cpu"))
             self._offloaded.add("optimizer")
         torch.cuda.empty_cache()
@@ -263,6 +274,13 @@ class HFTrainEngine(TrainEngine):
             _move_optimizer(self.optimizer, self.device)
             self._offloaded.discard("optimizer")
 
+    def _refuse_if_forward_only(self, what: str) -> None:
+        if self.forward_only:
+            raise RlcoreError(
+                f"{what}: a forward-only hf engine holds the fixed model it was built from ({self.model_name}); "
+                "it has no training state to save or load"
+            )
+
     def _ensure_loaded(self) -> None:
         if "params" in self._offloaded:
             raise RlcoreError("the train engine's params are offloaded; call reload(params=True) first")
@@ -272,6 +290,7 @@ class HFTrainEngine(TrainEngine):
         (optimizer, scheduler, step) into a temporary directory, then rename it into place. Rank 0 writes."""
         import torch
 
+        self._refuse_if_forward_only("save")
         path = Path(path)
         if self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -294,6 +313,7 @@ class HFTrainEngine(TrainEngine):
         import torch
         from safetensors.torch import load_file
 
+        self._refuse_if_forward_only("load")
         path = Path(path)
         files = sorted((path / "model").glob("*.safetensors"))
         if not files or not (path / STATE_FILE).is_file():
@@ -329,6 +349,7 @@ class HFTrainEngine(TrainEngine):
             "rank": self.rank,
             "world_size": self.world_size,
             "lora": self.lora,
+            "forward_only": self.forward_only,
         }
 
 
@@ -356,12 +377,15 @@ def _train_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
     need(isinstance(o["logprob_micro_batch_size"], int) and o["logprob_micro_batch_size"] >= 1,
          "logprob_micro_batch_size", "must be a positive int")
     need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
+    if o["forward_only"]:
+        need(o["lora_rank"] == 0, "lora_rank", "must be 0 for a forward-only engine (nothing is trained)")
+        need(not o["gradient_checkpointing"], "gradient_checkpointing", "must be False for a forward-only engine")
     return problems
 
 
 def _init_distributed(device: Any, timeout_s: float) -> tuple[int, int]:
-    """Join the group's torch.distributed world when WORLD_SIZE > 1; returns (rank, world_size)."""
-    import torch
+    """Join the group's torch.distributed world when WORLD_SIZE > 1 (on CUDA, `device` must be the current
+    device already); returns (rank, world_size)."""
     import torch.distributed as dist
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -371,8 +395,6 @@ def _init_distributed(device: Any, timeout_s: float) -> tuple[int, int]:
         missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:
             raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; the worker runtime sets them")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo", rank=int(os.environ["RANK"]),
             world_size=world_size, timeout=timedelta(seconds=timeout_s),

@@ -187,8 +187,9 @@ class VLLMRolloutEngine(RolloutEngine):
                 generation.text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         return result
 
-    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> list[TopK]:
-        """The k most likely next tokens at positions 1..L-1 of each sequence, at temperature 1."""
+    def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> TopK:
+        """The k most likely tokens at every position of `sequences`, at temperature 1: a `TopK` [B, T, k] on
+        CPU, right-padded to the longest sequence (row t: token t given tokens :t; row 0 and padding 0)."""
         import torch
 
         self._require_awake("score prompts")
@@ -202,18 +203,17 @@ class VLLMRolloutEngine(RolloutEngine):
             raise ConfigError(f"prompt top-k needs sequences of at least 2 tokens; sequences {short} are shorter")
         sampling = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=k, detokenize=False)
         outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], sampling, use_tqdm=False)
-        result = []
-        for output in outputs:
-            positions = output.prompt_logprobs[1:]  # position 0 has no prefix: vLLM gives None
-            ids = torch.empty(len(positions), k, dtype=torch.long)
-            values = torch.empty(len(positions), k, dtype=torch.float32)
-            for row, position in enumerate(positions):
+        width = max(len(s) for s in sequences)
+        ids = torch.zeros(len(sequences), width, k, dtype=torch.long)
+        values = torch.zeros(len(sequences), width, k, dtype=torch.float32)
+        for index, output in enumerate(outputs):
+            # position 0 has no prefix (vLLM gives None); row t is token t given tokens :t
+            for row, position in enumerate(output.prompt_logprobs[1:], start=1):
                 # vLLM adds the prompt token's own log-prob to the top-k when it is not among them.
                 best = sorted(position.items(), key=lambda item: item[1].logprob, reverse=True)[:k]
-                ids[row] = torch.tensor([token for token, _ in best])
-                values[row] = torch.tensor([lp.logprob for _, lp in best])
-            result.append(TopK(ids=ids, logprobs=values))
-        return result
+                ids[index, row] = torch.tensor([token for token, _ in best])
+                values[index, row] = torch.tensor([lp.logprob for _, lp in best])
+        return TopK(ids=ids, logprobs=values)
 
     # ---- weights ---------------------------------------------------------
 
@@ -232,17 +232,22 @@ class VLLMRolloutEngine(RolloutEngine):
         return 1 if self.in_process else self.tensor_parallel_size
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        """Join train rank 0's broadcast group: this process in process, else each vLLM worker as rank + its TP rank."""
         if self.in_process:
-            super().join_weight_group(host, port, rank, world_size, backend)
+            from rlcore.weight_sync import BroadcastGroup
+
+            self._weight_group = BroadcastGroup(host, port, rank, world_size, backend)
         else:
             self.llm.collective_rpc(_join_group_on_worker, args=(host, port, rank, world_size, backend))
 
     def receive_weights(self) -> None:
+        """Load one sync's buckets from the broadcast group, then drop the prefix cache."""
         self._require_awake("receive weights", tags=("weights",))
         if self.in_process:
-            super().receive_weights()
-            return
-        self.llm.collective_rpc(_receive_on_worker)
+            for bucket in self._weight_group.receive():
+                self.update_weights(bucket)
+        else:
+            self.llm.collective_rpc(_receive_on_worker)
         self.finish_weight_update()
 
     def finish_weight_update(self) -> None:

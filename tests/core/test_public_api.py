@@ -17,6 +17,7 @@ EXPECTED = [
     "DispatcherSpec",
     "EngineSpec",
     "Generation",
+    "ModelOutputs",
     "NotRegistered",
     "PlacementRequest",
     "PlacementSpec",

@@ -1,4 +1,5 @@
-"""Weight sync on the CPU: bucketing, flat buffers, and a real gloo broadcast between two processes."""
+"""Weight sync on the CPU: bucketing, flat buffers, a real gloo broadcast between two processes, and the check
+after a sync between real hf engines."""
 
 from __future__ import annotations
 
@@ -119,3 +120,34 @@ def test_broadcast_group_rejects_bad_arguments_before_connecting():
         BroadcastGroup("127.0.0.1", 1, rank=0, world_size=2, backend="mpi")
     with pytest.raises(ConfigError, match="rank 2 of world_size 2"):
         BroadcastGroup("127.0.0.1", 1, rank=2, world_size=2, backend="gloo")
+
+
+def test_an_engine_without_a_broadcast_receiver_says_so():
+    """The engine contract does not know the transports: an engine that cannot join a group refuses clearly."""
+    from rlcore import RolloutEngine
+
+    class ApiEngine(RolloutEngine):
+        generate = prompt_topk_logprobs = update_weights = sleep = wake_up = lambda self, *a, **k: None
+
+    engine = ApiEngine()
+    assert engine.weight_receivers() == 1
+    with pytest.raises(RlcoreError, match="ApiEngine cannot receive weights over a broadcast group; colocate"):
+        engine.join_weight_group("127.0.0.1", 1, 1, 2, "gloo")
+    with pytest.raises(RlcoreError, match="ApiEngine cannot receive weights"):
+        engine.receive_weights()
+
+
+def test_check_weight_sync_compares_the_shared_top_k_layout(tmp_path):
+    from rlcore.plugins.hf import build_tiny_model
+    from rlcore.plugins.hf.rollout import HFRolloutEngine
+    from rlcore.plugins.hf.train import HFTrainEngine
+    from rlcore.weight_sync import check_weight_sync
+
+    model = build_tiny_model(tmp_path / "tiny")
+    train, rollout = HFTrainEngine(model), HFRolloutEngine(model)
+    sequence = [5, 6, 7, 8, 9, 10]
+    assert check_weight_sync(train, rollout, sequence) < 1e-4
+    with torch.no_grad():
+        rollout.model.get_parameter("model.norm.weight").mul_(5.0)
+    with pytest.raises(RlcoreError, match="weight sync check failed"):
+        check_weight_sync(train, rollout, sequence)

@@ -1,4 +1,5 @@
-"""The hf engines on CUDA: bf16, offload/reload of params and optimizer, sleep/wake, DDP over NCCL.
+"""The hf engines on CUDA: bf16, offload/reload of params and optimizer, sleep/wake, DDP over NCCL (every GPU
+visible, as torchrun runs it, and one GPU per process, as Ray runs it).
 
 Runs only on the GPU machine: `pytest -m gpu tests/gpu/test_hf_cuda.py`.
 """
@@ -7,6 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -36,7 +40,8 @@ def make_batch(rows: int = 4, width: int = 12) -> Batch:
     return Batch(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), weight=torch.full((rows,), 1 / rows))
 
 
-def nll(logprobs, micro):
+def nll(outputs, micro):
+    logprobs = outputs.logprobs()
     return -(logprobs.sum(dim=1) * micro["weight"].to(logprobs.device)).sum(), {}
 
 
@@ -110,3 +115,50 @@ def test_ddp_over_nccl(tiny_model, tmp_path):
     for name, value in single.model.named_parameters():
         assert torch.equal(ranks[0][name], ranks[1][name]), name
         torch.testing.assert_close(ranks[0][name] - before[name], value.detach().cpu() - before[name], atol=1e-5, rtol=1e-3)
+
+
+# One process of a train group as Ray starts it: CUDA_VISIBLE_DEVICES holds its own GPU only, while RANK and
+# LOCAL_RANK count the group. device="cuda" must become cuda:0 in each, or set_device raises.
+RAY_LIKE_WORKER = textwrap.dedent(
+    """
+    import sys, torch
+    from rlcore import Batch
+    from rlcore.plugins.hf.train import HFTrainEngine
+
+    model, out = sys.argv[1], sys.argv[2]
+    assert torch.cuda.device_count() == 1
+    engine = HFTrainEngine(model, device="cuda", learning_rate=1e3, adam_epsilon=1e3, max_grad_norm=0)
+    assert engine.device == torch.device("cuda", 0) and torch.cuda.current_device() == 0
+    assert (engine.rank, engine.world_size) == (int(sys.argv[3]), 2) and engine.ddp is not None
+    ids = torch.randint(0, 256, (4, 12), generator=torch.Generator().manual_seed(0))
+    shard = Batch(input_ids=ids, attention_mask=torch.ones_like(ids)).split(2)[engine.rank]
+    engine.train_step(shard, lambda outputs, micro: (-outputs.logprobs().sum() / 4, {}), micro_batch_size=1)
+    torch.save({n: p.detach().cpu() for n, p in engine.model.named_parameters()}, f"{out}/rank{engine.rank}.pt")
+    torch.distributed.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_ddp_over_nccl_with_one_visible_gpu_per_process_as_on_ray(tiny_model, tmp_path):
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus[rank], RANK=str(rank), WORLD_SIZE="2",
+                   LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", RAY_LIKE_WORKER, str(tiny_model), str(tmp_path), str(rank)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ))
+    for rank, proc in enumerate(procs):
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"rank {rank} failed:\n{out[-4000:]}"
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    initial = HFTrainEngine(tiny_model).model.state_dict()
+    moved = 0
+    for name, value in ranks[0].items():
+        assert torch.equal(value, ranks[1][name]), name  # one DDP step: both ranks hold the same weights
+        moved += not torch.equal(value, initial[name])
+    assert moved > 0

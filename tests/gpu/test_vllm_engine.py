@@ -102,16 +102,20 @@ def test_logprobs_are_the_samplers_after_temperature(engine, hf_model):
 def test_prompt_topk_has_exactly_k_columns_and_matches_hf(engine, hf_model):
     k = 5
     sequences = [PROMPTS[1] + [77, 78, 79, 80], PROMPTS[0]]
-    tops = engine.prompt_topk_logprobs(sequences, k)
-    for sequence, top in zip(sequences, tops):
-        assert top.ids.shape == (len(sequence) - 1, k) and top.logprobs.shape == (len(sequence) - 1, k)
-        ids = torch.tensor([sequence], device="cuda")
+    result = engine.prompt_topk_logprobs(sequences, k)
+    width = max(len(s) for s in sequences)
+    assert result.ids.shape == result.logprobs.shape == (2, width, k)  # [B, T, k], right-padded
+    for index, sequence in enumerate(sequences):
+        assert result.ids[index, 0].eq(0).all() and result.logprobs[index, 0].eq(0).all()  # row 0: no prefix
+        assert result.ids[index, len(sequence):].eq(0).all() and result.logprobs[index, len(sequence):].eq(0).all()
+        ids, values = result.ids[index, 1:len(sequence)], result.logprobs[index, 1:len(sequence)]
+        tokens = torch.tensor([sequence], device="cuda")
         with torch.no_grad():
-            ref = torch.log_softmax(hf_model(input_ids=ids).logits[0, :-1].float(), dim=-1).topk(k, dim=-1)
-        assert (top.logprobs - ref.values.cpu()).abs().max() < 0.3
-        assert torch.all(top.logprobs[:, :-1] >= top.logprobs[:, 1:])  # sorted, best first
+            ref = torch.log_softmax(hf_model(input_ids=tokens).logits[0, :-1].float(), dim=-1).topk(k, dim=-1)
+        assert (values - ref.values.cpu()).abs().max() < 0.3
+        assert torch.all(values[:, :-1] >= values[:, 1:])  # sorted, best first
         clear = (ref.values[:, 0] - ref.values[:, 1]).cpu() > 0.3  # a top-1 that bf16 cannot flip
-        assert clear.any() and torch.equal(top.ids[clear, 0], ref.indices[clear, 0].cpu())
+        assert clear.any() and torch.equal(ids[clear, 0], ref.indices[clear, 0].cpu())
     with pytest.raises(RlcoreError, match="max_logprobs"):
         engine.prompt_topk_logprobs(sequences, 50)
 

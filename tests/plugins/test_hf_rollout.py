@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlcore import Batch, RlcoreError, SamplingParams
+from rlcore.batch import pad_tokens
 from rlcore.plugins.hf.rollout import HFRolloutEngine
 from rlcore.plugins.hf.train import HFTrainEngine
 
@@ -96,7 +97,7 @@ def test_update_weights_from_the_train_engine(tiny_model):
     ids = torch.tensor([PROMPTS[1]])
     batch = Batch(input_ids=ids, attention_mask=torch.ones_like(ids), weight=torch.ones(1))
     for _ in range(2):
-        trainer.train_step(batch, lambda lp, mb: (-lp.sum(), {}), micro_batch_size=1)
+        trainer.train_step(batch, lambda outputs, mb: (-outputs.logprobs().sum(), {}), micro_batch_size=1)
     params = SamplingParams(n=2, max_tokens=8, seed=2)
     stale = rollout.generate(PROMPTS, params)
     assert not all(torch.allclose(torch.tensor(g.logprobs), w, atol=1e-3) for g, w in zip(stale, recompute(trainer, PROMPTS, stale, 1.0)))
@@ -152,17 +153,31 @@ def test_sleep_and_wake_up(tiny_model, trainer):
 
 def test_prompt_topk_logprobs_are_the_top_of_the_full_distribution(rollout):
     sequences = [PROMPTS[1], PROMPTS[0] + [7, 8], [42]]
-    result = rollout.prompt_topk_logprobs(sequences, k=4)
-    for seq, top in zip(sequences, result):
-        assert top.ids.shape == top.logprobs.shape == (len(seq) - 1, 4)
-        assert not top.logprobs.is_inference()  # usable inside a loss that autograd saves
+    top = rollout.prompt_topk_logprobs(sequences, k=4)
+    width = max(len(s) for s in sequences)
+    assert top.ids.shape == top.logprobs.shape == (3, width, 4)  # one [B, T, k] layout, right-padded
+    assert top.ids.dtype == torch.long and top.logprobs.dtype == torch.float32
+    assert not top.logprobs.is_inference()  # usable inside a loss that autograd saves
+    for i, seq in enumerate(sequences):
+        assert top.ids[i, 0].eq(0).all() and top.logprobs[i, 0].eq(0).all()  # row 0: no prefix
+        assert top.ids[i, len(seq):].eq(0).all() and top.logprobs[i, len(seq):].eq(0).all()  # padding
         if len(seq) == 1:
             continue
         with torch.no_grad():
             logits = rollout.model(input_ids=torch.tensor([seq])).logits[0, :-1]
         want = torch.log_softmax(logits, dim=-1).topk(4, dim=-1)
-        torch.testing.assert_close(top.logprobs, want.values, atol=1e-5, rtol=1e-5)
-        assert torch.equal(top.ids, want.indices)
+        torch.testing.assert_close(top.logprobs[i, 1:len(seq)], want.values, atol=1e-5, rtol=1e-5)
+        assert torch.equal(top.ids[i, 1:len(seq)], want.indices)
+
+
+def test_prompt_topk_logprobs_match_the_train_engines_forward_topk(rollout, trainer):
+    """Teacher top-k from a rollout engine and from a train engine share one layout and one set of values."""
+    sequences = [PROMPTS[1], PROMPTS[0] + [7, 8]]
+    served = rollout.prompt_topk_logprobs(sequences, k=3)
+    input_ids, mask = pad_tokens(sequences, rollout.pad_token_id)
+    local = trainer.forward_topk(Batch(input_ids=input_ids, attention_mask=mask), 3)
+    assert torch.equal(served.ids, local.ids)
+    torch.testing.assert_close(served.logprobs, local.logprobs, atol=1e-5, rtol=1e-5)
 
 
 def test_bad_requests_are_clear_errors(rollout):
@@ -175,3 +190,33 @@ def test_bad_requests_are_clear_errors(rollout):
     with pytest.raises(RlcoreError, match="k=0"):
         rollout.prompt_topk_logprobs([[1, 2]], k=0)
     assert rollout.generate([], SamplingParams()) == []
+
+
+def test_receives_trained_weights_over_a_gloo_broadcast_group(tiny_model):
+    """A separate rollout worker: it joins train rank 0's group and loads what rank 0 broadcasts."""
+    import threading
+
+    from rlcore.cluster import find_free_port
+    from rlcore.weight_sync import BroadcastGroup
+
+    trainer = HFTrainEngine(tiny_model, learning_rate=5e-2)
+    ids = torch.tensor([PROMPTS[1]])
+    trainer.train_step(Batch(input_ids=ids, attention_mask=torch.ones_like(ids)),
+                       lambda outputs, mb: (-outputs.logprobs().sum(), {}), micro_batch_size=1)
+    rollout = HFRolloutEngine(tiny_model)
+    with pytest.raises(RlcoreError, match="receive_weights before join_weight_group"):
+        rollout.receive_weights()
+    port, sent = find_free_port(), {}
+
+    def train_rank_0():
+        group = BroadcastGroup("127.0.0.1", port, rank=0, world_size=2, backend="gloo", timeout_s=60)
+        sent.update(group.send(trainer.export_weights(bucket_bytes=16_000)))
+
+    sender = threading.Thread(target=train_rank_0)
+    sender.start()
+    rollout.join_weight_group("127.0.0.1", port, 1, 2, "gloo")
+    rollout.receive_weights()
+    sender.join(timeout=60)
+    assert sent["weight_sync/buckets"] > 1
+    for name, value in trainer.model.named_parameters():
+        assert torch.equal(rollout.model.get_parameter(name), value.detach()), name

@@ -1,4 +1,5 @@
-"""HFTrainEngine on a real tiny Qwen2: log-probs, top-k, training, micro-batches, DDP, LoRA, export, save/load."""
+"""HFTrainEngine on a real tiny Qwen2: log-probs, top-k, the model outputs a loss reads, training,
+micro-batches, DDP, LoRA, export, save/load, and the forward-only kind."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from rlcore import Batch, ConfigError, RlcoreError, load_plugins
+from rlcore.engines import ModelOutputs
 from rlcore.plugins.hf.train import HFTrainEngine
 
 # With a huge Adam epsilon the first step moves each weight by about -lr/eps * grad: parameter deltas
@@ -39,9 +41,9 @@ def make_batch(rows: int = 6, width: int = 10, seed: int = 0) -> Batch:
     )
 
 
-def nll_loss(logprobs: torch.Tensor, micro: Batch):
+def nll_loss(outputs: ModelOutputs, micro: Batch):
     """Mean over rows of the completion's summed NLL: each micro-batch gives its rows' share."""
-    per_row = -(logprobs * micro["completion_mask"]).sum(dim=1)
+    per_row = -(outputs.logprobs() * micro["completion_mask"]).sum(dim=1)
     loss = (per_row * micro["weight"]).sum()
     return loss, {"nll": float(per_row.detach().mean())}
 
@@ -60,7 +62,7 @@ def params(engine: HFTrainEngine) -> dict[str, torch.Tensor]:
 
 def test_registered_lazily_and_options_checked(tiny_model):
     plugins = load_plugins()
-    assert plugins.engines.owner("train/hf") == "hf" and plugins.engines.owner("rollout/hf") == "hf"
+    assert {plugins.engines.owner(f"{kind}/hf") for kind in ("train", "forward", "rollout", "teacher")} == {"hf"}
     code = "import sys, rlcore.plugins.hf; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
     factory = plugins.engines.get("hf", kind="train").factory
@@ -101,7 +103,8 @@ def test_forward_topk_and_full_vocabulary(engine):
     batch = make_batch()
     full = engine.forward_topk(batch, None, temperature=0.7)
     assert full.shape == (*batch["input_ids"].shape, engine.model.config.vocab_size)
-    assert torch.all(full[:, 0] == 0)
+    padding = batch["attention_mask"] == 0
+    assert padding.any() and torch.all(full[:, 0] == 0) and torch.all(full[padding] == 0)
     torch.testing.assert_close(full[:, 1:].exp().sum(-1)[batch["attention_mask"][:, 1:].bool()], torch.ones(
         int(batch["attention_mask"][:, 1:].sum())), atol=1e-5, rtol=0)
     gathered = full.gather(-1, batch["input_ids"][..., None]).squeeze(-1) * batch["attention_mask"]
@@ -109,11 +112,94 @@ def test_forward_topk_and_full_vocabulary(engine):
     torch.testing.assert_close(gathered, engine.forward_logprobs(batch, 0.7), atol=1e-5, rtol=1e-5)
     top = engine.forward_topk(batch, 5, temperature=0.7)
     assert top.ids.shape == top.logprobs.shape == (*batch["input_ids"].shape, 5)
+    assert top.ids[:, 0].eq(0).all() and top.ids[padding].eq(0).all() and top.logprobs[padding].eq(0).all()
     want = full.topk(5, dim=-1)
     mask = batch["attention_mask"].bool()
     mask[:, 0] = False
     torch.testing.assert_close(top.logprobs[mask], want.values[mask])
     assert torch.equal(full.gather(-1, top.ids)[mask], top.logprobs[mask])
+
+
+def test_a_train_steps_model_outputs_agree_with_forward_topk_and_with_each_other(tiny_model):
+    """The loss sees the step's forward pass: log-probs at a teacher's top-k ids are forward_topk's values,
+    and the full vocabulary gathered at input_ids is the per-token log-probs, padding and row 0 zero."""
+    engine = HFTrainEngine(tiny_model)
+    batch = make_batch()
+    teacher = engine.forward_topk(batch, 4, temperature=0.7)
+    batch["topk_ids"], batch["topk_logprobs"] = teacher.ids, teacher.logprobs  # [B, T, k] columns, split and trimmed
+    seen = []
+
+    def loss_fn(outputs: ModelOutputs, micro: Batch):
+        at_topk = outputs.logprobs_at(micro["topk_ids"])
+        full = outputs.full_logprobs()
+        seen.append((at_topk.detach(), micro["topk_logprobs"], full.detach(), outputs.logprobs().detach(), micro))
+        return -(at_topk.exp() * micro["topk_logprobs"]).sum() / len(batch), {}
+
+    metrics = engine.train_step(batch, loss_fn, micro_batch_size=4, temperature=0.7)
+    assert len(seen) == 2 and metrics["grad_norm"] > 0
+    for at_topk, want, full, logprobs, micro in seen:
+        width = micro["input_ids"].shape[1]
+        assert at_topk.shape == want.shape == (len(micro), width, 4) and full.shape[:2] == (len(micro), width)
+        torch.testing.assert_close(at_topk, want, atol=1e-5, rtol=1e-5)
+        gathered = full.gather(-1, micro["input_ids"][..., None]).squeeze(-1)
+        torch.testing.assert_close(gathered, logprobs, atol=1e-5, rtol=1e-5)
+        padding = micro["attention_mask"] == 0
+        assert full[:, 0].eq(0).all() and full[padding].eq(0).all() and logprobs[padding].eq(0).all()
+        assert at_topk[:, 0].eq(0).all() and at_topk[padding].eq(0).all()
+        full_mask = micro["attention_mask"].bool().clone()
+        full_mask[:, 0] = False
+        torch.testing.assert_close(full[full_mask].exp().sum(-1), torch.ones(int(full_mask.sum())), atol=1e-5, rtol=0)
+
+
+def test_gradients_flow_through_every_model_output_alike(tiny_model):
+    """Per-token, at-ids and full-vocabulary log-probs are one quantity three ways: same values, same gradients."""
+    from rlcore.plugins.hf.common import model_outputs
+
+    engine = HFTrainEngine(tiny_model)
+    batch = make_batch()
+    ids, mask, completion = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    weight = engine.model.get_parameter("model.layers.0.mlp.up_proj.weight")
+    ways = {
+        "logprobs": lambda out: out.logprobs(),
+        "logprobs_at": lambda out: out.logprobs_at(ids[..., None]).squeeze(-1),
+        "full_logprobs": lambda out: out.full_logprobs().gather(-1, ids[..., None]).squeeze(-1),
+    }
+    grads = {}
+    for name, way in ways.items():
+        outputs = model_outputs(engine.model, ids, mask, temperature=0.7)
+        loss = -(way(outputs) * completion).sum()
+        (grads[name],) = torch.autograd.grad(loss, weight)
+        assert grads[name].abs().sum() > 0, name
+    torch.testing.assert_close(grads["logprobs_at"], grads["logprobs"], atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(grads["full_logprobs"], grads["logprobs"], atol=1e-6, rtol=1e-4)
+    outputs = model_outputs(engine.model, ids, mask)
+    assert outputs.logprobs() is outputs.logprobs() and outputs.full_logprobs() is outputs.full_logprobs()  # cached
+    with pytest.raises(RlcoreError, match=r"ids must be \[B, T, k\] with \[B, T\] = \[6, 10\].*got \[6, 9, 2\]"):
+        outputs.logprobs_at(ids[:, :9, None].expand(-1, -1, 2))
+
+
+def test_the_forward_engine_holds_the_model_alone(tiny_model, tmp_path):
+    """Kind "forward" (reference and teacher models): the train engine's forward passes, no optimizer."""
+    factory = load_plugins().engines.get("hf", kind="forward").factory
+    with pytest.raises(ConfigError, match="hf forward engine has no option 'learning_rate'"):
+        factory(model=str(tiny_model), learning_rate=1e-3)
+    forward = factory(model=str(tiny_model), logprob_micro_batch_size=4)
+    assert forward.optimizer is None and forward.scheduler is None and forward.state()["forward_only"]
+    assert forward.state()["num_trainable_parameters"] == 0
+    assert not any(p.requires_grad for p in forward.model.parameters())
+    train = HFTrainEngine(tiny_model)
+    batch = make_batch()
+    torch.testing.assert_close(forward.forward_logprobs(batch, 0.7), train.forward_logprobs(batch, 0.7))
+    assert torch.equal(forward.forward_topk(batch, 3).ids, train.forward_topk(batch, 3).ids)
+    with pytest.raises(RlcoreError, match="train_step on a forward-only hf engine"):
+        forward.train_step(batch, nll_loss, micro_batch_size=6)
+    with pytest.raises(RlcoreError, match="save: a forward-only hf engine"):
+        forward.save(tmp_path / "ckpt")
+    forward.offload()
+    forward.reload()
+    assert [n for b in forward.export_weights() for n, _ in b] == [n for n, _ in train.model.named_parameters()]
+    with pytest.raises(ConfigError, match="lora_rank=4 must be 0 for a forward-only engine"):
+        HFTrainEngine(tiny_model, forward_only=True, lora_rank=4)
 
 
 def test_train_step_lowers_the_loss(tiny_model):

@@ -1,13 +1,16 @@
-"""The vllm plugin on a machine without vLLM: it registers, imports nothing heavy, and rejects bad options
-before vLLM is imported. Its GPU behaviour is tested in tests/gpu/test_vllm_engine.py."""
+"""The vllm plugin on a machine without vLLM: it registers, imports nothing heavy, rejects bad options
+before vLLM is imported, and turns what vLLM returns into rlcore's layouts (over a stand-in for vLLM's
+`LLM`). Its GPU behaviour is tested in tests/gpu/test_vllm_engine.py."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import types
 
 import pytest
+import torch
 
 from rlcore import ConfigError, RlcoreError, load_plugins
 from rlcore.plugins.vllm import VLLMRolloutEngine
@@ -53,3 +56,83 @@ def test_missing_vllm_is_a_clear_error_after_choosing_the_in_process_engine_core
     with pytest.raises(RlcoreError, match=r"the vllm engine needs vLLM: pip install 'rlcore\[vllm\]'"):
         VLLMRolloutEngine(model="/models/tiny")
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+class _Logprob:
+    def __init__(self, logprob: float):
+        self.logprob = logprob
+
+
+class _FakeLLM:
+    """What the engine reads of vLLM's `LLM`: prompt log-probs as vLLM 0.2x returns them (position 0 None,
+    then a dict per position of the top-k plus the prompt token's own entry when it is not among them), the
+    in-process model's `load_weights` and `reset_prefix_cache`."""
+
+    def __init__(self):
+        self.loaded: list[str] = []
+        self.resets = 0
+        model = types.SimpleNamespace(load_weights=lambda weights: self.loaded.extend(n for n, _ in weights))
+        worker = types.SimpleNamespace(worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model)))
+        self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(driver_worker=worker))
+
+    def generate(self, requests, sampling, use_tqdm=False):
+        k = sampling.prompt_logprobs
+        outputs = []
+        for request in requests:
+            ids = request["prompt_token_ids"]
+            positions = [None]
+            for t in range(1, len(ids)):
+                top = {100 + t * 10 + j: _Logprob(-0.5 * j - t) for j in reversed(range(k))}  # not in order
+                top[ids[t]] = _Logprob(-50.0)  # the prompt token, outside the top-k
+                positions.append(top)
+            outputs.append(types.SimpleNamespace(prompt_logprobs=positions))
+        return outputs
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+
+def _engine_over(llm: _FakeLLM) -> VLLMRolloutEngine:
+    engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)  # no vLLM here: the engine's own logic over a fake LLM
+    engine.llm, engine._asleep, engine.max_logprobs = llm, set(), 20
+    engine.in_process, engine.tensor_parallel_size = True, 1
+    engine._vllm = types.SimpleNamespace(SamplingParams=lambda **kw: types.SimpleNamespace(**kw))
+    return engine
+
+
+def test_prompt_topk_is_one_right_padded_batch_in_the_shared_layout():
+    engine = _engine_over(_FakeLLM())
+    sequences = [[1, 2, 3, 4], [5, 6]]
+    top = engine.prompt_topk_logprobs(sequences, 3)
+    assert top.ids.shape == top.logprobs.shape == (2, 4, 3)
+    assert top.ids.dtype == torch.long and top.logprobs.dtype == torch.float32
+    assert top.ids[:, 0].eq(0).all() and top.logprobs[:, 0].eq(0).all()  # row 0: no prefix
+    assert top.ids[1, 2:].eq(0).all() and top.logprobs[1, 2:].eq(0).all()  # padding
+    for t in range(1, 4):  # best first, the prompt token's own entry dropped
+        assert top.ids[0, t].tolist() == [100 + t * 10, 101 + t * 10, 102 + t * 10]
+        assert top.logprobs[0, t].tolist() == [-t, -0.5 - t, -1.0 - t]
+    assert top.ids[1, 1].tolist() == [110, 111, 112]
+
+
+def test_in_process_engine_receives_a_broadcast_and_resets_its_prefix_cache():
+    import threading
+
+    from rlcore.cluster import find_free_port
+    from rlcore.weight_sync import BroadcastGroup, iter_buckets
+
+    llm = _FakeLLM()
+    engine = _engine_over(llm)
+    weights = [(f"model.layers.{i}.weight", torch.full((8, 8), float(i))) for i in range(4)]
+    port = find_free_port()
+
+    def train_rank_0():
+        BroadcastGroup("127.0.0.1", port, rank=0, world_size=2, backend="gloo", timeout_s=60).send(
+            iter_buckets(weights, bucket_bytes=300)
+        )
+
+    sender = threading.Thread(target=train_rank_0)
+    sender.start()
+    engine.join_weight_group("127.0.0.1", port, 1, 2, "gloo")
+    engine.receive_weights()
+    sender.join(timeout=60)
+    assert llm.loaded == [name for name, _ in weights] and llm.resets == 1
