@@ -36,7 +36,8 @@ class PolicyObjective:
             max_completion_length=config.max_completion_length, **norms,
         )
 
-    def __call__(self, logprobs: Any, batch: Any) -> tuple[Any, dict[str, float]]:
+    def __call__(self, outputs: Any, batch: Any) -> tuple[Any, dict[str, float]]:
+        logprobs = outputs.logprobs()
         old = batch["old_logprobs"] if "old_logprobs" in batch else logprobs.detach()
         return policy_loss(
             logprobs, old, batch["advantages"], batch["completion_mask"],
