@@ -28,7 +28,7 @@ from typing import Any
 
 from .batch import Batch
 from .errors import RlcoreError
-from .manager import plugins, use_plugins  # noqa: F401 - use_plugins: until core/session.py imports it from .manager
+from .manager import plugins
 from .specs import CollectorSpec, DispatcherSpec
 
 Shard = tuple[tuple, dict]
