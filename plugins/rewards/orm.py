@@ -40,8 +40,10 @@ class OrmScorer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.model.to(device).eval()
-        self.device, self.batch_size = device, batch_size
+        from rlcore.plugins.hf.common import torch_device
+
+        self.device, self.batch_size = torch_device(device), batch_size  # 'cuda' gets this worker's GPU index
+        self.model.to(self.device).eval()
 
     def _text(self, prompt: Any, completion: Any) -> str:
         if isinstance(prompt, list) and isinstance(completion, list) and self.tokenizer.chat_template:

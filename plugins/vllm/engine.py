@@ -52,8 +52,12 @@ def _validate(
     gpu_memory_utilization: float,
     max_model_len: int | None,
     engine_kwargs: dict[str, Any],
+    device: str = "cuda",
 ) -> None:
     problems: list[tuple[str, str]] = []
+    if not str(device).startswith("cuda"):  # the session passes the role's device from the resource plan
+        problems.append(("device", f"the vllm engine runs on GPUs, but this role is placed on '{device}'; give the "
+                         "role GPUs (e.g. rollout.gpus: 1, or a GPU device group) or use engine hf"))
     if not isinstance(model, str) or not model:
         problems.append(("model", f"a model directory or hub name is required, got {model!r}"))
     if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
@@ -116,9 +120,10 @@ class VLLMRolloutEngine(RolloutEngine):
         vllm_engine_kwargs: dict[str, Any] | None = None,
         dtype: str = "auto",
         seed: int = 0,
+        device: str = "cuda",
     ):
         engine_kwargs = {} if vllm_engine_kwargs is None else vllm_engine_kwargs
-        _validate(model, vllm_tensor_parallel_size, vllm_gpu_memory_utilization, vllm_max_model_len, engine_kwargs)
+        _validate(model, vllm_tensor_parallel_size, vllm_gpu_memory_utilization, vllm_max_model_len, engine_kwargs, device)
         engine_kwargs = dict(engine_kwargs)
         # In process: weights load in place and sleep/wake act on this process's GPU.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if vllm_in_process else "1"

@@ -33,8 +33,9 @@ class SyncProbe:
         import torch
 
         sequence = trainer.experience.probe_sequence()
-        trainer.roles.check_weight_sync(sequence)  # raises on a mismatch; wakes the KV cache
-        return torch.as_tensor(trainer.roles.rollout.prompt_topk_logprobs([sequence], 4)[0].logprobs).float()
+        trainer.session.check_weight_sync("train", "rollout", sequence)  # raises on a mismatch; wakes the KV cache
+        topk = trainer.session["rollout"].prompt_topk_logprobs([sequence], 4)  # [1, T, 4]
+        return torch.as_tensor(topk.logprobs[0, 1 : len(sequence)]).float()
 
     @hookimpl
     def rlcore_train_start(self, trainer):
@@ -72,7 +73,8 @@ def run(model_dir, tmp_path, use_ray=False, rollout=None, probe=None, **override
 def test_colocated_vllm_sleeps_offloads_and_syncs_in_process(model_dir, tmp_path):
     trainer, rows = run(model_dir, tmp_path, colocate_groups=[["train", "rollout"]], sleep_level=1,
                         offload_model=True, offload_optimizer=True)
-    assert trainer.roles.transport == "in_process" and trainer.roles.colocated
+    assert trainer.session.transports[("train", "rollout")] == "in_process"
+    assert trainer.session.colocated("train", "rollout")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["weight_sync/seconds"] > 0 for r in rows[:-1]) and all(r["grad_norm"] > 0 for r in rows)
     assert rows[-1]["completions/mean_length"] > 0
@@ -88,7 +90,8 @@ def test_colocated_on_ray_hands_weights_over_cuda_ipc(model_dir, tmp_path):
                             sleep_level=1, offload_optimizer=True)
     finally:
         ray.shutdown()
-    assert trainer.roles.transport == "cuda_ipc" and trainer.roles.ipc_sources == [0]
+    assert trainer.session.transports[("train", "rollout")] == "cuda_ipc"
+    assert trainer.session.ipc_sources[("train", "rollout")] == [0]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["weight_sync/gb_per_s"] > 0
     # a sync that moved the rollout further than check_weight_sync tolerates, and the check passed: it arrived
     assert len(probe.moved) == 2 and max(probe.moved) > 0.5
@@ -119,7 +122,7 @@ def test_separate_async_on_ray_broadcasts_over_nccl(model_dir, tmp_path, in_proc
                             rollout={"vllm_in_process": in_process})
     finally:
         ray.shutdown()
-    assert trainer.roles.transport == "nccl"
+    assert trainer.session.transports[("train", "rollout")] == "nccl"
     # a sync that moved the rollout further than check_weight_sync tolerates, and the check passed: it arrived
     assert len(probe.moved) == 2 and max(probe.moved) > 0.5
     assert [r["step"] for r in rows] == [1, 2, 3]
