@@ -96,7 +96,10 @@ def rlcore_algorithms() -> Iterable[AlgorithmSpec]:
 
 @hookspec
 def rlcore_engines() -> Iterable[EngineSpec]:
-    """Yield engine implementations (train, rollout, teacher) that roles can be configured to use.
+    """Yield engine implementations (kinds train, forward, rollout, teacher, reward) that roles use.
+
+    A `forward` engine is a train engine without an optimizer (reference and colocated teacher models);
+    every engine takes a `device` option, which the session sets from the role's placement.
 
     Engines are registered per kind, under "kind/name" (``plugins.engines.get("hf", kind="rollout")``
     looks one up), so a plugin may give a train and a rollout engine the same name.
