@@ -1,19 +1,25 @@
 """GRPO on the GPU, side by side: rlcore (vLLM rollout, Hugging Face train engine) against TRL's GRPOTrainer.
 
 The same random-weight Qwen2-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads, vocabulary
-32000, bf16), 8 prompts x 8 generations, 256 completion tokens, beta 0, 8 steps, median of steps 3-8.
+32000, bf16), 8 prompts x 8 generations, 256 completion tokens, 8 steps, median of steps 3-8. Both sides get
+the same settings wherever TRL has one (`SAME`): loss, clipping, beta, sampling, stop tokens, batch, optimizer
+and schedule, gradient checkpointing off, vLLM's importance-sampling correction, and vLLM's memory, context,
+batch limits and sleep mode. The table lists every compared setting from the configs each side ran with and
+says where they differ.
 
     python benchmarks/grpo_gpu.py                     # one H200: TRL vLLM colocate vs rlcore vLLM colocate
-    python benchmarks/grpo_gpu.py --mode separate     # two H200s: rlcore separate + async (1 train GPU,
-                                                      # 1 rollout GPU) vs TRL colocate, data-parallel on both
+    python benchmarks/grpo_gpu.py --mode separate     # two H200s: rlcore separate + async (1 train GPU, 1 rollout
+                                                      # GPU, one step off-policy) vs TRL colocate, synchronous
+                                                      # data parallelism over both GPUs
 Each framework runs in a subprocess of its own (one vLLM per process). The table gives each median step
 time, completion tokens per second, the ratio, and rlcore's weight-sync seconds and GB/s; `--json PATH`
-(default benchmarks/results/grpo_gpu-<mode>-<date>.json) keeps them.
+(default benchmarks/results/grpo_gpu-<mode>-<date>-<kind>.json) keeps them.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import os
 import socket
@@ -23,17 +29,59 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 PROMPTS, GENERATIONS, TOKENS, STEPS, SKIP = 8, 8, 256, 8, 2
 SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=2048, dtype="bfloat16")
-GPU_MEMORY = 0.3
+MICRO, ACCUM = 16, 4  # one train GPU: 16 x 4 = 64 completions per optimizer step, one step per generation
+GPU_MEMORY, MAX_MODEL_LEN, MAX_BATCHED_TOKENS = 0.3, 1024, 4096  # TRL fixes max_num_batched_tokens at 4096
+# Keys both GRPOConfigs spell the same way, set to the same values (TRL's defaults where they differ from rlcore's
+# are named in the comments).
+SAME: dict[str, Any] = dict(
+    learning_rate=1e-6, lr_scheduler_type="constant",  # TRL: linear
+    weight_decay=0.0, max_grad_norm=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28,
+    loss_type="dapo",  # rlcore: grpo
+    scale_rewards="group", importance_sampling_level="token", num_iterations=1, mask_truncated_completions=False,
+    temperature=1.0, top_p=1.0, top_k=0, num_generations=GENERATIONS, max_completion_length=TOKENS,
+    per_device_train_batch_size=MICRO, seed=42,
+    vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="sequence_mask",
+    vllm_importance_sampling_clip_max=3.0,
+)
+# (row label, where rlcore keeps it, where TRL keeps it): read back from the configs each side ran with
+COMPARED = [(key, key, key) for key in SAME] + [
+    ("gradient_checkpointing", "train.gradient_checkpointing", "gradient_checkpointing"),  # TRL's default: on
+    ("gradient_accumulation_steps", "gradient_accumulation_steps", "gradient_accumulation_steps"),
+    ("vllm_gpu_memory_utilization", "rollout.vllm_gpu_memory_utilization", "vllm_gpu_memory_utilization"),
+    ("vllm_max_model_len", "rollout.vllm_max_model_len", "vllm_max_model_length"),
+    ("vllm sleep mode", "rollout.engine_kwargs.vllm_enable_sleep_mode", "vllm_enable_sleep_mode"),
+]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def lookup(obj: Any, path: str) -> Any:
+    """`a.b.c` through attributes and dict keys; '-' where the path does not exist."""
+    for part in path.split("."):
+        obj = obj.get(part, "-") if isinstance(obj, dict) else getattr(obj, part, "-")
+    return obj.value if isinstance(obj, enum.Enum) else obj  # TRL keeps some choices as enums
+
+
+def same_stop_tokens(model: str) -> list[int]:
+    """Make TRL stop where rlcore does: rlcore stops at the tokenizer's eos and pad tokens; TRL (generate and
+    vLLM) at the model's generation_config eos ids, so those become the same list."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    stop = sorted({i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None})
+    generation = GenerationConfig.from_pretrained(model)
+    generation.eos_token_id = stop
+    generation.save_pretrained(model)
+    return stop
 
 
 # -- the runs, each in its own process ------------------------------------------------------------
@@ -44,6 +92,9 @@ def run_rlcore(model: str, out: Path, mode: str) -> dict:
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
 
+    missing = [k for k in SAME if k not in GRPOConfig.model_fields]
+    if missing:
+        raise SystemExit(f"rlcore's GRPOConfig has no {', '.join(missing)}: this comparison needs them on both sides")
     stamps, rows = [], []
 
     class Clock:
@@ -54,27 +105,32 @@ def run_rlcore(model: str, out: Path, mode: str) -> dict:
 
     plugins = load_plugins()
     plugins.register(Clock(), "clock")
+    # TRL colocated: one vLLM per process, max_num_seqs = per_device_train_batch_size * steps_per_generation
     vllm = {"engine": "vllm", "gpus": 1, "dtype": "bfloat16", "vllm_gpu_memory_utilization": GPU_MEMORY,
-            "vllm_max_model_len": 1024}
-    common = dict(model=model, output_dir=str(out), max_steps=STEPS, learning_rate=1e-6, beta=0.0,
-                  num_generations=GENERATIONS, max_completion_length=TOKENS, save_steps=100_000,
-                  train={"gpus": 1, "dtype": "bfloat16"})
-    if mode == "colocate":  # one process, one GPU: like TRL's colocate mode (no sleep there either)
-        config = GRPOConfig(**common, rollout=vllm, colocate_groups=[["train", "rollout"]], sleep_level=0,
-                            per_device_train_batch_size=16, gradient_accumulation_steps=4)
+            "vllm_max_model_len": MAX_MODEL_LEN, "engine_kwargs": {"vllm_enable_sleep_mode": False},
+            "vllm_engine_kwargs": {"max_num_seqs": MICRO * ACCUM, "max_num_batched_tokens": MAX_BATCHED_TOKENS}}
+    common = dict(SAME, model=model, output_dir=str(out), max_steps=STEPS, save_steps=100_000,
+                  gradient_accumulation_steps=ACCUM,
+                  train={"gpus": 1, "dtype": "bfloat16", "gradient_checkpointing": False})
+    if mode == "colocate":  # one process, one GPU, vLLM awake throughout: as TRL's colocate mode without sleep
+        config = GRPOConfig(**common, rollout=vllm, colocate_groups=[["train", "rollout"]], sleep_level=0)
         trainer = GRPOTrainer(config, plugins)
     else:  # Ray: train on one GPU, vLLM on the other, NCCL weight sync, the next round generated during
         # training. RLCORE_VLLM_IN_PROCESS=0 puts vLLM's engine core in processes of its own.
         config = GRPOConfig(**common, rollout={**vllm, "vllm_in_process": os.environ.get("RLCORE_VLLM_IN_PROCESS", "1") == "1"},
-                            async_generate=True,
-                            per_device_train_batch_size=16, gradient_accumulation_steps=4)
+                            async_generate=True)
         trainer = GRPOTrainer(config, plugins, use_ray=True)
+    settings = {label: lookup(config, path) for label, path, _ in COMPARED}
+    settings["stop_token_ids"] = lookup(trainer, "experience.stop_ids")
+    settings["completions per optimizer step"] = MICRO * ACCUM  # one train worker
+    if config.async_generate:  # the rollout's log-probs are the old policy's: rlcore does not correct there
+        settings["vllm_importance_sampling_correction"] = "not applied (async)"
     stamps.append(time.perf_counter())
     trainer.fit()
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
     lengths = [r["completions/mean_length"] for r in rows]
     phases = sorted({k for r in rows for k in r if k.startswith("time/")})
-    return {"step_s": steps, "mean_length": lengths,
+    return {"step_s": steps, "mean_length": lengths, "settings": settings,
             "sync_s": [r.get("weight_sync/seconds") for r in rows], "sync_gb_s": [r.get("weight_sync/gb_per_s") for r in rows],
             "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}}
 
@@ -101,16 +157,20 @@ def run_trl(model: str, out: Path, processes: int) -> dict:
 
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]} for r in toy_dataset()]
     args = GRPOConfig(
-        output_dir=str(out), max_steps=STEPS, learning_rate=1e-6, beta=0.0, num_generations=GENERATIONS,
-        max_completion_length=TOKENS, per_device_train_batch_size=16, gradient_accumulation_steps=4 // processes,
-        use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=GPU_MEMORY, bf16=True,
-        report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, seed=42,
+        **SAME, output_dir=str(out), max_steps=STEPS, gradient_accumulation_steps=ACCUM // processes,
+        gradient_checkpointing=False, optim="adamw_torch",  # rlcore's torch.optim.AdamW (TRL's default: fused)
+        use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=GPU_MEMORY,
+        vllm_max_model_length=MAX_MODEL_LEN, vllm_enable_sleep_mode=False,
+        bf16=True, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
         model_init_kwargs={"dtype": "bfloat16"},
     )
     trainer = GRPOTrainer(model=model, reward_funcs=toy_reward, args=args, train_dataset=Dataset.from_list(rows),
                           callbacks=[Clock()])
+    settings = {label: lookup(args, path) for label, _, path in COMPARED}
+    settings["stop_token_ids"] = sorted(trainer.eos_token_ids)
+    settings["completions per optimizer step"] = MICRO * (ACCUM // processes) * processes
     trainer.train()
-    return {"step_s": [b - a for a, b in zip(stamps, stamps[1:])], "mean_length": lengths}
+    return {"step_s": [b - a for a, b in zip(stamps, stamps[1:])], "mean_length": lengths, "settings": settings}
 
 
 # -- the driver ---------------------------------------------------------------------------------------
@@ -137,7 +197,8 @@ def summarise(result: dict, completions: int) -> dict:
     steps = result["step_s"][SKIP:]
     step = statistics.median(steps)
     length = statistics.median(result["mean_length"][SKIP:]) if result["mean_length"] else float("nan")
-    out = {"step_s": round(step, 4), "tokens_per_s": round(length * completions / step, 1), "steps_measured": len(steps)}
+    out = {"step_s": round(step, 4), "tokens_per_s": round(length * completions / step, 1), "steps_measured": len(steps),
+           "settings": result["settings"]}
     if result.get("sync_s"):
         sync = [s for s in result["sync_s"][SKIP:] if s is not None]
         rate = [g for g in result["sync_gb_s"][SKIP:] if g is not None]
@@ -147,6 +208,35 @@ def summarise(result: dict, completions: int) -> dict:
         out["per_step_s"] = {"step": [round(s, 3) for s in result["step_s"]],
                              **{k.removeprefix("time/"): [round(s, 3) for s in v] for k, v in result["phases"].items()}}
     return out
+
+
+def differences(mode: str) -> list[str]:
+    """What differs between the two runs by design, beyond the compared settings."""
+    if mode == "colocate":
+        return ["rlcore: one process, no Ray, weights handed over in process; TRL: one process, vLLM colocated"]
+    return [
+        "rlcore: one-step-off-policy async: 1 train GPU + 1 vLLM GPU (Ray, NCCL weight sync); round n+1 is generated "
+        "while round n trains, so its samples come from the policy one step old",
+        "TRL: synchronous, on-policy data parallelism over 2 GPUs: each GPU generates half the round with its own "
+        "colocated vLLM, then both train (2 micro-batches each instead of 4)",
+        "rlcore applies no vLLM importance-sampling correction with async_generate (the rollout's log-probs serve as "
+        "the old policy's); TRL corrects with the settings above",
+        f"vLLM max_num_seqs: rlcore {MICRO * ACCUM} (one engine, the whole round), TRL {MICRO * ACCUM // 2} per engine",
+    ]
+
+
+def print_table(mode: str, ours: dict, theirs: dict, ratio: float, target: str, labels: tuple[str, str]) -> None:
+    ours_label, trl_label = labels
+    print(f"\n{'':<28}{'step (s)':>10}{'tokens/s':>12}{'sync (s)':>10}{'sync GB/s':>11}")
+    print(f"{ours_label:<28}{ours['step_s']:>10.3f}{ours['tokens_per_s']:>12.0f}{ours.get('sync_s', 0):>10.3f}{ours.get('sync_gb_s', 0):>11.1f}")
+    print(f"{trl_label:<28}{theirs['step_s']:>10.3f}{theirs['tokens_per_s']:>12.0f}")
+    print(f"{'ratio':<28}{ratio:>10.3f}   target: {target}")
+    print("rlcore phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in ours.get("phases_s", {}).items()))
+    print(f"\n{'setting':<34}{'rlcore':>22}{'TRL':>22}")
+    for key, value in ours["settings"].items():
+        other = theirs["settings"].get(key, "-")
+        print(f"{key:<34}{str(value):>22}{str(other):>22}{'' if value == other else '   DIFFERS'}")
+    print("\nby design:\n" + "\n".join(f"- {line}" for line in differences(mode)))
 
 
 def main() -> None:
@@ -174,6 +264,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = str(build_tiny_model(tmp / "qwen2-0.5b-shaped", **SHAPE))
+        same_stop_tokens(model)  # before either side loads the model
         trl_processes = 2 if args.mode == "separate" else 1
         if args.only:
             processes = trl_processes if args.only == "trl" else 1
@@ -184,18 +275,15 @@ def main() -> None:
 
     if args.mode == "colocate":
         ratio, target = ours["step_s"] / theirs["step_s"], "ratio <= 0.9 (rlcore / TRL step time)"
+        labels = ("rlcore colocate", "TRL colocate")
     else:
         ratio, target = ours["tokens_per_s"] / theirs["tokens_per_s"], "speedup >= 1.3 (rlcore / TRL tokens/s)"
+        labels = ("rlcore 1-step-off async", "TRL sync DP x2")
     result = {"mode": args.mode, "kind": args.kind, "date": time.strftime("%Y-%m-%d"), "rlcore": ours, "trl": theirs,
-              "ratio": round(ratio, 3), "target": target,
+              "ratio": round(ratio, 3), "target": target, "labels": list(labels), "by_design": differences(args.mode),
+              "differ": [k for k, v in ours["settings"].items() if theirs["settings"].get(k, "-") != v],
               "work": f"{PROMPTS} prompts x {GENERATIONS} generations x {TOKENS} tokens, Qwen2-0.5B shape, bf16, median of steps {SKIP + 1}-{STEPS}"}
-    trl_label = "TRL colocate" + (" DP x2" if args.mode == "separate" else "")
-    ours_label = "rlcore colocate" if args.mode == "colocate" else "rlcore separate+async"
-    print(f"\n{'':<24}{'step (s)':>10}{'tokens/s':>12}{'sync (s)':>10}{'sync GB/s':>11}")
-    print(f"{ours_label:<24}{ours['step_s']:>10.3f}{ours['tokens_per_s']:>12.0f}{ours.get('sync_s', 0):>10.3f}{ours.get('sync_gb_s', 0):>11.1f}")
-    print(f"{trl_label:<24}{theirs['step_s']:>10.3f}{theirs['tokens_per_s']:>12.0f}")
-    print(f"{'ratio':<24}{ratio:>10.3f}   target: {target}")
-    print("rlcore phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in ours.get("phases_s", {}).items()))
+    print_table(args.mode, ours, theirs, ratio, target, labels)
     path = Path(args.json or f"benchmarks/results/grpo_gpu-{args.mode}-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
