@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, model_validator
 
 from rlcore import BaseConfig, RoleConfig, RunConfig
+from rlcore.resources import parse_ranks
 
 
 class TrainRoleConfig(RoleConfig):
@@ -105,8 +106,35 @@ class GRPOConfig(RunConfig):
     epsilon: float = Field(0.2, ge=0, description="lower clipping range of the ratio")
     epsilon_high: float | None = Field(None, ge=0, description="upper clipping range (DAPO); unset: epsilon")
     delta: float | None = Field(None, gt=1, description="two-sided clipping of the ratio at delta (TRL)")
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field("grpo", description="loss aggregation")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
+        "grpo",
+        description="loss aggregation: grpo (mean of per-sequence token means), bnpo (token sum / the optimizer step's "
+        "tokens over all workers; unlike TRL, whose bnpo averages each micro-batch's token mean over micro-batches and "
+        "processes), dr_grpo (token sum / (sequences * max_completion_length)), dapo (token sum / the generation "
+        "batch's tokens per optimizer step, as TRL)",
+    )
     importance_sampling_level: Literal["token", "sequence"] = Field("token", description="token (GRPO) or sequence (GSPO) ratios")
+    use_bias_correction_kl: bool = Field(
+        True, description="multiply the k3 KL term by the policy ratio (TRL's default: the unbiased KL gradient of DeepSeek-V3.2)"
+    )
+
+    # sampler/trainer mismatch: TRL's keys; despite the vllm_ prefix, for any rollout engine
+    vllm_importance_sampling_correction: bool = Field(
+        True,
+        description="weight the loss by exp(trainer's old log-probs - rollout engine's log-probs), as TRL; computes old "
+        "log-probs every round; not applied with async_generate (there the rollout's log-probs are the old ones)",
+    )
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field(
+        "sequence_mask",
+        description="a ratio per token or per sequence (exp of the summed difference); *_truncate clamps it to "
+        "[clip_min, clip_max], *_mask sets it to 0 outside",
+    )
+    vllm_importance_sampling_clip_max: float | None = Field(
+        3.0, gt=0,
+        validation_alias=AliasChoices("vllm_importance_sampling_clip_max", "vllm_importance_sampling_cap"),
+        description="upper bound of the correction ratio; unset: none (alias: vllm_importance_sampling_cap, TRL's older name)",
+    )
+    vllm_importance_sampling_clip_min: float | None = Field(None, ge=0, description="lower bound of the correction ratio; unset: none")
 
     # advantages
     scale_rewards: Literal["group", "batch", "none"] = Field("group", description="divide advantages by this std")
@@ -170,6 +198,26 @@ class GRPOConfig(RunConfig):
             problems.append(
                 ("async_generate", "needs train and rollout on separate devices; drop it or the [train, rollout] colocate group")
             )
+        micro, accumulation = self.micro_steps_per_generation, self.gradient_accumulation_steps
+        if micro % accumulation:
+            problems.append(
+                ("steps_per_generation", f"({micro}) must be a multiple of gradient_accumulation_steps ({accumulation})")
+            )
+        workers = self._train_group_size() if self.device_groups else self.train.gpus or self.train.cpus
+        if workers is not None and (self.per_device_train_batch_size * workers * micro) % self.num_generations:
+            problems.append(
+                (
+                    "num_generations",
+                    f"({self.num_generations}) must divide the generation batch: per_device_train_batch_size "
+                    f"({self.per_device_train_batch_size}) x train workers ({workers}) x steps_per_generation ({micro}) "
+                    f"= {self.per_device_train_batch_size * workers * micro}",
+                )
+            )
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if low is not None and high is not None and low >= high:
+            problems.append(
+                ("vllm_importance_sampling_clip_min", f"({low}) must be less than vllm_importance_sampling_clip_max ({high})")
+            )
         if self.weight_sync_backend == "cuda_ipc" and not (self.colocated and self.train.gpus and self.rollout.gpus):
             problems.append(
                 ("weight_sync_backend", "cuda_ipc hands GPU memory between processes on one GPU; it needs train and rollout "
@@ -187,6 +235,30 @@ class GRPOConfig(RunConfig):
     @property
     def micro_steps_per_generation(self) -> int:
         return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @property
+    def train_workers(self) -> int:
+        """The train workers the config declares: the size of the device group whose workers list train, else
+        train.gpus or train.cpus. The generation batch is per_device_train_batch_size x this x
+        steps_per_generation, also when one process runs every role (no Ray)."""
+        if self.device_groups:
+            return self._train_group_size() or 1  # None: a bad group, which the resource plan reports
+        return self.train.gpus or self.train.cpus
+
+    def _train_group_size(self) -> int | None:
+        """The size of the device group holding train; None when no group does or its ranks do not parse."""
+        for spec in (self.device_groups or {}).values():
+            if not isinstance(spec, dict):
+                continue
+            workers = spec.get("workers")
+            if "train" not in ([workers] if isinstance(workers, str) else workers or ()):
+                continue
+            try:
+                ranks = parse_ranks(spec.get("ranks"))
+            except ValueError:
+                return None
+            return ranks if isinstance(ranks, int) else len(ranks)
+        return None
 
 
 __all__ = ["BaseConfig", "GRPOConfig", "OrmRoleConfig", "ReferenceRoleConfig", "RolloutRoleConfig", "TrainRoleConfig"]

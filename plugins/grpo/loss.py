@@ -16,11 +16,17 @@ of the whole step's batch, for every `loss_type`:
 
 Left unset, each count is the call's own (rows or completion tokens), which is TRL's loss of one batch.
 bnpo and dapo differ only in the count a trainer passes: bnpo the tokens of the optimizer step's batch, dapo
-(as TRL does) the tokens of the whole generation batch divided by the optimizer steps it feeds.
+(as TRL does) the tokens of the whole generation batch divided by the optimizer steps it feeds. (TRL's bnpo
+instead divides each micro-batch by its own tokens and averages over micro-batches and processes.)
+
+Sampler/trainer mismatch: `sampler_importance_ratio` is TRL's `vllm_importance_sampling_correction`, the
+ratio of the trainer's old log-probs to the rollout engine's, which `policy_loss` multiplies into the
+per-token policy loss (before the KL term is added, as TRL does).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -29,6 +35,7 @@ from rlcore import RlcoreError
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
 
@@ -38,13 +45,68 @@ def batch_normalizers(mask: torch.Tensor, world_size: int = 1) -> dict[str, floa
 
     `mask` is the completion mask [B, T] of the whole batch one optimizer step covers, over all
     data-parallel workers; the counts are divided by `world_size` because DDP averages the workers' gradients.
+    The token count is at least 1 (as TRL clamps it), so a step whose tokens are all masked has loss 0, not NaN.
     """
     if world_size < 1:
         raise RlcoreError(f"world_size must be >= 1, got {world_size}")
     return {
-        "num_items_in_batch": float(mask.sum().item()) / world_size,
+        "num_items_in_batch": max(float(mask.sum().item()), 1.0) / world_size,
         "num_sequences_in_batch": mask.shape[0] / world_size,
     }
+
+
+def sampler_importance_ratio(
+    old_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """TRL's importance-sampling correction of the rollout engine's sampling: (ratio, metrics).
+
+    The ratio is exp(old - sampling) per completion token ([B, T]; 1 off the mask and where the sampler gave
+    NaN), or per sequence ([B, 1], exp of the summed difference) for `sequence_*` modes. `*_truncate`
+    clamps it to [clip_min, clip_max]; `*_mask` sets it to 0 outside. Metrics, named as TRL logs them:
+    `sampling/sampling_logp_difference/mean|max` (|old - sampling| over completion tokens) and
+    `sampling/importance_sampling_ratio/min|mean|max` (over completion tokens, or over sequences).
+    """
+    if mode not in SAMPLER_CORRECTION_MODES:
+        raise RlcoreError(
+            f"vllm_importance_sampling_mode '{mode}' is unknown; known: {', '.join(SAMPLER_CORRECTION_MODES)}"
+        )
+    for name, tensor in (("sampling_logprobs", sampling_logprobs), ("mask", mask)):
+        if tensor.shape != old_logprobs.shape or old_logprobs.dim() != 2:
+            raise RlcoreError(f"{name} has shape {tuple(tensor.shape)}; old_logprobs must be [B, T] and has "
+                              f"{tuple(old_logprobs.shape)}")
+    with torch.no_grad():
+        mask = mask.to(old_logprobs.dtype)
+        diff = torch.nan_to_num((old_logprobs - sampling_logprobs) * mask, nan=0.0)
+        sequence = mode.startswith("sequence")
+        ratio = torch.exp(diff.sum(-1, keepdim=True) if sequence else diff)
+        if mode.endswith("truncate"):
+            ratio = torch.clamp(ratio, min=clip_min, max=clip_max)
+        else:
+            low = -math.inf if clip_min is None else clip_min
+            high = math.inf if clip_max is None else clip_max
+            ratio = ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+        on = mask.bool()
+        delta = (old_logprobs - sampling_logprobs).abs()
+        delta = delta[on & ~torch.isnan(delta)]
+        flat = ratio.flatten() if sequence else ratio[on]
+
+        def stat(x: torch.Tensor, fn) -> float:
+            return float(fn(x)) if x.numel() else 0.0
+
+        metrics = {
+            "sampling/sampling_logp_difference/mean": stat(delta, torch.mean),
+            "sampling/sampling_logp_difference/max": stat(delta, torch.max),
+            "sampling/importance_sampling_ratio/min": stat(flat, torch.min),
+            "sampling/importance_sampling_ratio/mean": stat(flat, torch.mean),
+            "sampling/importance_sampling_ratio/max": stat(flat, torch.max),
+        }
+    return ratio, metrics
 
 
 def _check(
@@ -53,6 +115,7 @@ def _check(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
+    importance_sampling_ratio: torch.Tensor | None,
     beta: float,
     loss_type: str,
     importance_sampling_level: str,
@@ -70,6 +133,13 @@ def _check(
     for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
         if tensor is not None and tensor.shape != logprobs.shape:
             raise RlcoreError(f"{name} has shape {tuple(tensor.shape)}; logprobs has {tuple(logprobs.shape)}")
+    if importance_sampling_ratio is not None and importance_sampling_ratio.shape not in (
+        logprobs.shape, (logprobs.shape[0], 1)
+    ):
+        raise RlcoreError(
+            f"importance_sampling_ratio must be [B, T] or [B, 1]; got shape {tuple(importance_sampling_ratio.shape)} "
+            f"for logprobs {tuple(logprobs.shape)}"
+        )
     if advantages.shape != (logprobs.shape[0],):
         raise RlcoreError(f"advantages must be [B] = [{logprobs.shape[0]}]; got shape {tuple(advantages.shape)}")
     if beta != 0.0 and ref_logprobs is None:
@@ -94,16 +164,21 @@ def policy_loss(
     max_completion_length: int | None = None,
     num_items_in_batch: float | None = None,
     num_sequences_in_batch: float | None = None,
+    importance_sampling_ratio: torch.Tensor | None = None,
+    use_bias_correction_kl: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate loss with an optional k3 KL penalty; returns (loss, metrics).
 
     `epsilon` / `epsilon_high` clip the ratio to [1 - epsilon, 1 + epsilon_high] (DAPO's clip-higher;
     `epsilon_high` defaults to `epsilon`); `delta` caps the unclipped ratio too (TRL's two-sided clipping).
     `importance_sampling_level="sequence"` uses one ratio per sequence, exp of the masked mean log-ratio
-    (GSPO). Metrics, named as TRL logs them: `kl` (when `ref_logprobs` is given), `clip_ratio/low_mean`,
-    `clip_ratio/high_mean`, `clip_ratio/region_mean`; each a masked mean over this call's tokens.
+    (GSPO). `importance_sampling_ratio` (from `sampler_importance_ratio`) weights the per-token policy loss;
+    `use_bias_correction_kl` multiplies the KL term by the policy ratio (TRL's default). Metrics, named as
+    TRL logs them: `kl` (when `ref_logprobs` is given; with the bias correction, as TRL logs it),
+    `clip_ratio/low_mean`, `clip_ratio/high_mean`, `clip_ratio/region_mean`; each a masked mean over this
+    call's tokens.
     """
-    _check(logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, loss_type,
+    _check(logprobs, old_logprobs, advantages, mask, ref_logprobs, importance_sampling_ratio, beta, loss_type,
            importance_sampling_level, max_completion_length)
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(1)  # [B, 1]
@@ -114,17 +189,22 @@ def policy_loss(
     if importance_sampling_level == "sequence":
         log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # [B, 1]
     coef_1 = torch.exp(log_ratio)
-    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
-    if delta is not None:
-        coef_1 = torch.clamp(coef_1, max=delta)
-    per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
 
     per_token_kl = None
     if ref_logprobs is not None:
         diff = ref_logprobs - logprobs
         per_token_kl = torch.exp(diff) - diff - 1
-        if beta != 0.0:
-            per_token_loss = per_token_loss + beta * per_token_kl
+        if use_bias_correction_kl:
+            per_token_kl = per_token_kl * coef_1
+
+    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    if delta is not None:
+        coef_1 = torch.clamp(coef_1, max=delta)
+    per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    if importance_sampling_ratio is not None:
+        per_token_loss = per_token_loss * importance_sampling_ratio.to(per_token_loss.dtype)
+    if per_token_kl is not None and beta != 0.0:
+        per_token_loss = per_token_loss + beta * per_token_kl
 
     rows = num_sequences_in_batch if num_sequences_in_batch is not None else logprobs.shape[0]
     tokens = num_items_in_batch if num_items_in_batch is not None else mask.sum().clamp(min=1.0)

@@ -21,6 +21,7 @@ class PolicyObjective:
     max_completion_length: int
     num_items_in_batch: float
     num_sequences_in_batch: float
+    use_bias_correction_kl: bool = True
 
     @classmethod
     def for_step(cls, config: Any, step_batch: Any, dp_size: int, round_tokens: float | None = None,
@@ -29,11 +30,12 @@ class PolicyObjective:
         count is that of the whole generation round spread over the steps it feeds, as TRL does."""
         norms = batch_normalizers(step_batch["completion_mask"], world_size=dp_size)
         if config.loss_type == "dapo" and round_tokens is not None:
-            norms["num_items_in_batch"] = round_tokens / steps_per_round / dp_size
+            norms["num_items_in_batch"] = max(round_tokens, 1.0) / steps_per_round / dp_size
         return cls(
             beta=config.beta, epsilon=config.epsilon, epsilon_high=config.epsilon_high, delta=config.delta,
             loss_type=config.loss_type, importance_sampling_level=config.importance_sampling_level,
-            max_completion_length=config.max_completion_length, **norms,
+            max_completion_length=config.max_completion_length, use_bias_correction_kl=config.use_bias_correction_kl,
+            **norms,
         )
 
     def __call__(self, outputs: Any, batch: Any) -> tuple[Any, dict[str, float]]:
@@ -45,5 +47,6 @@ class PolicyObjective:
             beta=self.beta, epsilon=self.epsilon, epsilon_high=self.epsilon_high, delta=self.delta,
             loss_type=self.loss_type, importance_sampling_level=self.importance_sampling_level,
             max_completion_length=self.max_completion_length, num_items_in_batch=self.num_items_in_batch,
-            num_sequences_in_batch=self.num_sequences_in_batch,
+            num_sequences_in_batch=self.num_sequences_in_batch, use_bias_correction_kl=self.use_bias_correction_kl,
+            importance_sampling_ratio=batch["importance_sampling_ratio"] if "importance_sampling_ratio" in batch else None,
         )

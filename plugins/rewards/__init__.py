@@ -2,7 +2,8 @@
 
 All have TRL's signature `fn(prompts, completions, completion_ids, **columns)`, so a TRL reward function
 works here unchanged and these work in TRL. `resolve_reward` finds one by name (or `module:function`);
-`call_reward` calls it without letting one broken function end a run. `OrmScorer` (rlcore.plugins.rewards.orm)
+`call_reward` calls it without letting one bad completion end a run (a function failing on all of them does:
+`RewardFailed`). `OrmScorer` (rlcore.plugins.rewards.orm)
 is what an `orm` role runs: a sequence-classification reward model.
 """
 
@@ -12,12 +13,13 @@ import dataclasses
 
 from rlcore import RewardSpec, hookimpl
 
-from .calling import call_reward, resolve_reward
+from .calling import RewardFailed, call_reward, resolve_reward
 from .functions import CosineReward, RepetitionPenalty, SoftOverlong, accuracy_reward, completion_text, format_reward
 
 __all__ = [
     "CosineReward",
     "RepetitionPenalty",
+    "RewardFailed",
     "SoftOverlong",
     "accuracy_reward",
     "call_reward",

@@ -1,9 +1,11 @@
 """Finding a reward function by name or `module:function`, and calling it safely.
 
-A reward function that raises must not end a long run by default: its rewards for that call become None
-(left out of the advantages) and the error is counted and logged once per function. `strict=True` (the
-config's `strict_rewards`) makes it fatal. A `ConfigError` (e.g. a missing dataset column) is always fatal:
-it would fail on every call.
+A reward function that fails on some completions must not end a long run by default: when a call over the
+batch fails, each completion is scored on its own, the ones that still fail get None (left out of the
+advantages), and the failures are counted and logged once per function. `strict=True` (the config's
+`strict_rewards`) makes any failure fatal. A function that fails on every completion of a call is broken, not
+unlucky: that stops the run (`RewardFailed`) whatever `strict` says, as does a `ConfigError` (e.g. a missing
+dataset column).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ logger = logging.getLogger("rlcore.rewards")
 _logged: set[str] = set()
 
 RewardFn = Callable[..., list[float | None]]
+
+
+class RewardFailed(RlcoreError):
+    """A reward function failed on every completion it was given, or on any one with `strict_rewards`."""
 
 
 def _import_object(spec: str) -> Any:
@@ -102,6 +108,54 @@ def _as_reward(value: Any) -> float | None:
     return None if math.isnan(value) else value
 
 
+class _BadResult(RlcoreError):
+    """The function returned something that is not one reward per completion."""
+
+
+def _call(fn: RewardFn, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None,
+          columns: dict[str, list[Any]]) -> tuple[list[float | None], list[Exception]]:
+    """The rewards of one call, and the failures among them (a non-number is None and a failure)."""
+    n = len(completions)
+    result = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+    if result is None or len(result) != n:
+        got = "None" if result is None else f"{len(result)} rewards"
+        raise _BadResult(f"returned {got} for {n} completions; return one reward (or None) per completion")
+    values: list[float | None] = []
+    failures: list[Exception] = []
+    for value in result:
+        try:
+            values.append(_as_reward(value))
+        except TypeError as exc:
+            values.append(None)
+            failures.append(exc)
+    return values, failures
+
+
+def _one_by_one(fn: RewardFn, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None,
+                columns: dict[str, list[Any]]) -> tuple[list[float | None], list[Exception]]:
+    """Each completion scored by a call of its own, so that one bad completion costs only its reward."""
+    values: list[float | None] = []
+    failures: list[Exception] = []
+    for i in range(len(completions)):
+        try:
+            (value,), failed = _call(
+                fn, prompts[i : i + 1], completions[i : i + 1],
+                None if completion_ids is None else completion_ids[i : i + 1],
+                {k: v[i : i + 1] for k, v in columns.items()},
+            )
+        except ConfigError:
+            raise
+        except Exception as exc:
+            value, failed = None, [exc]
+        values.append(value)
+        failures += failed
+    return values, failures
+
+
+def _describe(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, RlcoreError) else repr(exc)
+
+
 def call_reward(
     fn: RewardFn,
     name: str,
@@ -111,27 +165,37 @@ def call_reward(
     columns: dict[str, list[Any]],
     strict: bool = False,
 ) -> tuple[list[float | None], int]:
-    """Call `fn` as TRL does (all keywords, dataset columns as lists); return (rewards, number of errors).
+    """Call `fn` as TRL does (all keywords, dataset columns as lists); return (rewards, completions it failed on).
 
-    A raise, a result of the wrong length or a non-number is an error naming `name`: fatal when `strict`,
-    otherwise every reward of this call is None and the error counts 1.
+    A raise, a result of the wrong length or a non-number is a failure naming `name`. When the call over the
+    batch raises, each completion is scored on its own and only those `fn` still fails on get None.
+    Raises `RewardFailed` on any failure when `strict`, and on a failure for every completion regardless.
     """
     n = len(completions)
+    first: Exception | None = None  # the batch call's error, named in messages
     try:
-        result = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        if result is None or len(result) != n:
-            got = "None" if result is None else f"{len(result)} rewards"
-            raise RlcoreError(f"returned {got} for {n} completions; return one reward (or None) per completion")
-        return [_as_reward(v) for v in result], 0
+        values, failures = _call(fn, prompts, completions, completion_ids, columns)
     except ConfigError:
         raise
     except Exception as exc:
-        detail = str(exc) if isinstance(exc, RlcoreError) else repr(exc)
-        message = f"reward function '{name}' failed: {detail}"
-        if strict:
-            raise RlcoreError(message + " (strict_rewards is set)") from exc
-        if name not in _logged:
-            _logged.add(name)
-            logger.warning("%s; its rewards for this batch are None (left out of the advantages). Further "
-                           "errors of '%s' are counted, not logged; strict_rewards=true makes them fatal.", message, name)
-        return [None] * n, 1
+        first = exc
+        if strict or n <= 1 or isinstance(exc, _BadResult):  # fatal anyway, nothing to isolate, or no reward to keep
+            values, failures = [None] * n, [exc] * n
+        else:
+            values, failures = _one_by_one(fn, prompts, completions, completion_ids, columns)
+    if not failures:
+        return values, 0
+    cause = first or failures[0]
+    if strict:
+        raise RewardFailed(f"reward function '{name}' failed: {_describe(cause)} (strict_rewards is set)") from cause
+    if len(failures) == n:
+        raise RewardFailed(
+            f"reward function '{name}' failed on all {n} completions of this step: {_describe(cause)}; "
+            "fix it, or remove it from reward_funcs"
+        ) from cause
+    if name not in _logged:
+        _logged.add(name)
+        logger.warning("reward function '%s' failed on %d of %d completions: %s; their rewards are None (left out "
+                       "of the advantages). Further failures of '%s' are counted, not logged; strict_rewards=true "
+                       "makes them fatal.", name, len(failures), n, _describe(cause), name)
+    return values, len(failures)

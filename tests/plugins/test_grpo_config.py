@@ -57,30 +57,80 @@ def test_inconsistent_keys_are_reported_with_their_names():
     assert "async_generate needs train and rollout on separate devices" in text
 
 
-GPU_ROLES = {"train": {"gpus": 1}, "rollout": {"gpus": 1, "engine": "vllm"}}
-
-
-@pytest.mark.parametrize(
-    ("overrides", "transport"),
-    [
-        ({**GPU_ROLES, "colocate_groups": [["train", "rollout"]]}, "cuda_ipc"),
-        ({"train": {"gpus": 2}, "rollout": {"gpus": 2, "engine": "vllm", "vllm_tensor_parallel_size": 2},
-          "colocate_groups": [["train", "rollout"]]}, "object_store"),
-        (GPU_ROLES, "nccl"),
-        ({"train": {"gpus": 1, "engine_kwargs": {"device": "cpu"}}, "rollout": {"gpus": 1, "engine_kwargs": {"device": "cpu"}}},
-         "object_store"),
-    ],
-    ids=["colocated", "colocated-tp2", "separate", "cpu"],
-)
-def test_weight_sync_transport_follows_the_layout(overrides, transport):
-    from rlcore.plugins.grpo.runtime import RoleRuntime
-
-    config = GRPOConfig(model="m", output_dir="unused", **overrides)
-    assert RoleRuntime(config, use_ray=True).transport == transport
-    assert RoleRuntime(config, use_ray=False).transport == "in_process"
-
-
 def test_cuda_ipc_without_colocated_gpus_names_the_key():
     with pytest.raises(ConfigError) as err:
         load_config(GRPOConfig, None, ["model=m", "weight_sync_backend=cuda_ipc", "train.gpus=1", "rollout.gpus=1"])
     assert "weight_sync_backend cuda_ipc hands GPU memory between processes on one GPU" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cross-field rules: the config holds them all, so `config validate` and `run` agree
+# ---------------------------------------------------------------------------------------------------------
+
+
+def problems_of(*overrides):
+    with pytest.raises(ConfigError) as err:
+        load_config(GRPOConfig, None, ["model=m", *overrides])
+    return str(err.value)
+
+
+def test_batch_rules_are_config_rules_reported_together():
+    text = problems_of("steps_per_generation=3", "gradient_accumulation_steps=2", "per_device_train_batch_size=3",
+                       "num_generations=4", "train.cpus=2", "vllm_importance_sampling_clip_min=2", "vllm_importance_sampling_clip_max=1")
+    assert "steps_per_generation (3) must be a multiple of gradient_accumulation_steps (2)" in text
+    assert ("num_generations (4) must divide the generation batch: per_device_train_batch_size (3) x train workers (2) "
+            "x steps_per_generation (3) = 18") in text
+    assert "vllm_importance_sampling_clip_min (2.0) must be less than vllm_importance_sampling_clip_max (1.0)" in text
+
+
+def test_the_generation_batch_counts_the_declared_train_workers():
+    assert "train workers (3)" in problems_of("per_device_train_batch_size=2", "num_generations=4", "train.gpus=3")
+    assert GRPOConfig(model="m", per_device_train_batch_size=2, num_generations=4, train={"gpus": 2}).train_workers == 2
+    assert GRPOConfig(model="m", per_device_train_batch_size=2, num_generations=4, train={"cpus": 4}).train_workers == 4
+
+
+@pytest.mark.parametrize(
+    ("ranks", "workers"),
+    [(3, 3), ([0, 2, 5], 3), ("range(1, 4)", 3), ("list(range(0, 2))", 2)],
+    ids=["count", "list", "range", "list-range"],
+)
+def test_train_workers_in_the_device_groups_form(ranks, workers):
+    groups = {"nproc_per_node": 8, "a": {"device": "GPU", "ranks": [6, 7], "workers": ["rollout"]},
+              "b": {"device": "GPU", "ranks": ranks, "workers": ["train"]}}
+    config = GRPOConfig(model="m", device_groups=groups, per_device_train_batch_size=4, num_generations=4)
+    assert config.train_workers == workers
+    text = problems_of("per_device_train_batch_size=1", "num_generations=4", f"device_groups={groups}")
+    assert f"train workers ({workers})" in text
+
+
+def test_bad_train_ranks_are_left_to_the_resource_plan():
+    groups = {"g": {"device": "GPU", "ranks": "range(0, ", "workers": ["train", "rollout"]}}
+    config = GRPOConfig(model="m", device_groups=groups, per_device_train_batch_size=3, num_generations=4)
+    assert config.train_workers == 1  # no batch-size error guessed from it; plan_from_config names the ranks
+    with pytest.raises(ConfigError, match="device_groups.g.ranks"):
+        plan_from_config(config, roles=["train", "rollout"])
+
+
+def test_config_validate_and_run_reject_the_same_batch(tmp_path, capsys):
+    from rlcore.cli import main
+
+    path = tmp_path / "grpo.yaml"
+    path.write_text("model: m\nper_device_train_batch_size: 3\nnum_generations: 4\n")
+    assert main(["config", "validate", "--plugin", "grpo", "--config", str(path)]) == 2
+    assert "num_generations (4) must divide the generation batch" in capsys.readouterr().err
+    assert main(["run", "--plugin", "grpo", "--config", str(path)]) == 2  # before any model is loaded
+    assert "num_generations (4) must divide the generation batch" in capsys.readouterr().err
+
+
+def test_sampler_correction_keys_have_trls_names_and_defaults():
+    import dataclasses
+
+    from trl import GRPOConfig as TRLConfig
+
+    trl_defaults = {f.name: f.default for f in dataclasses.fields(TRLConfig)}
+    ours = GRPOConfig(model="m")
+    for key in ("vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "use_bias_correction_kl"):
+        assert getattr(ours, key) == trl_defaults[key], key
+    assert GRPOConfig(model="m", vllm_importance_sampling_cap=2.0).vllm_importance_sampling_clip_max == 2.0  # TRL's old name
+    assert "vllm_importance_sampling_mode" in problems_of("vllm_importance_sampling_mode=tokens")

@@ -1,5 +1,6 @@
 """policy_loss against a loop-by-loop reference, against TRL 1.16's own GRPOTrainer._compute_loss, and the
-micro-batch rule: losses of micro-batches (and data-parallel workers) add up to the whole batch's loss."""
+micro-batch rule: losses of micro-batches (and data-parallel workers) add up to the whole batch's loss.
+sampler_importance_ratio (TRL's vllm_importance_sampling_correction) against a loop-by-loop reference."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import pytest
 import torch
 
 from rlcore import RlcoreError
-from rlcore.plugins.grpo.loss import LOSS_TYPES, batch_normalizers, policy_loss
+from rlcore.plugins.grpo.loss import (
+    LOSS_TYPES,
+    SAMPLER_CORRECTION_MODES,
+    batch_normalizers,
+    policy_loss,
+    sampler_importance_ratio,
+)
 
 LEVELS = ("token", "sequence")
 MAX_LEN = 9
@@ -30,13 +37,16 @@ def random_batch(seed: int, rows: int = 6, cols: int = 7) -> dict[str, torch.Ten
         "logprobs": old + 0.4 * torch.randn(rows, cols, generator=g),  # ratios well outside [0.8, 1.28]
         "old_logprobs": old,
         "ref_logprobs": old + 0.3 * torch.randn(rows, cols, generator=g),
+        "sampling_logprobs": old + 0.1 * torch.randn(rows, cols, generator=g),  # the rollout engine's
         "advantages": torch.randn(rows, generator=g),
         "mask": mask,
     }
 
 
-def reference_loss(b, *, beta, epsilon, epsilon_high, delta, loss_type, level, num_items=None) -> float:
-    """Written from the definitions, one token at a time, with Python floats."""
+def reference_loss(b, *, beta, epsilon, epsilon_high, delta, loss_type, level, num_items=None, bias_kl=True,
+                   is_ratio=None) -> float:
+    """Written from the definitions, one token at a time, with Python floats. `is_ratio` ([B, T] or [B, 1])
+    weights the policy term; `bias_kl` multiplies the KL term by the (unclipped) policy ratio."""
     eps_high = epsilon if epsilon_high is None else epsilon_high
     rows, cols = b["mask"].shape
     per_seq_sum, per_seq_count = [], []
@@ -49,11 +59,14 @@ def reference_loss(b, *, beta, epsilon, epsilon_high, delta, loss_type, level, n
             lp, old, ref = float(b["logprobs"][i, t]), float(b["old_logprobs"][i, t]), float(b["ref_logprobs"][i, t])
             ratio = math.exp(seq_log_ratio if level == "sequence" else lp - old)
             clipped = min(max(ratio, 1 - epsilon), 1 + eps_high)
+            kl_weight = ratio if bias_kl else 1.0
             if delta is not None:
                 ratio = min(ratio, delta)
             term = -min(ratio * adv, clipped * adv)
+            if is_ratio is not None:
+                term *= float(is_ratio[i, t if is_ratio.shape[1] > 1 else 0])
             if beta:
-                term += beta * (math.exp(ref - lp) - (ref - lp) - 1)
+                term += beta * kl_weight * (math.exp(ref - lp) - (ref - lp) - 1)
             total += term
         per_seq_sum.append(total)
         per_seq_count.append(len(tokens))
@@ -73,13 +86,27 @@ def ours(b, *, beta, epsilon, epsilon_high, delta, loss_type, level, **kwargs):
     )
 
 
+def ours_with(b, *, bias_kl=True, is_ratio=None, **opts):
+    return ours(b, use_bias_correction_kl=bias_kl, importance_sampling_ratio=is_ratio, **opts)
+
+
+def is_ratios(b):
+    """No correction, a token-level and a sequence-level sampler ratio (as sampler_importance_ratio gives)."""
+    return [None] + [
+        sampler_importance_ratio(b["old_logprobs"], b["sampling_logprobs"], b["mask"], mode, 0.5, 1.5)[0]
+        for mode in ("token_truncate", "sequence_mask")
+    ]
+
+
 @pytest.mark.parametrize("loss_type,level", itertools.product(LOSS_TYPES, LEVELS))
 def test_matches_loop_reference(loss_type, level):
     for seed, (beta, epsilon, epsilon_high, delta) in itertools.product(range(3), OPTIONS):
         b = random_batch(seed)
         opts = dict(beta=beta, epsilon=epsilon, epsilon_high=epsilon_high, delta=delta, loss_type=loss_type, level=level)
-        loss, metrics = ours(b, **opts)
-        assert loss.item() == pytest.approx(reference_loss(b, **opts), rel=1e-5, abs=1e-6)
+        for bias_kl, is_ratio in itertools.product((True, False), is_ratios(b)):
+            loss, metrics = ours_with(b, bias_kl=bias_kl, is_ratio=is_ratio, **opts)
+            expected = reference_loss(b, bias_kl=bias_kl, is_ratio=is_ratio, **opts)
+            assert loss.item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
         assert set(metrics) >= {"clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"}
         assert ("kl" in metrics) == bool(beta)
 
@@ -97,8 +124,10 @@ def test_dapo_uses_the_global_token_count():
 
 
 class _Accelerator:
-    num_processes = 1
     sync_gradients = True
+
+    def __init__(self, num_processes: int = 1):
+        self.num_processes = num_processes
 
     def reduce(self, x, reduction="sum"):
         return x
@@ -109,17 +138,20 @@ class _Accelerator:
     gather_for_metrics = gather
 
 
-def trl_loss(b, *, beta, epsilon, epsilon_high, delta, loss_type, level, num_items):
+def trl_loss(b, *, beta, epsilon, epsilon_high, delta, loss_type, level, num_items, bias_kl=True, is_ratio=None,
+             accumulation=1, steps_per_generation=1, num_processes=1):
+    """TRL's loss of one micro-batch; `num_items` is TRL's num_items_in_batch (the generation batch's tokens)."""
     from trl import GRPOTrainer
 
     logprobs = b["logprobs"].clone().requires_grad_(True)
     stand_in = SimpleNamespace(
         loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon_low=epsilon,
         epsilon_high=epsilon if epsilon_high is None else epsilon_high, max_completion_length=MAX_LEN,
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False,
-        vllm_importance_sampling_correction=False, aux_loss_enabled=False, _entropy_bonus_enabled=False,
-        current_gradient_accumulation_steps=1, model=SimpleNamespace(training=True), accelerator=_Accelerator(),
-        args=SimpleNamespace(delta=delta, use_bias_correction_kl=False, steps_per_generation=1),
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=is_ratio is not None,
+        vllm_importance_sampling_correction=is_ratio is not None, aux_loss_enabled=False, _entropy_bonus_enabled=False,
+        current_gradient_accumulation_steps=accumulation, model=SimpleNamespace(training=True),
+        accelerator=_Accelerator(num_processes),
+        args=SimpleNamespace(delta=delta, use_bias_correction_kl=bias_kl, steps_per_generation=steps_per_generation),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
         _get_per_token_logps_and_entropies=lambda *a, **k: (logprobs, torch.zeros_like(logprobs), None),
     )
@@ -129,6 +161,7 @@ def trl_loss(b, *, beta, epsilon, epsilon_high, delta, loss_type, level, num_ite
         "completion_ids": torch.zeros(rows, cols, dtype=torch.long), "completion_mask": b["mask"],
         "advantages": b["advantages"], "old_per_token_logps": b["old_logprobs"],
         "ref_per_token_logps": b["ref_logprobs"], "num_items_in_batch": torch.tensor(num_items),
+        **({"importance_sampling_ratio": is_ratio} if is_ratio is not None else {}),
     }
     loss = GRPOTrainer._compute_loss(stand_in, None, inputs)
     (grad,) = torch.autograd.grad(loss, logprobs)
@@ -141,14 +174,27 @@ def test_matches_trl(loss_type, level):
         b = random_batch(100 + seed)
         opts = dict(beta=beta, epsilon=epsilon, epsilon_high=epsilon_high, delta=delta, loss_type=loss_type, level=level)
         num_items = float(b["mask"].sum())
-        expected, expected_grad, trl_metrics = trl_loss(b, num_items=num_items, **opts)
-        logprobs = b["logprobs"].clone().requires_grad_(True)
-        loss, metrics = ours({**b, "logprobs": logprobs}, **opts)
-        (grad,) = torch.autograd.grad(loss, logprobs)
-        assert loss.item() == pytest.approx(expected.item(), rel=1e-6, abs=1e-7)
-        torch.testing.assert_close(grad, expected_grad)
-        for name in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean") + (("kl",) if beta else ()):
-            assert metrics[name] == pytest.approx(trl_metrics[name], abs=1e-6), name
+        for bias_kl, is_ratio in itertools.product((True, False), is_ratios(b)):
+            extra = dict(bias_kl=bias_kl, is_ratio=is_ratio)
+            expected, expected_grad, trl_metrics = trl_loss(b, num_items=num_items, **opts, **extra)
+            logprobs = b["logprobs"].clone().requires_grad_(True)
+            loss, metrics = ours_with({**b, "logprobs": logprobs}, **opts, **extra)
+            (grad,) = torch.autograd.grad(loss, logprobs)
+            assert loss.item() == pytest.approx(expected.item(), rel=1e-6, abs=1e-7)
+            torch.testing.assert_close(grad, expected_grad)
+            for name in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean") + (("kl",) if beta else ()):
+                assert metrics[name] == pytest.approx(trl_metrics[name], abs=1e-6), name
+
+
+def test_dapo_normaliser_is_trls_across_accumulation_and_processes():
+    """TRL divides a dapo micro-batch by num_items_in_batch / processes * accumulation / steps_per_generation;
+    batch_normalizers-style counts give the same loss when a trainer passes that value."""
+    b = random_batch(5)
+    opts = dict(beta=0.0, epsilon=0.2, epsilon_high=0.28, delta=None, loss_type="dapo", level="token")
+    round_tokens = 5 * float(b["mask"].sum())
+    expected, _, _ = trl_loss(b, num_items=round_tokens, accumulation=2, steps_per_generation=4, num_processes=3, **opts)
+    loss, _ = ours(b, num_items_in_batch=round_tokens / (4 / 2) / 3, **opts)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -207,3 +253,69 @@ def test_bad_input_is_a_clear_error():
         policy_loss(b["logprobs"], b["old_logprobs"], b["advantages"][:3], b["mask"])
     with pytest.raises(RlcoreError, match="old_logprobs has shape"):
         policy_loss(b["logprobs"], b["old_logprobs"][:, :2], b["advantages"], b["mask"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the sampler correction (TRL's vllm_importance_sampling_correction)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def reference_sampler_ratio(old, sampling, mask, mode, clip_min, clip_max):
+    """TRL's definition, one token at a time: exp(old - sampling) per token or exp(sum) per sequence, then
+    clamped (truncate) or zeroed (mask) outside [clip_min, clip_max]; NaN differences count as 0."""
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    rows, cols = mask.shape
+    diffs = [[0.0 if mask[i, t] == 0 or math.isnan(float(old[i, t] - sampling[i, t])) else float(old[i, t] - sampling[i, t])
+              for t in range(cols)] for i in range(rows)]
+    if mode.startswith("sequence"):
+        diffs = [[sum(row)] for row in diffs]
+    out = []
+    for row in diffs:
+        values = []
+        for d in row:
+            r = math.exp(d)
+            values.append(min(max(r, low), high) if mode.endswith("truncate") else (0.0 if r < low or r > high else r))
+        out.append(values)
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("mode", SAMPLER_CORRECTION_MODES)
+@pytest.mark.parametrize("clip", [(None, 3.0), (0.9, 1.1), (0.5, None)], ids=["cap", "both", "floor"])
+def test_sampler_ratio_matches_loop_reference(mode, clip):
+    b = random_batch(21, rows=8)
+    sampling = b["old_logprobs"] + 0.4 * torch.randn(8, 7, generator=torch.Generator().manual_seed(1))
+    sampling[2, 0] = float("nan")  # a token the sampler could not score
+    ratio, metrics = sampler_importance_ratio(b["old_logprobs"], sampling, b["mask"], mode, *clip)
+    expected = reference_sampler_ratio(b["old_logprobs"], sampling, b["mask"], mode, *clip)
+    torch.testing.assert_close(ratio, expected)
+    assert ratio.shape == ((8, 1) if mode.startswith("sequence") else (8, 7))
+
+    on = b["mask"].bool()
+    delta = (b["old_logprobs"] - sampling).abs()[on & ~torch.isnan(sampling)]
+    flat = expected.flatten() if mode.startswith("sequence") else expected[on]
+    assert metrics == pytest.approx({
+        "sampling/sampling_logp_difference/mean": float(delta.mean()),
+        "sampling/sampling_logp_difference/max": float(delta.max()),
+        "sampling/importance_sampling_ratio/min": float(flat.min()),
+        "sampling/importance_sampling_ratio/mean": float(flat.mean()),
+        "sampling/importance_sampling_ratio/max": float(flat.max()),
+    })
+
+
+def test_sampler_ratio_is_one_when_sampler_and_trainer_agree():
+    b = random_batch(3)
+    for mode in SAMPLER_CORRECTION_MODES:
+        ratio, metrics = sampler_importance_ratio(b["old_logprobs"], b["old_logprobs"], b["mask"], mode)
+        assert torch.equal(ratio, torch.ones_like(ratio))
+        assert metrics["sampling/sampling_logp_difference/max"] == 0.0
+
+
+def test_sampler_ratio_bad_input_is_a_clear_error():
+    b = random_batch(0)
+    with pytest.raises(RlcoreError, match="vllm_importance_sampling_mode 'token' is unknown; known: token_truncate"):
+        sampler_importance_ratio(b["old_logprobs"], b["sampling_logprobs"], b["mask"], "token")
+    with pytest.raises(RlcoreError, match="sampling_logprobs has shape"):
+        sampler_importance_ratio(b["old_logprobs"], b["sampling_logprobs"][:, :2], b["mask"])
+    with pytest.raises(RlcoreError, match=r"importance_sampling_ratio must be \[B, T\] or \[B, 1\]"):
+        policy_loss(b["logprobs"], b["old_logprobs"], b["advantages"], b["mask"], importance_sampling_ratio=b["mask"][:2])

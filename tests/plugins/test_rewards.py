@@ -1,5 +1,6 @@
 """The built-in rewards (against TRL's where TRL has one), TRL-signature compatibility both ways,
-module:function loading, error accounting in call_reward, and the ORM scorer on a real tiny model."""
+module:function loading, error accounting in call_reward (a failure on every completion is fatal, on some is
+counted), and the ORM scorer on a real tiny model."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rlcore.plugins.grpo.toy import PROMPTS, RANDOM_POLICY_REWARD, chance_reward
 from rlcore.plugins.rewards import (
     CosineReward,
     RepetitionPenalty,
+    RewardFailed,
     SoftOverlong,
     accuracy_reward,
     call_reward,
@@ -191,30 +193,59 @@ def broken(prompts, completions, **kwargs):
     raise ValueError("judge offline")
 
 
-def test_a_raising_function_gives_none_and_is_counted_and_logged_once(caplog, monkeypatch):
+def choosy(prompts, completions, **kwargs):
+    """Fails on a batch holding the completion 'x' (as a batch-level grader would), else scores lengths."""
+    if "x" in completions:
+        raise ValueError("cannot judge 'x'")
+    return [float(len(c)) for c in completions]
+
+
+def test_a_function_failing_on_every_completion_stops_the_run():
+    with pytest.raises(RewardFailed, match=r"reward function 'judge' failed on all 3 completions of this step: "
+                                           r"ValueError\('judge offline'\); fix it, or remove it from reward_funcs"):
+        call_reward(broken, "judge", ["p"] * 3, ["c"] * 3, None, {})
+    with pytest.raises(RewardFailed, match="failed on all 1 completions"):
+        call_reward(broken, "judge", ["p"], ["c"], None, {})
+    assert issubclass(RewardFailed, RlcoreError)
+
+
+def test_a_failing_batch_is_scored_one_by_one_and_failures_are_counted_and_logged_once(caplog, monkeypatch):
     monkeypatch.setattr(calling_module, "_logged", set())
+    calls = []
+
+    def counted(prompts, completions, **kwargs):
+        calls.append(len(completions))
+        return choosy(prompts, completions, **kwargs)
+
     with caplog.at_level(logging.WARNING, logger="rlcore.rewards"):
-        first = call_reward(broken, "judge", ["p"] * 3, ["c"] * 3, None, {})
-        second = call_reward(broken, "judge", ["p"] * 2, ["c"] * 2, None, {})
-    assert first == ([None, None, None], 1)
-    assert second == ([None, None], 1)
+        first = call_reward(counted, "judge", ["p"] * 3, ["ab", "x", "abc"], None, {"solution": [1, 2, 3]})
+        second = call_reward(counted, "judge", ["p"] * 4, ["x", "a", "x", "b"], None, {})
+    assert first == ([2.0, None, 3.0], 1)
+    assert second == ([None, 1.0, None, 1.0], 2)
+    assert calls == [3, 1, 1, 1, 4, 1, 1, 1, 1]  # the batch, then each completion on its own
     messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 1 and "reward function 'judge' failed: ValueError('judge offline')" in messages[0]
+    assert len(messages) == 1
+    assert "reward function 'judge' failed on 1 of 3 completions: ValueError(\"cannot judge 'x'\")" in messages[0]
 
 
 def test_strict_mode_raises_naming_the_function():
-    with pytest.raises(RlcoreError, match=r"reward function 'judge' failed: ValueError\('judge offline'\) \(strict_rewards"):
+    with pytest.raises(RewardFailed, match=r"reward function 'judge' failed: ValueError\('judge offline'\) \(strict_rewards"):
         call_reward(broken, "judge", ["p"], ["c"], None, {}, strict=True)
+    with pytest.raises(RewardFailed, match=r"reward function 'choosy' failed: .*cannot judge 'x'.* \(strict_rewards"):
+        call_reward(choosy, "choosy", ["p"] * 2, ["a", "x"], None, {}, strict=True)
 
 
 def test_wrong_length_or_type_is_an_error_naming_the_function():
     short = lambda prompts, completions, **kw: [1.0]  # noqa: E731
     with pytest.raises(RlcoreError, match="reward function 'short' failed: returned 1 rewards for 2 completions"):
         call_reward(short, "short", ["p"] * 2, ["c"] * 2, None, {}, strict=True)
-    assert call_reward(short, "short", ["p"] * 2, ["c"] * 2, None, {}) == ([None, None], 1)
+    with pytest.raises(RewardFailed, match="'short' failed on all 2 completions of this step: returned 1 rewards"):
+        call_reward(short, "short", ["p"] * 2, ["c"] * 2, None, {})  # a wrong shape is not retried one by one
     words = lambda prompts, completions, **kw: ["good"]  # noqa: E731
     with pytest.raises(RlcoreError, match="reward function 'words' failed: .*a reward must be a number or None; got str"):
         call_reward(words, "words", ["p"], ["c"], None, {}, strict=True)
+    some_words = lambda prompts, completions, **kw: [1.0, "good"]  # noqa: E731
+    assert call_reward(some_words, "some_words", ["p"] * 2, ["c"] * 2, None, {}) == ([1.0, None], 1)
 
 
 def test_nan_none_and_numpy_values_are_normalised():
