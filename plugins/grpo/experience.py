@@ -26,7 +26,7 @@ class ExperienceMaker:
     """Owns the tokenizer, the data order and the reward functions; builds each round's batches."""
 
     def __init__(self, config: GRPOConfig, plugins: Any, dp_size: int):
-        from rlcore.data import PromptSampler, load_prompts
+        from rlcore.data import PromptEncoder, PromptSampler, load_prompts
         from rlcore.plugins.rewards import resolve_reward
 
         self.config = config
@@ -50,12 +50,8 @@ class ExperienceMaker:
             rows = toy_dataset(seed=cfg.seed)
         self.sampler = PromptSampler(rows, self.prompts_per_round, seed=cfg.seed)
         self.model_path = self._model_path()
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.stop_ids = sorted({i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None})
+        self.prompts = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
+        self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
 
     def bind_orm(self, orm: Any) -> None:
         """Score `orm` in reward_funcs with the reward-model role's workers."""
@@ -80,16 +76,7 @@ class ExperienceMaker:
     # -- prompts --------------------------------------------------------------------------------
 
     def encode(self, prompt: Any) -> list[int]:
-        cfg, tok = self.config, self.tokenizer
-        if isinstance(prompt, list):
-            ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        elif cfg.use_chat_template and tok.chat_template:
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-        else:
-            ids = tok(prompt, add_special_tokens=False)["input_ids"]
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)[-cfg.max_prompt_length :]
+        return self.prompts.encode(prompt)
 
     def sampling_params(self, step: int) -> SamplingParams:
         cfg = self.config
