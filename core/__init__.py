@@ -5,7 +5,7 @@ plugins pay for what they use.
 """
 
 from .batch import Batch
-from .config import BaseConfig, RoleConfig, RunConfig, load_config, render_config
+from .config import BaseConfig, ConfigProblems, RoleConfig, RunConfig, load_config, render_config
 from .engines import Generation, ModelOutputs, RolloutEngine, SamplingParams, TopK, TrainEngine
 from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed
 from .hookspecs import hookimpl, hookspec
@@ -35,6 +35,7 @@ __all__ = [
     "Batch",
     "CollectorSpec",
     "ConfigError",
+    "ConfigProblems",
     "DispatcherSpec",
     "EngineSpec",
     "GenerateWorker",

@@ -32,6 +32,15 @@ for _cls in (_Loader, _Dumper):
     _cls.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789"))
 
 
+class ConfigProblems(ValueError):
+    """Raised by a config model's cross-field validator with `(key path, message)` pairs, so that each
+    problem is reported under its own key beside pydantic's, not as one line under "(top level)"."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = list(problems)
+        super().__init__("; ".join(f"{key} {message}" for key, message in self.problems))
+
+
 class BaseConfig(BaseModel):
     """Every config section forbids unknown keys, so a typo is an error, never silently ignored."""
 
@@ -110,6 +119,11 @@ def validation_problems(
     problems = []
     for error in exc.errors():
         loc = tuple(error["loc"])
+        raised = (error.get("ctx") or {}).get("error")
+        if isinstance(raised, ConfigProblems):  # a cross-field rule: one problem per key, without the input
+            prefix = ".".join(str(part) for part in loc)
+            problems.extend((f"{prefix}.{key}" if prefix else key, message) for key, message in raised.problems)
+            continue
         path = ".".join(str(part) for part in loc) or "(top level)"
         if error["type"] == "extra_forbidden":
             known = _known_keys(model, loc[:-1])

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, model_validator
 
-from rlcore import BaseConfig, RoleConfig, RunConfig
+from rlcore import BaseConfig, ConfigProblems, RoleConfig, RunConfig
 from rlcore.resources import parse_ranks
 
 
@@ -224,7 +224,7 @@ class GRPOConfig(RunConfig):
                  "colocated on GPUs (colocate_groups [[train, rollout]], gpus > 0); use auto")
             )
         if problems:  # a ValueError, so that pydantic reports it beside every other problem
-            raise ValueError("; ".join(f"{k} {m}" for k, m in problems))
+            raise ConfigProblems(problems)
         return self
 
     @property

@@ -131,3 +131,24 @@ def test_render_of_an_instance_round_trips_its_values(tmp_path):
         device_groups={"nproc_per_node": 4, "g": {"ranks": [0, 1], "workers": ["sampler"]}}, output_dir="a: b",
     )
     assert load_config(DemoConfig, write(tmp_path, render_config(config))) == config
+
+
+def test_cross_field_problems_are_reported_under_their_own_keys():
+    from pydantic import model_validator
+
+    from rlcore import ConfigProblems, RunConfig
+
+    class Pair(RunConfig):
+        low: int = 0
+        high: int = 1
+
+        @model_validator(mode="after")
+        def _ordered(self):
+            if self.low >= self.high:
+                raise ConfigProblems([("low", f"({self.low}) must be below high ({self.high})")])
+            return self
+
+    with pytest.raises(ConfigError) as err:
+        load_config(Pair, None, ["low=5", "high=2"])
+    assert err.value.problems == [("low", "(5) must be below high (2)")]
+    assert "(top level)" not in str(err.value) and "output_dir" not in str(err.value)  # no dump of the input

@@ -52,6 +52,7 @@ EXPECTED = [
     "ScoreWorker",
     "TrainWorker",
     "bind",
+    "ConfigProblems",
 ]
 
 HEAVY = ["torch", "transformers", "ray", "vllm"]

@@ -53,14 +53,14 @@ def test_inconsistent_keys_are_reported_with_their_names():
         load_config(GRPOConfig, None, ["reward_weights=[1, 2]", "async_generate=true",
                                        "colocate_groups=[[train, rollout]]"])
     text = str(err.value)
-    assert "reward_weights has 2 weights for 1 reward_funcs" in text
-    assert "async_generate needs train and rollout on separate devices" in text
+    assert "reward_weights: has 2 weights for 1 reward_funcs" in text
+    assert "async_generate: needs train and rollout on separate devices" in text
 
 
 def test_cuda_ipc_without_colocated_gpus_names_the_key():
     with pytest.raises(ConfigError) as err:
         load_config(GRPOConfig, None, ["model=m", "weight_sync_backend=cuda_ipc", "train.gpus=1", "rollout.gpus=1"])
-    assert "weight_sync_backend cuda_ipc hands GPU memory between processes on one GPU" in str(err.value)
+    assert "weight_sync_backend: cuda_ipc hands GPU memory between processes on one GPU" in str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -77,10 +77,10 @@ def problems_of(*overrides):
 def test_batch_rules_are_config_rules_reported_together():
     text = problems_of("steps_per_generation=3", "gradient_accumulation_steps=2", "per_device_train_batch_size=3",
                        "num_generations=4", "train.cpus=2", "vllm_importance_sampling_clip_min=2", "vllm_importance_sampling_clip_max=1")
-    assert "steps_per_generation (3) must be a multiple of gradient_accumulation_steps (2)" in text
-    assert ("num_generations (4) must divide the generation batch: per_device_train_batch_size (3) x train workers (2) "
+    assert "steps_per_generation: (3) must be a multiple of gradient_accumulation_steps (2)" in text
+    assert ("num_generations: (4) must divide the generation batch: per_device_train_batch_size (3) x train workers (2) "
             "x steps_per_generation (3) = 18") in text
-    assert "vllm_importance_sampling_clip_min (2.0) must be less than vllm_importance_sampling_clip_max (1.0)" in text
+    assert "vllm_importance_sampling_clip_min: (2.0) must be less than vllm_importance_sampling_clip_max (1.0)" in text
 
 
 def test_the_generation_batch_counts_the_declared_train_workers():
@@ -117,9 +117,9 @@ def test_config_validate_and_run_reject_the_same_batch(tmp_path, capsys):
     path = tmp_path / "grpo.yaml"
     path.write_text("model: m\nper_device_train_batch_size: 3\nnum_generations: 4\n")
     assert main(["config", "validate", "--plugin", "grpo", "--config", str(path)]) == 2
-    assert "num_generations (4) must divide the generation batch" in capsys.readouterr().err
+    assert "num_generations: (4) must divide the generation batch" in capsys.readouterr().err
     assert main(["run", "--plugin", "grpo", "--config", str(path)]) == 2  # before any model is loaded
-    assert "num_generations (4) must divide the generation batch" in capsys.readouterr().err
+    assert "num_generations: (4) must divide the generation batch" in capsys.readouterr().err
 
 
 def test_sampler_correction_keys_have_trls_names_and_defaults():
