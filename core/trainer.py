@@ -13,6 +13,7 @@ class MyTrainer(Trainer):
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -161,7 +162,8 @@ class Trainer:
         bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
         every = getattr(self.config, "logging_steps", 0) or 0
         if every and self.step % every == 0:
-            bar.write(f"{self.name} step {self.step}/{self.max_steps}: " + " ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+            line = f"{self.name} step {self.step}/{self.max_steps}: " + " ".join(f"{k}={v:.4g}" for k, v in shown.items())
+            bar.write(line, file=sys.stderr)  # beside the bar; stdout keeps the run's summary
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[Any]:

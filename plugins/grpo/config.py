@@ -157,7 +157,7 @@ class GRPOConfig(RunConfig):
     save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: only at the end")
     save_total_limit: int | None = Field(None, ge=1, description="keep the newest N checkpoints")
     resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
-    logging_steps: int = Field(1, ge=1, description="print every N steps")
+    logging_steps: int = Field(10, ge=1, description="print a line of the step's metrics every N steps (TRL's default); metrics.jsonl has every step")
     weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")
     weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto",

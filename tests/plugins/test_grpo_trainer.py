@@ -366,3 +366,9 @@ def test_dynamic_sample_resamples_with_colocated_roles_within_the_generate_phase
     row = metrics_of(tmp_path)[0]
     assert row["dynamic_sample/resamples"] == 2 and row["dynamic_sample/filled"] > 0
     assert row["time/reward"] < row["time/generate"] / 3  # three generations, rewards that cost nothing
+
+
+def test_logging_steps_prints_a_line_every_n_steps(plugins, tmp_path, tiny, capfd):
+    make(plugins, tmp_path, tiny, max_steps=2, logging_steps=2).fit()
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("grpo step")]
+    assert len(lines) == 1 and lines[0].startswith("grpo step 2/2: reward=")
