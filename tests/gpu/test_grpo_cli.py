@@ -104,7 +104,7 @@ PROBE = textwrap.dedent('''
 
     @hookimpl
     def rlcore_train_start(trainer):
-        record["transport"] = trainer.session.transport("train", "rollout")
+        record["transport"] = trainer.session.transports[("train", "rollout")]  # what the session chose at start
         record["initial_check"], topk = probe(trainer)
         initial.append(topk)
         write(trainer)
