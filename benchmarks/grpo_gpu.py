@@ -137,7 +137,7 @@ def run_rlcore(model: str, out: Path, mode: str) -> dict:
 
 def run_trl(model: str, out: Path, processes: int) -> dict:
     from datasets import Dataset
-    from transformers import TrainerCallback
+    from transformers import GenerationConfig, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from rlcore.plugins.grpo.toy import toy_dataset, toy_reward
@@ -156,11 +156,13 @@ def run_trl(model: str, out: Path, processes: int) -> dict:
                 lengths.append(logs["completions/mean_length"])
 
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]} for r in toy_dataset()]
+    stop = GenerationConfig.from_pretrained(model).eos_token_id  # same_stop_tokens wrote rlcore's stop ids there
     args = GRPOConfig(
         **SAME, output_dir=str(out), max_steps=STEPS, gradient_accumulation_steps=ACCUM // processes,
         gradient_checkpointing=False, optim="adamw_torch",  # rlcore's torch.optim.AdamW (TRL's default: fused)
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=GPU_MEMORY,
         vllm_max_model_length=MAX_MODEL_LEN, vllm_enable_sleep_mode=False,
+        generation_kwargs={"stop_token_ids": stop},  # vLLM stops there, as rlcore asks its engine to
         bf16=True, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
         model_init_kwargs={"dtype": "bfloat16"},
     )
