@@ -218,7 +218,8 @@ class GRPOConfig(RunConfig):
             problems.append(
                 ("vllm_importance_sampling_clip_min", f"({low}) must be less than vllm_importance_sampling_clip_max ({high})")
             )
-        if self.weight_sync_backend == "cuda_ipc" and not (self.colocated and self.train.gpus and self.rollout.gpus):
+        on_gpus = isinstance(self.device_groups, dict) or bool(self.train.gpus and self.rollout.gpus)
+        if self.weight_sync_backend == "cuda_ipc" and not (self.colocated and on_gpus):
             problems.append(
                 ("weight_sync_backend", "cuda_ipc hands GPU memory between processes on one GPU; it needs train and rollout "
                  "colocated on GPUs (colocate_groups [[train, rollout]], gpus > 0); use auto")
@@ -229,7 +230,14 @@ class GRPOConfig(RunConfig):
 
     @property
     def colocated(self) -> bool:
-        """Train and rollout share devices (one colocate group holds both)."""
+        """Train and rollout share devices: one colocate group holds both, or, in the device_groups form,
+        one GPU group's workers."""
+        if isinstance(self.device_groups, dict):
+            return any(
+                isinstance(g, dict) and str(g.get("device", "GPU")).upper() == "GPU"
+                and {"train", "rollout"} <= set([g["workers"]] if isinstance(g.get("workers"), str) else g.get("workers") or [])
+                for g in self.device_groups.values()
+            )
         return any({"train", "rollout"} <= set(group) for group in self.colocate_groups)
 
     @property

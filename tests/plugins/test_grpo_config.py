@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from rlcore import ConfigError, load_config
 from rlcore.plugins.grpo.config import DEMO_DEFAULTS, GRPOConfig
@@ -134,3 +135,14 @@ def test_sampler_correction_keys_have_trls_names_and_defaults():
         assert getattr(ours, key) == trl_defaults[key], key
     assert GRPOConfig(model="m", vllm_importance_sampling_cap=2.0).vllm_importance_sampling_clip_max == 2.0  # TRL's old name
     assert "vllm_importance_sampling_mode" in problems_of("vllm_importance_sampling_mode=tokens")
+
+
+def test_colocation_is_read_from_either_form():
+    shared = {"nproc_per_node": 2, "g": {"device": "GPU", "ranks": [0, 1], "workers": ["train", "rollout"]}}
+    apart = {"nproc_per_node": 2, "t": {"device": "GPU", "ranks": [0], "workers": ["train"]},
+             "r": {"device": "GPU", "ranks": [1], "workers": "rollout"}}
+    assert GRPOConfig(device_groups=shared).colocated and not GRPOConfig(device_groups=apart).colocated
+    assert GRPOConfig(device_groups=shared, weight_sync_backend="cuda_ipc").weight_sync_backend == "cuda_ipc"
+    with pytest.raises(ValidationError, match="async_generate"):  # one step off-policy needs its own rollout GPUs
+        GRPOConfig(device_groups=shared, async_generate=True)
+    assert GRPOConfig(device_groups=apart, async_generate=True).async_generate
