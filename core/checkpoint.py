@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, RlcoreError
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -80,4 +80,11 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str) -> Path | None:
 
 def load_state(path: Path) -> dict[str, Any]:
     """The trainer state that `save_checkpoint` wrote into the checkpoint folder `path`."""
-    return json.loads((path / STATE_FILE).read_text())
+    file = Path(path) / STATE_FILE
+    try:
+        state = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise RlcoreError(f"{file} cannot be read as a trainer state: {exc}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise RlcoreError(f"{file} is not a trainer state (no integer 'step')")
+    return state

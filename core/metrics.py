@@ -1,12 +1,18 @@
-"""Metrics as JSONL: one object per optimizer step, appended and fsynced so a crash loses at most a line."""
+"""Metrics as JSONL: one object per optimizer step, appended and fsynced so a crash loses at most a line.
+
+A last line torn by a crash is dropped (with a warning) when a run resumes; a bad line anywhere else is an
+error naming the file and the line."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
+
+from .errors import RlcoreError
 
 
 def _plain(value: Any) -> Any:
@@ -33,10 +39,7 @@ class MetricsWriter:
     def resume_at(self, step: int) -> None:
         if not self.path.exists():
             return
-        kept = [
-            line for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
+        kept = [line for line, row in self._rows(drop_torn_tail=True) if row.get("step", 0) <= step]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, self.path)
@@ -51,4 +54,22 @@ class MetricsWriter:
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return [row for _, row in self._rows(drop_torn_tail=False)]
+
+    def _rows(self, drop_torn_tail: bool) -> list[tuple[str, dict[str, Any]]]:
+        """(line, parsed object) of every line; the last line, when torn by a crash, is dropped if asked."""
+        lines = [(n, line) for n, line in enumerate(self.path.read_text().splitlines(), start=1) if line.strip()]
+        rows = []
+        for i, (number, line) in enumerate(lines):
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"a {type(row).__name__}, not an object")
+            except ValueError as exc:
+                if drop_torn_tail and i == len(lines) - 1:
+                    print(f"rlcore: warning: {self.path} line {number} is torn (a crash while writing); dropped it",
+                          file=sys.stderr)
+                    break
+                raise RlcoreError(f"{self.path} line {number} is not a JSON object of metrics: {exc}") from None
+            rows.append((line, row))
+        return rows

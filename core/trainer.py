@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint import load_state, resolve_resume, save_checkpoint
-from .errors import ConfigError
+from .checkpoint import checkpoints, load_state, resolve_resume, save_checkpoint
+from .errors import ConfigError, RlcoreError
 from .metrics import MetricsWriter
 
 if TYPE_CHECKING:
@@ -153,8 +153,10 @@ class Trainer:
         """Phase times and the step into `metrics`; append it to metrics.jsonl; call the step-end hook;
         move the bar; every `logging_steps` steps, print the bar's metrics on a line of their own."""
         metrics.update(self.timer.pop(), step=self.step)
-        self.metrics.write(metrics)
-        self.hook.rlcore_step_end(trainer=self, step=self.step, metrics=metrics)
+        try:
+            self.hook.rlcore_step_end(trainer=self, step=self.step, metrics=metrics)
+        finally:  # after the hooks, with what they added (also when one of them raises)
+            self.metrics.write(metrics)
         if bar is None:
             return
         shown = {k: metrics[k] for k in self.progress_keys if isinstance(metrics.get(k), (int, float))}
@@ -182,17 +184,33 @@ class Trainer:
                                keep=getattr(self.config, "save_total_limit", None))
 
     def restore(self) -> None:
-        """Continue from the checkpoint `resume` names, if any; metrics of later steps are dropped."""
+        """Continue from the checkpoint `resume` names, if any; metrics of later steps are dropped. With
+        `resume: auto`, a damaged newest checkpoint (a torn file, a state that is not JSON) is passed over
+        for the newest intact one, with a warning saying which."""
         if self.resume_from is None:
             self.metrics.resume_at(0)
             return
-        state = load_state(self.resume_from)
-        if state["step"] >= self.max_steps:
-            raise ConfigError(
-                f"resume: {self.resume_from} is at step {state['step']}, already max_steps={self.max_steps}; "
-                f"raise max_steps to train further"
-            )
-        self.load_model(self.resume_from)
-        self.load_state_dict(state)
+        candidates = [self.resume_from]
+        if getattr(self.config, "resume", None) == "auto":
+            candidates += [path for _, path in reversed(checkpoints(self.output_dir)) if path != self.resume_from]
+        for i, path in enumerate(candidates):
+            try:
+                state = load_state(path)
+                if state["step"] >= self.max_steps:
+                    raise ConfigError(
+                        f"resume: {path} is at step {state['step']}, already max_steps={self.max_steps}; "
+                        f"raise max_steps to train further"
+                    )
+                self.load_model(path)
+                self.load_state_dict(state)
+                break
+            except ConfigError:  # the checkpoint is intact but does not fit this run: never passed over
+                raise
+            except Exception as exc:
+                if i + 1 == len(candidates):
+                    raise RlcoreError(f"cannot resume from {path}: {exc}") from exc
+                print(f"rlcore: warning: {path.name} is damaged ({exc}); resuming from {candidates[i + 1].name}",
+                      file=sys.stderr, flush=True)
+        self.resume_from = path
         self.step = state["step"]
         self.metrics.resume_at(self.step)

@@ -139,13 +139,25 @@ class GRPOTrainer(Trainer):
     def save_model(self, path: Path) -> None:
         self.session["train"].save(str(path / "model"))
         if self.queue:  # the rest of this round: a resumed run continues mid-round exactly
+            import dataclasses
+
             import torch
 
-            torch.save(self.queue, path / "round.pt")
+            rest = [{"batch": dict(batch), "metrics": metrics, "objective": dataclasses.asdict(objective)}
+                    for batch, metrics, objective in self.queue]
+            torch.save(rest, path / "round.pt")  # tensors, numbers and strings: loaded with weights_only
 
     def load_model(self, path: Path) -> None:
         self.session["train"].load(str(path / "model"))
         if (path / "round.pt").is_file():
             import torch
 
-            self.queue = torch.load(path / "round.pt", weights_only=False)
+            from rlcore import Batch, RlcoreError
+
+            from .objective import PolicyObjective
+
+            try:  # a checkpoint is data, never code
+                rest = torch.load(path / "round.pt", weights_only=True)
+                self.queue = [(Batch(r["batch"]), r["metrics"], PolicyObjective(**r["objective"])) for r in rest]
+            except Exception as exc:
+                raise RlcoreError(f"{path / 'round.pt'} cannot be read as the rest of a round: {exc}") from exc

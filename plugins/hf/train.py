@@ -334,7 +334,10 @@ class HFTrainEngine(TrainEngine):
                 f"checkpoint '{path}' does not fit the model: unexpected {result.unexpected_keys[:5]}, "
                 f"missing {missing[:5]}"
             )
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        try:  # tensors, numbers and strings only: a checkpoint is data, never code
+            state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise RlcoreError(f"{path / STATE_FILE} cannot be read as an engine state: {exc}") from exc
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])

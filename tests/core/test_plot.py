@@ -32,3 +32,11 @@ def test_plot_names_unknown_metrics_and_missing_files(metrics, tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         plot_metrics(tmp_path / "nowhere.jsonl")
     assert main(["plot", str(tmp_path / "nowhere.jsonl")]) == 2
+
+
+def test_plot_names_the_file_and_line_of_a_bad_line(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "reward": 0.1}\n{"step": 2, "rew\n{"step": 3, "reward": 0.3}\n')
+    assert main(["plot", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path} line 2 is not a JSON object of metrics" in err[0]

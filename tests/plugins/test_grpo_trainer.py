@@ -372,3 +372,54 @@ def test_logging_steps_prints_a_line_every_n_steps(plugins, tmp_path, tiny, capf
     make(plugins, tmp_path, tiny, max_steps=2, logging_steps=2).fit()
     lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("grpo step")]
     assert len(lines) == 1 and lines[0].startswith("grpo step 2/2: reward=")
+
+
+# -- checkpoints are data, damaged ones are passed over, hooks' metrics are written ---------------------------
+
+
+class Planted:
+    """A pickle that, loaded with weights_only=False, would create a file: what a crafted checkpoint does."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (str(self.target), "w"))
+
+
+@pytest.mark.parametrize("file", ["round.pt", "model/engine_state.pt"])
+def test_a_crafted_checkpoint_file_is_data_never_code(tmp_path, tiny, file):
+    import torch
+
+    rounds = {"steps_per_generation": 2, "per_device_train_batch_size": 8}  # a round.pt: mid-round checkpoint
+    make(load_plugins(), tmp_path, tiny, max_steps=1, **rounds).fit()
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    assert (checkpoint / "round.pt").is_file()
+    target = tmp_path / "pwned"
+    torch.save({"x": Planted(target)}, checkpoint / file)
+    with pytest.raises(Exception, match=file.split("/")[-1]):
+        make(load_plugins(), tmp_path, tiny, max_steps=2, resume="auto", **rounds).fit()
+    assert not target.exists()
+
+
+class AddsMetric:
+    @hookimpl
+    def rlcore_step_end(self, trainer, step, metrics):
+        metrics["hook/seen"] = step * 10
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_and_hook_metrics_are_written(tmp_path, tiny, capfd):
+    plugins = load_plugins()
+    plugins.register(AddsMetric(), "adds")
+    make(plugins, tmp_path, tiny, max_steps=2, save_steps=1).fit()
+    assert [r["hook/seen"] for r in metrics_of(tmp_path)] == [10, 20]  # written after the hooks
+    run = tmp_path / "run"
+    (run / "checkpoint-2" / "trainer_state.json").write_text('{"step": 2, "da')  # torn by a crash
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "rew')  # a torn last line
+    resumed = make(load_plugins(), tmp_path, tiny, max_steps=3, resume="auto")
+    resumed.fit()
+    err = capfd.readouterr().err
+    assert "checkpoint-2 is damaged" in err and "resuming from checkpoint-1" in err and "line 3 is torn" in err
+    assert resumed.resume_from.name == "checkpoint-1"
+    assert [r["step"] for r in metrics_of(tmp_path)] == [1, 2, 3]
