@@ -25,6 +25,7 @@ from .specs import PlacementRequest
 Device = Literal["GPU", "CPU"]
 GROUP_KEYS = ("device", "ranks", "workers")
 _RANGE = re.compile(r"^\s*(list\(\s*)?range\(\s*(\d+)\s*(?:,\s*(\d+)\s*(?:,\s*(\d+)\s*)?)?\)\s*(\))?\s*$")
+MAX_RANKS = 1 << 16  # GPU ranks one plan may name: far beyond any cluster, small enough to check at once
 _RANKS_FORMS = "an int (a count), a list of ints, or 'list(range(a, b))' / 'range(a, b[, step])'"
 
 
@@ -97,6 +98,13 @@ class ResourcePlan:
         return "\n".join(lines)
 
 
+def short(values: list[Any], most: int = 8) -> str:
+    """A list for an error message: the first `most` items, then how many there are in all."""
+    if len(values) <= most:
+        return repr(values)
+    return "[" + ", ".join(repr(v) for v in values[:most]) + f", ... ({len(values)} in all)]"
+
+
 def parse_ranks(value: Any) -> int | list[int]:
     """An int count, a list of ranks, or a `range(...)` string parsed by a regex (never evaluated).
 
@@ -110,9 +118,11 @@ def parse_ranks(value: Any) -> int | list[int]:
         return value
     if isinstance(value, (list, tuple)):
         if not value or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in value):
-            raise ValueError(f"a ranks list must hold non-negative ints; got {list(value)!r}")
+            raise ValueError(f"a ranks list must hold non-negative ints; got {short(list(value))}")
+        if len(value) > MAX_RANKS:
+            raise ValueError(f"a ranks list names {len(value)} ranks; a plan holds at most {MAX_RANKS}")
         if len(set(value)) != len(value):
-            raise ValueError(f"a ranks list names a rank twice: {list(value)!r}")
+            raise ValueError(f"a ranks list names a rank twice: {short(list(value))}")
         return list(value)
     if isinstance(value, str):
         match = _RANGE.match(value)
@@ -120,11 +130,14 @@ def parse_ranks(value: Any) -> int | list[int]:
             numbers = [int(n) for n in match.group(2, 3, 4) if n is not None]
             if len(numbers) == 3 and numbers[2] == 0:
                 raise ValueError(f"ranks {value!r} has step 0")
-            ranks = list(range(*numbers))
+            span = range(*numbers)  # lazy: its length is known before anything is expanded
+            if len(span) > MAX_RANKS:
+                raise ValueError(f"ranks {value!r} names {len(span)} ranks; a plan holds at most {MAX_RANKS}")
+            ranks = list(span)
             if not ranks:
                 raise ValueError(f"ranks {value!r} is empty")
             return ranks
-    raise ValueError(f"ranks must be {_RANKS_FORMS}; got {value!r}")
+    raise ValueError(f"ranks must be {_RANKS_FORMS}; got {value!r:.200}")
 
 
 def plan_from_config(
@@ -299,7 +312,7 @@ def _from_device_groups(
             shared = sorted(set(a.ranks) & set(b.ranks))  # type: ignore[arg-type]
             if shared:
                 problems.append((f"device_groups.{b.name}.ranks",
-                                 f"groups '{a.name}' and '{b.name}' both claim GPU rank(s) {shared}; groups are "
+                                 f"groups '{a.name}' and '{b.name}' both claim GPU rank(s) {short(shared)}; groups are "
                                  "not colocated: give them disjoint ranks, or put their workers in one group"))
     highest = max((max(g.ranks) for g in gpu_groups), default=-1)  # type: ignore[type-var]
     if nproc is None:
@@ -323,7 +336,7 @@ def _check_capacity(groups: list[Group], nproc: int, nnodes: int, key: str, prob
     for g in groups:
         beyond = [r for r in g.ranks if r >= capacity]  # type: ignore[union-attr]
         if beyond:
-            problems.append((key, f"group '{g.name}' ({', '.join(g.roles)}) has rank(s) {beyond} beyond "
+            problems.append((key, f"group '{g.name}' ({', '.join(g.roles)}) has rank(s) {short(beyond)} beyond "
                              f"nproc_per_node * nnodes = {nproc} * {nnodes} = {capacity}; raise "
                              "nproc_per_node or nnodes, or ask fewer GPUs"))
 

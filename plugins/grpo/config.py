@@ -47,8 +47,9 @@ class ReferenceRoleConfig(RoleConfig):
 
 
 # With no `model` and no `dataset`, a run is the embedded demo: the tiny random model learns the toy task
-# (rlcore.plugins.grpo.toy) on the CPU in about two minutes. These defaults make it so; any key the user
-# sets wins, and a run with a model of its own keeps TRL's defaults below.
+# (rlcore.plugins.grpo.toy) on the CPU in about two minutes. The demo's run takes these settings for the keys
+# the user did not set (`GRPOConfig.for_run`); the config itself, and so `rlcore config show`, keeps the real
+# defaults (TRL's), so that a config file written from it and given a model trains with them.
 DEMO_DEFAULTS: dict[str, Any] = {
     "learning_rate": 1e-3,
     "max_steps": 40,
@@ -73,7 +74,12 @@ class GRPOConfig(RunConfig):
     """Group Relative Policy Optimization (DeepSeekMath; TRL's GRPOTrainer)."""
 
     # model and data
-    model: str | None = Field(None, description="HF model directory or hub id; unset: a tiny random model (demo)")
+    model: str | None = Field(
+        None,
+        description="HF model directory or hub id; unset (and no dataset): the embedded demo, a tiny random model on "
+        "the toy task, whose run uses learning_rate 1e-3, max_steps 40, max_completion_length 20, "
+        "per_device_train_batch_size 32, gradient_accumulation_steps 2, output_dir output/grpo-demo for keys not set",
+    )
     dataset: str | None = Field(None, description="JSONL/JSON/Parquet with a prompt or messages column; unset: the toy task")
     use_chat_template: bool = Field(True, description="wrap prompts with the tokenizer's chat template")
     max_prompt_length: int = Field(512, ge=1, description="prompts are cut to their last max_prompt_length tokens")
@@ -175,13 +181,13 @@ class GRPOConfig(RunConfig):
     reference: ReferenceRoleConfig = Field(default_factory=ReferenceRoleConfig, description="used when beta > 0")
     orm: OrmRoleConfig = Field(default_factory=OrmRoleConfig, description="used when reward_funcs names orm")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _demo_defaults(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not data.get("model") and not data.get("dataset"):
-            given = set(data) | ({"learning_rate"} if "lr" in data else set())
-            data = {**{k: v for k, v in DEMO_DEFAULTS.items() if k not in given}, **data}
-        return data
+    def for_run(self) -> GRPOConfig:
+        """The config a run uses: itself, or for the embedded demo (no model, no dataset) the demo's
+        settings for every key the user did not set."""
+        if self.model or self.dataset:
+            return self
+        demo = {k: v for k, v in DEMO_DEFAULTS.items() if k not in self.model_fields_set}
+        return type(self).model_validate({**self.model_dump(exclude_unset=True), **demo})
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:

@@ -29,7 +29,7 @@ class GRPOTrainer(Trainer):
     progress_keys = ("reward", "loss", "time/generate", "time/train")
 
     def __init__(self, config: GRPOConfig, plugins: Any, *, use_ray: bool = False):
-        super().__init__(config, plugins, use_ray=use_ray)
+        super().__init__(config.for_run(), plugins, use_ray=use_ray)  # the embedded demo takes its own settings
         self.session = self.make_session()  # validates the resource plan; allocates nothing yet
         self.experience = ExperienceMaker(config, plugins, dp_size=self.session.dp_size("train"))
         self.queue: list[Any] = []  # mini-batches left from the last generation

@@ -305,3 +305,16 @@ def test_plan_queries():
 def test_import_rlcore_imports_no_ray():
     code = "import sys, rlcore, rlcore.resources, rlcore.placement; assert 'ray' not in sys.modules, 'ray imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_huge_ranges_are_refused_before_they_are_expanded_and_errors_stay_short():
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="names 200000000 ranks; a plan holds at most 65536"):
+        parse_ranks("range(0, 200000000)")
+    assert time.perf_counter() - start < 1
+    with pytest.raises(ConfigError) as err:  # a million ranks on 8 GPUs: the error lists a few, not all
+        plan_from_config({"device_groups": {"nproc_per_node": 8, "g": {"ranks": "range(0, 60000)", "workers": ["train"]}}},
+                         roles=["train"])
+    assert len(str(err.value)) < 2000 and "(59992 in all)" in str(err.value)

@@ -41,12 +41,26 @@ def test_device_groups_examples_mirror_the_per_role_ones(layout):
     assert [one.ranks_of(r) for r in ("train", "rollout")] == [other.ranks_of(r) for r in ("train", "rollout")]
 
 
-def test_demo_defaults_apply_only_without_a_model_or_dataset():
-    assert GRPOConfig().learning_rate == DEMO_DEFAULTS["learning_rate"]
-    assert GRPOConfig(max_steps=3).max_steps == 3  # what the user sets wins
-    assert GRPOConfig(lr=0.5).learning_rate == 0.5  # also through the alias
-    real = GRPOConfig(model="some/model")
+def test_demo_defaults_apply_only_to_the_demo_run():
+    assert GRPOConfig().learning_rate == 1e-6  # the config (and `config show`) keeps the real defaults
+    assert GRPOConfig().for_run().learning_rate == DEMO_DEFAULTS["learning_rate"]
+    assert GRPOConfig(max_steps=3).for_run().max_steps == 3  # what the user sets wins
+    assert GRPOConfig(lr=0.5).for_run().learning_rate == 0.5  # also through the alias
+    real = GRPOConfig(model="some/model").for_run()
     assert real.learning_rate == 1e-6 and real.max_completion_length == 256  # TRL's defaults
+
+
+def test_config_show_then_a_model_in_the_file_trains_with_the_real_defaults(tmp_path, capsys):
+    """`rlcore config show --plugin grpo > my.yaml`, set `model:` in the file: TRL's defaults, not the demo's."""
+    from rlcore.cli import main
+
+    assert main(["config", "show", "--plugin", "grpo"]) == 0
+    shown = capsys.readouterr().out
+    assert "learning_rate: 1.0e-06" in shown and "the embedded demo" in shown
+    path = tmp_path / "my.yaml"
+    path.write_text(shown.replace("\nmodel: null", "\nmodel: some/model"))
+    config = load_config(GRPOConfig, str(path)).for_run()
+    assert config.model == "some/model" and config.learning_rate == 1e-6 and config.max_completion_length == 256
 
 
 def test_inconsistent_keys_are_reported_with_their_names():
