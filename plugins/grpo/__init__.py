@@ -1,16 +1,20 @@
-"""GRPO: Group Relative Policy Optimization (DeepSeekMath; TRL's GRPOTrainer), as an rlcore plugin."""
+"""GRPO: Group Relative Policy Optimization (DeepSeekMath; TRL's GRPOTrainer), as an rlcore plugin.
+
+`GRPOConfig` and `GRPOTrainer` are exported here for subclassing; importing them loads no engine library.
+"""
 
 from __future__ import annotations
 
 from rlcore import AlgorithmSpec, hookimpl
 
 from .config import GRPOConfig
+from .trainer import GRPOTrainer
+
+__all__ = ["GRPOConfig", "GRPOTrainer"]
 
 
 @hookimpl
 def rlcore_algorithms():
-    from .trainer import GRPOTrainer
-
     yield AlgorithmSpec(
         "grpo",
         config=GRPOConfig,

@@ -1,7 +1,8 @@
 """The built-in rewards plugin: accuracy, format, cosine, repetition, soft_overlong and the toy task's reward.
 
 All have TRL's signature `fn(prompts, completions, completion_ids, **columns)`, so a TRL reward function
-works here unchanged and these work in TRL. `resolve_reward` finds one by name (or `module:function`);
+works here unchanged and these work in TRL. `resolve_reward` finds one by name (or `module:function`) and
+gives it the config's options (`reward_options`: a dataclass's fields, a function's keyword arguments);
 `call_reward` calls it without letting one bad completion end a run (a function failing on all of them does:
 `RewardFailed`). `OrmScorer` (rlcore.plugins.rewards.orm)
 is what an `orm` role runs: a sequence-classification reward model.
@@ -13,7 +14,7 @@ import dataclasses
 
 from rlcore import RewardSpec, hookimpl
 
-from .calling import RewardFailed, call_reward, resolve_reward
+from .calling import RewardFailed, call_reward, resolve_reward, reward_options
 from .functions import CosineReward, RepetitionPenalty, SoftOverlong, accuracy_reward, completion_text, format_reward
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "completion_text",
     "format_reward",
     "resolve_reward",
+    "reward_options",
 ]
 
 

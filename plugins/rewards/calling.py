@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import inspect
 import logging
 import math
 import numbers
@@ -63,35 +64,86 @@ def _import_object(spec: str) -> Any:
     return getattr(module, attr)
 
 
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids")
+
+
+def _parameters(fn: Any) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check against
+        return {}
+
+
+def reward_options(fn: Any) -> list[str]:
+    """The options `reward_kwargs` may give a reward: a dataclass reward's fields, or a function's keyword
+    arguments (keyword-only or with a default) other than TRL's prompts, completions and completion_ids."""
+    if dataclasses.is_dataclass(fn) and not isinstance(fn, type):
+        return [f.name for f in dataclasses.fields(fn)]
+    return [
+        p.name for p in _parameters(fn).values()
+        if p.name not in TRL_ARGUMENTS
+        and (p.kind is p.KEYWORD_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and p.default is not p.empty))
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardWithOptions:
+    """A reward function called with its options from `reward_kwargs` (picklable when the function is).
+
+    Unlike `functools.partial`, an option that is also a dataset column is an error, not silently overridden.
+    """
+
+    name: str
+    fn: RewardFn
+    options: dict[str, Any]
+
+    def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None,
+                 **columns: Any) -> list[float | None]:
+        clash = sorted(set(self.options) & set(columns))
+        if clash:
+            raise ConfigError(f"reward '{self.name}': option '{clash[0]}' (reward_kwargs.{self.name}.{clash[0]}) is "
+                              "also a dataset column; rename the option or the column")
+        return self.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns, **self.options)
+
+
 def _with_options(name: str, fn: Any, options: dict[str, Any]) -> Any:
-    """A registered parameterised reward (a dataclass) rebuilt with `options` over its defaults."""
-    if not dataclasses.is_dataclass(fn) or isinstance(fn, type):
-        raise ConfigError(f"reward '{name}' takes no options; remove reward_kwargs.{name}",
-                          [(f"reward_kwargs.{name}", "this reward takes no options")])
-    known = [f.name for f in dataclasses.fields(fn)]
+    """`fn` with `options` over its defaults, each checked against the options it takes."""
+    known = reward_options(fn)
+    if not known:
+        raise ConfigError(
+            f"reward '{name}' takes no options (a reward's options are its keyword arguments, or its fields for a "
+            f"dataclass); remove reward_kwargs.{name}",
+            [(f"reward_kwargs.{name}", "this reward takes no options")],
+        )
     unknown = [k for k in options if k not in known]
     if unknown:
-        problems = [(f"reward_kwargs.{name}.{k}", f"unknown option; known: {', '.join(known)}.{did_you_mean(k, known)}")
+        problems = [(f"reward_kwargs.{name}.{k}",
+                     f"reward '{name}' has no option '{k}'; it takes {', '.join(known)}.{did_you_mean(k, known)}")
                     for k in unknown]
         raise ConfigError("; ".join(f"{key}: {msg}" for key, msg in problems), problems)
-    return dataclasses.replace(fn, **options)
+    if dataclasses.is_dataclass(fn) and not isinstance(fn, type):
+        return dataclasses.replace(fn, **options)
+    return RewardWithOptions(name, fn, dict(options))
 
 
 def resolve_reward(name_or_path: str, plugins: Plugins, options: dict[str, Any] | None = None) -> RewardFn:
     """The reward function `name_or_path` names: a registered reward, or `module:function` imported.
 
-    `options` (the config's `reward_kwargs[name]`) override a registered reward's defaults; for a
-    `module:function`, the object is a factory (like TRL's `get_soft_overlong_punishment`) called with them.
+    `options` (the config's `reward_kwargs[name]`) are checked against the options the reward takes
+    (`reward_options`) before the run starts, and override its defaults. A `module:function` without a
+    `completions` argument is a factory (like TRL's `get_soft_overlong_punishment`), called with them.
     """
     if ":" not in name_or_path:
         spec = plugins.rewards.get(name_or_path)  # NotRegistered lists the known names
         return _with_options(name_or_path, spec.fn, options) if options else spec.fn
     obj = _import_object(name_or_path)
-    if options:
+    if options and "completions" not in _parameters(obj):
         try:
             obj = obj(**options)
         except Exception as exc:
             raise ConfigError(f"reward function factory '{name_or_path}' failed with options {options}: {exc!r}") from exc
+    elif options:
+        obj = _with_options(name_or_path, obj, options)
     if not callable(obj):
         raise ConfigError(f"reward function '{name_or_path}' is a {type(obj).__name__}, not a function")
     return obj

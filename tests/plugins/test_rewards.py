@@ -1,16 +1,18 @@
 """The built-in rewards (against TRL's where TRL has one), TRL-signature compatibility both ways,
+options (a dataclass's fields, a function's keyword arguments) checked against the reward,
 module:function loading, error accounting in call_reward (a failure on every completion is fatal, on some is
 counted), and the ORM scorer on a real tiny model."""
 
 from __future__ import annotations
 
 import logging
+import pickle
 import random
 import textwrap
 
 import pytest
 
-from rlcore import ConfigError, NotRegistered, RlcoreError, load_plugins
+from rlcore import ConfigError, NotRegistered, RewardSpec, RlcoreError, hookimpl, load_plugins
 from rlcore.plugins.grpo.toy import PROMPTS, RANDOM_POLICY_REWARD, chance_reward, toy_dataset, toy_reward
 from rlcore.plugins.rewards import (
     CosineReward,
@@ -21,6 +23,7 @@ from rlcore.plugins.rewards import (
     call_reward,
     format_reward,
     resolve_reward,
+    reward_options,
 )
 from rlcore.plugins.rewards import calling as calling_module
 
@@ -163,10 +166,85 @@ def test_options_override_defaults(plugins):
     fn = resolve_reward("soft_overlong", plugins, {"max_completion_length": 16, "soft_cache_length": 4})
     assert fn(prompts=[""], completions=[""], completion_ids=[[1] * 14]) == [-0.5]
     assert plugins.rewards.get("soft_overlong").fn.max_completion_length == 256  # the registered one is untouched
-    with pytest.raises(ConfigError, match=r"reward_kwargs.cosine.max_lenght: unknown option; .*Did you mean 'max_len'"):
+    with pytest.raises(ConfigError, match=r"reward_kwargs.cosine.max_lenght: reward 'cosine' has no option 'max_lenght'; "
+                                          r"it takes max_len, min_value_wrong, .*Did you mean 'max_len'"):
         resolve_reward("cosine", plugins, {"max_lenght": 10})
     with pytest.raises(ConfigError, match="reward 'format' takes no options"):
         resolve_reward("format", plugins, {"x": 1})
+
+
+def char_ratio(prompts, completions, completion_ids=None, *, letter="e", **columns):
+    return [c.count(letter) / len(c) if c else 0.0 for c in completions]
+
+
+def scaled(prompts, completions, solution, scale=1.0, *, offset, **kwargs):
+    """A column without a default (`solution`) is not an option; `scale` (a default) and `offset` (keyword-only) are."""
+    return [scale * (c == s) + offset for c, s in zip(completions, solution)]
+
+
+class FunctionsPlugin:
+    @hookimpl
+    def rlcore_rewards(self):
+        yield RewardSpec("char_ratio", fn=char_ratio)
+        yield RewardSpec("scaled", fn=scaled)
+
+
+@pytest.fixture(scope="module")
+def with_functions():
+    plugins = load_plugins(strict=True)
+    plugins.register(FunctionsPlugin(), "functions")
+    return plugins
+
+
+def test_a_plain_functions_keyword_arguments_are_its_options(with_functions):
+    assert reward_options(char_ratio) == ["letter"]
+    assert reward_options(scaled) == ["scale", "offset"]
+    assert reward_options(format_reward) == [] and reward_options(CosineReward())[0] == "max_len"
+    fn = resolve_reward("char_ratio", with_functions, {"letter": "a"})
+    assert call_reward(fn, "char_ratio", ["p"] * 2, ["abba", "xyz"], None, {"solution": [1, 2]}) == ([0.5, 0.0], 0)
+    assert resolve_reward("char_ratio", with_functions) is char_ratio  # no options: the function itself
+    fn = resolve_reward("scaled", with_functions, {"scale": 2.0, "offset": -1.0})
+    assert fn(prompts=["p"] * 2, completions=["4", "5"], completion_ids=None, solution=["4", "4"]) == [1.0, -1.0]
+    assert pickle.loads(pickle.dumps(fn))(prompts=["p"], completions=["4"], solution=["4"]) == [1.0]  # for Ray
+
+
+def test_an_unknown_function_option_names_the_function_the_option_and_the_options_it_takes(with_functions):
+    with pytest.raises(ConfigError, match=r"reward_kwargs.char_ratio.leter: reward 'char_ratio' has no option "
+                                          r"'leter'; it takes letter. Did you mean 'letter'\?") as caught:
+        resolve_reward("char_ratio", with_functions, {"leter": "a", "letter": "b"})
+    assert caught.value.problems == [("reward_kwargs.char_ratio.leter", "reward 'char_ratio' has no option 'leter'; "
+                                      "it takes letter. Did you mean 'letter'?")]
+    with pytest.raises(ConfigError, match=r"scaled.solution: reward 'scaled' has no option 'solution'; it takes scale, "
+                                          r"offset\.; reward_kwargs.scaled.completions: .*no option 'completions'"):
+        resolve_reward("scaled", with_functions, {"solution": ["4"], "completions": []})
+
+
+def test_an_option_that_is_also_a_dataset_column_is_an_error(with_functions):
+    fn = resolve_reward("char_ratio", with_functions, {"letter": "a"})
+    with pytest.raises(ConfigError, match=r"reward 'char_ratio': option 'letter' \(reward_kwargs.char_ratio.letter\) "
+                                          r"is also a dataset column"):
+        call_reward(fn, "char_ratio", ["p"], ["a"], None, {"letter": ["b"]})
+
+
+def test_a_module_function_takes_options_too_and_a_factory_is_called_with_them(tmp_path, plugins):
+    path = tmp_path / "mine.py"
+    path.write_text(TRL_DOCS_REWARD + textwrap.dedent(
+        '''
+        def near(completions, target=20, **kwargs):
+            return [-abs(target - len(c)) for c in completions]
+
+        def make_near(target):
+            return lambda completions, **kwargs: [-abs(target - len(c)) for c in completions]
+        '''
+    ))
+    near = resolve_reward(f"{path}:near", plugins, {"target": 3})
+    assert call_reward(near, "near", ["p"], ["abcde"], None, {}) == ([-2.0], 0)
+    made = resolve_reward(f"{path}:make_near", plugins, {"target": 3})
+    assert call_reward(made, "make_near", ["p"], ["abcde"], None, {}) == ([-2.0], 0)
+    with pytest.raises(ConfigError, match=rf"reward_kwargs.{path}:near.traget: .*it takes target. Did you mean 'target'"):
+        resolve_reward(f"{path}:near", plugins, {"traget": 3})
+    with pytest.raises(ConfigError, match=rf"reward '{path}:reward_len' takes no options"):
+        resolve_reward(f"{path}:reward_len", plugins, {"target": 3})
 
 
 def test_loading_errors_name_the_string(tmp_path, plugins):

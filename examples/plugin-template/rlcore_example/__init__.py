@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rlcore import AlgorithmSpec, CollectorSpec, DispatcherSpec, PlacementSpec, hookimpl
+from rlcore import AlgorithmSpec, CollectorSpec, DispatcherSpec, PlacementSpec, RewardSpec, RoleSpec, hookimpl
 
 from .policies import reverse_placement, reverse_slice, sum_results
+from .rewards import letter_ratio
+from .scorer import Scorer
 from .trainer import LineFitConfig, LineFitTrainer
 
 __version__ = "0.1.0"
+
+
+@hookimpl
+def rlcore_roles() -> Iterator[RoleSpec]:
+    yield RoleSpec("scorer", description="scores numbers on CPU workers (rlcore_example.scorer.Scorer)", worker=Scorer)
 
 
 @hookimpl
@@ -25,6 +32,11 @@ def rlcore_collectors() -> Iterator[CollectorSpec]:
 @hookimpl
 def rlcore_placements() -> Iterator[PlacementSpec]:
     yield PlacementSpec("reverse", place=reverse_placement, description="fill GPUs from the last rank down")
+
+
+@hookimpl
+def rlcore_rewards() -> Iterator[RewardSpec]:
+    yield RewardSpec("letter_ratio", fn=letter_ratio, description="fraction of characters equal to `letter` (option)")
 
 
 @hookimpl
