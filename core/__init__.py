@@ -22,6 +22,7 @@ from .specs import (
     PlacementSpec,
     RewardSpec,
     RoleSpec,
+    SettingSpec,
     Slot,
 )
 from .trainer import PhaseTimer, Trainer
@@ -60,6 +61,7 @@ __all__ = [
     "RunConfig",
     "SamplingParams",
     "ScoreWorker",
+    "SettingSpec",
     "Slot",
     "TopK",
     "TrainEngine",

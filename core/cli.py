@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import __version__
-from .config import config_error, load_config, render_config, validation_problems
+from .config import config_error, load_config, render_config, validation_problems, with_settings
 from .errors import ConfigError, RlcoreError
 from .manager import Plugins, load_plugins
 from .metrics import jsonable
@@ -134,10 +134,11 @@ def _load(plugin: str) -> tuple[Plugins, str]:
 def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins, str, Any]:
     """The loaded plugins, the algorithm's name and its validated config, after `rlcore_configure`.
 
+    The algorithm's config model gains the keys plugins add (`rlcore_settings`), validated with its own.
     `resume` adds the override resume=auto, for algorithms whose config has a `resume` key.
     """
     plugins, algorithm = _load(args.plugin)
-    model = plugins.algorithms.get(algorithm).config
+    model = with_settings(plugins.algorithms.get(algorithm).config, plugins.settings, algorithm)
     overrides = list(args.overrides)
     if resume:
         if "resume" not in model.model_fields:

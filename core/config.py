@@ -11,12 +11,15 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError, PluginError, did_you_mean
+
+if TYPE_CHECKING:
+    from .specs import SettingSpec
 
 
 class _Loader(yaml.SafeLoader):
@@ -74,6 +77,51 @@ class RunConfig(BaseConfig):
     sleep_level: Literal[0, 1, 2] = Field(1, description="rollout sleep level while colocated training runs")
     offload_model: bool = Field(False, description="offload train weights while colocated rollout runs")
     offload_optimizer: bool = Field(False, description="offload optimizer state while colocated rollout runs")
+
+
+# -------------------------------------------------------------------------
+# plugin settings: config keys that plugins add to every algorithm (rlcore_settings)
+# -------------------------------------------------------------------------
+
+
+def with_settings(model: type[BaseModel], settings: Iterable[SettingSpec], algorithm: str = "") -> type[BaseModel]:
+    """`model` extended with the keys plugins add (`plugins.settings`), so they validate with its own.
+
+    A setting named like one of the model's keys (or aliases) is a `PluginError` naming the plugin and
+    the algorithm; `settings` may be a `Registry`, whose owners the message names.
+    """
+    owner = getattr(settings, "owner", None)
+    specs = list(settings)
+    if not specs:
+        return model
+    taken = _names_and_aliases(model)
+    whose = f"algorithm '{algorithm}' ({model.__name__})" if algorithm else model.__name__
+    clashes = []
+    for name in (spec.name for spec in specs if spec.name in taken):
+        plugin = owner(name) if owner else "?"
+        clashes.append(
+            f"plugin '{plugin}' adds the setting '{name}', but {whose} already has a key '{name}': rename "
+            f"the setting, or leave the plugin out with RLCORE_DISABLE_PLUGINS={plugin}"
+        )
+    if clashes:
+        raise PluginError("\n".join(clashes))
+    fields: dict[str, Any] = {
+        spec.name: (spec.type, Field(spec.default, description=spec.description or None)) for spec in specs
+    }
+    return create_model(  # same name and docstring: `config show` and error messages read as before
+        model.__name__, __base__=model, __module__=model.__module__, __doc__=model.__doc__, **fields
+    )
+
+
+def _names_and_aliases(model: type[BaseModel]) -> set[str]:
+    """Every name a key of `model` is read under: its field names and their aliases."""
+    names = set(model.model_fields)
+    for info in model.model_fields.values():
+        aliases = [info.alias, info.validation_alias]
+        if isinstance(info.validation_alias, AliasChoices):
+            aliases.extend(info.validation_alias.choices)
+        names.update(alias for alias in aliases if isinstance(alias, str))
+    return names
 
 
 # -------------------------------------------------------------------------

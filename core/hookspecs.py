@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         PlacementSpec,
         RewardSpec,
         RoleSpec,
+        SettingSpec,
     )
 
 hookspec = pluggy.HookspecMarker("rlcore")
@@ -121,6 +122,18 @@ def rlcore_rewards() -> Iterable[RewardSpec]:
         @hookimpl
         def rlcore_rewards():
             yield RewardSpec("length", fn=lambda prompts, completions, **kw: [len(c) for c in completions])
+    """
+
+
+@hookspec
+def rlcore_settings() -> Iterable[SettingSpec]:
+    """Yield config keys of this plugin's own, added to every algorithm's config and validated with it.
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_settings():
+            yield SettingSpec("report_to", list[str], default=[], description="where metrics go")
     """
 
 

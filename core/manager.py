@@ -40,6 +40,7 @@ REGISTRIES = {
     "rlcore_algorithms": ("algorithms", "algorithm"),
     "rlcore_engines": ("engines", "engine"),
     "rlcore_rewards": ("rewards", "reward"),
+    "rlcore_settings": ("settings", "setting"),
 }
 
 

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import TypeAdapter, ValidationError
+
 
 @dataclass(frozen=True)
 class RoleSpec:
@@ -93,6 +95,29 @@ class RewardSpec:
     description: str = ""
     kind: Literal["function", "model"] = "function"
     options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """A config key a plugin adds to every algorithm's config: `report_to`, `logging_dir`, ...
+
+    `type` is any annotation pydantic validates (`int`, `list[str]`, `Literal[...]`, or a `BaseConfig`
+    subclass for a section of keys). The key is validated, rendered by `config show` and checked by
+    `config validate` with the algorithm's own keys; hooks read it from the config (`trainer.config.NAME`).
+    The default is checked against `type` when the descriptor is made, so a wrong one fails at load.
+    """
+
+    name: str
+    type: Any
+    default: Any = field(default=None, hash=False)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        try:
+            TypeAdapter(self.type).validate_python(self.default)
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"] if exc.errors() else str(exc)
+            raise ValueError(f"setting '{self.name}': default {self.default!r} is not valid: {reason}") from None
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ EXPECTED = [
     "TrainWorker",
     "bind",
     "ConfigProblems",
+    "SettingSpec",
 ]
 
 HEAVY = ["torch", "transformers", "ray", "vllm"]
