@@ -9,8 +9,9 @@ from .config import BaseConfig, ConfigProblems, RoleConfig, RunConfig, load_conf
 from .engines import Generation, ModelOutputs, RolloutEngine, SamplingParams, TopK, TrainEngine
 from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed
 from .hookspecs import hookimpl, hookspec
-from .manager import Plugins, load_plugins
+from .manager import Plugins, Registered, load_plugins
 from .registry import Registry
+from .resources import plan_from_config
 from .roles import GenerateWorker, ScoreWorker, TrainWorker
 from .session import RoleSession, RoleSetup
 from .specs import (
@@ -48,6 +49,7 @@ __all__ = [
     "PlacementSpec",
     "PluginError",
     "Plugins",
+    "Registered",
     "Registry",
     "ResourceError",
     "RewardSpec",
@@ -74,6 +76,7 @@ __all__ = [
     "hookspec",
     "load_config",
     "load_plugins",
+    "plan_from_config",
     "render_config",
     "worker",
 ]

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 
 from . import __version__
 from .config import config_error, load_config, render_config, validation_problems, with_settings
-from .errors import ConfigError, RlcoreError
-from .manager import Plugins, load_plugins
+from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
+from .manager import Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
 
 
@@ -44,7 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
 
 
-OWN_OPTIONS = {"--plugin", "--config", "--use-ray", "--resume", "--json", "--keys", "--output", "--help", "--version"}
+OWN_OPTIONS = {
+    "--plugin", "--with", "--config", "--use-ray", "--resume", "--json", "--keys", "--output", "--help", "--version",
+}
 
 
 def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -59,7 +61,7 @@ def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[
         key, eq, value = item[2:].partition("=")
         if not item.startswith("--") or len(item) == 2 or f"--{key}" in OWN_OPTIONS:
             (overrides if "=" in item and not item.startswith("-") else head).append(item)
-            if item in ("--plugin", "--config") and i + 1 < len(argv):  # their values are theirs
+            if item in ("--plugin", "--with", "--config") and i + 1 < len(argv):  # their values are theirs
                 head.append(argv[i + 1])
                 i += 1
         elif eq:
@@ -110,25 +112,67 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _With(str):
+    """A plugin given with --with: it joins the run and never selects the algorithm."""
+
+
 def _add_plugin_and_config(parser: argparse.ArgumentParser, config_required: bool = False) -> None:
     parser.add_argument(
-        "--plugin", required=True, metavar="NAME",
-        help="an installed plugin or algorithm name, a dotted module, or a path to a .py plugin file",
+        "--plugin", required=True, action="append", metavar="NAME",
+        help="an installed plugin or algorithm name, a dotted module, or a path to a .py plugin file; "
+        "several may be given, one of them providing the algorithm",
+    )
+    parser.add_argument(
+        "--with", dest="plugin", action="append", type=_With, metavar="PLUGIN",
+        help="a module or .py file that joins the run without providing its algorithm (e.g. hooks only)",
     )
     parser.add_argument("--config", required=config_required, metavar="FILE", help="a YAML config file")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.gpus=8")
 
 
-def _load(plugin: str) -> tuple[Plugins, str]:
-    """Load every plugin (plus `plugin` when it is a module or file) and resolve the algorithm it names."""
-    is_module = plugin.endswith(".py") or os.sep in plugin or "." in plugin
+def _load(given: str | list[str]) -> tuple[Plugins, str]:
+    """Load every plugin plus the modules and files given (--plugin, --with, RLCORE_PLUGINS) and resolve
+    the algorithm: exactly one --plugin provides it; the other plugins join the run."""
+    given = [given] if isinstance(given, str) else list(given)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plugins = load_plugins(extra=(plugin,) if is_module else ())
+        plugins = load_plugins(extra=tuple(p for p in given if is_file_or_module(p)))
     for warning in caught:
         print(f"rlcore: warning: {warning.message}", file=sys.stderr)
-    name = os.path.splitext(os.path.basename(plugin))[0] if plugin.endswith(".py") else plugin
-    return plugins, plugins.algorithm_of(name)
+    for line in plugins.replaced:
+        print(f"rlcore: {line}", file=sys.stderr)
+    for spec in given:
+        if isinstance(spec, _With) and plugin_name(spec) not in plugins.info:
+            raise NotRegistered(
+                f"--with {spec}: no plugin is called '{spec}'; give an installed plugin, a dotted module or a "
+                f"path to a .py file.{did_you_mean(spec, plugins.info)}"
+            )
+    selecting = [p for p in given if not isinstance(p, _With)]
+    provided = {p: _algorithm_of(plugins, p) for p in selecting}
+    algorithms = sorted({a for a in provided.values() if a})
+    if len(algorithms) == 1:
+        return plugins, algorithms[0]
+    if not algorithms:
+        known = plugins.algorithms.names()
+        each = "; ".join(f"{p} ({plugins.describe(plugin_name(p))})" for p in selecting)
+        raise PluginError(
+            f"no plugin given with --plugin provides an algorithm: {each}. Name the algorithm with --plugin "
+            f"({', '.join(known) or 'none is installed'}) and add plugins without one with --with, e.g. "
+            f"`rlcore run --plugin {known[0] if known else 'NAME'} --with {selecting[-1]}`"
+        )
+    each = "; ".join(f"{p} (algorithm '{a}')" for p, a in provided.items() if a)
+    raise PluginError(
+        f"exactly one plugin given with --plugin may provide the algorithm, but {len(algorithms)} do: {each}. "
+        f"Keep one of them; add plugins without an algorithm with --with"
+    )
+
+
+def _algorithm_of(plugins: Plugins, spec: str) -> str | None:
+    """The algorithm the plugin given as `spec` selects; None for a loaded plugin that provides none."""
+    name = plugin_name(spec)
+    if name in plugins.info and name not in plugins.algorithms and not plugins.algorithms.by_plugin(name):
+        return None
+    return plugins.algorithm_of(name)
 
 
 def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins, str, Any]:

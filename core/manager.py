@@ -1,9 +1,11 @@
 """Plugin loading: built-ins and third-party distributions alike come from one entry-point group.
 
 `load_plugins()` registers every plugin of the `rlcore.plugins` entry-point group (minus those named
-in RLCORE_DISABLE_PLUGINS), plus any module or `.py` file given as `extra`, and collects what their
-registration hooks yield into registries. A plugin that fails to import is reported by name and
-skipped, unless RLCORE_STRICT_PLUGINS=1 makes that fatal.
+in RLCORE_DISABLE_PLUGINS), then the modules and `.py` files named in RLCORE_PLUGINS and given as
+`extra`, and collects what their registration hooks yield into registries. A plugin that fails to
+import is reported by name and skipped, unless RLCORE_STRICT_PLUGINS=1 makes that fatal. A plugin given
+for the run (RLCORE_PLUGINS, `extra`) may register a name an installed one has: its own replaces that
+one for the run (`Plugins.replaced` says so); two installed plugins sharing a name are an error.
 
 `plugins()` is the process's own set, loaded on first use, with which workers resolve engines,
 dispatchers and collectors by name; a driver hands it over with `use_plugins`, and its worker processes
@@ -18,14 +20,17 @@ import importlib.util
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pluggy
+from pydantic import BaseModel
 
 from . import hookspecs
+from .config import config_error
 from .errors import NotRegistered, PluginError, did_you_mean
 from .registry import EngineRegistry, Registry
 
@@ -42,6 +47,50 @@ REGISTRIES = {
     "rlcore_rewards": ("rewards", "reward"),
     "rlcore_settings": ("settings", "setting"),
 }
+
+
+@dataclass(frozen=True)
+class Registered:
+    """Marks a config key whose value names a registered item (or is a list of such names), so that a
+    misspelled one is a configuration error before the run starts, with the known names:
+    `dispatch: Annotated[str, Registered("dispatchers")] = Field("slice", description=...)`."""
+
+    registry: str  # the Plugins registry: roles, dispatchers, collectors, placements, algorithms or rewards
+
+    def __post_init__(self) -> None:
+        known = [attr for attr, _ in REGISTRIES.values() if attr != "engines"]
+        if self.registry not in known:
+            raise PluginError(f"Registered({self.registry!r}): no such registry; use one of {', '.join(known)}")
+
+
+class _RegisteredNames:
+    """The core's own `rlcore_configure`, run after the plugins' ones: keys marked `Registered` must
+    name registered items."""
+
+    def __init__(self, plugins: Plugins):
+        self.plugins = plugins
+
+    @hookspecs.hookimpl(trylast=True)
+    def rlcore_configure(self, config: Any) -> None:
+        problems = list(self.unregistered(config))
+        if problems:
+            raise config_error(problems)
+
+    def unregistered(self, config: BaseModel, prefix: str = "") -> Iterator[tuple[str, str]]:
+        """(key path, message) for every name a `Registered` key of `config` gives that is not registered."""
+        for key, info in type(config).model_fields.items():
+            value, path = getattr(config, key), f"{prefix}{key}"
+            marks = [m for m in info.metadata if isinstance(m, Registered)]
+            if isinstance(value, BaseModel):
+                yield from self.unregistered(value, f"{path}.")
+            elif marks:
+                registry = getattr(self.plugins, marks[0].registry)
+                for name in value if isinstance(value, (list, tuple)) else [value]:
+                    try:
+                        if isinstance(name, str):
+                            registry.get(name)
+                    except NotRegistered as exc:
+                        yield path, str(exc)
 
 
 class PluginLoadWarning(UserWarning):
@@ -66,42 +115,94 @@ class Plugins:
         self.info: dict[str, PluginInfo] = {}
         self.failed: dict[str, PluginInfo] = {}
         self.extra: tuple[str, ...] = ()  # plugins given as modules or files, which worker processes load too
+        self.replaced: list[str] = []  # one line per installed name a plugin given for the run replaced
+        self._given: dict[str, str] = {}  # plugins given for the run: name -> module or file, as given
         for attr, kind in REGISTRIES.values():
             setattr(self, attr, (EngineRegistry if attr == "engines" else Registry)(kind))
+        self.manager.register(_RegisteredNames(self), name="rlcore-registered-names")
 
     @property
     def hook(self) -> Any:
         return self.manager.hook
 
-    def register(self, plugin: Any, name: str, version: str = "", distribution: str = "") -> None:
+    def register(
+        self, plugin: Any, name: str, version: str = "", distribution: str = "", *, given: str = ""
+    ) -> None:
         """Register one plugin object and collect what its registration hooks yield.
 
         All or nothing: a plugin whose hooks fail or clash with a registered name is left out entirely.
+        `given`: the module or file the plugin was given as for this run; a name it shares with an
+        installed plugin replaces that plugin's for the run, and a line in `replaced` says so.
         """
         if self.manager.has_plugin(name):
             raise PluginError(f"two plugins are called '{name}'; rename one of them")
         self.manager.register(plugin, name=name)
         try:
             staged = self._collect(name)
-            for registry, mine in staged:  # refuse clashes before adding anything
+            replacing = []
+            for attr, mine in staged:  # refuse clashes before adding anything
+                registry = getattr(self, attr)
                 for key in mine.names():
-                    if key in registry:
+                    if key not in registry:
+                        continue
+                    previous = registry.owner(key)
+                    if given and previous not in self._given:
+                        replacing.append((attr, key, mine.get(key)))
+                    elif given:
+                        raise PluginError(
+                            f"{registry.kind} '{key}' is registered twice: by plugin '{previous}' "
+                            f"({self._given[previous]}) and by plugin '{name}' ({given}), both given for this run; "
+                            f"give one of them"
+                        )
+                    else:
                         registry.add(mine.get(key), name)  # raises, naming both plugins
         except BaseException:
             self.manager.unregister(name=name)
             raise
-        info = PluginInfo(name, version, distribution)
-        for registry, mine in staged:
+        for attr, key, item in replacing:
+            self._replace(attr, key, item, name, given)
+        for attr, mine in staged:
             for item in mine:
-                registry.add(item, name)
-        for attr, _ in REGISTRIES.values():
-            provided = getattr(self, attr).by_plugin(name)
-            if provided:
-                info.provides[attr] = provided
-        self.info[name] = info
+                if mine.key_of(item) not in getattr(self, attr):
+                    getattr(self, attr).add(item, name)
+        if given:
+            self._given[name] = given
+        self.info[name] = PluginInfo(name, version, distribution)
+        self._update_provides(name)
 
-    def _collect(self, name: str) -> list[tuple[Registry, Registry]]:
-        """Plugin `name`'s registration hooks' yield, staged per kind in a registry of the same type."""
+    def _replace(self, attr: str, key: str, item: Any, plugin: str, given: str) -> None:
+        """Put `plugin`'s `item` in place of the installed one registered under `key`."""
+        old = getattr(self, attr)
+        previous = old.owner(key)
+        fresh = type(old)(old.kind)
+        for kept in old:
+            if old.key_of(kept) != key:
+                fresh.add(kept, old.owner(old.key_of(kept)))
+        fresh.add(item, plugin)
+        setattr(self, attr, fresh)
+        self._update_provides(previous)
+        trainer = getattr(item, "trainer", None)
+        what = f" ({trainer.__name__})" if isinstance(trainer, type) else ""
+        dist = self.info[previous].distribution
+        whose = "the built-in one" if dist == "rlcore" else f"the one of plugin '{previous}' ({dist or 'not installed'})"
+        self.replaced.append(f"{old.kind} '{key}' from {given}{what} replaces {whose} for this run")
+
+    def _update_provides(self, name: str) -> None:
+        self.info[name].provides = {
+            attr: provided for attr, _ in REGISTRIES.values() if (provided := getattr(self, attr).by_plugin(name))
+        }
+
+    def describe(self, name: str) -> str:
+        """What plugin `name` provides, in a few words: 'algorithms: grpo; hooks: rlcore_configure'."""
+        parts = [f"{attr}: {', '.join(names)}" for attr, names in self.info[name].provides.items()]
+        callers = self.manager.get_hookcallers(self.manager.get_plugin(name)) or []
+        hooks = sorted(c.name for c in callers if c.name not in REGISTRIES)
+        if hooks:
+            parts.append(f"hooks: {', '.join(hooks)}")
+        return "; ".join(parts) or "nothing"
+
+    def _collect(self, name: str) -> list[tuple[str, Registry]]:
+        """Plugin `name`'s registration hooks' yield, staged per registry attribute in one of the same type."""
         staged = []
         for hook_name, (attr, _) in REGISTRIES.items():
             registry: Registry = getattr(self, attr)
@@ -115,7 +216,7 @@ class Plugins:
                     raise PluginError(f"plugin '{name}' failed in {hook_name}(): {exc!r}") from exc
                 for item in items:
                     mine.add(item, name)
-            staged.append((registry, mine))
+            staged.append((attr, mine))
         return staged
 
     def algorithm_of(self, name: str) -> str:
@@ -150,13 +251,23 @@ def _disabled() -> set[str]:
     return {n.strip() for n in os.environ.get("RLCORE_DISABLE_PLUGINS", "").split(",") if n.strip()}
 
 
+def is_file_or_module(spec: str) -> bool:
+    """`spec` names a plugin by a `.py` path or a dotted module, not by an installed plugin's name."""
+    return spec.endswith(".py") or os.sep in spec or "." in spec
+
+
+def plugin_name(spec: str) -> str:
+    """The name a plugin given as `spec` is registered under: a file's stem, or the module or plugin name."""
+    return Path(spec).stem if spec.endswith(".py") or os.sep in spec else spec
+
+
 def import_plugin(spec: str) -> tuple[ModuleType, str]:
     """Import a plugin given as a dotted module path or a path to a `.py` file; returns (module, name)."""
     path = Path(spec)
     if spec.endswith(".py") or os.sep in spec:
         if not path.is_file():
             raise PluginError(f"plugin file '{spec}' does not exist")
-        name = path.stem
+        name = plugin_name(spec)
         module_name = f"rlcore_user_plugin_{name}"
         loader_spec = importlib.util.spec_from_file_location(module_name, path.resolve())
         if loader_spec is None or loader_spec.loader is None:
@@ -176,7 +287,8 @@ def import_plugin(spec: str) -> tuple[ModuleType, str]:
 
 
 def load_plugins(extra: tuple[str, ...] = (), strict: bool | None = None) -> Plugins:
-    """Load the entry-point plugins and the `extra` ones (dotted modules or `.py` paths)."""
+    """Load the entry-point plugins, then the RLCORE_PLUGINS and `extra` ones (dotted modules or `.py`
+    paths), which are given for the run: a name one of them registers replaces an installed plugin's."""
     plugins = Plugins()
     strict = _strict(strict)
     disabled = _disabled()
@@ -193,19 +305,34 @@ def load_plugins(extra: tuple[str, ...] = (), strict: bool | None = None) -> Plu
                 raise PluginError(message + " (RLCORE_STRICT_PLUGINS is set)") from exc
             plugins.failed[ep.name] = PluginInfo(ep.name, version, dist, error=f"{type(exc).__name__}: {exc}")
             warnings.warn(message, PluginLoadWarning, stacklevel=2)
-    for spec in extra:
+    given = {_absolute(s): s for s in (*_plugins_from_env(), *extra)}  # each once, in order
+    for spec in given.values():
         module, name = import_plugin(spec)
         if plugins.manager.is_registered(module):
             continue
-        plugins.register(module, name, getattr(module, "__version__", ""), "")
-    plugins.extra = tuple(str(Path(s).resolve()) if s.endswith(".py") else s for s in extra)
+        plugins.register(module, name, getattr(module, "__version__", ""), "", given=spec)
+    plugins.extra = tuple(given)
     return plugins
+
+
+def _absolute(spec: str) -> str:
+    """A plugin file as an absolute path (worker processes may start elsewhere); a module as it is."""
+    return str(Path(spec).resolve()) if spec.endswith(".py") or os.sep in spec else spec
+
+
+def _plugins_from_env() -> tuple[str, ...]:
+    """RLCORE_PLUGINS: modules and files every run loads. A worker process takes its driver's list
+    (RLCORE_EXTRA_PLUGINS, which holds them) instead, so relative paths resolve where the driver runs."""
+    if EXTRA_PLUGINS_ENV in os.environ:
+        return ()
+    return tuple(p.strip() for p in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if p.strip())
 
 
 # -------------------------------------------------------------------------
 # the process's plugins
 # -------------------------------------------------------------------------
 
+PLUGINS_ENV = "RLCORE_PLUGINS"  # modules and files (os.pathsep-separated) that every run loads
 EXTRA_PLUGINS_ENV = "RLCORE_EXTRA_PLUGINS"
 _plugins: Plugins | None = None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -178,3 +179,131 @@ def test_dashed_overrides_as_ms_swift_spells_them(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["config", "show", "--plugin", "grpo", "--max_steps"])
     assert exit_.value.code == 2
+
+
+# -------------------------------------------------------------------------
+# several plugins in one run: --plugin, --with, RLCORE_PLUGINS; replacing an installed algorithm
+# -------------------------------------------------------------------------
+
+# A hook-only plugin file: it adds no algorithm, it observes the run (here: writes what it would post).
+HOOKS = textwrap.dedent(
+    """
+    import json
+    from rlcore import hookimpl
+
+    @hookimpl
+    def rlcore_step_end(trainer, step, metrics):
+        with open("posted.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "algorithm": trainer.name, "reward": metrics.get("reward")}) + "\\n")
+    """
+)
+
+# The installed example algorithm, subclassed in a plain file under the same name.
+STEEPER = textwrap.dedent(
+    """
+    from rlcore import AlgorithmSpec, hookimpl
+    from rlcore_example.trainer import LineFitConfig, LineFitTrainer
+
+    class Steeper(LineFitTrainer):
+        def make_data(self):
+            xs, ys = super().make_data()
+            return xs, [y + 3.0 * x for x, y in zip(xs, ys)]
+
+    @hookimpl
+    def rlcore_algorithms():
+        yield AlgorithmSpec("example", config=LineFitConfig, trainer=Steeper)
+    """
+)
+
+TINY_GRPO = ["max_steps=2", "max_completion_length=8", "per_device_train_batch_size=16", "num_generations=4"]
+
+
+def posted(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "posted.jsonl").read_text().splitlines()]
+
+
+def test_a_hook_only_file_joins_a_grpo_run(rlcore_cli, tmp_path):
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    done = rlcore_cli("run", "--plugin", "grpo", "--with", "./hooks.py", "output_dir=out", *TINY_GRPO,
+                      env={"RLCORE_DISABLE_PLUGINS": "vllm"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert posted(tmp_path) == [{"step": r["step"], "algorithm": "grpo", "reward": r["reward"]} for r in rows]
+    assert [r["step"] for r in rows] == [1, 2]
+
+
+def test_a_plugin_file_replaces_an_installed_algorithm_for_the_run(rlcore_cli, tmp_path):
+    (tmp_path / "steeper.py").write_text(STEEPER)
+    done = rlcore_cli("run", "--plugin", "./steeper.py", "steps=60", "lr=0.3", "output_dir=out")
+    assert done.returncode == 0, done.stderr
+    line = ("rlcore: algorithm 'example' from ./steeper.py (Steeper) replaces the one of plugin 'example' "
+            "(rlcore-example-plugin) for this run\n")
+    assert line in done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["algorithm"] == "example" and summary["w"] == pytest.approx(5.0, abs=0.15)  # the subclass ran
+    plain = rlcore_cli("run", "--plugin", "example", "steps=60", "lr=0.3", "output_dir=plain")
+    assert json.loads(plain.stdout.splitlines()[-1])["w"] == pytest.approx(2.0, abs=0.1)
+    assert "replaces" not in plain.stderr
+
+
+def test_several_plugins_one_of_which_provides_the_algorithm(rlcore_cli, tmp_path):
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    (tmp_path / "steeper.py").write_text(STEEPER)
+    done = rlcore_cli("run", "--plugin", "./hooks.py", "--plugin", "example", "steps=3", "output_dir=out")
+    assert done.returncode == 0, done.stderr
+    assert [p["step"] for p in posted(tmp_path)] == [1, 2, 3]
+    # the same algorithm named twice is one algorithm: the file's, which replaced the installed one
+    twice = rlcore_cli("run", "--plugin", "example", "--plugin", "./steeper.py", "steps=60", "lr=0.3", "output_dir=o2")
+    assert twice.returncode == 0 and json.loads(twice.stdout.splitlines()[-1])["w"] == pytest.approx(5.0, abs=0.15)
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--plugin", "./hooks.py"], ["no plugin given with --plugin provides an algorithm: ./hooks.py "
+                                      "(hooks: rlcore_step_end)", "--with ./hooks.py"]),
+        (["--plugin", "example", "--plugin", "interrupted"], [
+            "exactly one plugin given with --plugin may provide the algorithm, but 2 do: example (algorithm "
+            "'example'); interrupted (algorithm 'interrupted')", "--with"]),
+        (["--plugin", "example", "--with", "./nowhere.py"], ["plugin file './nowhere.py' does not exist"]),
+        (["--plugin", "example", "--with", "observr"], ["--with observr: no plugin is called 'observr'",
+                                                       "Did you mean 'observer'?"]),
+        (["--with", "./hooks.py"], ["--plugin"]),
+    ],
+    ids=["hook-only", "two-algorithms", "missing-file", "unknown-with", "no-plugin"],
+)
+def test_plugin_selection_errors_exit_2(observed, tmp_path, args, needles):
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    done = observed("run", *args, "steps=2")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    for needle in needles:
+        assert needle in done.stderr
+
+
+def test_rlcore_plugins_loads_files_and_modules_for_every_run(rlcore_cli, tmp_path):
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "steeper.py").write_text(STEEPER)
+    env = {"RLCORE_PLUGINS": os.pathsep.join(["hooks.py", "pkg.steeper"]), "PYTHONPATH": str(tmp_path)}
+    done = rlcore_cli("run", "--plugin", "example", "steps=60", "lr=0.3", "output_dir=out", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "algorithm 'example' from pkg.steeper (Steeper) replaces" in done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["w"] == pytest.approx(5.0, abs=0.15)
+    assert len(posted(tmp_path)) == 60
+    listed = {p["name"]: p for p in json.loads(rlcore_cli("plugins", "--json", env=env).stdout)}
+    assert listed["pkg.steeper"]["provides"] == {"algorithms": ["example"]} and "hooks" in listed
+
+
+def test_config_show_and_validate_take_the_same_plugin_options(rlcore_cli, tmp_path):
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    (tmp_path / "steeper.py").write_text(STEEPER)
+    (tmp_path / "c.yaml").write_text("steps: 3\n")
+    shown = rlcore_cli("config", "show", "--plugin", "./steeper.py", "--with", "./hooks.py", "lr=0.25")
+    assert shown.returncode == 0 and "lr: 0.25" in shown.stdout and "replaces" in shown.stderr
+    valid = rlcore_cli("config", "validate", "--plugin", "example", "--with", "./hooks.py", "--config", "c.yaml")
+    assert valid.returncode == 0 and "valid for algorithm 'example'" in valid.stdout
+    misspelled = rlcore_cli("config", "validate", "--with=./hooks.py", "--plugin=example", "--config", "c.yaml",
+                            "--dispatch", "reverse_slcie")
+    assert_usage_error(misspelled, "dispatch: dispatch 'reverse_slcie' is not registered",
+                       "Did you mean 'reverse_slice'?")

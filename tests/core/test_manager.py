@@ -27,6 +27,8 @@ from rlcore import (
 from rlcore.manager import PluginLoadWarning
 
 BROKEN = "raise RuntimeError('boom: this plugin is broken')\n"
+MAX_COLLECTOR = "from rlcore import CollectorSpec, hookimpl\n\n@hookimpl\ndef rlcore_collectors():\n" \
+                "    yield CollectorSpec('max', collect=max)\n"
 
 # A plugin file that changes one behaviour of the installed example algorithm by subclassing it.
 STEEP = textwrap.dedent(
@@ -97,7 +99,8 @@ def test_the_example_distribution_is_discovered(example_plugin):
     info = plugins.info["example"]
     assert (info.distribution, info.version) == ("rlcore-example-plugin", example_plugin.version)
     assert info.provides == {
-        "dispatchers": ["reverse_slice"], "collectors": ["sum"], "placements": ["reverse"], "algorithms": ["example"],
+        "roles": ["scorer"], "dispatchers": ["reverse_slice"], "collectors": ["sum"], "placements": ["reverse"],
+        "algorithms": ["example"], "rewards": ["letter_ratio"],
     }
     assert "builtins" in plugins.info  # built-ins come through the same entry-point group
 
@@ -177,10 +180,91 @@ def test_a_clashing_plugin_names_both_and_is_left_out_entirely():
     assert plugins.collectors.get("max").collect([1, 2]) == 2
 
 
-def test_a_plugin_file_clashing_with_an_installed_algorithm(example_plugin, tmp_path):
+def test_a_plugin_file_given_for_the_run_replaces_an_installed_algorithm(example_plugin, tmp_path):
     (tmp_path / "mine.py").write_text(STEEP.replace('"steep"', '"example"'))
-    with pytest.raises(PluginError, match="algorithm 'example' is registered twice: by plugin 'example' and by plugin 'mine'"):
-        rlcore.load_plugins(extra=(str(tmp_path / "mine.py"),))
+    plugins = rlcore.load_plugins(extra=(str(tmp_path / "mine.py"),))
+    assert plugins.algorithms.get("example").trainer.__name__ == "SteepTrainer"
+    assert plugins.algorithms.owner("example") == "mine" and plugins.algorithm_of("mine") == "example"
+    assert plugins.replaced == [
+        f"algorithm 'example' from {tmp_path / 'mine.py'} (SteepTrainer) replaces the one of plugin 'example' "
+        "(rlcore-example-plugin) for this run"
+    ]
+    assert "algorithms" not in plugins.info["example"].provides
+    assert plugins.info["mine"].provides == {"algorithms": ["example"]}
+    assert plugins.dispatchers.owner("reverse_slice") == "example"  # the rest of the installed plugin stays
+    (tmp_path / "also.py").write_text(STEEP.replace('"steep"', '"example"'))
+    with pytest.raises(PluginError, match=r"algorithm 'example' is registered twice: by plugin 'mine' \(.*mine.py\) "
+                       r"and by plugin 'also' \(.*also.py\), both given for this run; give one of them"):
+        rlcore.load_plugins(extra=(str(tmp_path / "mine.py"), str(tmp_path / "also.py")))  # two given: a clash
+
+
+def test_two_installed_distributions_sharing_a_name_are_an_error_naming_both(make_distribution, monkeypatch):
+    make_distribution("rlcore-max-one", "maxone", "rlcore_max_one", MAX_COLLECTOR)
+    site = make_distribution("rlcore-max-two", "maxtwo", "rlcore_max_two", MAX_COLLECTOR)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("RLCORE_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match="collect 'max' is registered twice: by plugin 'maxone' and by plugin 'maxtwo'. "
+                       "Rename one of them, or disable one plugin"):
+        rlcore.load_plugins()
+
+
+def test_rlcore_plugins_are_loaded_for_every_run_and_handed_to_workers(tmp_path, monkeypatch):
+    from rlcore import manager
+
+    (tmp_path / "hooks.py").write_text("from rlcore import hookimpl\n\n@hookimpl\ndef rlcore_train_end(trainer):\n    pass\n")
+    (tmp_path / "max_collector.py").write_text(MAX_COLLECTOR)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(manager.EXTRA_PLUGINS_ENV, raising=False)
+    monkeypatch.setenv("RLCORE_PLUGINS", os.pathsep.join(["hooks.py", "", "./hooks.py"]))
+    plugins = rlcore.load_plugins(extra=("max_collector.py", str(tmp_path / "hooks.py")))
+    assert plugins.extra == (str(tmp_path / "hooks.py"), str(tmp_path / "max_collector.py"))  # absolute, each once
+    assert plugins.describe("hooks") == "hooks: rlcore_train_end"
+    assert plugins.describe("max_collector") == "collectors: max"
+    # a worker process takes its driver's list (which holds RLCORE_PLUGINS) and not RLCORE_PLUGINS itself
+    monkeypatch.setenv(manager.EXTRA_PLUGINS_ENV, str(tmp_path / "max_collector.py"))
+    monkeypatch.chdir(tmp_path.parent)
+    manager.use_plugins(None)
+    try:
+        loaded = manager.plugins()
+        assert loaded.extra == (str(tmp_path / "max_collector.py"),) and "hooks" not in loaded.info
+    finally:
+        manager.use_plugins(None)
+
+
+def test_registered_config_keys_are_checked_after_the_configure_hooks():
+    from typing import Annotated
+
+    from pydantic import Field
+
+    from rlcore import BaseConfig, ConfigError, Registered
+
+    class Section(BaseConfig):
+        collect: Annotated[str, Registered("collectors")] = "max"
+
+    class Config(RunConfig):
+        dispatch: Annotated[str, Registered("dispatchers")] = Field("first_only", description="a dispatcher")
+        rewards: Annotated[list[str], Registered("rewards")] = ["length"]
+        scoring: Section = Section()
+
+    class Fixer:
+        @hookimpl
+        def rlcore_configure(self, config):
+            if config.dispatch == "fix_me":
+                config.dispatch = "first_only"
+
+    plugins = Plugins()
+    plugins.register(EveryHook(), "every")
+    plugins.register(Fixer(), "fixer")
+    plugins.hook.rlcore_configure(config=Config(dispatch="fix_me"), algorithm="noop")  # fixed by a plugin first
+    bad = Config(dispatch="first_onyl", rewards=["length", "lenght"], scoring=Section(collect="mx"))
+    with pytest.raises(ConfigError) as excinfo:
+        plugins.hook.rlcore_configure(config=bad, algorithm="noop")
+    assert [key for key, _ in excinfo.value.problems] == ["dispatch", "rewards", "scoring.collect"]
+    message = str(excinfo.value)
+    assert "dispatch 'first_onyl' is not registered; known: first_only. Did you mean 'first_only'?" in message
+    assert "reward 'lenght' is not registered" in message
+    with pytest.raises(PluginError, match=r"Registered\('dispatcher'\): no such registry; use one of roles, dispatch"):
+        Registered("dispatcher")
 
 
 def test_a_failing_registration_hook_is_reported_under_the_plugin_name():

@@ -43,6 +43,8 @@ EXPECTED = [
     "hookspec",
     "load_config",
     "load_plugins",
+    "plan_from_config",
+    "Registered",
     "render_config",
     "worker",
     "GenerateWorker",

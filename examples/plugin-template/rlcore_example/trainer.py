@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from rlcore import RlcoreError, RunConfig, Trainer
+from rlcore import Registered, RlcoreError, RunConfig, Trainer
 
 
 class LineFitConfig(RunConfig):
@@ -28,8 +28,13 @@ class LineFitConfig(RunConfig):
     num_points: int = Field(64, ge=1, description="points sampled uniformly in [-1, 1]")
     noise: float = Field(0.05, ge=0, description="standard deviation of the noise added to y")
     num_workers: int = Field(2, ge=1, description="shards each step's data is split into")
-    dispatch: str = Field("reverse_slice", description="dispatcher that splits the data over workers")
-    collect: str = Field("sum", description="collector that joins the workers' gradients")
+    # Registered: a name that no plugin registers is a configuration error, found before the run starts
+    dispatch: Annotated[str, Registered("dispatchers")] = Field(
+        "reverse_slice", description="dispatcher that splits the data over workers"
+    )
+    collect: Annotated[str, Registered("collectors")] = Field(
+        "sum", description="collector that joins the workers' gradients"
+    )
     save_steps: int = Field(50, ge=0, description="checkpoint every N steps (and at the end); 0: only at the end")
     save_total_limit: int | None = Field(2, ge=1, description="keep the newest N checkpoints")
     resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")

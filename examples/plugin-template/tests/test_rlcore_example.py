@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import rlcore
-from rlcore import PlacementRequest, ResourceError
+from rlcore import NotRegistered, PlacementRequest, ResourceError, function, worker
 from rlcore_example.policies import reverse_placement, reverse_slice, sum_results
+from rlcore_example.scorer import Scorer, square
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +94,125 @@ def test_resume_continues_where_the_checkpoint_left_off(plugins, tmp_path):
     assert summary["step"] == 60 and summary["w"] == pytest.approx(straight["w"], abs=1e-12)
     rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 61))
+
+
+# -------------------------------------------------------------------------
+# a worker class of the plugin's own, run through rlcore.RoleSession
+# -------------------------------------------------------------------------
+
+RLCORE = Path(sys.executable).with_name("rlcore")
+VALUES = [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray with 2 CPUs, unless one is running already; shut down afterwards if started here."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def scorer_session(plugins, use_ray: bool, worker: type = Scorer) -> rlcore.RoleSession:
+    """The `scorer` role as the resource plan places it: 2 CPU workers on Ray, one in-process without."""
+    plan = rlcore.plan_from_config({"scorer": {"cpus": 2}}, roles=["scorer"], plugins=plugins)
+    setup = rlcore.RoleSetup(worker, square, {"scale": 2.0})  # -> worker(engine, options), options + device
+    return rlcore.RoleSession(plan, {"scorer": setup}, use_ray=use_ray, plugins=plugins)
+
+
+@pytest.mark.parametrize("use_ray", [False, True], ids=["in-process", "ray"])
+def test_a_worker_class_calls_through_the_plugins_dispatcher_and_collector(plugins, use_ray, request):
+    if use_ray:
+        request.getfixturevalue("local_ray")
+    session = scorer_session(plugins, use_ray)
+    with session.start():
+        scorer = session["scorer"]
+        assert scorer.score(VALUES) == 2.0 * sum(v * v for v in VALUES)  # collect="sum" joins the shards' scores
+        if use_ray:  # dispatch="reverse_slice": worker 0 gets the last shard
+            assert scorer.shard(VALUES) == [(0, [4.0, 5.0]), (1, [1.0, 2.0, 3.0])]
+        else:
+            assert scorer.shard(VALUES) == [(0, VALUES)]
+    assert session.describe() == [f"scorer: {2 if use_ray else 1} worker{'s' if use_ray else ''}, "
+                                  f"{'CPU' if use_ray else 'in this process'}, engine square"]
+
+
+@pytest.mark.parametrize("use_ray", [False, True], ids=["in-process", "ray"])
+def test_a_misspelled_dispatcher_fails_when_the_group_is_made(plugins, use_ray, request):
+    if use_ray:
+        request.getfixturevalue("local_ray")
+    calls = []
+
+    @worker(group="scorer")
+    class Misspelled:
+        def __init__(self, engine, options):
+            calls.append("__init__")
+
+        @function(dispatch="reverse_slcie", collect="sum")
+        def score(self, values):
+            calls.append("score")
+
+    with pytest.raises(NotRegistered, match=r"Misspelled\.score\(\): dispatch 'reverse_slcie' is not registered; "
+                       r"known: .*reverse_slice.* Did you mean 'reverse_slice'\?"):
+        with scorer_session(plugins, use_ray, Misspelled).start():
+            pass
+    assert calls == []  # neither built nor called
+
+
+def test_a_misspelled_dispatcher_in_the_config_is_refused_before_the_run(tmp_path):
+    (tmp_path / "run.yaml").write_text("steps: 3\n")
+    done = subprocess.run(
+        [str(RLCORE), "config", "validate", "--plugin", "example", "--config", "run.yaml",
+         "dispatch=reverse_slcie", "collect=summ"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "dispatch: dispatch 'reverse_slcie' is not registered" in done.stderr
+    assert "Did you mean 'reverse_slice'?" in done.stderr and "Did you mean 'sum'?" in done.stderr
+
+
+# -------------------------------------------------------------------------
+# plain files: a subclass replacing GRPO, and a hook-only file, in one run
+# -------------------------------------------------------------------------
+
+MY_GRPO = """
+from rlcore import AlgorithmSpec, hookimpl
+from rlcore.plugins.grpo import GRPOConfig, GRPOTrainer
+
+class MyGRPO(GRPOTrainer):
+    def train_step(self):
+        return {**super().train_step(), "my_metric": 1.0}
+
+@hookimpl
+def rlcore_algorithms():
+    yield AlgorithmSpec("grpo", config=GRPOConfig, trainer=MyGRPO)
+"""
+
+POST_METRICS = """
+import json
+from rlcore import hookimpl
+
+@hookimpl
+def rlcore_step_end(trainer, step, metrics):
+    with open("posted.jsonl", "a") as f:  # stands in for posting the metrics to a service
+        f.write(json.dumps({"step": step, "reward": metrics["reward"], "trainer": type(trainer).__name__}) + "\\n")
+"""
+
+
+def test_a_grpo_subclass_replaces_grpo_and_a_hook_only_file_joins_the_run(tmp_path):
+    (tmp_path / "my_grpo.py").write_text(MY_GRPO)
+    (tmp_path / "post_metrics.py").write_text(POST_METRICS)
+    done = subprocess.run(
+        [str(RLCORE), "run", "--plugin", "./my_grpo.py", "--with", "./post_metrics.py", "output_dir=out",
+         "max_steps=2", "max_completion_length=8", "per_device_train_batch_size=16", "num_generations=4"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rlcore: algorithm 'grpo' from ./my_grpo.py (MyGRPO) replaces the built-in one for this run" in done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["my_metric"] for r in rows] == [1.0, 1.0]
+    posted = [json.loads(line) for line in (tmp_path / "posted.jsonl").read_text().splitlines()]
+    assert posted == [{"step": r["step"], "reward": r["reward"], "trainer": "MyGRPO"} for r in rows]
