@@ -39,7 +39,7 @@ from . import actors as _actors
 from .actors import ActorContext, Handle, wait
 from .cluster import encode
 from .dispatch import Collect, Mesh, Split, resolve_collector, resolve_dispatcher
-from .errors import ConfigError, RlcoreError
+from .errors import ConfigError, NotRegistered, RlcoreError
 from .specs import Slot
 
 if TYPE_CHECKING:
@@ -72,11 +72,15 @@ class FunctionSpec:
     _split: Split | None = field(default=None, repr=False)
     _collect: Collect | None = field(default=None, repr=False)
 
-    def resolve(self) -> None:
-        """Look up the named dispatcher and collector (once; later calls do nothing)."""
+    def resolve(self, owner: str = "") -> None:
+        """Look up the named dispatcher and collector (once; later calls do nothing). An unknown name is
+        an error naming `owner.function()` and the known names."""
         if self._split is None:
-            self._split = resolve_dispatcher(self.dispatch)
-            self._collect = resolve_collector(self.collect)
+            try:
+                split, collect = resolve_dispatcher(self.dispatch), resolve_collector(self.collect)
+            except NotRegistered as exc:
+                raise NotRegistered(f"{owner}.{self.name}(): {exc}" if owner else str(exc)) from None
+            self._split, self._collect = split, collect
 
 
 def function(
@@ -177,8 +181,8 @@ def worker(group: str | list[str]) -> Callable[[type], type]:
             state = self.__dict__
             outer = not state.get(_CONSTRUCTING)
             if outer and _actors._actor is None:
-                for spec in specs:
-                    spec.resolve()
+                for spec in specs:  # a misspelled name fails here, when the group is made, not at a call
+                    spec.resolve(cls.__name__)
                 rt = _here._runtime
                 if rt is not None and rt.use_ray and _REMOTE not in state:
                     state[_REMOTE] = rt.launch(type(self), groups, args, kwargs)
