@@ -59,9 +59,9 @@ def save_checkpoint(
 
 
 def resolve_resume(output_dir: str | os.PathLike, resume: str) -> Path | None:
-    """The checkpoint to resume from: 'no' gives None, 'auto' the newest one (None when there is none),
-    anything else is a checkpoint path. A fresh run into a directory that holds checkpoints is refused,
-    so nothing a user trained is silently overwritten."""
+    """The checkpoint to resume from: 'no' gives None, 'auto' the newest one, anything else is a checkpoint
+    path. A fresh run into a directory that holds checkpoints or another run's metrics is refused, and so is
+    resuming where there is nothing to resume: nothing a user trained or logged is silently overwritten."""
     found = checkpoints(output_dir)
     if resume == "no":
         if found:
@@ -69,9 +69,20 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str) -> Path | None:
                 f"output_dir '{output_dir}' already holds {found[-1][1].name}; resume it with --resume "
                 f"(resume=auto), or choose another output_dir"
             )
+        metrics = Path(output_dir) / "metrics.jsonl"
+        if metrics.is_file() and metrics.stat().st_size:
+            raise ConfigError(
+                f"output_dir '{output_dir}' holds the metrics.jsonl of another run (and no checkpoint to resume); "
+                f"choose another output_dir, or move that file away"
+            )
         return None
     if resume == "auto":
-        return found[-1][1] if found else None
+        if not found:
+            raise ConfigError(
+                f"--resume (resume=auto): output_dir '{output_dir}' holds no checkpoint to continue from; "
+                f"drop --resume to start a new run there"
+            )
+        return found[-1][1]
     path = Path(resume)
     if not (path / STATE_FILE).is_file():
         raise ConfigError(f"resume: '{resume}' is not a checkpoint directory (no {STATE_FILE} in it)")
@@ -88,3 +99,66 @@ def load_state(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         raise RlcoreError(f"{file} is not a trainer state (no integer 'step')")
     return state
+
+
+class RunLock:
+    """`output_dir` belongs to one run at a time: a lock file with the owner's host and pid, taken for the
+    run's life and removed on exit. A lock whose process is gone (a killed run) is taken over, with a
+    warning; one held by a live process is a ConfigError naming it."""
+
+    NAME = ".rlcore.lock"
+
+    def __init__(self, output_dir: str | os.PathLike):
+        self.path = Path(output_dir) / self.NAME
+        self.held = False
+
+    def __enter__(self) -> RunLock:
+        import socket
+        import sys
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"host": socket.gethostname(), "pid": os.getpid()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner = self._owner()
+                if owner is not None and _alive(owner, me["host"]):
+                    raise ConfigError(
+                        f"output_dir '{self.path.parent}' is in use by another run (pid {owner.get('pid')} on "
+                        f"{owner.get('host')}); wait for it, or choose another output_dir"
+                    ) from None
+                print(f"rlcore: warning: {self.path} was left by a run that is gone ({owner}); taking it over",
+                      file=sys.stderr, flush=True)
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            return self
+        raise ConfigError(f"output_dir '{self.path.parent}': another run took {self.path} at the same moment")
+
+    def _owner(self) -> dict[str, Any] | None:
+        try:
+            owner = json.loads(self.path.read_text())
+            return owner if isinstance(owner, dict) else None
+        except (OSError, ValueError):
+            return None  # torn or unreadable: nobody we could wait for
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def _alive(owner: dict[str, Any], host: str) -> bool:
+    """The lock's owner still runs (another host's owner is taken as alive: its pid cannot be checked here)."""
+    if owner.get("host") != host:
+        return True
+    try:
+        os.kill(int(owner.get("pid", -1)), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError):
+        return True
+    return True

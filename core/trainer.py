@@ -13,14 +13,16 @@ class MyTrainer(Trainer):
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint import checkpoints, load_state, resolve_resume, save_checkpoint
+from .checkpoint import RunLock, checkpoints, load_state, resolve_resume, save_checkpoint
 from .errors import ConfigError, RlcoreError
 from .metrics import MetricsWriter
 
@@ -74,6 +76,7 @@ class Trainer:
 
     name = "train"  # the progress bar's label
     progress_keys: tuple[str, ...] = ("loss",)  # metrics shown on the progress bar
+    resume_fixed: tuple[str, ...] = ()  # dotted keys a resumed run may not change (data position, shapes)
 
     def __init__(self, config: Any, plugins: Plugins, *, use_ray: bool = False):
         self.config = config
@@ -130,22 +133,32 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
-        """Run to `max_steps`: restore, step, log, checkpoint; return the last step's metrics."""
+        """Run to `max_steps`: restore, step, log, checkpoint; return the last step's metrics.
+
+        SIGINT (Ctrl-C) or SIGTERM (a scheduler's preemption) during a step lets the step finish, saves a
+        checkpoint and exits (KeyboardInterrupt, or SystemExit 143), saying where it saved; a second one
+        stops at once. `output_dir` is locked for the run's life.
+        """
         save_steps = getattr(self.config, "save_steps", 0) or 0
-        with self.start():
+        with RunLock(self.output_dir), _Deferred() as stop, self.start():
             self.restore()
             self.on_start()
             self.hook.rlcore_train_start(trainer=self)
             last: dict[str, Any] = {}
+            saved = self.step
             with self.progress() as bar:
-                while self.step < self.max_steps:
+                while self.step < self.max_steps and not stop.signal:
                     last = self.train_step()
                     self.step += 1
                     self.log(last, bar)
                     if save_steps and self.step % save_steps == 0:
                         self.save()
-            if not save_steps or self.step % save_steps:
-                self.save()
+                        saved = self.step
+            if self.step > saved or not save_steps:
+                where = self.save()
+            if stop.signal:
+                stop.exit(f"after step {self.step}; saved {where if self.step > saved else 'nothing new'}"
+                          f" (continue with --resume)")
             self.hook.rlcore_train_end(trainer=self, metrics=last)
         return last
 
@@ -183,6 +196,26 @@ class Trainer:
         return save_checkpoint(self.output_dir, self.step, state, self.save_model,
                                keep=getattr(self.config, "save_total_limit", None))
 
+    def _check_changes(self, path: Path, saved: Any) -> None:
+        """Say which keys differ from the checkpoint's config; refuse those in `resume_fixed`."""
+        if not isinstance(saved, dict) or not hasattr(self.config, "model_dump"):
+            return
+        now = _flat(self.config.model_dump(mode="json"))
+        before = _flat(saved)
+        changed = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k) and k != "resume")
+        if not changed:
+            return
+        fixed = [k for k in changed if any(k == f or k.startswith(f + ".") for f in self.resume_fixed)]
+        if fixed:
+            raise ConfigError(
+                f"resume: {', '.join(f'{k} ({before.get(k)!r} -> {now.get(k)!r})' for k in fixed)} differ from "
+                f"{path.name}'s config; they fix the data position or the shapes of the run. Set them back, or "
+                f"start a new run in another output_dir",
+                [(k, "differs from the checkpoint's config") for k in fixed],
+            )
+        print(f"rlcore: resume: changed since {path.name}: "
+              + ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in changed), file=sys.stderr, flush=True)
+
     def restore(self) -> None:
         """Continue from the checkpoint `resume` names, if any; metrics of later steps are dropped. With
         `resume: auto`, a damaged newest checkpoint (a torn file, a state that is not JSON) is passed over
@@ -196,6 +229,7 @@ class Trainer:
         for i, path in enumerate(candidates):
             try:
                 state = load_state(path)
+                self._check_changes(path, state.get("config"))
                 if state["step"] >= self.max_steps:
                     raise ConfigError(
                         f"resume: {path} is at step {state['step']}, already max_steps={self.max_steps}; "
@@ -214,3 +248,52 @@ class Trainer:
         self.resume_from = path
         self.step = state["step"]
         self.metrics.resume_at(self.step)
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'train': {'gpus': 2}} -> {'train.gpus': 2}."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+class _Deferred:
+    """SIGINT and SIGTERM while the loop runs: the first is noted (the loop stops after its step), a second
+    one interrupts at once. Outside the main thread, signals are left as they are."""
+
+    EXIT = {signal.SIGINT: None, signal.SIGTERM: 143}  # None: KeyboardInterrupt (the CLI exits 130)
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Deferred:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.EXIT:
+                self._previous[sig] = signal.signal(sig, self._note)
+        return self
+
+    def _note(self, sig: int, frame: Any) -> None:
+        if self.signal is not None:  # the second one: stop now
+            self._raise(sig)
+        self.signal = sig
+        print(f"\nrlcore: {signal.Signals(sig).name}: finishing this step, then saving a checkpoint "
+              f"(again to stop at once)", file=sys.stderr, flush=True)
+
+    def _raise(self, sig: int) -> None:
+        if self.EXIT[sig] is None:
+            raise KeyboardInterrupt
+        raise SystemExit(self.EXIT[sig])
+
+    def exit(self, message: str) -> None:
+        print(f"rlcore: stopped by {signal.Signals(self.signal).name} {message}", file=sys.stderr, flush=True)
+        self._raise(self.signal)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()

@@ -27,11 +27,15 @@ class GRPOTrainer(Trainer):
     config: GRPOConfig
     name = "grpo"
     progress_keys = ("reward", "loss", "time/generate", "time/train")
+    resume_fixed = (  # what the data position, the round's batches and the model's shapes depend on
+        "model", "dataset", "seed", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+        "steps_per_generation", "device_groups", "train.gpus", "train.cpus", "train.lora_rank", "max_prompt_length",
+    )
 
     def __init__(self, config: GRPOConfig, plugins: Any, *, use_ray: bool = False):
         super().__init__(config.for_run(), plugins, use_ray=use_ray)  # the embedded demo takes its own settings
         self.session = self.make_session()  # validates the resource plan; allocates nothing yet
-        self.experience = ExperienceMaker(config, plugins, dp_size=self.session.dp_size("train"))
+        self.experience = ExperienceMaker(self.config, plugins, dp_size=self.session.dp_size("train"))
         self.queue: list[Any] = []  # mini-batches left from the last generation
         self.pending: Any = None  # async_generate: the next round, generating while this one trains
         self.pending_data: dict[str, int] | None = None  # the data position before that round

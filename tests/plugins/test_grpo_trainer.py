@@ -423,3 +423,66 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_hook_metrics_are_written
     assert "checkpoint-2 is damaged" in err and "resuming from checkpoint-1" in err and "line 3 is torn" in err
     assert resumed.resume_from.name == "checkpoint-1"
     assert [r["step"] for r in metrics_of(tmp_path)] == [1, 2, 3]
+
+
+class SignalAt:
+    """Sends this process `sig` at step `step`, as a terminal's Ctrl-C or a scheduler's preemption would."""
+
+    def __init__(self, step, sig):
+        self.step, self.sig = step, sig
+
+    @hookimpl
+    def rlcore_step_end(self, trainer, step, metrics):
+        import os
+
+        if step == self.step:
+            os.kill(os.getpid(), self.sig)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_finishes_the_step_saves_and_exits_then_resume_continues(tmp_path, tiny, sig, capfd):
+    import signal
+
+    plugins = load_plugins()
+    plugins.register(SignalAt(2, getattr(signal, sig)), "signal")
+    expected = KeyboardInterrupt if sig == "SIGINT" else SystemExit
+    with pytest.raises(expected) as stopped:
+        make(plugins, tmp_path, tiny, max_steps=4).fit()  # save_steps 0: only the signal makes it save
+    if sig == "SIGTERM":
+        assert stopped.value.code == 143
+    assert f"stopped by {sig} after step 2; saved {tmp_path / 'run' / 'checkpoint-2'}" in capfd.readouterr().err
+    assert [r["step"] for r in metrics_of(tmp_path)] == [1, 2]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are given back
+    make(load_plugins(), tmp_path, tiny, max_steps=4, resume="auto").fit()
+    assert [r["step"] for r in metrics_of(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_resume_says_what_changed_and_refuses_what_breaks_the_run(tmp_path, tiny, capfd):
+    make(load_plugins(), tmp_path, tiny, max_steps=1).fit()
+    with pytest.raises(ConfigError, match="no checkpoint to continue from"):
+        make(load_plugins(), tmp_path / "empty", tiny, resume="auto")
+    with pytest.raises(ConfigError, match=r"num_generations \(4 -> 8\) differ from checkpoint-1's config"):
+        make(load_plugins(), tmp_path, tiny, max_steps=2, resume="auto", num_generations=8).fit()
+    make(load_plugins(), tmp_path, tiny, max_steps=2, resume="auto", learning_rate=5e-4).fit()
+    assert "rlcore: resume: changed since checkpoint-1: learning_rate 0.001 -> 0.0005, max_steps 1 -> 2" in capfd.readouterr().err
+
+
+def test_one_run_at_a_time_in_an_output_dir(tmp_path, tiny, capfd):
+    import json as _json
+    import subprocess
+    import sys
+
+    from rlcore.checkpoint import RunLock
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "run").mkdir()
+        lock = tmp_path / "run" / RunLock.NAME
+        lock.write_text(_json.dumps({"host": __import__("socket").gethostname(), "pid": sleeper.pid}))
+        with pytest.raises(ConfigError, match=f"in use by another run \\(pid {sleeper.pid}"):
+            make(load_plugins(), tmp_path, tiny, max_steps=1).fit()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    make(load_plugins(), tmp_path, tiny, max_steps=1).fit()  # its owner is gone: taken over
+    assert "was left by a run that is gone" in capfd.readouterr().err and not lock.exists()
