@@ -236,6 +236,9 @@ def _config_show(args: argparse.Namespace) -> int:
 
 
 def _config_validate(args: argparse.Namespace) -> int:
-    _, algorithm, _ = _configured(args)
+    plugins, algorithm, config = _configured(args)
+    check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
+    if check is not None:  # the plan, names, data, model: what run checks before it allocates
+        check(config, plugins)
     print(f"{args.config}: valid for algorithm '{algorithm}'")
     return 0

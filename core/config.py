@@ -14,7 +14,16 @@ from types import UnionType
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
 
 from .errors import ConfigError, PluginError, did_you_mean
 
@@ -45,9 +54,18 @@ class ConfigProblems(ValueError):
 
 
 class BaseConfig(BaseModel):
-    """Every config section forbids unknown keys, so a typo is an error, never silently ignored."""
+    """Every config section forbids unknown keys, so a typo is an error, never silently ignored, and a
+    number is never given as a boolean (`beta: true` would otherwise be 1.0)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            if _takes_number_not_bool(cls.model_fields[info.field_name].annotation):
+                raise ValueError("is a number, not a boolean; write a number, e.g. 0.1")
+        return value
 
 
 class RoleConfig(BaseConfig):
@@ -178,7 +196,8 @@ def validation_problems(
             hint = did_you_mean(str(loc[-1]), known) or f" Known keys here: {', '.join(known) or '(none)'}."
             message = f"unknown key '{loc[-1]}'.{hint}"
         else:
-            message = f"{error['msg']} (got {error['input']!r})" if "input" in error else error["msg"]
+            msg = error["msg"].removeprefix("Value error, ")
+            message = f"{msg} (got {error['input']!r})" if "input" in error else msg
         if any(path == key or path.startswith(key + ".") or key.startswith(path + ".") for key in from_cli):
             message += " [set on the command line]"
         problems.append((path, message))
@@ -255,6 +274,16 @@ def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
             current = args[-1] if args else None
     current = _unwrap_optional(current)
     return list(current.model_fields) if isinstance(current, type) and issubclass(current, BaseModel) else []
+
+
+def _takes_number_not_bool(annotation: Any) -> bool:
+    """An int or float field (also optional, or a Literal of numbers) that takes no boolean."""
+    if get_origin(annotation) in (Union, UnionType):
+        options = get_args(annotation)
+        return bool not in options and any(_takes_number_not_bool(a) for a in options)
+    if get_origin(annotation) is Literal:
+        return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in get_args(annotation))
+    return annotation in (int, float)
 
 
 def _unwrap_optional(annotation: Any) -> Any:

@@ -206,7 +206,15 @@ class PromptEncoder:
     def __init__(self, model_path: str, use_chat_template: bool = True, max_prompt_length: int | None = None):
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        except (OSError, ValueError) as exc:  # transformers chains several tracebacks: one line says it
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"model '{model_path}' cannot be loaded: no tokenizer there ({reason[:300]}). Give a model "
+                f"directory or the id of a model in the local Hugging Face cache",
+                [("model", f"'{model_path}' has no loadable tokenizer ({reason[:200]})")],
+            ) from None
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.use_chat_template, self.max_prompt_length = use_chat_template, max_prompt_length

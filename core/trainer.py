@@ -105,6 +105,11 @@ class Trainer:
 
     # -- what an algorithm writes ---------------------------------------------------------------------
 
+    @classmethod
+    def check(cls, config: Any, plugins: Plugins) -> None:
+        """Every check a run makes before it allocates anything (the resource plan, names, data, model),
+        without building the run; `rlcore config validate` calls it. Raises ConfigError listing all."""
+
     def train_step(self) -> dict[str, Any]:
         """One optimizer step; its metrics."""
         raise NotImplementedError(f"{type(self).__name__} must implement train_step() (or fit())")

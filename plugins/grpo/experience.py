@@ -26,8 +26,7 @@ class ExperienceMaker:
     """Owns the tokenizer, the data order and the reward functions; builds each round's batches."""
 
     def __init__(self, config: GRPOConfig, plugins: Any, dp_size: int):
-        from rlcore.data import PromptEncoder, PromptSampler, load_prompts
-        from rlcore.plugins.rewards import resolve_reward
+        from rlcore.data import PromptEncoder, PromptSampler
 
         self.config = config
         cfg = config
@@ -37,21 +36,50 @@ class ExperienceMaker:
         self.step_rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.train_workers
         self.prompts_per_round = self.generation_batch_size // cfg.num_generations
         self.reward_names = list(cfg.reward_funcs)
-        self.reward_fns = [
-            None if name == "orm" else resolve_reward(name, plugins, self._reward_options(name))
-            for name in cfg.reward_funcs
-        ]  # orm: the reward-model role, bound once the roles run (bind_orm)
+        self.reward_fns = self.reward_functions(cfg, plugins)  # orm: bound once the roles run (bind_orm)
         self.reward_weights = cfg.reward_weights or [1.0] * len(self.reward_fns)
-        if cfg.dataset:
-            rows = load_prompts(cfg.dataset)
-        else:
-            from .toy import toy_dataset
-
-            rows = toy_dataset(seed=cfg.seed)
-        self.sampler = PromptSampler(rows, self.prompts_per_round, seed=cfg.seed)
+        self.sampler = PromptSampler(self.prompt_rows(cfg), self.prompts_per_round, seed=cfg.seed)
         self.model_path = self._model_path()
         self.prompts = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
         self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
+
+    @classmethod
+    def check(cls, config: GRPOConfig, plugins: Any) -> list[tuple[str, str]]:
+        """What building one would find wrong, as (key, problem) pairs: unknown rewards or options, a
+        dataset that does not load, a model whose tokenizer does not load. Builds no model."""
+        from rlcore import RlcoreError
+        from rlcore.data import PromptEncoder
+
+        problems: list[tuple[str, str]] = []
+        for key, check in (
+            ("reward_funcs", lambda: cls.reward_functions(config, plugins)),
+            ("dataset", lambda: cls.prompt_rows(config)),
+            ("model", lambda: config.model and PromptEncoder(config.model, config.use_chat_template)),
+        ):
+            try:
+                check()
+            except RlcoreError as exc:
+                found = getattr(exc, "problems", None)
+                problems.extend(found if found else [(key, str(exc))])
+        return problems
+
+    @classmethod
+    def reward_functions(cls, config: GRPOConfig, plugins: Any) -> list[Any]:
+        """The config's reward functions with their options (None for `orm`, the reward-model role)."""
+        from rlcore.plugins.rewards import resolve_reward
+
+        return [None if name == "orm" else resolve_reward(name, plugins, cls._reward_options(config, name))
+                for name in config.reward_funcs]
+
+    @staticmethod
+    def prompt_rows(config: GRPOConfig) -> list[dict[str, Any]]:
+        from rlcore.data import load_prompts
+
+        if config.dataset:
+            return load_prompts(config.dataset)
+        from .toy import toy_dataset
+
+        return toy_dataset(seed=config.seed)
 
     def bind_orm(self, orm: Any) -> None:
         """Score `orm` in reward_funcs with the reward-model role's workers."""
@@ -59,11 +87,12 @@ class ExperienceMaker:
             index = self.reward_names.index("orm")
             self.reward_fns[index] = lambda prompts, completions, **columns: orm.score(prompts, completions)
 
-    def _reward_options(self, name: str) -> dict[str, Any] | None:
+    @staticmethod
+    def _reward_options(config: GRPOConfig, name: str) -> dict[str, Any] | None:
         """The config's `reward_kwargs[name]`; soft_overlong also learns the run's max_completion_length."""
-        options = dict(self.config.reward_kwargs.get(name, {}))
+        options = dict(config.reward_kwargs.get(name, {}))
         if name == "soft_overlong":
-            options.setdefault("max_completion_length", self.config.max_completion_length)
+            options.setdefault("max_completion_length", config.max_completion_length)
         return options or None
 
     def _model_path(self) -> str:

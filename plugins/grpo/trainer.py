@@ -40,9 +40,29 @@ class GRPOTrainer(Trainer):
         self.pending: Any = None  # async_generate: the next round, generating while this one trains
         self.pending_data: dict[str, int] | None = None  # the data position before that round
 
+    @staticmethod
+    def roles_of(cfg: GRPOConfig) -> list[str]:
+        return ["train", "rollout"] + (["reference"] if cfg.beta > 0 else []) + (["orm"] if "orm" in cfg.reward_funcs else [])
+
+    @classmethod
+    def check(cls, config: GRPOConfig, plugins: Any) -> None:
+        """The resource plan, reward names and options, the dataset and the model's tokenizer, all at once."""
+        from rlcore import ConfigError
+        from rlcore.config import config_error
+
+        config = config.for_run()
+        problems: list[tuple[str, str]] = []
+        try:
+            plan_from_config(config, roles=cls.roles_of(config), policy=config.placement, plugins=plugins)
+        except ConfigError as exc:
+            problems.extend(exc.problems or [("(resource plan)", str(exc))])
+        problems.extend(ExperienceMaker.check(config, plugins))
+        if problems:
+            raise config_error(problems)
+
     def make_session(self) -> RoleSession:
         cfg = self.config
-        roles = ["train", "rollout"] + (["reference"] if cfg.beta > 0 else []) + (["orm"] if "orm" in cfg.reward_funcs else [])
+        roles = self.roles_of(cfg)
         plan = plan_from_config(cfg, roles=roles, policy=cfg.placement, plugins=self.plugins)
         model = cfg.model or str(Path(cfg.output_dir) / "tiny-model")  # the demo's model is built before start
         train = dict(

@@ -152,3 +152,19 @@ def test_cross_field_problems_are_reported_under_their_own_keys():
         load_config(Pair, None, ["low=5", "high=2"])
     assert err.value.problems == [("low", "(5) must be below high (2)")]
     assert "(top level)" not in str(err.value) and "output_dir" not in str(err.value)  # no dump of the input
+
+
+def test_booleans_are_not_numbers():
+    from typing import Literal
+
+    class Numbers(RunConfig):
+        beta: float = 0.0
+        steps: int | None = None
+        level: Literal[0, 1, 2] = 1
+        flag: bool | int = False  # a key that takes a boolean keeps taking one
+
+    with pytest.raises(ConfigError) as err:
+        load_config(Numbers, None, ["beta=true", "steps=false", "level=true", "flag=true"])
+    assert sorted(k for k, _ in err.value.problems) == ["beta", "level", "steps"]
+    assert "is a number, not a boolean" in str(err.value) and "Value error" not in str(err.value)
+    assert load_config(Numbers, None, ["beta=1", "flag=true"]).beta == 1.0

@@ -59,7 +59,11 @@ def test_config_show_then_a_model_in_the_file_trains_with_the_real_defaults(tmp_
     assert "learning_rate: 1.0e-06" in shown and "the embedded demo" in shown
     path = tmp_path / "my.yaml"
     path.write_text(shown.replace("\nmodel: null", "\nmodel: some/model"))
-    config = load_config(GRPOConfig, str(path)).for_run()
+    from rlcore import load_plugins
+    from rlcore.config import with_settings
+
+    model = with_settings(GRPOConfig, load_plugins().settings, "grpo")  # the keys plugins add (report_to, ...)
+    config = load_config(model, str(path)).for_run()
     assert config.model == "some/model" and config.learning_rate == 1e-6 and config.max_completion_length == 256
 
 
@@ -160,3 +164,38 @@ def test_colocation_is_read_from_either_form():
     with pytest.raises(ValidationError, match="async_generate"):  # one step off-policy needs its own rollout GPUs
         GRPOConfig(device_groups=shared, async_generate=True)
     assert GRPOConfig(device_groups=apart, async_generate=True).async_generate
+
+
+def test_config_validate_runs_every_check_run_makes_before_allocating(tmp_path, capsys):
+    """The plan, reward names, dataset and model path: `config validate` refuses what `run` would, all at once."""
+    from rlcore.cli import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "model: /nowhere/model\ndataset: /nowhere/data.jsonl\nreward_funcs: [acuracy]\nbeta: 0.1\n"
+        "device_groups:\n  nproc_per_node: 2\n  a: {device: GPU, ranks: [0, 1], workers: [train]}\n"
+        "  b: {device: TPU, ranks: [2], workers: [rollout]}\n  c: {device: GPU, ranks: '[range(0, 200000000)]', workers: [reference]}\n"
+    )
+    assert main(["config", "validate", "--plugin", "grpo", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    for expected in ("device_groups.b.device: must be GPU or CPU", "device_groups.c.ranks", "reward 'acuracy' is not registered",
+                     "dataset: '/nowhere/data.jsonl' does not exist", "model: '/nowhere/model' has no loadable tokenizer"):
+        assert expected in err, (expected, err)
+    assert len(err) < 4000 and "Traceback" not in err
+
+
+def test_a_missing_model_is_one_line_naming_the_key_before_anything_runs(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "rlcore", "run", "--plugin", "grpo", "model=/nowhere/model",
+                           f"output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("rlcore: error: model '/nowhere/model' cannot be loaded"), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_booleans_are_not_numbers_in_grpo_keys():
+    with pytest.raises(ConfigError, match="beta: is a number, not a boolean"):
+        load_config(GRPOConfig, None, ["beta=true"])
