@@ -146,6 +146,7 @@ class Trainer:
         """
         save_steps = getattr(self.config, "save_steps", 0) or 0
         with RunLock(self.output_dir), _Deferred() as stop, self.start():
+            stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
             self.restore()
             self.on_start()
             self.hook.rlcore_train_start(trainer=self)
@@ -281,6 +282,11 @@ class _Deferred:
             for sig in self.EXIT:
                 self._previous[sig] = signal.signal(sig, self._note)
         return self
+
+    def arm(self) -> None:
+        """Take the signals back from whoever set handlers since (the previous ones are restored on exit)."""
+        for sig in self._previous:
+            signal.signal(sig, self._note)
 
     def _note(self, sig: int, frame: Any) -> None:
         if self.signal is not None:  # the second one: stop now
