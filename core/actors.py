@@ -54,13 +54,20 @@ class Handle:
                  value: Any = _PENDING, error: BaseException | None = None):
         self._group, self._spec, self._ranks, self._refs = group, spec, ranks or [], refs or []
         self._kept, self._value, self._error = kept, value, error
+        self._started = time.monotonic()
 
     def get(self, timeout: float | None = None) -> Any:
-        """The collected result (waiting at most `timeout` seconds); the call's error is raised here."""
+        """The collected result; the call's error is raised here.
+
+        `timeout` bounds this wait only: when it runs out, an RlcoreError says so and get() may be called
+        again. The group's `call_timeout`, counted from the call, bounds every wait: a call that has given
+        no result by then stops the group with RoleFailed naming the ranks that did not answer.
+        """
         if self._error is not None:
             raise self._error
         if self._value is _PENDING:
-            self._value = self._group.collect(self._spec, self._ranks, self._refs, timeout, self._kept)
+            self._value = self._group.collect(self._spec, self._ranks, self._refs, timeout, self._kept,
+                                              self._started)
         return self._value
 
 
@@ -121,15 +128,22 @@ def _actor_class(cls: type) -> Any:
 
 
 class RemoteGroup:
-    """The driver's side of one group: its actors, and how a call is spread over them."""
+    """The driver's side of one group: its actors, and how a call is spread over them.
 
-    def __init__(self, role: str, actors: list[Any], infos: list[dict[str, Any]], mesh: Mesh):
+    `call_timeout` (seconds, None for none) is how long any call may go without a result before its
+    group counts as hung: the ranks that did not answer are named in a RoleFailed and the group stops.
+    """
+
+    def __init__(self, role: str, actors: list[Any], infos: list[dict[str, Any]], mesh: Mesh,
+                 call_timeout: float | None = None):
         self.role, self.actors, self.infos, self.mesh = role, actors, infos, mesh
+        self.call_timeout = call_timeout
         self._calls: dict[str, list[Any]] = {}  # method name -> each actor's bound remote method
         self.failure: RoleFailed | None = None
 
     @classmethod
-    def start(cls, worker_cls: type, role: str, slots: list[Slot], mesh: Mesh, timeout: float) -> RemoteGroup:
+    def start(cls, worker_cls: type, role: str, slots: list[Slot], mesh: Mesh, timeout: float,
+              call_timeout: float | None = None) -> RemoteGroup:
         """One actor per slot, scheduled on the slot's bundle; waits until all are up."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -154,14 +168,12 @@ class RemoteGroup:
         except ray.exceptions.RayError as exc:
             cluster.kill(actors)
             raise cluster.role_error(exc, role=role, rank=None, node="", pid=None, method="start") from exc
-        return cls(role, actors, infos, mesh)
+        return cls(role, actors, infos, mesh, call_timeout)
 
     def setup(self, cls: type, args: tuple, kwargs: dict) -> list[Any]:
         """Give every actor its group environment and build the instance (returns the pending refs)."""
-        import ray
-
         master = self.infos[0]["ip"]
-        port = ray.get(self.actors[0]._rlcore_free_port.remote(master))
+        port = self._get([self.actors[0]._rlcore_free_port.remote(master)], [0], "setup")[0]
         per_node = collections.Counter(info["node_id"] for info in self.infos)
         seen: collections.Counter = collections.Counter()
         refs = []
@@ -207,28 +219,59 @@ class RemoteGroup:
         return handle.get() if spec.blocking else handle
 
     def collect(self, spec: FunctionSpec, ranks: list[int], refs: list[Any], timeout: float | None,
-                kept: set[int] | None = None) -> Any:
-        """Wait for the workers' results and collect them (only the `kept` ranks' results, when given)."""
-        import ray
-
-        try:
-            values = ray.get(refs, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise RlcoreError(
-                f"role '{self.role}': {spec.name}() gave no result within {timeout}s; get() again to keep waiting"
-            ) from None
-        except ray.exceptions.RayError as exc:
-            raise self._failed(exc, ranks, refs, spec.name) from None
+                kept: set[int] | None = None, started: float | None = None) -> Any:
+        """Wait for the workers' results and collect them (only the `kept` ranks' results, when given);
+        `timeout` bounds this wait, the group's `call_timeout` from `started` the call (see Handle.get)."""
+        values = self._get(refs, ranks, spec.name, started, timeout)
         return spec._collect([decode(v) for r, v in zip(ranks, values) if kept is None or r in kept])
 
     def wait(self, refs: list[Any], method: str) -> None:
         """Wait for every worker's call (`__init__` while starting); a failure raises RoleFailed."""
+        self._get(refs, list(range(len(refs))), method)
+
+    def _get(self, refs: list[Any], ranks: list[int], method: str, started: float | None = None,
+             timeout: float | None = None) -> list[Any]:
+        """The workers' results, within `timeout` (an RlcoreError after it) and the call's `call_timeout`
+        from `started` (a hung group: RoleFailed, and the group stops)."""
         import ray
 
+        left = None
+        if self.call_timeout is not None:
+            elapsed = 0.0 if started is None else time.monotonic() - started
+            left = max(0.0, self.call_timeout - elapsed)
+        own = timeout is not None and (left is None or timeout < left)
         try:
-            ray.get(refs)
+            return ray.get(refs, timeout=timeout if own else left)
+        except ray.exceptions.GetTimeoutError:
+            if own:
+                raise RlcoreError(
+                    f"role '{self.role}': {method}() gave no result within {timeout}s; get() again to keep waiting"
+                ) from None
+            raise self._hung(refs, ranks, method) from None
         except ray.exceptions.RayError as exc:
-            raise self._failed(exc, list(range(len(refs))), refs, method) from None
+            if self.failure is not None:  # the group was stopped (hung, a death, stop()): that is the cause
+                raise self.failure from None
+            raise self._failed(exc, ranks, refs, method) from None
+
+    def _hung(self, refs: list[Any], ranks: list[int], method: str) -> RoleFailed:
+        """A call that gave no result within `call_timeout`: name the ranks that did not answer (the
+        lowest first) and stop the group, whose workers may be stopped, deadlocked or waiting on a peer."""
+        import ray
+
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        silent = [r for r, ref in zip(ranks, refs) if ref not in ready] or list(ranks)
+        rank, info = silent[0], self.infos[silent[0]]
+        node, pid = info.get("ip", ""), info.get("pid")
+        also = f" (ranks {', '.join(map(str, silent))} gave none)" if len(silent) > 1 else ""
+        error = RoleFailed(
+            f"role '{self.role}' rank {rank} on node {node or '?'} (pid {pid}) gave no result for {method}() "
+            f"within {self.call_timeout:g}s{also}: it is stuck (stopped, deadlocked, waiting on a peer) or "
+            f"slower than that. The group's workers were stopped; if the call is only slow, raise worker_timeout_s.",
+            role=self.role, rank=rank, node=node,
+        )
+        self.failure = error
+        cluster.kill(self.actors)
+        return error
 
     def _failed(self, exc: BaseException, ranks: list[int], refs: list[Any], method: str) -> RoleFailed:
         """The error of the first worker that failed; a dead worker stops its whole group."""

@@ -1,18 +1,38 @@
 """Ray: start a local one or attach to a running cluster, shut it down, and map actor failures.
 
-A local Ray starts with the dashboard and usage stats off. (Ray 2.60 on Linux replaces a 127.0.0.1 node
-address by the host's, so its internal ports cannot be loopback-only; Ray's token auth guards them.)
+A local Ray that rlcore starts listens on 127.0.0.1 only. Ray 2.60 on Linux replaces a 127.0.0.1 node
+address by the host's unless its switch for Windows and macOS (`ray_constants.ENABLE_RAY_CLUSTER`) is
+off, so `init` turns that off while the local Ray starts; GCS, raylet, workers, agents and the metrics
+endpoints then bind loopback. Its processes get VLLM_HOST_IP=127.0.0.1 (unless set), so vLLM's Ray
+executor sees the node's address as Ray does. The dashboard UI and usage stats are off (Ray still starts
+its dashboard process, without a frontend).
+
+The local Ray stops on every exit Python sees: atexit, and SIGTERM made a `SystemExit(143)` unless the
+program set a SIGTERM handler of its own (which is kept), so `finally` blocks run. What a SIGKILL of the
+driver leaves (Ray's agents outlive their raylet) is ended by the next `init` on this machine, from a
+record of each local Ray in the temp dir.
+
 `address="auto"`, an explicit address, or the RLCORE_RAY_ADDRESS environment variable attaches to a
-running cluster instead. Ray is imported only when one of these functions runs, so `import rlcore`
-stays light. The transport at the end moves tensors as numpy buffers, which Ray reads without copying.
+running cluster instead, with that cluster's settings (a loopback address is kept as given, so a Ray on
+127.0.0.1 can be reached); rlcore never stops a cluster it did not start. Ray is imported only when one
+of these functions runs, so `import rlcore` stays light. The transport at the end moves tensors as numpy
+buffers, which Ray reads without copying.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import ipaddress
+import json
 import os
+import signal
 import sys
+import tempfile
+import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from .batch import Batch
@@ -33,7 +53,8 @@ def init(
     `address` None (and RLCORE_RAY_ADDRESS unset) starts a local Ray, and `"local"` always does (as in
     `ray.init`); `num_cpus` / `num_gpus` override what it declares (tests, fake GPUs). Attaching with
     overrides is an error: a running cluster's resources are its own. A process already connected to
-    Ray is left as it is.
+    Ray is left as it is. Before connecting, the local Rays of drivers that died without stopping them
+    are ended (see the module docstring).
     """
     import ray
 
@@ -46,15 +67,15 @@ def init(
     if ray.is_initialized():
         return ray.cluster_resources()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    reap()
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main else None  # ray.init replaces it
     try:
         if address is None:
-            ray.init(
-                address="local",  # a new Ray here, never a cluster some other process left running
-                num_cpus=num_cpus,
-                num_gpus=num_gpus,
-                namespace=namespace,
-                include_dashboard=False,
-            )
+            _start_local(num_cpus=num_cpus, num_gpus=num_gpus, namespace=namespace)
+        elif _is_loopback(address):  # a Ray on 127.0.0.1 (e.g. one rlcore started): Ray would use the host's address
+            with _loopback_kept():
+                ray.init(address=address, namespace=namespace)
         else:
             ray.init(address=address, namespace=namespace)
     except ConnectionError as exc:
@@ -62,7 +83,207 @@ def init(
             f"cannot attach to the Ray cluster at '{address}': {exc}. Start it with `ray start --head`, "
             f"or leave the address (and {ADDRESS_ENV}) unset to start a local Ray."
         ) from exc
+    finally:
+        if main:
+            _handle_sigterm(handler)
     return ray.cluster_resources()
+
+
+@contextlib.contextmanager
+def _loopback_kept() -> Iterator[None]:
+    """While Ray starts or connects, 127.0.0.1 stays the address given (see the module docstring)."""
+    from ray._private import ray_constants
+
+    cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]") if ":" in address else address
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _start_local(**options: Any) -> None:
+    """A new local Ray whose every listener is on 127.0.0.1, recorded for `reap`."""
+    import ray
+
+    # Its processes inherit this environment: vLLM's Ray executor must see the node's address as Ray does.
+    inherited = {} if "VLLM_HOST_IP" in os.environ else {"VLLM_HOST_IP": "127.0.0.1"}
+    os.environ.update(inherited)
+    try:
+        with _loopback_kept():
+            ray.init(
+                address="local",  # a new Ray here, never a cluster some other process left running
+                _node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                dashboard_host="127.0.0.1",
+                **options,
+            )
+    finally:
+        for key in inherited:
+            os.environ.pop(key, None)
+    _record(ray._private.worker._global_node)
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(shutdown)  # before Ray's own atexit shutdown, which leaves the record behind
+        _atexit_registered = True
+
+
+# -------------------------------------------------------------------------
+# teardown: SIGTERM, and what a SIGKILLed driver left
+# -------------------------------------------------------------------------
+
+RECORDS = Path(tempfile.gettempdir()) / f"rlcore-ray-{os.getuid()}"
+_record_path: Path | None = None  # the record of the local Ray this process started
+_atexit_registered = False
+_previous_sigterm: Any = None
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _handle_sigterm(previous: Any) -> None:
+    """After ray.init (which sets a SIGTERM handler of its own, in Python and in C++): the program's own
+    handler back, or, where it had none, SIGTERM as SystemExit(143) so that `finally` blocks and atexit
+    (the local Ray's shutdown) run."""
+    global _previous_sigterm
+    if previous is signal.SIG_DFL:
+        _previous_sigterm = previous
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    elif previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _record(node: Any) -> None:
+    """Write down the local Ray's node and processes, keyed by this driver's pid."""
+    global _record_path
+    import psutil
+
+    me = psutil.Process()
+    started = [info.process.pid for infos in node.all_processes.values() for info in infos]
+    processes = []
+    for pid in started:
+        try:
+            process = psutil.Process(pid)
+            processes += [process, *process.children(recursive=True)]
+        except psutil.Error:
+            continue
+    pids = []
+    for process in processes:
+        try:
+            pids.append([process.pid, process.create_time()])
+        except psutil.Error:
+            continue
+    record = {"driver": [me.pid, me.create_time()], "node_id": node.node_id,
+              "session_dir": node.get_session_dir_path(), "pids": pids}
+    try:
+        RECORDS.mkdir(mode=0o700, exist_ok=True)
+        path = RECORDS / f"{me.pid}.json"
+        partial = path.with_suffix(".tmp")
+        partial.write_text(json.dumps(record))
+        os.replace(partial, path)
+    except OSError as exc:  # the run works without it; only a SIGKILL's leftovers would stay
+        print(f"rlcore: cannot record the local Ray in {RECORDS} ({exc}); a killed run's Ray processes "
+              f"will not be cleaned up", file=sys.stderr)
+        return
+    _record_path = path
+
+
+def _leftovers(record: dict[str, Any]) -> list[Any]:
+    """The live processes of a recorded local Ray: those recorded (same pid and start time) and any
+    other whose RAY_NODE_ID is the record's node (agents and workers started after the record)."""
+    import psutil
+
+    mine, found = os.getpid(), {}
+    for pid, created in record.get("pids", []):
+        try:
+            process = psutil.Process(pid)
+            if pid != mine and abs(process.create_time() - created) < 0.05:
+                found[pid] = process
+        except psutil.Error:
+            continue
+    node_id = record.get("node_id")
+    if node_id:
+        for process in psutil.process_iter():
+            if process.pid == mine or process.pid in found:
+                continue
+            try:
+                if process.uids().real == os.getuid() and process.environ().get("RAY_NODE_ID") == node_id:
+                    found[process.pid] = process
+            except psutil.Error:
+                continue
+    return [p for p in found.values() if _running(p)]
+
+
+def _running(process: Any) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _end(processes: list[Any], grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL for what is still there after `grace` seconds."""
+    import psutil
+
+    for process in processes:
+        try:
+            process.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def _driver_alive(pid: int, created: float) -> bool:
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        return abs(process.create_time() - created) < 0.05 and _running(process)
+    except psutil.Error:
+        return False
+
+
+def reap() -> list[int]:
+    """End the local Rays whose rlcore driver died without stopping them (a SIGKILL); returns the pids
+    ended. Only Rays rlcore started are recorded, so a cluster someone else started is never touched."""
+    if not RECORDS.is_dir():
+        return []
+    ended: list[int] = []
+    for path in sorted(RECORDS.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            pid, created = record["driver"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a record of ours, or one being written
+        if pid == os.getpid() or _driver_alive(pid, created):
+            continue
+        processes = _leftovers(record)
+        if processes:
+            _end(processes)
+            ended += [p.pid for p in processes]
+            print(f"rlcore: ended {len(processes)} process(es) of the local Ray of a driver that died (pid "
+                  f"{pid}, {record.get('session_dir', '?')})", file=sys.stderr)
+        path.unlink(missing_ok=True)
+    return ended
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -75,10 +296,22 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 
 
 def shutdown() -> None:
-    """Disconnect from Ray (a local Ray started here stops with it)."""
+    """Disconnect from Ray; a local Ray started here stops with it, to its last agent."""
+    global _record_path, _previous_sigterm
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+    if _record_path is not None:
+        try:
+            _end(_leftovers(json.loads(_record_path.read_text())))
+            _record_path.unlink(missing_ok=True)
+        except (OSError, ValueError):
+            pass
+        _record_path = None
+    if _previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) is _exit_on_sigterm:
+            signal.signal(signal.SIGTERM, _previous_sigterm)
+        _previous_sigterm = None
 
 
 def is_initialized() -> bool:

@@ -68,6 +68,7 @@ class RoleSession:
         offload_model: bool = False,
         offload_optimizer: bool = False,
         weight_sync_backend: str = "auto",
+        worker_timeout_s: float | None = 1800.0,
     ):
         missing = [r for r in setups if r not in plan.roles]
         if missing:
@@ -79,6 +80,7 @@ class RoleSession:
         self.ray_address, self.placement_timeout_s = ray_address, placement_timeout_s
         self.sleep_level, self.offload_model, self.offload_optimizer = sleep_level, offload_model, offload_optimizer
         self.weight_sync_backend = weight_sync_backend
+        self.worker_timeout_s = worker_timeout_s  # a Ray call without a result for this long: RoleFailed
         self.groups: dict[str, Any] = {}
         self.asleep: dict[str, set[str]] = {}  # a sleeping role: the memory tags it released
         self.transports: dict[tuple[str, str], str] = {}
@@ -185,7 +187,7 @@ class RoleSession:
         cluster.init(self.ray_address)
         slots = allocate(self.plan, timeout_s=self.placement_timeout_s)
         try:
-            with workers.runtime({r: slots[r] for r in self.setups}, use_ray=True):
+            with workers.runtime({r: slots[r] for r in self.setups}, use_ray=True, call_timeout=self.worker_timeout_s):
                 yield
         finally:
             release(slots)

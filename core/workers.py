@@ -232,6 +232,7 @@ def _call_local(instance: Any, func: Callable[..., Any], spec: FunctionSpec, arg
 # -------------------------------------------------------------------------
 
 _runtime: Runtime | None = None
+CALL_TIMEOUT = 1800.0  # seconds a group call may go without a result (RunConfig.worker_timeout_s)
 
 
 class Runtime:
@@ -239,7 +240,9 @@ class Runtime:
 
     `slots` maps a role (group) to one Slot per worker, ranks 0..n-1 (what `rlcore.placement.allocate`
     returns). `meshes` gives a group's parallel layout for `dispatch="dp"` (default: all data-parallel).
-    Use it as a context manager, or call `stop()`: the actors it started are killed.
+    `call_timeout` is how long a group call may go without a result before its group counts as hung
+    (RoleFailed naming the ranks that did not answer, and the group stops; None: no limit). Use it as a
+    context manager, or call `stop()`: the actors it started are killed.
     """
 
     def __init__(
@@ -248,11 +251,13 @@ class Runtime:
         use_ray: bool | None = None,
         meshes: dict[str, Mesh] | None = None,
         start_timeout: float = 120.0,
+        call_timeout: float | None = CALL_TIMEOUT,
     ):
         self.use_ray = bool(slots) if use_ray is None else bool(use_ray)
         self.slots = dict(slots or {})
         self.meshes = dict(meshes or {})
         self.start_timeout = start_timeout
+        self.call_timeout = call_timeout
         self._groups: list[RemoteGroup] = []
         self._validate()
 
@@ -262,6 +267,8 @@ class Runtime:
         if not self.use_ray and self.slots:
             raise ConfigError("runtime(slots=...) places Ray actors; pass use_ray=True, or drop the slots")
         problems = []
+        if self.call_timeout is not None and not self.call_timeout > 0:
+            problems.append(("call_timeout", f"must be seconds > 0, or None for no limit; got {self.call_timeout!r}"))
         for role, slots in self.slots.items():
             if not isinstance(slots, list) or not slots or not all(isinstance(s, Slot) for s in slots):
                 problems.append((f"slots.{role}", "must be a non-empty list of rlcore.Slot"))
@@ -299,7 +306,7 @@ class Runtime:
         try:
             for g in groups:
                 mesh = self.meshes.get(g) or Mesh(dp=len(self.slots[g]))
-                started[g] = RemoteGroup.start(cls, g, self.slots[g], mesh, self.start_timeout)
+                started[g] = RemoteGroup.start(cls, g, self.slots[g], mesh, self.start_timeout, self.call_timeout)
             shared_args, shared_kwargs = encode(args, True), encode(kwargs, True)
             pending = [(g, g.setup(cls, shared_args, shared_kwargs)) for g in started.values()]
             for g, refs in pending:
@@ -332,12 +339,13 @@ def runtime(
     use_ray: bool | None = None,
     meshes: dict[str, Mesh] | None = None,
     start_timeout: float = 120.0,
+    call_timeout: float | None = CALL_TIMEOUT,
 ) -> Runtime:
     """Start the process's worker runtime; `with runtime(slots, use_ray=True): ...` stops it on exit."""
     global _runtime
     if _runtime is not None:
         raise RlcoreError("a worker runtime is already running; stop it (runtime.stop()) before starting another")
-    _runtime = Runtime(slots, use_ray, meshes, start_timeout)
+    _runtime = Runtime(slots, use_ray, meshes, start_timeout, call_timeout)
     return _runtime
 
 

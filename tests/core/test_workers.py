@@ -430,3 +430,30 @@ def test_binding_errors_name_the_function_and_the_fix():
         worker(group=["a", "b"])(type("Two", (Rollout,), {}))
     with pytest.raises(ConfigError, match="serves several groups"):
         workers.bind(worker(group=["x", "y"])(type("XY", (), {})), "z")
+
+
+# -- a group call without a result for call_timeout (RunConfig.worker_timeout_s) -------------------------
+
+
+def test_call_timeout_is_seconds_above_zero_or_none():
+    with pytest.raises(ConfigError, match=r"call_timeout: must be seconds > 0, or None for no limit; got 0"):
+        workers.Runtime(call_timeout=0)
+    assert workers.Runtime(call_timeout=None).call_timeout is None
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_a_call_past_the_call_timeout_stops_the_group_naming_every_silent_rank(ray_runtime):
+    ray_runtime(cpu_slots(calc=2), call_timeout=2.0)
+    calc = Calc(1)
+    pids = calc.pid()
+    calc.sleep(0.1)
+    start = time.monotonic()
+    with pytest.raises(RoleFailed, match=r"role 'calc' rank 0 on node \S+ \(pid %d\) gave no result for sleep\(\) "
+                                         r"within 2s \(ranks 0, 1 gave none\).*raise worker_timeout_s" % pids[0]):
+        calc.sleep(60)
+    assert time.monotonic() - start < 10
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(map(_alive, pids)):
+        time.sleep(0.1)
+    assert not any(map(_alive, pids)), "the group's workers were not stopped"
