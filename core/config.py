@@ -91,6 +91,10 @@ class RunConfig(BaseConfig):
     )
     placement: str = Field("pack", description="placement policy (see `rlcore plugins`)")
     placement_timeout_s: float = Field(60.0, gt=0, description="fail if the placement group is not ready by then")
+    worker_timeout_s: float = Field(
+        1800.0, gt=0, description="a Ray group call with no result for this many seconds stops the run with RoleFailed "
+        "naming the worker that did not answer (hung, stopped or deadlocked)"
+    )
     ray_address: str | None = Field(None, description="attach to this Ray cluster ('auto' for a running one)")
     sleep_level: Literal[0, 1, 2] = Field(1, description="rollout sleep level while colocated training runs")
     offload_model: bool = Field(False, description="offload train weights while colocated rollout runs")

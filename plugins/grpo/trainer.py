@@ -90,7 +90,7 @@ class GRPOTrainer(Trainer):
             plan, setups, use_ray=self.use_ray, plugins=self.plugins, syncs=(("train", "rollout"),),
             ray_address=cfg.ray_address, placement_timeout_s=cfg.placement_timeout_s, sleep_level=cfg.sleep_level,
             offload_model=cfg.offload_model, offload_optimizer=cfg.offload_optimizer,
-            weight_sync_backend=cfg.weight_sync_backend,
+            weight_sync_backend=cfg.weight_sync_backend, worker_timeout_s=cfg.worker_timeout_s,
         )
 
     @contextlib.contextmanager
