@@ -44,11 +44,18 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    write(tmp)
-    with open(tmp / STATE_FILE, "w") as f:
-        json.dump(state, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        write(tmp)
+        with open(tmp / STATE_FILE, "w") as f:
+            json.dump(state, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+    except Exception as exc:  # a full disk, a quota, a worker that failed to write: the old checkpoints stay
+        shutil.rmtree(tmp, ignore_errors=True)
+        older = checkpoints(root)
+        kept = f"; the newest intact one is {older[-1][1]}" if older else ""
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise RlcoreError(f"cannot write {final.name} in {root}: {reason[:300]} (free disk space?){kept}") from exc
     if final.exists():  # the same step saved again (a resumed run): replace it whole
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -117,16 +124,18 @@ class RunLock:
         import sys
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = {"host": socket.gethostname(), "pid": os.getpid()}
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid())}
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 owner = self._owner()
                 if owner is not None and _alive(owner, me["host"]):
+                    elsewhere = owner.get("host") != me["host"]
                     raise ConfigError(
                         f"output_dir '{self.path.parent}' is in use by another run (pid {owner.get('pid')} on "
                         f"{owner.get('host')}); wait for it, or choose another output_dir"
+                        + (f". If host {owner.get('host')} is gone, remove {self.path}" if elsewhere else "")
                     ) from None
                 print(f"rlcore: warning: {self.path} was left by a run that is gone ({owner}); taking it over",
                       file=sys.stderr, flush=True)
@@ -151,14 +160,27 @@ class RunLock:
             self.held = False
 
 
+def _started(pid: int) -> float | None:
+    """When process `pid` started (seconds since boot, from /proc), to tell it from a later one with its pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _alive(owner: dict[str, Any], host: str) -> bool:
-    """The lock's owner still runs (another host's owner is taken as alive: its pid cannot be checked here)."""
+    """The lock's owner still runs: its pid exists and started when the lock says (a reused pid, or this
+    very process after a container restart, is not the owner). Another host's owner cannot be checked
+    from here and is taken as alive."""
     if owner.get("host") != host:
         return True
     try:
-        os.kill(int(owner.get("pid", -1)), 0)
+        pid = int(owner.get("pid", -1))
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except (PermissionError, ValueError, TypeError):
         return True
-    return True
+    started = owner.get("started")
+    return started is None or _started(pid) is None or abs(_started(pid) - float(started)) < 1.0

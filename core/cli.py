@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import traceback
 import warnings
@@ -37,6 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlcore: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:
+        if exc.code == signal.SIGTERM:  # Ray's own SIGTERM handler (`sys.exit(15)`), active while Ray starts
+            print("rlcore: stopped by SIGTERM while starting; nothing was trained or saved", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        raise
     except RlcoreError as exc:
         if os.environ.get("RLCORE_DEBUG", "") not in ("", "0"):
             traceback.print_exc()

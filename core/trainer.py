@@ -13,6 +13,7 @@ class MyTrainer(Trainer):
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -160,11 +161,15 @@ class Trainer:
                     if save_steps and self.step % save_steps == 0:
                         self.save()
                         saved = self.step
-            if self.step > saved or not save_steps:
+            if self.step > saved or (not save_steps and self.step and not stop.signal):
                 where = self.save()
+                saved = -1
             if stop.signal:
-                stop.exit(f"after step {self.step}; saved {where if self.step > saved else 'nothing new'}"
-                          f" (continue with --resume)")
+                if saved == -1:
+                    stop.exit(f"after step {self.step}; saved {where} (continue with --resume)")
+                elif self.step:
+                    stop.exit(f"after step {self.step}, which checkpoint-{self.step} holds (continue with --resume)")
+                stop.exit("before step 1; nothing was trained or saved (run again, without --resume)")
             self.hook.rlcore_train_end(trainer=self, metrics=last)
         return last
 
@@ -300,8 +305,20 @@ class _Deferred:
             raise KeyboardInterrupt
         raise SystemExit(self.EXIT[sig])
 
-    def exit(self, message: str) -> None:
-        print(f"rlcore: stopped by {signal.Signals(self.signal).name} {message}", file=sys.stderr, flush=True)
+    def exit(self, message: str, grace_s: float = 30.0) -> None:
+        """Say where the run stopped, then leave; the checkpoint is on disk, so a teardown that hangs (a
+        scheduler's SIGTERM reached Ray's own processes too) ends the process after `grace_s`."""
+        name = signal.Signals(self.signal).name
+        print(f"rlcore: stopped by {name} {message}", file=sys.stderr, flush=True)
+        code = 130 if self.EXIT[self.signal] is None else self.EXIT[self.signal]
+
+        def deadline() -> None:
+            time.sleep(grace_s)
+            print(f"rlcore: shutting the roles down took over {grace_s:.0f} s after {name}; exiting", file=sys.stderr,
+                  flush=True)
+            os._exit(code)
+
+        threading.Thread(target=deadline, daemon=True, name="rlcore-exit-deadline").start()
         self._raise(self.signal)
 
     def __exit__(self, *exc: object) -> None:

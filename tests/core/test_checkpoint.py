@@ -25,9 +25,11 @@ def test_a_failed_write_publishes_nothing(tmp_path):
     def broken(tmp):
         raise OSError("disk full")
 
-    with pytest.raises(OSError):
+    from rlcore import RlcoreError
+
+    with pytest.raises(RlcoreError, match="cannot write checkpoint-1 .*disk full"):
         save_checkpoint(tmp_path, 1, {"step": 1}, broken)
-    assert checkpoints(tmp_path) == []
+    assert checkpoints(tmp_path) == [] and not list(tmp_path.glob(".checkpoint-*"))
 
 
 def test_keep_removes_only_older_checkpoints(tmp_path):
@@ -56,3 +58,45 @@ def test_metrics_append_and_resume_trims_later_steps(tmp_path):
     writer.write({"step": 3, "reward": 1.0})
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+
+
+def test_a_run_lock_tells_a_live_owner_from_a_reused_pid_and_names_the_file(tmp_path, capsys):
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from rlcore.checkpoint import RunLock, _started
+
+    lock = tmp_path / RunLock.NAME
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        host = socket.gethostname()
+        lock.write_text(json.dumps({"host": host, "pid": sleeper.pid, "started": _started(sleeper.pid)}))
+        with pytest.raises(ConfigError, match="in use by another run"):
+            RunLock(tmp_path).__enter__()
+        # the same pid, but a process that started at another time: the lock's owner is gone
+        lock.write_text(json.dumps({"host": host, "pid": sleeper.pid, "started": _started(sleeper.pid) - 100}))
+        with RunLock(tmp_path):
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+        assert "left by a run that is gone" in capsys.readouterr().err and not lock.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    lock.write_text(json.dumps({"host": "a-node-that-died", "pid": 4242}))
+    with pytest.raises(ConfigError, match=f"If host a-node-that-died is gone, remove {lock}"):
+        RunLock(tmp_path).__enter__()
+
+
+def test_a_failed_checkpoint_write_names_the_checkpoint_and_keeps_the_old_ones(tmp_path):
+    from rlcore import RlcoreError
+
+    save_checkpoint(tmp_path, 1, {"step": 1}, lambda tmp: None)
+
+    def full(tmp):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(RlcoreError, match="cannot write checkpoint-2 .*No space left on device.*newest intact one is"):
+        save_checkpoint(tmp_path, 2, {"step": 2}, full)
+    assert [step for step, _ in checkpoints(tmp_path)] == [1] and not list(tmp_path.glob(".checkpoint-2*"))
