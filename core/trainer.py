@@ -305,7 +305,7 @@ class _Deferred:
             raise KeyboardInterrupt
         raise SystemExit(self.EXIT[sig])
 
-    def exit(self, message: str, grace_s: float = 30.0) -> None:
+    def exit(self, message: str, grace_s: float = 15.0) -> None:
         """Say where the run stopped, then leave; the checkpoint is on disk, so a teardown that hangs (a
         scheduler's SIGTERM reached Ray's own processes too) ends the process after `grace_s`."""
         name = signal.Signals(self.signal).name
