@@ -1,0 +1,792 @@
+"""Fault scenarios run end to end through the real CLI, as a user and an operator meet them.
+
+Each scenario starts `python -m rlcore run --plugin grpo ...` in subprocesses inside a temp dir, injects
+one fault (a signal to the driver, kill -9 or kill -STOP of a Ray worker at a chosen call, a kill during a
+checkpoint write, a damaged file, a second run, a bad config) and returns an `Outcome`. A scenario
+survives when it ends in a clear error (the expected exit status, one `rlcore: error:` line, no
+traceback) or a correct resume (metrics.jsonl holds every step 1..MAX_STEPS once and the last
+checkpoint exists). Every subprocess runs in a session of its own with a timeout; one that overruns it is
+a hang, and its session (the driver and every Ray process it started) is killed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import functools
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+MAX_STEPS = 6
+QUICK = ("max_completion_length=8", "per_device_train_batch_size=16", "num_generations=4",
+         f"max_steps={MAX_STEPS}", "save_steps=1")
+RUN_TIMEOUT = {False: 120.0, True: 240.0}  # seconds a whole run may take (a Ray start is ~20 s on 2 cores)
+EXIT_TIMEOUT = 30.0  # seconds a driver may take to stop once a fault is injected (it takes ~3)
+QUICK_ERROR_S = 20.0  # a bad config is refused within this
+BASE_STEPS = 4  # the finished run that damaged-file and lock scenarios start from
+WORKER_CLASS = {"train": "TrainWorkerWorker", "rollout": "GenerateWorkerWorker"}  # Ray's process titles
+
+
+@dataclasses.dataclass
+class Outcome:
+    fault: str
+    survived: bool
+    hang: bool
+    steps_lost: int
+    seconds: float
+    detail: str
+
+
+class Hang(Exception):
+    """A subprocess did not exit within its timeout (it and its session were killed)."""
+
+
+class Broken(Exception):
+    """The scenario ended neither in a clear error nor in a correct resume."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# one `rlcore run` in a session of its own
+# ---------------------------------------------------------------------------------------------------------
+
+HOOK = '''
+import os, signal, time
+from pathlib import Path
+from rlcore import hookimpl
+
+STEP_SLEEP = {step_sleep!r}
+KILL_IN_SAVE_AT = {kill_in_save_at!r}
+SLOW = {slow!r}  # "role.method": seconds that engine method waits first, where it runs (Ray workers load
+                 # --with files too), so that a signal to the worker lands in that call
+
+
+def _slowed(cls, name, seconds):
+    original = getattr(cls, name)
+    def slowed(self, *args, **kwargs):
+        time.sleep(seconds)
+        return original(self, *args, **kwargs)
+    setattr(cls, name, slowed)
+
+
+if SLOW:
+    from rlcore.plugins.hf.rollout import HFRolloutEngine
+    from rlcore.plugins.hf.train import HFTrainEngine
+
+    for key, seconds in SLOW.items():
+        role, name = key.split(".")
+        _slowed({{"rollout": HFRolloutEngine, "train": HFTrainEngine}}[role], name, seconds)
+
+@hookimpl
+def rlcore_train_start(trainer):
+    if STEP_SLEEP:  # a slower step, so that a signal lands in one
+        step = trainer.train_step
+        def slow():
+            time.sleep(STEP_SLEEP)
+            return step()
+        trainer.train_step = slow
+
+@hookimpl
+def rlcore_step_end(trainer, step, metrics):
+    if step == KILL_IN_SAVE_AT:  # this step's checkpoint: the engines write, one file is torn, then SIGKILL
+        save = trainer.save_model
+        def torn(path):
+            save(path)
+            files = sorted(Path(path).rglob("*.safetensors"))
+            with open(files[0], "r+b") as f:
+                f.truncate(files[0].stat().st_size // 2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        trainer.save_model = torn
+'''
+
+
+def write_hook(work: Path, *, step_sleep: float = 0.0, kill_in_save_at: int = 0,
+               slow: dict[str, float] | None = None) -> str:
+    """A hook-only plugin file for `--with`; returns its path relative to `work`."""
+    (work / "hook.py").write_text(HOOK.format(step_sleep=step_sleep, kill_in_save_at=kill_in_save_at, slow=slow or {}))
+    return "./hook.py"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RLCORE_DEBUG", "RLCORE_PLUGINS", "RLCORE_RAY_ADDRESS", "RLCORE_STRICT_PLUGINS")}
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_DEDUP_LOGS="0", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    return env
+
+
+class Run:
+    """`rlcore run --plugin grpo ARGS` started in `work`, in a new session: the driver and every process its
+    Ray starts share the session id (the driver's pid), so they can be found and killed after it is gone."""
+
+    def __init__(self, work: Path, name: str, args: list[str], *, ray: bool = False, plugin_with: str | None = None,
+                 file_size_limit: int | None = None):
+        self.work, self.name, self.ray = work, name, ray
+        cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", "grpo"]
+        cmd += ["--use-ray"] if ray else []
+        cmd += ["--with", plugin_with] if plugin_with else []
+        self.cmd = cmd + list(args)
+        with open(work / f"{name}.out", "w") as out, open(work / f"{name}.err", "w") as err:
+            self.proc = subprocess.Popen(self.cmd, cwd=work, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                         env=_env(), start_new_session=True, preexec_fn=_limit(file_size_limit))
+        self.pid = self.proc.pid
+        self.started = time.monotonic()
+
+    @property
+    def stderr(self) -> str:
+        return (self.work / f"{self.name}.err").read_text(errors="replace")
+
+    def members(self) -> list[psutil.Process]:
+        """The live processes of this run's session (the driver, its Ray, Ray's workers and agents)."""
+        found = []
+        for process in psutil.process_iter():
+            try:
+                if os.getsid(process.pid) == self.pid and process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process)
+            except (OSError, psutil.Error):
+                continue
+        return found
+
+    def wait(self, timeout: float) -> int:
+        """The exit status; a Hang (after killing the session) when it takes longer than `timeout`."""
+        try:
+            return self.proc.wait(timeout=max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise Hang(f"{self.name} did not exit within {timeout:.0f}s: {tail(self.stderr)}") from None
+
+    def kill(self) -> None:
+        """SIGKILL the driver and everything else in its session."""
+        for process in self.members():
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def leftovers(self, grace: float = 10.0) -> int:
+        """How many processes of the session outlive the driver by `grace` seconds (then they are killed)."""
+        deadline = time.monotonic() + grace
+        left = self.members()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = self.members()
+        self.kill()
+        return len(left)
+
+    def worker(self, role: str, timeout: float) -> psutil.Process:
+        """The Ray worker process of `role` (found by its process title), waiting for it to start."""
+        title = f"ray::{WORKER_CLASS[role]}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            for process in self.members():
+                if _title(process.pid).startswith(title):
+                    return process
+            time.sleep(0.2)
+        raise Broken(f"no {title} process appeared (exit {self.proc.poll()}): {tail(self.stderr)}")
+
+
+def _limit(file_size: int | None) -> Callable[[], None] | None:
+    """A full disk for files over `file_size` bytes (RLIMIT_FSIZE: Python ignores SIGXFSZ, so such a write
+    fails with OSError, as on a full disk)."""
+    if file_size is None:
+        return None
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+
+
+def _title(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def tail(text: str, lines: int = 6) -> str:
+    kept = [line.strip() for line in text.splitlines() if line.strip() and "it/s]" not in line and "step/s" not in line]
+    return " | ".join(kept[-lines:])[-1200:]
+
+
+def traced(err: str) -> str:
+    return ", a traceback" if "Traceback" in err else ""
+
+
+def metrics_steps(out: Path) -> list[int | None]:
+    """The step of each line of metrics.jsonl (None for a line that is not a JSON object with a step)."""
+    path = out / "metrics.jsonl"
+    steps: list[int | None] = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                steps.append(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                steps.append(None)
+    return steps
+
+
+def steps_lost(out: Path) -> int:
+    """Steps doubled in metrics.jsonl, missing below the last one logged (all of 1..MAX_STEPS once the run
+    has its last checkpoint), and lines of no such step. Steps a refused run never trained are not lost."""
+    steps = metrics_steps(out)
+    counts = collections.Counter(steps)
+    done = (out / f"checkpoint-{MAX_STEPS}").is_dir()
+    last = MAX_STEPS if done else max((s for s in steps if isinstance(s, int) and 1 <= s <= MAX_STEPS), default=0)
+    lost = sum(abs(counts.pop(step, 0) - 1) for step in range(1, last + 1))
+    return lost + sum(counts.values())  # what is left: lines of no step in 1..MAX_STEPS
+
+
+def wait_for(condition: Callable[[], bool], run: Run, timeout: float, what: str, poll: float = 0.05) -> None:
+    """Poll until `condition()`; Broken when the run ends first or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if run.proc.poll() is not None:
+            raise Broken(f"{run.name} ended (exit {run.proc.returncode}) before {what}: {tail(run.stderr)}")
+        if time.monotonic() > deadline:
+            run.kill()
+            raise Hang(f"{run.name}: no {what} within {timeout:.0f}s: {tail(run.stderr)}")
+        time.sleep(poll)
+
+
+def clear_error(run: Run, code: int, timeout: float, match: str | None = None) -> str:
+    """The run ends with status `code`, exactly one `rlcore: error:` line (matching `match`) and no
+    traceback; returns that line."""
+    rc = run.wait(timeout)
+    err = run.stderr
+    errors = [line for line in err.splitlines() if line.startswith("rlcore: error:")]
+    problems = []
+    if rc != code:
+        problems.append(f"exit {rc}, expected {code}")
+    if len(errors) != 1:
+        problems.append(f"{len(errors)} 'rlcore: error:' lines")
+    if "Traceback" in err:
+        problems.append("a traceback on stderr")
+    if match and not re.search(match, err):
+        problems.append(f"stderr does not say {match!r}")
+    if problems:
+        raise Broken(f"{run.name}: {'; '.join(problems)}: {tail(err)}")
+    return errors[0][len("rlcore: error: "):]
+
+
+class Scene:
+    """A scenario's temp dir, its output_dir, and the runs it started (all killed at the end)."""
+
+    def __init__(self, work: Path):
+        self.work, self.out = work, work / "run"
+        self.runs: list[Run] = []
+        self.notes: list[str] = []
+        self.cleanup: list[Callable[[], object]] = []
+        self.resumed = False
+
+    def run(self, name: str, *extra: str, ray: bool = False, plugin_with: str | None = None,
+            resume: bool = False, file_size_limit: int | None = None) -> Run:
+        args = [*QUICK, f"output_dir={self.out}", *extra] + (["--resume"] if resume else [])
+        run = Run(self.work, name, args, ray=ray, plugin_with=plugin_with, file_size_limit=file_size_limit)
+        self.runs.append(run)
+        return run
+
+    def finished_run(self) -> None:
+        """output_dir: a copy of a finished run of BASE_STEPS steps (made once per process, moved here as
+        an operator moves a run's folder)."""
+        shutil.copytree(_base_run(), self.out)
+
+    def resume(self, *extra: str, ray: bool = False, expect: str | None = None, plugin_with: str | None = None) -> None:
+        """`--resume` to the end: exit 0 and checkpoint-MAX_STEPS (steps lost are counted afterwards);
+        `expect` is a pattern its stderr must show (a warning)."""
+        self.resumed = True
+        run = self.run("resume", *extra, ray=ray, resume=True, plugin_with=plugin_with)
+        rc = run.wait(RUN_TIMEOUT[ray])
+        if rc != 0:
+            raise Broken(f"--resume exited {rc}: {tail(run.stderr)}")
+        if not (self.out / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").is_file():
+            raise Broken(f"--resume ended without checkpoint-{MAX_STEPS}")
+        if expect and not re.search(expect, run.stderr):
+            raise Broken(f"--resume did not say {expect!r}: {tail(run.stderr)}")
+        self.notes.append(f"resumed ({resume_line(run.stderr)})")
+
+    def settled(self, run: Run) -> None:
+        """Note Ray processes that outlive their driver (a clean exit stops its local Ray)."""
+        if run.ray:
+            left = run.leftovers()
+            if left:
+                self.notes.append(f"{left} Ray process(es) of {run.name} outlived it by 10 s")
+
+    def close(self) -> None:
+        for run in self.runs:
+            run.kill()
+        for step in self.cleanup:
+            step()
+
+
+@functools.cache
+def _base_run() -> Path:
+    """A finished run of BASE_STEPS steps, made once per process (removed at exit)."""
+    work = Path(tempfile.mkdtemp(prefix="rlcore-fault-base-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
+    run = Run(work, "base", [*QUICK, f"max_steps={BASE_STEPS}", f"output_dir={work / 'run'}"])
+    if run.wait(RUN_TIMEOUT[False]) != 0:
+        raise Broken(f"a plain run of {BASE_STEPS} steps failed: {tail(run.stderr)}")
+    return work / "run"
+
+
+def resume_line(err: str) -> str:
+    said = [line[len("rlcore: "):] for line in err.splitlines()
+            if line.startswith("rlcore: warning:") or line.startswith("rlcore: resume:")]
+    return "; ".join(said)[:300] or "no warning"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# scenarios
+# ---------------------------------------------------------------------------------------------------------
+
+STOPPED = re.compile(r"^rlcore: stopped by (SIGINT|SIGTERM) after step (\d+)(?:; saved (\S+)|, which (checkpoint-\d+) "
+                     r"holds) \(continue with --resume\)$", re.M)
+
+
+def signal_driver(sig: signal.Signals, ray: bool, group: bool, save_steps: int) -> Callable[[Scene], None]:
+    """SIGINT/SIGTERM while step 3 runs: the step finishes, a checkpoint is saved, exit 130/143 saying
+    where (or which checkpoint, saved by save_steps, holds the step); then --resume. `group` sends the
+    signal to the whole process group, as Ctrl-C in a terminal and a scheduler's cancel do."""
+
+    def scenario(scene: Scene) -> None:
+        run = scene.run("first", f"save_steps={save_steps}", ray=ray,
+                        plugin_with=write_hook(scene.work, step_sleep=0.5))
+        wait_for(lambda: len(metrics_steps(scene.out)) >= 2, run, RUN_TIMEOUT[ray], "step 2")
+        if group:
+            os.killpg(run.pid, sig)
+        else:
+            os.kill(run.pid, sig)
+        try:
+            rc = run.wait(EXIT_TIMEOUT)
+        except Hang:  # killed: does --resume still continue from what it saved?
+            said = STOPPED.search(run.stderr)
+            scene.notes.append(f"before the hang: {said.group(0) if said else 'no stopped line'}")
+            try:
+                scene.resume(f"save_steps={save_steps}", ray=ray)
+            except Broken as exc:
+                scene.notes.append(str(exc))
+            raise
+        err = run.stderr
+        stopped = STOPPED.search(err)
+        expected = {signal.SIGINT: 130, signal.SIGTERM: 143}[sig]
+        if rc != expected or not stopped or "Traceback" in err:
+            raise Broken(f"exit {rc} (expected {expected}), {'a' if stopped else 'no'} 'stopped by' line{traced(err)}: "
+                         f"{tail(err)}")
+        step, saved = int(stopped.group(2)), stopped.group(3) or str(scene.out / stopped.group(4))
+        checkpoint = scene.out / f"checkpoint-{step}"
+        if saved != str(checkpoint) or not (checkpoint / "trainer_state.json").is_file():
+            raise Broken(f"stopped after step {step}, saved {saved}; checkpoint-{step} "
+                         f"{'exists' if checkpoint.is_dir() else 'does not exist'}")
+        if metrics_steps(scene.out) != list(range(1, step + 1)):
+            raise Broken(f"after stopping at step {step}, metrics.jsonl holds steps {metrics_steps(scene.out)}")
+        scene.notes.append(f"exit {rc}: {stopped.group(0)[len('rlcore: '):]}")
+        scene.settled(run)
+        scene.resume(f"save_steps={save_steps}", ray=ray)
+
+    return scenario
+
+
+def signal_twice(scene: Scene) -> None:
+    """Ctrl-C twice: the second stops at once (exit 130) wherever it lands; --resume continues from the
+    newest intact checkpoint."""
+    run = scene.run("first", plugin_with=write_hook(scene.work, step_sleep=0.3))
+    wait_for(lambda: len(metrics_steps(scene.out)) >= 2, run, RUN_TIMEOUT[False], "step 2")
+    os.killpg(run.pid, signal.SIGINT)
+    time.sleep(0.1)
+    os.killpg(run.pid, signal.SIGINT)
+    rc = run.wait(EXIT_TIMEOUT)
+    if rc != 130 or "Traceback" in run.stderr:
+        raise Broken(f"exit {rc} (expected 130){traced(run.stderr)}: {tail(run.stderr)}")
+    scene.notes.append(f"exit 130 with steps {metrics_steps(scene.out)} logged")
+    scene.resume()
+
+
+def signal_at_startup(ray: bool) -> Callable[[Scene], None]:
+    """SIGTERM while the run starts (its lock taken, its roles loading, no step yet): exit 143 with one
+    line, no traceback; what the line advises (--resume, or nothing) then runs the whole run."""
+
+    def scenario(scene: Scene) -> None:
+        run = scene.run("first", ray=ray)
+        wait_for(lambda: (scene.out / ".rlcore.lock").is_file(), run, RUN_TIMEOUT[ray], "lock file", poll=0.01)
+        time.sleep(1.0 if ray else 0.2)
+        if metrics_steps(scene.out):
+            raise Broken("the first step ended before the signal; nothing was tried at startup")
+        os.kill(run.pid, signal.SIGTERM)
+        rc = run.wait(EXIT_TIMEOUT)
+        err = run.stderr
+        said = [line for line in err.splitlines() if line.startswith(("rlcore: stopped", "rlcore: error"))]
+        scene.notes.append(f"exit {rc}: {' / '.join(said) or 'no rlcore line'}")
+        scene.settled(run)
+        if rc != 143 or not said or "Traceback" in err:
+            raise Broken(f"exit {rc} (expected 143), {len(said)} rlcore line(s) saying so{traced(err)}: {tail(err, 3)}")
+        if "(continue with --resume)" in err:
+            scene.resume(ray=ray)
+        else:
+            scene.resumed = True
+            again = scene.run("again", ray=ray)
+            if again.wait(RUN_TIMEOUT[ray]) != 0:
+                raise Broken(f"a new run into the output_dir failed: {tail(again.stderr)}")
+
+    return scenario
+
+
+def stale_lock(owner: str) -> Callable[[Scene], None]:
+    """The lock a SIGKILLed run left, whose pid now belongs to another process: `owner` 'other' (pid reuse
+    on a busy host) or 'self' (a restarted container, where the new driver gets the dead one's pid):
+    --resume must take the lock over, not call the dead run alive. `owner` 'host': the lock of a node that
+    died, on a shared filesystem; rlcore cannot check it, so the error must name the lock file to remove."""
+
+    def scenario(scene: Scene) -> None:
+        scene.finished_run()
+        lock = scene.out / ".rlcore.lock"
+        subprocess.run([sys.executable, "-c", DIE_HOLDING_THE_LOCK, str(scene.out)], env=_env(), timeout=60)
+        left = json.loads(lock.read_text())
+        if owner == "host":
+            lock.write_text(json.dumps({**left, "host": "node-that-died"}))
+            line = clear_error(scene.run("resume", resume=True), 2, RUN_TIMEOUT[False], match=r"\.rlcore\.lock")
+            scene.notes.append(line[:200])
+            return
+        plugin = None
+        if owner == "other":
+            other = subprocess.Popen(["sleep", "300"], start_new_session=True)
+            scene.cleanup.append(other.kill)
+            lock.write_text(json.dumps({**left, "pid": other.pid}))
+            scene.notes.append(f"the lock names pid {other.pid}, a sleep started after the run died")
+        else:
+            (scene.work / "same_pid.py").write_text(SAME_PID.format(lock=str(lock)))
+            plugin = "./same_pid.py"
+            scene.notes.append("the lock names the resuming driver's own pid")
+        scene.resume(plugin_with=plugin, expect=r"left by a run that is gone")
+
+    return scenario
+
+
+DIE_HOLDING_THE_LOCK = """
+import os, signal, sys, time
+from rlcore.checkpoint import RunLock
+RunLock(sys.argv[1]).__enter__()
+time.sleep(1.5)  # a run lives a while before it is killed: whoever gets its pid later started later
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+SAME_PID = """
+import json, os
+from pathlib import Path
+from rlcore import hookimpl
+
+# a driver SIGKILLed in a container left its lock; the restarted container's driver has the same pid
+lock = Path({lock!r})
+lock.write_text(json.dumps({{**json.loads(lock.read_text()), "pid": os.getpid()}}))
+
+@hookimpl
+def rlcore_train_start(trainer):
+    pass
+"""
+
+
+def changed_on_resume(scene: Scene) -> None:
+    """--resume with a changed num_generations (the batch's shape): exit 2 naming it; the run is intact."""
+    scene.finished_run()
+    before = metrics_steps(scene.out)
+    line = clear_error(scene.run("resume", "num_generations=8", resume=True), 2, RUN_TIMEOUT[False],
+                       match="num_generations")
+    scene.notes.append(line[:200])
+    if metrics_steps(scene.out) != before or (scene.out / ".rlcore.lock").exists():
+        raise Broken("the refused resume changed the run's metrics or left its lock")
+
+
+def kill_worker(role: str, method: str, how: signal.Signals = signal.SIGKILL, after_step: int = 1,
+                timeout_s: float = 0) -> Callable[[Scene], None]:
+    """On Ray, SIGKILL (or SIGSTOP) `role`'s worker while it runs `method()` after `after_step` steps (the
+    engine's method is slowed by SLOW_CALL_S in the first run, so the signal lands in it); the driver
+    stops with RoleFailed naming the role (exit 1) and --resume continues from the last checkpoint."""
+
+    def scenario(scene: Scene) -> None:
+        slow = write_hook(scene.work, slow={f"{role}.{method}": SLOW_CALL_S})
+        run = scene.run("first", *([f"worker_timeout_s={timeout_s:g}"] if timeout_s else []), ray=True,
+                        plugin_with=slow)
+        worker = run.worker(role, RUN_TIMEOUT[True])
+        title = f"ray::{WORKER_CLASS[role]}.{method}"
+        wait_for(lambda: _title(worker.pid).split(" ")[0] == title and len(metrics_steps(scene.out)) >= after_step,
+                 run, RUN_TIMEOUT[True], f"{title} after step {after_step}", poll=0.02)
+        os.kill(worker.pid, how)
+        at = len(metrics_steps(scene.out))
+        injected = time.monotonic()
+        try:
+            line = clear_error(run, 1, EXIT_TIMEOUT + timeout_s, match=f"role '{role}'")
+        finally:
+            stopped_for = time.monotonic() - injected
+            if how == signal.SIGSTOP:
+                try:
+                    worker.kill()  # what an operator does with a stopped worker the run gave up on
+                except psutil.Error:
+                    pass
+        if how == signal.SIGSTOP and (str(worker.pid) not in line or stopped_for > timeout_s + 30):
+            raise Broken(f"after {stopped_for:.0f}s the error does not name pid {worker.pid}: {line}")
+        scene.notes.append(f"{how.name} in {method}() after step {at}, run stopped in {stopped_for:.1f}s: {line[:160]}")
+        scene.settled(run)
+        scene.resume(ray=True)
+
+    return scenario
+
+
+SLOW_CALL_S = 0.5
+
+
+def kill_driver_in_checkpoint(ray: bool) -> Callable[[Scene], None]:
+    """SIGKILL of the driver while checkpoint-3 is written (one safetensors file torn): --resume takes the
+    dead run's lock over and continues from checkpoint-2; on Ray it ends the Ray the dead driver left."""
+
+    def scenario(scene: Scene) -> None:
+        run = scene.run("first", ray=ray, plugin_with=write_hook(scene.work, kill_in_save_at=3))
+        rc = run.wait(RUN_TIMEOUT[ray])
+        if rc != -signal.SIGKILL:
+            raise Broken(f"the driver was to kill itself in the checkpoint write, but exited {rc}: {tail(run.stderr)}")
+        found = sorted(p.name for p in scene.out.iterdir() if "checkpoint" in p.name)
+        scene.notes.append(f"killed with {', '.join(found)} on disk")
+        orphans = run.members()
+        scene.resume(ray=ray, expect=r"left by a run that is gone")
+        if ray:
+            alive = [p for p in orphans if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            scene.notes.append(f"{len(orphans)} Ray process(es) orphaned, {len(alive)} still alive after --resume")
+            if alive:
+                raise Broken(f"{len(alive)} Ray process(es) of the killed driver outlived the next run: "
+                             f"{[_title(p.pid)[:40] for p in alive]}")
+
+    return scenario
+
+
+def damaged(damage: Callable[[Path], str], expect: str | None) -> Callable[[Scene], None]:
+    """A finished run of BASE_STEPS steps; `damage(output_dir)` breaks a file; --resume (to MAX_STEPS) must
+    get past it, saying so (`expect`)."""
+
+    def scenario(scene: Scene) -> None:
+        scene.finished_run()
+        scene.notes.append(damage(scene.out))
+        scene.resume(expect=expect)
+
+    return scenario
+
+
+def truncate(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def truncated_safetensors(out: Path) -> str:
+    file = sorted((out / "checkpoint-4").rglob("*.safetensors"))[0]
+    truncate(file)
+    return f"truncated {file.relative_to(out)}"
+
+
+def truncated_engine_state(out: Path) -> str:
+    file = sorted((out / "checkpoint-4").rglob("engine_state.pt"))[0]
+    truncate(file)
+    return f"truncated {file.relative_to(out)}"
+
+
+def state_not_json(out: Path) -> str:
+    (out / "checkpoint-4" / "trainer_state.json").write_text('{"step": 4, "data": {')
+    return "checkpoint-4/trainer_state.json is not JSON"
+
+
+def torn_metrics(out: Path) -> str:
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"reward": 0.04, "loss": 0.1, "st')
+    return "a torn last line in metrics.jsonl"
+
+
+def disk_full(scene: Scene) -> None:
+    """A checkpoint write fails (the optimizer state does not fit): a clear error naming the checkpoint
+    (exit 1, no traceback); --resume, with room again, continues from the last complete checkpoint."""
+    scene.finished_run()
+    full = scene.run("full", resume=True, file_size_limit=DISK_FULL_AT)
+    try:
+        line = clear_error(full, 1, RUN_TIMEOUT[False], match="checkpoint-5")
+    except Broken:  # does --resume still continue? then say what was not clear
+        scene.resume()
+        raise
+    on_disk = sorted(p.name for p in scene.out.iterdir() if "checkpoint" in p.name)
+    scene.notes.append(f"{line[:160]}; on disk: {on_disk}")
+    scene.resume()
+
+
+DISK_FULL_AT = 500_000  # bytes: the demo model's safetensors (368 kB) fit, its optimizer state (753 kB) does not
+
+
+def every_checkpoint_damaged(scene: Scene) -> None:
+    """Every checkpoint of a run damaged: --resume is a clear error naming a file (exit 1)."""
+    scene.finished_run()
+    for step in range(1, BASE_STEPS + 1):
+        (scene.out / f"checkpoint-{step}" / "trainer_state.json").write_text("not json")
+    line = clear_error(scene.run("resume", resume=True), 1, RUN_TIMEOUT[False], match="trainer_state.json")
+    scene.notes.append(line[:200])
+
+
+def concurrent_runs(scene: Scene) -> None:
+    """A second run into the output_dir of a running one exits 2 at once; the first finishes intact."""
+    first = scene.run("first", plugin_with=write_hook(scene.work, step_sleep=0.5))
+    wait_for(lambda: (scene.out / ".rlcore.lock").is_file(), first, RUN_TIMEOUT[False], "lock file")
+    second = scene.run("second")
+    started = time.monotonic()
+    line = clear_error(second, 2, QUICK_ERROR_S + 10, match="in use by another run")
+    scene.notes.append(f"second refused in {time.monotonic() - started:.1f}s: {line[:120]}")
+    if first.proc.poll() is not None:
+        raise Broken("the first run ended before the second was refused; nothing was concurrent")
+    scene.resumed = True  # the first run's metrics are what is counted
+    if first.wait(RUN_TIMEOUT[False]) != 0:
+        raise Broken(f"the first run failed after the second was refused: {tail(first.stderr)}")
+    if not (scene.out / f"checkpoint-{MAX_STEPS}").is_dir():
+        raise Broken(f"the first run ended without checkpoint-{MAX_STEPS}")
+
+
+def bad_config(*args: str, match: str, resume: bool = False, existing_dir: bool = False,
+               config: str | None = None) -> Callable[[Scene], None]:
+    """A run refused before it allocates: exit 2 within QUICK_ERROR_S, one error paragraph, no traceback,
+    and no output_dir made (an existing one left as it was). `config` is written to ./config.yaml."""
+
+    def scenario(scene: Scene) -> None:
+        if existing_dir:
+            scene.out.mkdir()
+        if config is not None:
+            (scene.work / "config.yaml").write_text(config)
+        run = scene.run("run", *args, resume=resume)
+        line = clear_error(run, 2, RUN_TIMEOUT[False], match=match)
+        took = time.monotonic() - run.started
+        lines = [x for x in run.stderr.splitlines() if x.strip()]
+        start = next(i for i, x in enumerate(lines) if x.startswith("rlcore: error:"))
+        if start or any(not x.startswith(" ") for x in lines[1:]):
+            raise Broken(f"stderr is more than the error paragraph: {tail(run.stderr)}")
+        scene.notes.append(f"{took:.1f}s: " + " / ".join(x.strip() for x in lines)[:300])
+        if took > QUICK_ERROR_S:
+            raise Broken(f"refused only after {took:.0f}s")
+        if existing_dir and any(scene.out.iterdir()):
+            raise Broken(f"the refused run left {sorted(p.name for p in scene.out.iterdir())} in output_dir")
+        if not existing_dir and scene.out.exists():
+            raise Broken("the refused run made its output_dir")
+
+    return scenario
+
+
+OVERLAPPING = ("device_groups={nproc_per_node: 2, a: {device: GPU, ranks: [0, 1], workers: [train]}, "
+               "b: {device: GPU, ranks: [1], workers: [rollout]}}")
+TPU = "device_groups={nproc_per_node: 1, a: {device: TPU, ranks: [0], workers: [train, rollout]}}"
+HUGE = "device_groups={nproc_per_node: 2, g: {device: GPU, ranks: 'range(0, 200000000)', workers: [train, rollout]}}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    name: str
+    run: Callable[[Scene], None]
+    ray: bool = False
+    in_tests: bool = True  # in test_faults.py; the report runs every scenario
+
+
+SCENARIOS = [
+    Scenario("SIGINT to the process group (Ctrl-C), local",
+             signal_driver(signal.SIGINT, ray=False, group=True, save_steps=0)),
+    Scenario("SIGTERM to the driver, local", signal_driver(signal.SIGTERM, ray=False, group=False, save_steps=1),
+             in_tests=False),
+    Scenario("SIGINT twice (stop at once), local", signal_twice, in_tests=False),
+    Scenario("SIGTERM at startup, before step 1, local", signal_at_startup(ray=False)),
+    Scenario("SIGKILL of the driver in a checkpoint write, local", kill_driver_in_checkpoint(ray=False)),
+    Scenario("truncated model .safetensors in the newest checkpoint",
+             damaged(truncated_safetensors, r"checkpoint-4 is damaged.*resuming from checkpoint-3")),
+    Scenario("truncated engine_state.pt in the newest checkpoint",
+             damaged(truncated_engine_state, r"checkpoint-4 is damaged.*resuming from checkpoint-3"),
+             in_tests=False),
+    Scenario("trainer_state.json not JSON in the newest checkpoint",
+             damaged(state_not_json, r"checkpoint-4 is damaged.*resuming from checkpoint-3")),
+    Scenario("torn last line of metrics.jsonl", damaged(torn_metrics, r"torn")),
+    Scenario("every checkpoint damaged", every_checkpoint_damaged),
+    Scenario("--resume with a changed num_generations", changed_on_resume, in_tests=False),
+    Scenario("stale lock, its pid reused by another process", stale_lock("other")),
+    Scenario("stale lock, its pid is the new driver's (restarted container)", stale_lock("self")),
+    Scenario("stale lock of another host (a node that died)", stale_lock("host")),
+    Scenario("disk full in a checkpoint write", disk_full),
+    Scenario("two concurrent runs into one output_dir", concurrent_runs),
+    Scenario("bad config: beta=true", bad_config("beta=true", match="beta")),
+    Scenario("bad config: ranks range(0, 200000000)",
+bad_config(HUGE, match="ranks")),
+    Scenario("bad config: overlapping ranks", bad_config(OVERLAPPING, match="both claim")),
+    Scenario("bad config: device TPU", bad_config(TPU, match="TPU")),
+    Scenario("bad config: unknown reward", bad_config("reward_funcs=[vowel_ratio]", match="vowel_ratio")),
+    Scenario("bad config: missing model path", bad_config("model=./no-such-model", match="no-such-model")),
+    Scenario("bad config: misspelled key", bad_config("num_generation=4", match="num_generations")),
+    Scenario("bad config: num_generations does not divide the batch",
+             bad_config("num_generations=5", match="num_generations")),
+    Scenario("bad config: missing dataset", bad_config("dataset=./no-such.jsonl", match="no-such.jsonl")),
+    Scenario("bad config: a !!python tag", bad_config("seed=!!python/object/apply:os.getpid []", match="seed|python")),
+    Scenario("bad config: --config file missing", bad_config("--config", "./missing.yaml", match="missing.yaml")),
+    Scenario("bad config: --config not YAML",
+             bad_config("--config", "./config.yaml", match="config.yaml", config="learning_rate: [1e-3\nseed: 1\n")),
+    Scenario("bad config: --resume into an empty dir",
+             bad_config(match="no checkpoint", resume=True, existing_dir=True)),
+    Scenario("bad config: --resume into a missing dir", bad_config(match="no checkpoint", resume=True)),
+    Scenario("SIGTERM to the driver, Ray", signal_driver(signal.SIGTERM, ray=True, group=False, save_steps=0),
+             ray=True, in_tests=False),
+    Scenario("SIGINT to the process group (Ctrl-C), Ray",
+             signal_driver(signal.SIGINT, ray=True, group=True, save_steps=2), ray=True, in_tests=False),
+    Scenario("SIGTERM at startup, before step 1, Ray", signal_at_startup(ray=True), ray=True, in_tests=False),
+    Scenario("SIGTERM to the process group (scancel), Ray",
+             signal_driver(signal.SIGTERM, ray=True, group=True, save_steps=0), ray=True),
+    Scenario("SIGKILL of the rollout worker in generate()", kill_worker("rollout", "generate", after_step=2), ray=True,
+             in_tests=False),
+    Scenario("SIGKILL of the rollout worker in update_weights()", kill_worker("rollout", "update_weights"),
+             ray=True, in_tests=False),
+    Scenario("SIGKILL of the train worker in train_step()", kill_worker("train", "train_step", after_step=2),
+             ray=True, in_tests=False),
+    Scenario("SIGKILL of the train worker in save() (checkpoint write)", kill_worker("train", "save", after_step=2),
+             ray=True, in_tests=False),
+    Scenario("SIGSTOP of the rollout worker in generate(), worker_timeout_s=10",
+             kill_worker("rollout", "generate", signal.SIGSTOP, after_step=2, timeout_s=10), ray=True),
+    Scenario("SIGSTOP of the train worker in train_step(), worker_timeout_s=10",
+             kill_worker("train", "train_step", signal.SIGSTOP, after_step=2, timeout_s=10), ray=True, in_tests=False),
+    Scenario("SIGSTOP of the rollout worker in update_weights(), worker_timeout_s=10",
+             kill_worker("rollout", "update_weights", signal.SIGSTOP, after_step=2, timeout_s=10), ray=True,
+             in_tests=False),
+    Scenario("SIGKILL of the train worker in export_weights()", kill_worker("train", "export_weights", after_step=2),
+             ray=True, in_tests=False),
+    Scenario("SIGKILL of the driver in a checkpoint write, Ray", kill_driver_in_checkpoint(ray=True), ray=True,
+             in_tests=False),
+]
+
+
+def run_scenario(scenario: Scenario, keep: bool = False) -> Outcome:
+    """Run one scenario in a fresh temp dir (removed afterwards unless `keep`) and say how it ended."""
+    work = Path(tempfile.mkdtemp(prefix="rlcore-fault-"))
+    scene = Scene(work)
+    started = time.monotonic()
+    survived, hang, detail = False, False, ""
+    try:
+        scenario.run(scene)
+        survived = True
+    except Hang as exc:
+        hang, detail = True, f"hang: {exc}"
+    except Broken as exc:
+        detail = str(exc)
+    finally:
+        scene.close()
+    lost = steps_lost(scene.out) if scene.resumed else 0
+    if scene.resumed and lost:
+        survived = False
+        scene.notes.append(f"metrics.jsonl steps: {metrics_steps(scene.out)}")
+    detail = "; ".join(filter(None, [detail, *scene.notes]))
+    if keep:
+        detail += f" [kept {work}]"
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return Outcome(scenario.name, survived, hang, lost, round(time.monotonic() - started, 1), detail)
