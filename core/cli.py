@@ -37,17 +37,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         print("rlcore: interrupted", file=sys.stderr)
+        _leaving(130)
         return 130
     except SystemExit as exc:
         if exc.code == signal.SIGTERM:  # Ray's own SIGTERM handler (`sys.exit(15)`), active while Ray starts
             print("rlcore: stopped by SIGTERM while starting; nothing was trained or saved", file=sys.stderr)
+            _leaving(128 + signal.SIGTERM)
             return 128 + signal.SIGTERM
+        if exc.code == 128 + signal.SIGTERM:
+            _leaving(exc.code)
         raise
     except RlcoreError as exc:
         if os.environ.get("RLCORE_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
         print(f"rlcore: error: {exc}", file=sys.stderr)
         return exc.exit_code
+
+
+def _leaving(code: int) -> None:
+    """Stopped by a signal: what is left is the exit (the local Ray's shutdown at exit); it gets 15 s."""
+    from .trainer import exit_deadline
+
+    exit_deadline(code, "stopping the local Ray took over 15 s after the signal")
 
 
 OWN_OPTIONS = {

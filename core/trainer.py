@@ -272,6 +272,20 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Event | None = None) -> threading.Event:
+    """End the process with `code` if it is still here `grace_s` seconds from now, saying `why`, unless
+    `done` (returned) is set first. For a process that is leaving anyway: a signal was honoured."""
+    done = done or threading.Event()
+
+    def deadline() -> None:
+        if not done.wait(grace_s):
+            print(f"rlcore: {why}; exiting", file=sys.stderr, flush=True)
+            os._exit(code)
+
+    threading.Thread(target=deadline, daemon=True, name="rlcore-exit-deadline").start()
+    return done
+
+
 class _Deferred:
     """SIGINT and SIGTERM while the loop runs: the first is noted (the loop stops after its step), a second
     one interrupts at once. Outside the main thread, signals are left as they are."""
@@ -281,6 +295,7 @@ class _Deferred:
     def __init__(self) -> None:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
+        self._done = threading.Event()  # set when the `with` block is left: the exit deadline is off
 
     def __enter__(self) -> _Deferred:
         if threading.current_thread() is threading.main_thread():
@@ -306,22 +321,17 @@ class _Deferred:
         raise SystemExit(self.EXIT[sig])
 
     def exit(self, message: str, grace_s: float = 15.0) -> None:
-        """Say where the run stopped, then leave; the checkpoint is on disk, so a teardown that hangs (a
-        scheduler's SIGTERM reached Ray's own processes too) ends the process after `grace_s`."""
+        """Say where the run stopped, then leave; the checkpoint is on disk, so a teardown of the roles that
+        hangs (a scheduler's SIGTERM reached Ray's own processes too) ends the process after `grace_s`.
+        The deadline ends with the teardown (`__exit__`): a caller that catches the exception lives on."""
         name = signal.Signals(self.signal).name
         print(f"rlcore: stopped by {name} {message}", file=sys.stderr, flush=True)
         code = 130 if self.EXIT[self.signal] is None else self.EXIT[self.signal]
-
-        def deadline() -> None:
-            time.sleep(grace_s)
-            print(f"rlcore: shutting the roles down took over {grace_s:.0f} s after {name}; exiting", file=sys.stderr,
-                  flush=True)
-            os._exit(code)
-
-        threading.Thread(target=deadline, daemon=True, name="rlcore-exit-deadline").start()
+        exit_deadline(code, f"shutting the roles down took over {grace_s:.0f} s after {name}", grace_s, self._done)
         self._raise(self.signal)
 
     def __exit__(self, *exc: object) -> None:
+        self._done.set()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()

@@ -453,6 +453,9 @@ def test_a_signal_finishes_the_step_saves_and_exits_then_resume_continues(tmp_pa
     assert f"stopped by {sig} after step 2; saved {tmp_path / 'run' / 'checkpoint-2'}" in capfd.readouterr().err
     assert [r["step"] for r in metrics_of(tmp_path)] == [1, 2]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are given back
+    import threading  # and the exit deadline is off: a caller that catches the exception lives on
+
+    assert "rlcore-exit-deadline" not in [t.name for t in threading.enumerate() if t.is_alive()]
     make(load_plugins(), tmp_path, tiny, max_steps=4, resume="auto").fit()
     assert [r["step"] for r in metrics_of(tmp_path)] == [1, 2, 3, 4]
 

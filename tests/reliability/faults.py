@@ -696,11 +696,10 @@ class Scenario:
 
 
 SCENARIOS = [
-    # Signals to a whole process group run in the report only: under CI, the first one also reached the
-    # pytest process (exit 130); the in-process signal tests in tests/plugins/test_grpo_trainer.py stay.
     Scenario("SIGINT to the process group (Ctrl-C), local",
-             signal_driver(signal.SIGINT, ray=False, group=True, save_steps=0), in_tests=False),
-    Scenario("SIGTERM to the driver, local", signal_driver(signal.SIGTERM, ray=False, group=False, save_steps=1)),
+             signal_driver(signal.SIGINT, ray=False, group=True, save_steps=0)),
+    Scenario("SIGTERM to the driver, local", signal_driver(signal.SIGTERM, ray=False, group=False, save_steps=1),
+             in_tests=False),
     Scenario("SIGINT twice (stop at once), local", signal_twice, in_tests=False),
     Scenario("SIGTERM at startup, before step 1, local", signal_at_startup(ray=False)),
     Scenario("SIGKILL of the driver in a checkpoint write, local", kill_driver_in_checkpoint(ray=False)),
@@ -743,7 +742,7 @@ bad_config(HUGE, match="ranks")),
              signal_driver(signal.SIGINT, ray=True, group=True, save_steps=2), ray=True, in_tests=False),
     Scenario("SIGTERM at startup, before step 1, Ray", signal_at_startup(ray=True), ray=True, in_tests=False),
     Scenario("SIGTERM to the process group (scancel), Ray",
-             signal_driver(signal.SIGTERM, ray=True, group=True, save_steps=0), ray=True, in_tests=False),
+             signal_driver(signal.SIGTERM, ray=True, group=True, save_steps=0), ray=True),
     Scenario("SIGKILL of the rollout worker in generate()", kill_worker("rollout", "generate", after_step=2), ray=True,
              in_tests=False),
     Scenario("SIGKILL of the rollout worker in update_weights()", kill_worker("rollout", "update_weights"),
