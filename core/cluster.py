@@ -4,8 +4,9 @@ A local Ray that rlcore starts listens on 127.0.0.1 only. Ray 2.60 on Linux repl
 address by the host's unless its switch for Windows and macOS (`ray_constants.ENABLE_RAY_CLUSTER`) is
 off, so `init` turns that off while the local Ray starts; GCS, raylet, workers, agents and the metrics
 endpoints then bind loopback. Its processes get VLLM_HOST_IP=127.0.0.1 (unless set), so vLLM's Ray
-executor sees the node's address as Ray does. The dashboard UI and usage stats are off (Ray still starts
-its dashboard process, without a frontend).
+executor sees the node's address as Ray does. No dashboard process, no autoscaler monitor and no
+metrics endpoints run (Ray 2.60 starts the first two even with include_dashboard=False), and usage stats
+are off. torch.distributed stores that rlcore makes (`tcp_store`) listen on the group's address only.
 
 The local Ray stops on every exit Python sees: atexit, and SIGTERM made a `SystemExit(143)` unless the
 program set a SIGTERM handler of its own (which is kept), so `finally` blocks run. What a SIGKILL of the
@@ -102,6 +103,24 @@ def _loopback_kept() -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
 
 
+@contextlib.contextmanager
+def _no_head_extras() -> Iterator[None]:
+    """While a local Ray starts: no dashboard process and no autoscaler monitor. Ray 2.60 starts both even
+    with include_dashboard=False (a usage-stats module and the autoscaler, each with a metrics port); one
+    machine's Ray needs neither. A dashboard is had by starting Ray yourself (`ray start --head`) and
+    attaching with `ray_address`."""
+    from ray._private.node import Node
+
+    saved = {name: getattr(Node, name) for name in ("start_api_server", "start_monitor") if hasattr(Node, name)}
+    for name in saved:
+        setattr(Node, name, lambda self, **kwargs: None)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(Node, name, method)
+
+
 def _is_loopback(address: str) -> bool:
     host = address.rpartition(":")[0].strip("[]") if ":" in address else address
     if host == "localhost":
@@ -116,11 +135,13 @@ def _start_local(**options: Any) -> None:
     """A new local Ray whose every listener is on 127.0.0.1, recorded for `reap`."""
     import ray
 
-    # Its processes inherit this environment: vLLM's Ray executor must see the node's address as Ray does.
-    inherited = {} if "VLLM_HOST_IP" in os.environ else {"VLLM_HOST_IP": "127.0.0.1"}
+    # Its processes inherit this environment: vLLM's Ray executor must see the node's address as Ray does;
+    # no Prometheus endpoints (they answer anyone who can connect, without Ray's token).
+    inherited = {key: value for key, value in (("VLLM_HOST_IP", "127.0.0.1"), ("RAY_enable_metrics_collection", "0"))
+                 if key not in os.environ}
     os.environ.update(inherited)
     try:
-        with _loopback_kept():
+        with _loopback_kept(), _no_head_extras():
             ray.init(
                 address="local",  # a new Ray here, never a cluster some other process left running
                 _node_ip_address="127.0.0.1",
@@ -293,6 +314,29 @@ def find_free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def tcp_store(host: str, port: int, world_size: int, is_master: bool, timeout: Any) -> Any:
+    """A torch.distributed TCPStore whose server (on the master) listens on `host` only, not on every
+    interface as torch's own does: the socket is bound here and handed to the store."""
+    import socket
+
+    import torch.distributed as dist
+
+    fd = None
+    if is_master:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(max(128, world_size))
+        except OSError:
+            sock.close()
+            raise
+        fd = sock.detach()  # the store owns it now
+    return dist.TCPStore(host, port, world_size, is_master=is_master, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=fd)
 
 
 def shutdown() -> None:

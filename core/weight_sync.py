@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from .cluster import tcp_store
 from .errors import ConfigError, RlcoreError
 
 if TYPE_CHECKING:
@@ -219,8 +220,8 @@ class BroadcastGroup:
         self.device = torch.device(device if device is not None else ("cuda" if backend == "nccl" else "cpu"))
         self.timeout = timedelta(seconds=timeout_s)
         try:
-            self._store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=self.timeout, wait_for_workers=False)
-        except RuntimeError as e:
+            self._store = tcp_store(host, port, world_size, rank == 0, self.timeout)
+        except (RuntimeError, OSError) as e:
             raise RlcoreError(f"weight sync group: rank {rank} could not reach the store at {host}:{port} within {timeout_s:.0f}s: {e}") from e
         pg_store = dist.PrefixStore("rlcore/weight_sync/pg", self._store)
         if backend == "gloo":

@@ -398,9 +398,13 @@ def _init_distributed(device: Any, timeout_s: float) -> tuple[int, int]:
         missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:
             raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; the worker runtime sets them")
+        from rlcore.cluster import tcp_store
+
+        rank, timeout = int(os.environ["RANK"]), timedelta(seconds=timeout_s)
+        store = tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0, timeout)
         dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo", rank=int(os.environ["RANK"]),
-            world_size=world_size, timeout=timedelta(seconds=timeout_s),
+            backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+            world_size=world_size, timeout=timeout,
         )
     return dist.get_rank(), dist.get_world_size()
 

@@ -1,6 +1,6 @@
-"""A local Ray started by rlcore listens on loopback only: GCS, raylet, workers, the driver, the agents and
-the metrics endpoints. Ray 2.60 still starts its dashboard process with include_dashboard=False (only
-its usage-stats module, no frontend, no UI port); it is checked here to be on loopback like the rest."""
+"""A local Ray started by rlcore listens on loopback only (GCS, raylet, workers, the driver, the agents),
+runs no dashboard process, no autoscaler monitor and no metrics endpoint; the torch.distributed world of
+a train group listens on its master's address only."""
 
 from __future__ import annotations
 
@@ -55,7 +55,40 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
         assert {"gcs_server", "raylet"} <= names and len(found) >= 6, found  # the check saw Ray's listeners
         node = ray._private.worker._global_node
         assert node.node_ip_address == "127.0.0.1" and not node.webui_url
-        for info in node.all_processes.get("dashboard", []):
-            assert "--disable-frontend" in info.process.args, info.process.args
+        commands = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True) if p.is_running()]
+        assert not [c for c in commands if "dashboard/dashboard.py" in c or "autoscaler/_private/monitor.py" in c]
+        assert not [port for _, _, port in found if port in (44217, 44227)]  # Ray's fixed metrics ports
     finally:
         ray.kill(probe)
+
+
+def test_a_train_groups_torch_world_listens_on_its_masters_address_only(ray_local):
+    ray = ray_local
+
+    @ray.remote(num_cpus=0)
+    class Rank:
+        def join(self, env):
+            import torch
+
+            from rlcore.plugins.hf.train import _init_distributed
+
+            os.environ.update(env)
+            return _init_distributed(torch.device("cpu"), 60)
+
+        def listening(self):
+            return [(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="tcp")
+                    if c.status == psutil.CONN_LISTEN]
+
+    from rlcore.cluster import find_free_port
+
+    port = str(find_free_port())
+    ranks = [Rank.remote() for _ in range(2)]
+    try:
+        env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        joined = ray.get([r.join.remote({**env, "RANK": str(i)}) for i, r in enumerate(ranks)], timeout=90)
+        assert joined == [(0, 2), (1, 2)]
+        store = [ip for ip, p in ray.get(ranks[0].listening.remote(), timeout=30) if p == int(port)]
+        assert store == ["127.0.0.1"], store  # torch's own store would listen on '::', every interface
+    finally:
+        for r in ranks:
+            ray.kill(r)
