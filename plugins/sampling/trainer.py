@@ -1,0 +1,325 @@
+"""The sample and distill driver: prompts -> candidates -> orm/prm scores -> best-of-N -> resumable JSONL.
+
+```
+for batch in rows[next_row:] (batch_size prompts):
+    texts  = sampler.generate(prompt ids, seeds)      # or the API teacher; N per prompt, rows split whole
+    orm    = orm.score(prompts, texts, rows)          # reward function or reward model, on the orm workers
+    prm    = aggregate(prm.score(prompts, texts))     # step scores -> min | last | prod
+    lines  = best_of_n(every candidate of a prompt)   # here, on the driver: never per worker
+    output.commit(lines, next_row)                    # fsync, then the state file: resumable at any moment
+```
+It is not a training loop, so it keeps `Trainer`'s metrics JSONL, hooks, progress and run lock but not its
+checkpoints: the position of a run is the output's state file, and `--resume` continues after its last
+complete batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rlcore import ConfigError, PhaseTimer, SamplingParams, Trainer
+from rlcore.checkpoint import RunLock
+from rlcore.resources import plan_from_config
+from rlcore.session import RoleSession, RoleSetup, announce
+
+from .config import SampleConfig
+from .output import ResumableJsonl
+from .scoring import ScoreRows, check_scores, is_reward_function, scorer
+from .select import aggregate_steps, select
+from .sources import ApiTeacher, SampleWorker
+
+
+def row_id(row: dict[str, Any]) -> str:
+    """ms-swift's stable id of a row: the md5 of its JSON with sorted keys."""
+    return hashlib.md5(json.dumps(row, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+def shard(rows: list[Any], i: int, n: int) -> tuple[int, list[Any]]:
+    """Shard i of n: contiguous, the first `len % n` shards one row longer; (its first index, its rows)."""
+    size, extra = divmod(len(rows), n)
+    start = i * size + min(i, extra)
+    return start, rows[start : start + size + (1 if i < extra else 0)]
+
+
+class SampleTrainer(Trainer):
+    """Runs sampling locally (every role in this process) or on Ray, roles placed by the resource plan."""
+
+    config: SampleConfig
+    name = "sample"
+    resume_fixed = (  # what the output's rows depend on: a resumed run may not change them
+        "model", "dataset", "data_range", "system", "use_chat_template", "max_prompt_length", "num_return_sequences",
+        "max_new_tokens", "temperature", "top_p", "top_k", "seed", "seed_per_prompt", "batch_size", "orm_model",
+        "orm_kwargs", "prm_model", "prm_step_separator", "prm_step_token", "prm_aggregation", "orm_threshold",
+        "prm_threshold", "easy_query_threshold", "n_best_to_keep", "output_file", "output_format", "api_base",
+    )
+
+    def __init__(self, config: SampleConfig, plugins: Any, *, use_ray: bool = False):
+        # Trainer.__init__ is not called: the run's position is the output's state file, not a checkpoint.
+        self.config = cfg = config.for_run()
+        self.plugins, self.use_ray = plugins, use_ray
+        self.output_dir = Path(cfg.output_dir)
+        self.timer, self.step, self._metrics = PhaseTimer(), 0, None
+        self.output = ResumableJsonl(self.output_dir, cfg.output_file)
+        self.first_row, self.rows = self.load_rows(cfg)
+        self.ids = [row_id(r) for r in self.rows]
+        self.model_path = self._model_path()
+        self.encoder = None
+        if cfg.uses_local_sampler:
+            from rlcore.data import PromptEncoder
+
+            self.encoder = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
+        self.teacher = None if cfg.uses_local_sampler else ApiTeacher(
+            cfg.api_base, cfg.model, cfg.api_key, cfg.max_concurrency, cfg.max_retries, cfg.retry_backoff_s,
+            cfg.request_timeout_s)
+        self.session = self.make_session()
+        self.written = 0
+
+    # -- what runs where -----------------------------------------------------------------------------
+
+    @staticmethod
+    def roles_of(cfg: SampleConfig) -> list[str]:
+        return (["sampler"] if cfg.uses_local_sampler else []) + (["prm"] if cfg.prm_model else []) + (
+            ["orm"] if cfg.orm_model else [])
+
+    @classmethod
+    def check(cls, config: SampleConfig, plugins: Any) -> None:
+        """The resource plan, the orm reward function and its options, the dataset and the model's tokenizer."""
+        from rlcore import RlcoreError
+        from rlcore.config import config_error
+        from rlcore.data import PromptEncoder
+
+        cfg = config.for_run()
+        problems: list[tuple[str, str]] = []
+        checks = [("(resource plan)", lambda: plan_from_config(cfg, roles=cls.roles_of(cfg), policy=cfg.placement,
+                                                               plugins=plugins)),
+                  ("dataset", lambda: cls.load_rows(cfg))]
+        if cfg.orm_model and is_reward_function(cfg.orm_model, plugins):
+            from rlcore.plugins.rewards import resolve_reward
+
+            checks.append(("orm_model", lambda: resolve_reward(cfg.orm_model, plugins, cfg.orm_kwargs or None)))
+        if cfg.model and cfg.uses_local_sampler:
+            checks.append(("model", lambda: PromptEncoder(cfg.model, cfg.use_chat_template)))
+        for key, check in checks:
+            try:
+                check()
+            except RlcoreError as exc:
+                problems.extend(getattr(exc, "problems", None) or [(key, str(exc))])
+        if problems:
+            raise config_error(problems)
+
+    @staticmethod
+    def load_rows(cfg: SampleConfig) -> tuple[int, list[dict[str, Any]]]:
+        """(index of the first row in the dataset, the rows of this run's data_range shard)."""
+        from rlcore.data import load_rows, prompt_view
+
+        if cfg.dataset:
+            rows = load_rows(cfg.dataset)
+            prompt_view(rows, cfg.dataset)  # every row has a prompt: all problems of the file at once
+        else:
+            from rlcore.plugins.grpo.toy import toy_dataset
+
+            rows = toy_dataset(seed=cfg.seed)
+        return shard(rows, *cfg.data_range) if cfg.data_range else (0, rows)
+
+    def _model_path(self) -> str:
+        cfg = self.config
+        if cfg.model or not cfg.uses_local_sampler:
+            return cfg.model
+        from rlcore.plugins.hf.tiny import build_tiny_model
+
+        return str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed))
+
+    def make_session(self) -> RoleSession | None:
+        cfg = self.config
+        roles = self.roles_of(cfg)
+        if not roles:
+            return None
+        plan = plan_from_config(cfg, roles=roles, policy=cfg.placement, plugins=self.plugins)
+        setups = {}
+        if "sampler" in roles:
+            sampler = dict(model=self.model_path, dtype=cfg.sampler.dtype, seed=cfg.seed)
+            if cfg.sampler.engine == "vllm":
+                sampler.update({k: getattr(cfg.sampler, k) for k in type(cfg.sampler).model_fields if k.startswith("vllm_")})
+            setups["sampler"] = RoleSetup(SampleWorker, cfg.sampler.engine, {**sampler, **cfg.sampler.engine_kwargs})
+        for kind in ("prm", "orm"):
+            if kind in roles:
+                section = getattr(cfg, kind)
+                options = dict(kind=kind, model=getattr(cfg, f"{kind}_model"), engine=section.engine, dtype=section.dtype,
+                               batch_size=section.batch_size, strict=cfg.strict_rewards)
+                if kind == "orm":
+                    options["options"] = cfg.orm_kwargs
+                else:
+                    options["options"] = {"step_separator": cfg.prm_step_separator, "step_token": cfg.prm_step_token}
+                setups[kind] = RoleSetup(ScoreRows, scorer, {**options, **section.engine_kwargs})
+        return RoleSession(plan, setups, use_ray=self.use_ray, plugins=self.plugins, ray_address=cfg.ray_address,
+                           placement_timeout_s=cfg.placement_timeout_s, sleep_level=0,
+                           worker_timeout_s=cfg.worker_timeout_s)
+
+    @contextlib.contextmanager
+    def start(self) -> Iterator[None]:
+        if self.session is None:
+            yield
+            return
+        announce(self.session.describe())
+        with self.session.start():
+            yield
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, Any]:
+        """Sample every row of the shard (after the last complete batch, with --resume); return a summary."""
+        cfg = self.config
+        with RunLock(self.output_dir):
+            if cfg.resume == "auto":
+                state = self.output.resume()
+                self._check_changes(self.output.state_path, state.get("config"))
+                if state.get("done"):
+                    print(f"rlcore: {self.output.final} is already complete; nothing to resume", file=sys.stderr)
+                    return self.summary(state)
+            else:
+                metrics = self.output_dir / "metrics.jsonl"
+                if metrics.is_file() and metrics.stat().st_size:
+                    raise ConfigError(f"output_dir '{self.output_dir}' holds the metrics.jsonl of another run; choose "
+                                      "another output_dir, or continue that run with --resume")
+                self.output.start({"config": cfg.model_dump(mode="json"), "rows": len(self.rows), "written": 0})
+                state = self.output.state
+            self.step, self.written = state["batches"], state["written"]
+            self.metrics.resume_at(self.step)
+            with self.start():
+                self.hook.rlcore_train_start(trainer=self)
+                with self.progress() as bar:
+                    bar.update(state["next_row"])
+                    for start in range(state["next_row"], len(self.rows), cfg.batch_size):
+                        began = time.perf_counter()
+                        lines, metrics = self.sample_batch(start, self.rows[start : start + cfg.batch_size])
+                        self.written += len(lines)
+                        self.output.state["written"] = self.written
+                        with self.timer("write"):
+                            self.output.commit(lines, start + metrics["prompts"])
+                        self.step += 1
+                        metrics["prompts_per_s"] = metrics["prompts"] / (time.perf_counter() - began)
+                        self.log(metrics)
+                        bar.update(metrics["prompts"])
+                        bar.set_postfix({"pass_rate": f"{metrics['pass_rate']:.3g}", "kept": self.written}, refresh=False)
+                path = self.output.finish()
+                summary = self.summary(self.output.state)
+                self.hook.rlcore_train_end(trainer=self, metrics=summary)
+        print(f"rlcore: wrote {self.written} rows to {path}", file=sys.stderr, flush=True)
+        return summary
+
+    @contextlib.contextmanager
+    def progress(self) -> Iterator[Any]:
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(self.rows), desc=self.name, unit="prompt", dynamic_ncols=True) as bar:
+            yield bar
+
+    def summary(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"output": str(self.output.final), "prompts": state["next_row"], "rows": state["written"],
+                "batches": state["batches"]}
+
+    # -- one batch -----------------------------------------------------------------------------------
+
+    def prompt_of(self, row: dict[str, Any]) -> Any:
+        """The row's prompt: its conversation without a final assistant message (or its text), with `system`."""
+        from rlcore.data import prompt_view
+
+        prompt = prompt_view([row])[0]["prompt"]
+        system = self.config.system
+        if system is None:
+            return prompt
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        return [{"role": "system", "content": system}] + [m for m in messages if m["role"] != "system"]
+
+    def seeds(self, start: int, count: int) -> list[int]:
+        """A seed per row, from the run's seed, the row's place in the dataset and its id."""
+        base = self.first_row + start
+        return [int(hashlib.md5(f"{self.config.seed}:{base + i}:{self.ids[start + i]}".encode()).hexdigest()[:8], 16)
+                for i in range(count)]
+
+    def candidates(self, start: int, prompts: list[Any]) -> list[str]:
+        """`num_return_sequences` texts per prompt, prompt-major."""
+        cfg = self.config
+        params = SamplingParams(n=cfg.num_return_sequences, max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed + start)
+        seeds = self.seeds(start, len(prompts))
+        if self.teacher is not None:
+            conversations = [p if isinstance(p, list) else [{"role": "user", "content": p}] for p in prompts]
+            return self.teacher.generate(conversations, seeds, params)
+        params.stop_token_ids = list(self.encoder.stop_ids)
+        ids = [self.encoder.encode(p) for p in prompts]
+        return self.session["sampler"].generate(ids, seeds if cfg.seed_per_prompt else None, params)
+
+    def sample_batch(self, start: int, rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+        """The output lines of `rows` (starting at row `start` of the shard) and the batch's metrics."""
+        cfg, N = self.config, self.config.num_return_sequences
+        prompts = [self.prompt_of(r) for r in rows]
+        with self.timer("generate"):
+            texts = self.candidates(start, prompts)
+        if len(texts) != len(rows) * N:
+            raise ConfigError(f"the sampler returned {len(texts)} candidates for {len(rows)} prompts x {N}")
+        orm = prm = None
+        if cfg.scored:
+            expanded = [p for p in prompts for _ in range(N)]
+            completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t
+                           for p, t in zip(expanded, texts)]
+            with self.timer("score"):
+                every_row = [r for r in rows for _ in range(N)]
+                if cfg.orm_model:
+                    orm = self.session["orm"].score(expanded, completions, every_row)
+                    check_scores("orm", orm, len(texts))
+                if cfg.prm_model:
+                    steps = self.session["prm"].score(expanded, completions, every_row)
+                    check_scores("prm", steps, len(texts))
+                    prm = [aggregate_steps(s, cfg.prm_aggregation) for s in steps]
+        lines, passed, easy = [], 0, 0
+        for i, row in enumerate(rows):
+            own = texts[i * N : (i + 1) * N]
+            if not cfg.scored:
+                lines += [self.line(row, prompts[i], start + i, text) for text in own]
+                continue
+            chosen = select(
+                None if orm is None else orm[i * N : (i + 1) * N], None if prm is None else prm[i * N : (i + 1) * N],
+                cfg.n_best_to_keep, cfg.orm_threshold, cfg.prm_threshold, cfg.easy_query_threshold,
+            )
+            passed += sum(chosen.passed)
+            easy += chosen.easy
+            for c in chosen.chosen:
+                lines.append(self.line(row, prompts[i], start + i, own[c], own[chosen.rejected],
+                                       chosen.scores[c], chosen.scores[chosen.rejected]))
+        metrics = {
+            "prompts": len(rows), "candidates": len(texts), "kept": len(lines),
+            "pass_rate": passed / len(texts) if cfg.scored else 1.0, "easy_dropped": easy,
+            "candidates/mean_chars": sum(len(t) for t in texts) / len(texts),
+        }
+        if orm is not None:
+            metrics["orm/mean"] = sum(orm) / len(orm)
+        if prm is not None:
+            metrics["prm/mean"] = sum(prm) / len(prm)
+        if self.teacher is not None:
+            metrics["teacher/retries"] = self.teacher.retries
+        return lines, metrics
+
+    def line(self, row: dict[str, Any], prompt: Any, index: int, chosen: str, rejected: str | None = None,
+             chosen_reward: float | None = None, rejected_reward: float | None = None) -> str:
+        """One output row as JSON: ms-swift's layout, or a DPO pair."""
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        if self.config.output_format == "dpo":
+            out: dict[str, Any] = {
+                "prompt": messages, "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+                "chosen_reward": chosen_reward, "rejected_reward": rejected_reward,
+            }
+        else:
+            out = {**row, "messages": messages + [{"role": "assistant", "content": chosen}]}
+            if rejected is not None:
+                out["rejected_response"] = rejected
+            out["id"] = self.ids[index]
+        return json.dumps(out, ensure_ascii=False, default=str)
