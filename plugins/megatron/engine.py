@@ -1,0 +1,741 @@
+"""`MegatronTrainEngine`: megatron-core's GPTModel (local layer spec: no Transformer Engine, no Apex) built
+from a Hugging Face Qwen2 or Llama checkpoint, trained with tensor, pipeline and data parallelism.
+
+The group's workers (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the worker runtime) form one
+torch.distributed world; megatron's parallel state cuts it as rlcore's `Mesh` orders ranks (tensor
+fastest, then pipeline, then data: order "tp-cp-ep-pp-dp"). On CUDA: megatron's DistributedDataParallel,
+its distributed optimizer, bf16 through `Float16Module`, micro-batches through megatron's pipeline
+schedule. Without CUDA (tests, CI): one worker, float32, and the named stand-ins of `cpu_shim`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from rlcore.batch import Batch
+from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
+from rlcore.errors import ConfigError, RlcoreError
+from rlcore.plugins.hf.common import check_temperature, common_problems, raise_problems, torch_device
+
+from . import mapping
+
+SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine", "linear": "linear"}
+META_FILE = "megatron_meta.json"
+
+
+class MegatronTrainEngine(TrainEngine):
+    """A megatron-core GPTModel on one worker of a tensor x pipeline x data parallel group.
+
+    Options are the hf engine's (as TRL names them) plus `tensor_model_parallel_size`,
+    `pipeline_model_parallel_size`, `make_vocab_size_divisible_by` and `use_distributed_optimizer`.
+    LoRA is not offered (`lora_rank` must be 0). Every problem with the options, the architecture and the
+    parallel sizes is reported at once, before any weight is allocated.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        dtype: str = "float32",
+        device: str = "cpu",
+        learning_rate: float = 1e-6,
+        weight_decay: float = 0.0,
+        adam_beta1: float = 0.9,
+        adam_beta2: float = 0.999,
+        adam_epsilon: float = 1e-8,
+        max_grad_norm: float = 1.0,
+        lr_scheduler_type: str = "constant",
+        warmup_steps: int = 0,
+        max_steps: int = 0,
+        gradient_checkpointing: bool = False,
+        lora_rank: int = 0,
+        lora_alpha: int = 32,
+        lora_target_modules: str | list[str] = "all-linear",
+        logprob_micro_batch_size: int = 16,
+        seed: int = 42,
+        dist_timeout_s: float = 600.0,
+        tensor_model_parallel_size: int = 1,
+        pipeline_model_parallel_size: int = 1,
+        make_vocab_size_divisible_by: int = 128,
+        use_distributed_optimizer: bool = True,
+        forward_only: bool = False,
+    ):
+        options = dict(locals())
+        kind = "forward" if forward_only else "train"
+        tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+        problems = common_problems(model, dtype, device) + _option_problems(options)
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        spec = None
+        if not any(key == "model" for key, _ in problems):
+            try:
+                spec = mapping.spec_from_hf_config(_hf_config(model))
+            except ConfigError as exc:
+                problems.extend(exc.problems or [("model", str(exc))])
+        if spec is not None and not any(k.endswith("parallel_size") for k, _ in problems):
+            problems.extend(mapping.parallel_problems(spec, tp, pp, world_size))
+        raise_problems(f"megatron {kind} engine", problems)
+
+        import torch
+
+        self.spec, self.model_name, self.forward_only = spec, str(model), forward_only
+        self.device = torch_device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        self.dtype = _torch_dtype(dtype, self.cuda)
+        self.logprob_micro_batch_size = logprob_micro_batch_size
+        self.global_step = 0
+        self._offloaded: set[str] = set()
+        self._cpu_copies: dict[int, Any] = {}
+        torch.manual_seed(seed)
+        self.rank, self.world_size = _init_distributed(self.device, dist_timeout_s)
+        self._init_parallel_state(tp, pp, seed)
+        self.padded_vocab = mapping.padded_vocab_size(spec.vocab_size, tp, make_vocab_size_divisible_by)
+        self.config = self._transformer_config(gradient_checkpointing)
+        self.module = self._build_model()
+        self._load_hf(self.model_name)
+        self._wrap_and_optimize(options)
+
+    # ------------------------------------------------------------------ construction
+
+    def _init_parallel_state(self, tp: int, pp: int, seed: int) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core import tensor_parallel
+
+        if ps.model_parallel_is_initialized():
+            have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
+            if have != (tp, pp):
+                raise RlcoreError(
+                    f"megatron's parallel state of this process is tensor x pipeline = {have[0]} x {have[1]} (another "
+                    f"megatron engine built it); this engine asks {tp} x {pp}: one layout per process"
+                )
+        else:
+            ps.initialize_model_parallel(
+                tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, order="tp-cp-ep-pp-dp"
+            )
+        self.tp, self.pp = tp, pp
+        self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.tp_group = ps.get_tensor_model_parallel_group() if tp > 1 else None
+        self.pp_group = ps.get_pipeline_model_parallel_group() if pp > 1 else None
+        self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == pp - 1
+        if self.cuda:
+            tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        else:
+            from .cpu_shim import use_cpu_rng_tracker
+
+            use_cpu_rng_tracker()
+
+    def _transformer_config(self, gradient_checkpointing: bool) -> Any:
+        import torch
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        s = self.spec
+        recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        return TransformerConfig(
+            num_layers=s.num_layers, hidden_size=s.hidden_size, num_attention_heads=s.num_heads,
+            num_query_groups=s.num_kv_heads, kv_channels=s.head_dim, ffn_hidden_size=s.ffn_hidden_size,
+            normalization="RMSNorm", layernorm_epsilon=s.norm_eps, gated_linear_unit=True,
+            activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=s.qkv_bias,
+            hidden_dropout=0.0, attention_dropout=0.0, attention_softmax_in_fp32=True,
+            bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+            masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
+            tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp, sequence_parallel=False,
+            params_dtype=self.dtype, pipeline_dtype=self.dtype, bf16=self.dtype == torch.bfloat16,
+            fp16=self.dtype == torch.float16, use_cpu_initialization=not self.cuda, perform_initialization=False,
+            **(recompute if gradient_checkpointing else {}),
+        )
+
+    def _build_model(self) -> Any:
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        theta = self.spec.rope_theta
+        return GPTModel(
+            self.config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=self.padded_vocab,
+            max_sequence_length=self.spec.max_position_embeddings, pre_process=self.first_stage,
+            post_process=self.last_stage, share_embeddings_and_output_weights=self.spec.tied,
+            position_embedding_type="rope", rotary_percent=1.0,
+            rotary_base=int(theta) if float(theta).is_integer() else theta,
+        )
+
+    def _load_hf(self, model: str) -> None:
+        """This rank's shard of the Hugging Face weights, into the (unwrapped) GPTModel."""
+        with _SafetensorsReader(_model_dir(model)) as hf:
+            self._load_megatron_state(mapping.hf_to_megatron(
+                hf, self.spec, tp_rank=self.tp_rank, tp=self.tp, pp_rank=self.pp_rank, pp=self.pp,
+                padded_vocab=self.padded_vocab,
+            ))
+
+    def _load_megatron_state(self, state: dict[str, Any]) -> None:
+        result = self.module.load_state_dict(state, strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise RlcoreError(
+                f"the Hugging Face -> megatron mapping of {self.model_name} does not fit the model: missing "
+                f"{missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+            )
+
+    def _wrap_and_optimize(self, o: dict[str, Any]) -> None:
+        """Float16Module for bf16/fp16; then, to train: megatron DDP + its optimizer (CUDA) or the CPU shim's."""
+        import torch
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        model = self.module
+        if self.dtype != torch.float32:
+            from megatron.core.transformer.module import Float16Module
+
+            model = Float16Module(self.config, model)
+        self.optimizer = self.scheduler = None
+        if self.forward_only:
+            self.model = model.requires_grad_(False).eval()
+            return
+        if self.cuda:
+            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+            ddp_config = DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=o["use_distributed_optimizer"],
+            )
+            model = DistributedDataParallel(self.config, ddp_config, model)
+            self.optimizer = get_megatron_optimizer(OptimizerConfig(
+                optimizer="adam", lr=o["learning_rate"], min_lr=0.0, weight_decay=o["weight_decay"],
+                adam_beta1=o["adam_beta1"], adam_beta2=o["adam_beta2"], adam_eps=o["adam_epsilon"],
+                clip_grad=o["max_grad_norm"] or 0.0, bf16=self.config.bf16, fp16=self.config.fp16,
+                params_dtype=self.dtype, use_distributed_optimizer=o["use_distributed_optimizer"],
+            ), [model])
+            self.config.no_sync_func = model.no_sync
+            self.config.finalize_model_grads_func = finalize_model_grads
+            self.config.grad_scale_func = self.optimizer.scale_loss
+        else:
+            from .cpu_shim import CpuOptimizer
+
+            self.optimizer = CpuOptimizer(
+                list(model.parameters()), lr=o["learning_rate"], weight_decay=o["weight_decay"],
+                betas=(o["adam_beta1"], o["adam_beta2"]), eps=o["adam_epsilon"], clip_grad=o["max_grad_norm"] or 0.0,
+            )
+        self.model = model.eval()
+        warmup = 0 if o["lr_scheduler_type"] == "constant" else o["warmup_steps"]
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0, max_lr=o["learning_rate"], min_lr=0.0, lr_warmup_steps=warmup,
+            lr_decay_steps=max(o["max_steps"], warmup + 1), lr_decay_style=SCHEDULERS[o["lr_scheduler_type"]],
+            start_wd=o["weight_decay"], end_wd=o["weight_decay"], wd_incr_steps=max(o["max_steps"], 1),
+            wd_incr_style="constant",
+        )
+
+    # ------------------------------------------------------------------ passes
+
+    def _schedule(self) -> Any:
+        if self.cuda:
+            from megatron.core.pipeline_parallel import get_forward_backward_func
+
+            return get_forward_backward_func()
+        from .cpu_shim import forward_backward_local
+
+        return forward_backward_local
+
+    def _run(self, micros: list[Batch], loss_func_of: Any, forward_only: bool) -> list[dict[str, Any]]:
+        """The micro-batches through megatron's schedule; returns the last stage's loss-function dicts."""
+        import torch
+
+        def forward_step(data_iterator: Iterator[Batch], model: Any) -> tuple[Any, Any]:
+            micro = next(data_iterator)
+            ids = micro["input_ids"]
+            T = ids.shape[1]
+            positions = torch.arange(T, device=ids.device)[None].expand_as(ids)
+            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).triu(1)[None, None]
+            return model(ids, positions, causal), lambda logits: loss_func_of(logits, micro)
+
+        width = micros[0]["input_ids"].shape[1]
+        return self._schedule()(
+            forward_step_func=forward_step, data_iterator=iter(micros), model=[self.model],
+            num_microbatches=len(micros), seq_length=width, micro_batch_size=len(micros[0]),
+            decoder_seq_length=width, forward_only=forward_only,
+        )
+
+    def _outputs(self, logits: Any, micro: Batch, temperature: float) -> Any:
+        from .vocab_parallel import VocabParallelOutputs
+
+        return VocabParallelOutputs(logits, micro["input_ids"], micro["attention_mask"], self.spec.vocab_size,
+                                    self.tp_group, temperature)
+
+    def _forward_chunks(self, batch: Batch, temperature: float, take: Any, trailing: tuple[int, ...], dtype: Any) -> Any:
+        """`take(outputs)` of every chunk of `logprob_micro_batch_size` rows, as one CPU tensor
+        [B, T, *trailing]; computed on the last stage and broadcast over the pipeline."""
+        import torch
+
+        check_temperature(temperature)
+        self._ensure_loaded()
+        input_ids, attention_mask = _columns(batch)
+        out = torch.zeros(*input_ids.shape, *trailing, dtype=dtype)
+        lengths = attention_mask.sum(dim=1)
+        self.model.eval()
+        with torch.no_grad():
+            for start in range(0, len(batch), self.logprob_micro_batch_size):
+                rows = slice(start, start + self.logprob_micro_batch_size)
+                width = max(int(lengths[rows].max()), 1)
+                micro = Batch({"input_ids": input_ids[rows, :width], "attention_mask": attention_mask[rows, :width]})
+                micro = micro.to(self.device)
+                result = self._run(
+                    [micro], lambda logits, m: (logits.new_zeros(()), {"value": take(self._outputs(logits, m, temperature))}),
+                    forward_only=True,
+                )
+                value = result[0]["value"] if self.last_stage else torch.empty(
+                    micro["input_ids"].shape + trailing, dtype=dtype, device=self.device)
+                if self.pp > 1:
+                    from megatron.core import parallel_state as ps
+
+                    torch.distributed.broadcast(value, ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
+                out[rows, :width] = value.cpu()
+        return out
+
+    def forward_logprobs(self, batch: Batch, temperature: float = 1.0) -> Any:
+        """Per-token log-probs [B, T] (CPU, float32), vocab-parallel, aligned as `rlcore.engines` says."""
+        import torch
+
+        return self._forward_chunks(batch, temperature, lambda o: o.logprobs(), (), torch.float32)
+
+    def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0) -> TopK | Any:
+        """Top-k log-probs (a `TopK` [B, T, k]: a top-k per vocabulary shard, then over the shards' candidates)
+        or, for k=None, full-vocabulary log-probs [B, T, V] (gathered), on CPU."""
+        import torch
+
+        if k is not None and (not isinstance(k, int) or k < 1):
+            raise RlcoreError(f"forward_topk: k={k!r} must be a positive int or None (full vocabulary)")
+        if k is None:
+            return self._forward_chunks(batch, temperature, lambda o: o.full_logprobs(), (self.spec.vocab_size,), torch.float32)
+        k = min(k, self.spec.vocab_size)
+        ids = self._forward_chunks(batch, temperature, lambda o: o.topk(k).ids, (k,), torch.long)
+        values = self._forward_chunks(batch, temperature, lambda o: o.topk(k).logprobs, (k,), torch.float32)
+        return TopK(ids=ids, logprobs=values)
+
+    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:
+        """One optimizer step over `batch` in micro-batches through megatron's schedule (see
+        `TrainEngine.train_step`). With pipeline stages every micro-batch has the batch's width and the
+        same number of rows (so `len(batch)` must be a multiple of the micro-batch count)."""
+        import torch
+
+        if self.forward_only:
+            raise RlcoreError(
+                "train_step on a forward-only megatron engine (kind 'forward': a reference or teacher model, built "
+                "without optimizer); build the engine with kind 'train' to train it"
+            )
+        check_temperature(temperature)
+        if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+            raise RlcoreError(f"train_step: micro_batch_size={micro_batch_size!r} must be a positive int")
+        _columns(batch)
+        if len(batch) == 0:
+            raise RlcoreError(f"train_step: rank {self.rank} got an empty batch")
+        num_micro = math.ceil(len(batch) / micro_batch_size)
+        if self.pp > 1 and len(batch) % num_micro:
+            raise RlcoreError(
+                f"train_step: with pipeline_model_parallel_size={self.pp} every micro-batch needs the same rows; "
+                f"{len(batch)} rows do not split into {num_micro} equal micro-batches of at most {micro_batch_size}"
+            )
+        self._ensure_loaded()
+        batch = _trim(batch)
+        micros = [(m if self.pp > 1 else _trim(m)).to(self.device) for m in batch.split(num_micro)]
+
+        def loss_func(logits: Any, micro: Batch) -> tuple[Any, dict[str, Any]]:
+            loss, metrics = loss_fn(self._outputs(logits, micro, temperature), micro)
+            # megatron's schedule divides by the micro-batch count; the contract's loss is already a share
+            return loss * num_micro, {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}
+
+        self._zero_grad()
+        self.model.train()
+        try:
+            stored = self._run(micros, loss_func, forward_only=False)
+        finally:
+            self.model.eval()
+        lr = self.optimizer.param_groups[0]["lr"]
+        _, grad_norm, _ = self.optimizer.step()
+        self.scheduler.step(increment=1)
+        self._zero_grad()
+        self.global_step += 1
+        sums: dict[str, float] = {}
+        for metrics in stored:
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+        out = {key: (value if key == "loss" else value / num_micro) for key, value in sums.items()}
+        if self.pp > 1:  # the metrics live on the last stage
+            from megatron.core import parallel_state as ps
+
+            box = [out]
+            torch.distributed.broadcast_object_list(box, ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
+            out = box[0]
+        out.update(grad_norm=float(grad_norm if grad_norm is not None else 0.0), lr=float(lr))
+        return out
+
+    def _zero_grad(self) -> None:
+        if hasattr(self.model, "zero_grad_buffer"):
+            self.model.zero_grad_buffer()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ------------------------------------------------------------------ weights out
+
+    def _stage_tensors(self) -> Iterator[tuple[str, Any]]:
+        """This stage's megatron tensors, tensor shards gathered (a collective over the tensor group)."""
+        import torch
+
+        for name, tensor in self.module.state_dict(keep_vars=True).items():
+            if name.endswith("_extra_state") or not torch.is_tensor(tensor):
+                continue
+            tensor = tensor.detach()
+            if self.tp > 1 and not name.endswith("layernorm.weight"):
+                parts = [torch.empty_like(tensor) for _ in range(self.tp)]
+                torch.distributed.all_gather(parts, tensor.contiguous(), group=self.tp_group)
+                tensor = mapping.merge_tp(name, parts)
+            yield name, tensor
+
+    def hf_tensors(self) -> Iterator[tuple[str, Any]]:
+        """All weights in Hugging Face names, on global rank 0 (a collective: every rank of the group calls it;
+        other ranks yield nothing). Stage s's tensors travel to rank 0 over the pipeline group."""
+        import torch
+
+        self._ensure_loaded()
+        with torch.no_grad():
+            mine = dict(mapping.megatron_to_hf(dict(self._stage_tensors()), self.spec, pp_rank=self.pp_rank, pp=self.pp))
+            if self.pp == 1:
+                if self.rank == 0:
+                    yield from mine.items()
+                return
+            if self.dp_rank != 0 or self.tp_rank != 0:
+                return
+            from megatron.core import parallel_state as ps
+
+            ranks = torch.distributed.get_process_group_ranks(self.pp_group)
+            for stage in range(self.pp):
+                box = [[(n, tuple(t.shape), str(t.dtype)) for n, t in mine.items()] if stage == self.pp_rank else None]
+                torch.distributed.broadcast_object_list(box, ranks[stage], group=self.pp_group)
+                for name, shape, dtype in box[0]:
+                    tensor = mine[name].contiguous() if stage == self.pp_rank else torch.empty(
+                        shape, dtype=getattr(torch, dtype.removeprefix("torch.")), device=self.device)
+                    torch.distributed.broadcast(tensor, ranks[stage], group=self.pp_group)
+                    if ps.is_pipeline_first_stage() and self.rank == 0:
+                        yield name, tensor
+
+    def export_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[NamedTensors]:
+        """Weights in Hugging Face names in buckets, on rank 0 (every rank of the group must call it)."""
+        from rlcore.weight_sync import iter_buckets
+
+        if bucket_bytes < 1:
+            raise RlcoreError(f"export_weights: bucket_bytes={bucket_bytes!r} must be positive")
+        yield from iter_buckets(self.hf_tensors(), bucket_bytes)
+
+    # ------------------------------------------------------------------ memory
+
+    def _ddp_buffers(self) -> list[Any]:
+        return [*getattr(self.model, "buffers", []), *getattr(self.model, "expert_parallel_buffers", [])] \
+            if hasattr(self.model, "zero_grad_buffer") else []
+
+    def _inner_optimizers(self) -> list[Any]:
+        if self.optimizer is None:
+            return []
+        return [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        """Params (megatron's contiguous buffers) and optimizer state (fp32 main params, Adam moments) to CPU
+        memory; grads freed. On a CPU engine only the grads are dropped."""
+        import torch
+
+        if grads and self.optimizer is not None:
+            self._zero_grad()
+        if not self.cuda:
+            return
+        if grads:
+            for buffer in self._ddp_buffers():
+                buffer.grad_data.untyped_storage().resize_(0)
+            self._offloaded.add("grads")
+        if params:
+            buffers = self._ddp_buffers()
+            if buffers:
+                for buffer in buffers:
+                    self._cpu_copies[id(buffer)] = buffer.param_data.to("cpu")
+                    buffer.param_data.untyped_storage().resize_(0)
+            else:
+                _move_tensors([*self.model.parameters(), *self.model.buffers()], torch.device("cpu"))
+            self._offloaded.add("params")
+        if optimizer and self.optimizer is not None:
+            for inner in self._inner_optimizers():
+                _move_optimizer(inner, torch.device("cpu"))
+            self._offloaded.add("optimizer")
+        torch.cuda.empty_cache()
+
+    def reload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        """Bring offloaded state back to the GPU (grads as zeros)."""
+        if params and "params" in self._offloaded:
+            buffers = self._ddp_buffers()
+            if buffers:
+                for buffer in buffers:
+                    data = buffer.param_data
+                    data.untyped_storage().resize_(data.numel() * data.element_size())
+                    data.copy_(self._cpu_copies.pop(id(buffer)), non_blocking=True)
+            else:
+                _move_tensors([*self.model.parameters(), *self.model.buffers()], self.device)
+            self._offloaded.discard("params")
+        if grads and "grads" in self._offloaded:
+            for buffer in self._ddp_buffers():
+                data = buffer.grad_data
+                data.untyped_storage().resize_(data.numel() * data.element_size())
+                data.zero_()
+            self._offloaded.discard("grads")
+        if optimizer and "optimizer" in self._offloaded:
+            for inner in self._inner_optimizers():
+                _move_optimizer(inner, self.device)
+            self._offloaded.discard("optimizer")
+
+    def _ensure_loaded(self) -> None:
+        if "params" in self._offloaded:
+            raise RlcoreError("the megatron engine's params are offloaded; call reload(params=True) first")
+        if "grads" in self._offloaded and not self.forward_only:
+            self.reload(params=False, grads=True, optimizer=False)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _layout(self) -> dict[str, int]:
+        return {"tensor_model_parallel_size": self.tp, "pipeline_model_parallel_size": self.pp, "world_size": self.world_size}
+
+    def save(self, path: str) -> None:
+        """`path/model/model.safetensors` (Hugging Face names: loadable by transformers), the scheduler and step in
+        `path/megatron_meta.json`-side state, and each rank's optimizer shard (fp32 main params and Adam
+        moments) in `path/optimizer/rank_NNNNN.pt`; written into a temporary directory, then renamed in place."""
+        import torch
+        from safetensors.torch import save_file
+
+        if self.forward_only:
+            raise RlcoreError(f"save: a forward-only megatron engine holds the fixed model {self.model_name}; nothing to save")
+        path = Path(path)
+        tmp = _shared_tmp(path, self.rank, self.world_size)
+        weights = {name: t.detach().cpu().contiguous() for name, t in self.hf_tensors()}
+        if self.rank == 0:
+            (tmp / "model").mkdir(parents=True, exist_ok=True)
+            save_file(weights, str(tmp / "model" / "model.safetensors"))
+            meta = {**self._layout(), "global_step": self.global_step, "scheduler": self.scheduler.state_dict()}
+            (tmp / META_FILE).write_text(json.dumps(meta))
+        (tmp / "optimizer").mkdir(parents=True, exist_ok=True)
+        torch.save(self._optimizer_state(), tmp / "optimizer" / f"rank_{self.rank:05d}.pt")
+        if self.world_size > 1:
+            torch.distributed.barrier()
+        if self.rank == 0:
+            _replace_dir(tmp, path)
+        if self.world_size > 1:
+            torch.distributed.barrier()
+
+    def load(self, path: str) -> None:
+        """Restore what `save` wrote, with the same tensor, pipeline and data sizes."""
+        import torch
+
+        if self.forward_only:
+            raise RlcoreError("load: a forward-only megatron engine has no training state to load")
+        path = Path(path)
+        meta_file, shard = path / META_FILE, path / "optimizer" / f"rank_{self.rank:05d}.pt"
+        if not meta_file.is_file() or not shard.is_file() or not (path / "model" / "model.safetensors").is_file():
+            raise RlcoreError(f"'{path}' is not a checkpoint of the megatron train engine (no {META_FILE}, model/ or {shard.name})")
+        meta = json.loads(meta_file.read_text())
+        saved = {k: meta.get(k) for k in self._layout()}
+        if saved != self._layout():
+            raise RlcoreError(f"checkpoint '{path}' was written with {saved}; this engine runs {self._layout()}: resume with the same sizes")
+        self._load_hf(str(path / "model"))
+        try:  # tensors, numbers and strings only: a checkpoint is data, never code
+            state = torch.load(shard, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise RlcoreError(f"{shard} cannot be read as an optimizer shard: {exc}") from exc
+        for inner, main, inner_state in zip(self._inner_optimizers(), state["main"], state["inner"], strict=True):
+            for p, saved_p in zip((p for g in inner.param_groups for p in g["params"]), main, strict=True):
+                p.data.copy_(saved_p)
+            inner.load_state_dict(inner_state)
+            _move_optimizer(inner, self.device)
+        self.scheduler.load_state_dict(meta["scheduler"])
+        self.global_step = int(meta["global_step"])
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        inners = self._inner_optimizers()
+        return {
+            "inner": [o.state_dict() for o in inners],
+            "main": [[p.detach().cpu() for g in o.param_groups for p in g["params"]] for o in inners],
+        }
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "num_parameters": sum(p.numel() for p in self.module.parameters()),
+            "global_step": self.global_step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "tensor_model_parallel_size": self.tp,
+            "pipeline_model_parallel_size": self.pp,
+            "forward_only": self.forward_only,
+        }
+
+
+# ---------------------------------------------------------------------- helpers
+
+def _option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+
+    def need(ok: bool, key: str, rule: str) -> None:
+        if not ok:
+            problems.append((key, f"{key}={o[key]!r} {rule}"))
+
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "logprob_micro_batch_size",
+                "make_vocab_size_divisible_by"):
+        need(isinstance(o[key], int) and o[key] >= 1, key, "must be a positive int")
+    need(o["lora_rank"] == 0, "lora_rank", "must be 0: the megatron engine trains every weight (use engine hf for LoRA)")
+    need(o["learning_rate"] >= 0, "learning_rate", "must be >= 0")
+    need(o["weight_decay"] >= 0, "weight_decay", "must be >= 0")
+    need(0 <= o["adam_beta1"] < 1, "adam_beta1", "must be in [0, 1)")
+    need(0 <= o["adam_beta2"] < 1, "adam_beta2", "must be in [0, 1)")
+    need(o["adam_epsilon"] > 0, "adam_epsilon", "must be > 0")
+    need(o["max_grad_norm"] is None or o["max_grad_norm"] >= 0, "max_grad_norm", "must be >= 0 (0: no clipping)")
+    need(o["lr_scheduler_type"] in SCHEDULERS, "lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
+    need(isinstance(o["warmup_steps"], int) and o["warmup_steps"] >= 0, "warmup_steps", "must be an int >= 0")
+    need(isinstance(o["max_steps"], int) and o["max_steps"] >= 0, "max_steps", "must be an int >= 0")
+    if o["lr_scheduler_type"] in ("cosine", "linear"):
+        need(o["max_steps"] > 0, "max_steps", f"must be > 0 for lr_scheduler_type={o['lr_scheduler_type']!r}")
+    need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
+    if isinstance(o["device"], str) and o["device"].startswith("cpu"):
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        need(o["dtype"] in ("float32", "auto"), "dtype", "must be float32 on the CPU (bf16 and fp16 need CUDA)")
+        need(o["tensor_model_parallel_size"] == 1, "tensor_model_parallel_size", "must be 1 on the CPU")
+        need(o["pipeline_model_parallel_size"] == 1, "pipeline_model_parallel_size", "must be 1 on the CPU")
+        need(not o["gradient_checkpointing"], "gradient_checkpointing", "needs CUDA with the megatron engine")
+        if world != 1:
+            problems.append(("device", f"the megatron engine runs one worker on the CPU, but WORLD_SIZE={world}; "
+                                       "use GPUs, or engine hf for CPU data parallelism"))
+    return problems
+
+
+def _torch_dtype(dtype: str, cuda: bool) -> Any:
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if cuda else torch.float32
+    return getattr(torch, dtype)
+
+
+def _model_dir(model: str) -> Path:
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors"]))
+
+
+def _hf_config(model: str) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(os.path.expanduser(str(model)))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model={str(model)!r} could not be loaded: {exc}", [("model", str(exc))]) from exc
+
+
+class _SafetensorsReader:
+    """A Hugging Face checkpoint's tensors by name, read from its safetensors files only when asked."""
+
+    def __init__(self, directory: Path):
+        from safetensors import safe_open
+
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise RlcoreError(f"'{directory}' holds no *.safetensors weights")
+        self.handles = [safe_open(str(f), framework="pt") for f in files]
+        self.where = {name: h for h in self.handles for name in h.keys()}
+        self.directory = directory
+
+    def __enter__(self) -> _SafetensorsReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.handles.clear()
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.where:
+            raise RlcoreError(f"'{self.directory}' has no weight '{name}' that the megatron mapping needs")
+        return self.where[name].get_tensor(name)
+
+
+def _init_distributed(device: Any, timeout_s: float) -> tuple[int, int]:
+    """Join (or make) the group's torch.distributed world; a one-process world on a private store when alone."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if world_size == 1:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return 0, 1
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; the worker runtime sets them")
+    dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _columns(batch: Batch) -> tuple[Any, Any]:
+    missing = [k for k in ("input_ids", "attention_mask") if k not in batch]
+    if missing:
+        raise RlcoreError(f"the batch has no {', '.join(missing)} column; columns: {', '.join(batch.keys()) or '(none)'}")
+    return batch["input_ids"], batch["attention_mask"]
+
+
+def _trim(micro: Batch) -> Batch:
+    """Drop the all-padding tail columns of a right-padded batch from every [rows, T, ...] tensor."""
+    T = micro["input_ids"].shape[1]
+    width = max(int(micro["attention_mask"].sum(dim=1).max()), 1)
+    if width == T:
+        return micro
+    return Batch({
+        k: v[:, :width] if hasattr(v, "shape") and v.dim() >= 2 and v.shape[1] == T else v for k, v in micro.items()
+    })
+
+
+def _move_tensors(tensors: list[Any], device: Any) -> None:
+    for tensor in tensors:
+        tensor.data = tensor.data.to(device, non_blocking=True)
+
+
+def _move_optimizer(optimizer: Any, device: Any) -> None:
+    """An inner torch optimizer's params (megatron's fp32 main params) and state tensors to `device`."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.data = p.data.to(device, non_blocking=True)
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if hasattr(value, "to") and key != "step":
+                state[key] = value.to(device, non_blocking=True)
+
+
+def _shared_tmp(path: Path, rank: int, world_size: int) -> Path:
+    """A temporary directory beside `path` that rank 0 makes and every rank of the group writes into."""
+    import torch
+
+    box = [None]
+    if rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        box = [tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)]
+    if world_size > 1:
+        torch.distributed.broadcast_object_list(box, 0)
+    return Path(box[0])
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Put directory `src` at `dst`, replacing an old `dst` only once `src` is complete."""
+    if dst.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
+        os.replace(dst, old / dst.name)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
