@@ -1,0 +1,177 @@
+"""The GKD configuration. Keys are spelled as TRL's GKDConfig and ms-swift spell them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, model_validator
+
+from rlcore import BaseConfig, ConfigProblems, RoleConfig, RunConfig
+from rlcore.plugins.grpo.config import RolloutRoleConfig, TrainRoleConfig
+from rlcore.resources import parse_ranks
+
+
+class TeacherRoleConfig(RoleConfig):
+    """The `teacher:` section. With `gpus` (or `model`, or a device group listing `teacher`) the teacher is a
+    group of its own, served by a rollout engine (vllm on GPUs, hf on the CPU) that returns top-k log-probs;
+    without, the teacher is `teacher_model`, colocated in the train workers."""
+
+    model: str | None = Field(None, description="the served teacher's model (a separate group); unset: teacher_model")
+    dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
+    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per teacher replica")
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory the vLLM teacher takes")
+    vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")
+    vllm_enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start)")
+    vllm_engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="passed to vllm.LLM as is; max_logprobs is raised to gkd_logits_topk"
+    )
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
+
+
+# With no model, teacher and dataset, a run is the embedded demo: a tiny student learns a different tiny teacher on
+# short prompts on the CPU. The demo's run takes these settings for keys the user did not set (`GKDConfig.for_run`).
+DEMO_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 3e-3,
+    "max_steps": 30,
+    "max_completion_length": 12,
+    "per_device_train_batch_size": 16,
+    "temperature": 1.0,
+    "eval_size": 16,
+    "eval_steps": 10,
+    "output_dir": "output/gkd-demo",
+}
+
+
+class GKDConfig(RunConfig):
+    """Generalized Knowledge Distillation (Agarwal et al., 2024; TRL's GKDTrainer): on-policy distillation."""
+
+    # models and data
+    model: str | None = Field(
+        None,
+        description="the student: an HF model directory or hub id; unset (with no teacher and no dataset): the embedded "
+        "demo, whose run uses learning_rate 3e-3, max_steps 30, max_completion_length 12, per_device_train_batch_size "
+        "16, temperature 1, eval_size 16, eval_steps 10, output_dir output/gkd-demo for keys not set",
+    )
+    teacher_model: str | None = Field(
+        None, description="the teacher, colocated in the train workers (full vocabulary or top-k); for a separate "
+        "teacher group set teacher.model and teacher.gpus instead"
+    )
+    offload_teacher_model: bool = Field(
+        False, description="colocated teacher: keep it in CPU memory, brought to the device only for its forward"
+    )
+    dataset: str | None = Field(
+        None, description="JSONL/JSON/Parquet with messages (ending in the assistant's turn) or prompt + completion"
+    )
+    use_chat_template: bool = Field(True, description="wrap prompts with the tokenizer's chat template")
+    max_prompt_length: int = Field(512, ge=1, description="prompts are cut to their last max_prompt_length tokens")
+    max_completion_length: int = Field(128, ge=1, description="tokens of a completion at most, generated or from the data")
+
+    # schedule
+    max_steps: int = Field(100, ge=1, description="optimizer steps to run")
+    learning_rate: float = Field(
+        5e-7, gt=0, validation_alias=AliasChoices("learning_rate", "lr"), description="AdamW learning rate (alias: lr)"
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    lr_scheduler_type: Literal["constant", "cosine", "linear"] = Field("constant", description="learning-rate schedule")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
+    per_device_train_batch_size: int = Field(8, ge=1, description="sequences per micro-batch per train worker")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+
+    # distillation
+    beta: float = Field(0.5, ge=0, le=1, description="generalized JSD mix: 0 forward KL(teacher || student), 1 reverse KL")
+    lmbda: float = Field(0.5, ge=0, le=1, description="fraction of steps whose completions the student generates (on-policy)")
+    temperature: float = Field(0.9, gt=0, description="sampling temperature, and the temperature of both distributions in the loss")
+    sft_alpha: float = Field(0.0, ge=0, description="weight of the cross-entropy on dataset completions (off-policy steps)")
+    gkd_logits_topk: int | None = Field(
+        None, ge=1, description="distil over the teacher's top-k tokens only; unset: the full vocabulary (colocated teacher only)"
+    )
+    seq_kd: bool = Field(False, description="not supported (ms-swift deprecated it); must stay false")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of on-policy completions")
+    top_k: int = Field(0, ge=0, description="top-k sampling of on-policy completions; 0 is off")
+
+    # held-out measure
+    eval_size: int = Field(0, ge=0, description="the dataset's last eval_size rows are held out; their JSD is logged as eval/jsd")
+    eval_steps: int = Field(10, ge=1, description="eval/jsd every eval_steps steps (and after the last one)")
+
+    # outputs
+    save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: only at the end")
+    save_total_limit: int | None = Field(None, ge=1, description="keep the newest N checkpoints")
+    resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
+    logging_steps: int = Field(10, ge=1, description="print a line of the step's metrics every N steps")
+    weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")
+    weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo", "cuda_ipc"] = Field(
+        "auto", description="how train weights reach the rollout role on Ray (see GRPO's key of the same name)"
+    )
+    check_weight_sync: bool = Field(True, description="after the first sync, compare rollout and train log-probs")
+
+    # roles
+    train: TrainRoleConfig = Field(default_factory=TrainRoleConfig, description="the student's train engine")
+    rollout: RolloutRoleConfig = Field(default_factory=RolloutRoleConfig, description="generates on-policy completions (lmbda > 0)")
+    teacher: TeacherRoleConfig = Field(default_factory=TeacherRoleConfig, description="a separate teacher group (top-k only)")
+
+    def for_run(self) -> GKDConfig:
+        """The config a run uses: itself, or for the embedded demo the demo's settings for keys not set."""
+        if self.model or self.dataset or self.teacher_model or self.teacher.model:
+            return self
+        demo = {k: v for k, v in DEMO_DEFAULTS.items() if k not in self.model_fields_set}
+        return type(self).model_validate({**self.model_dump(exclude_unset=True), **demo})
+
+    @property
+    def is_demo(self) -> bool:
+        return not (self.model or self.dataset or self.teacher_model or self.teacher.model)
+
+    @property
+    def served_teacher(self) -> bool:
+        """The teacher is a group of its own (served top-k), not a model inside the train workers."""
+        return bool(self.teacher.gpus or self.teacher.model or "teacher" in self._device_group_roles())
+
+    def _device_group_roles(self) -> set[str]:
+        roles: set[str] = set()
+        for spec in (self.device_groups or {}).values():
+            if isinstance(spec, dict):
+                workers = spec.get("workers")
+                roles.update([workers] if isinstance(workers, str) else workers or ())
+        return roles
+
+    @property
+    def train_workers(self) -> int:
+        """The train workers the config declares (the device group holding train, else train.gpus or train.cpus)."""
+        for spec in (self.device_groups or {}).values():
+            if isinstance(spec, dict) and "train" in ([spec.get("workers")] if isinstance(spec.get("workers"), str) else spec.get("workers") or ()):
+                try:
+                    ranks = parse_ranks(spec.get("ranks"))
+                except ValueError:
+                    return 1
+                return ranks if isinstance(ranks, int) else len(ranks)
+        return self.train.gpus or self.train.cpus
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GKDConfig:
+        problems = []
+        if self.seq_kd:
+            problems.append(("seq_kd", "is not supported: ms-swift deprecated sequence-level KD. Drop it; for on-policy "
+                             "distillation raise lmbda, or train on a dataset of the teacher's own completions"))
+        if self.served_teacher:
+            if self.gkd_logits_topk is None:
+                problems.append(("gkd_logits_topk", "is unset (full vocabulary), but the teacher is a separate group "
+                                 "(teacher: gpus/model), which serves top-k log-probs only. Either set gkd_logits_topk "
+                                 "(e.g. 64), or colocate the teacher in the train workers: set teacher_model and drop "
+                                 "the teacher section's gpus and model"))
+            if self.teacher_model and self.teacher.model and self.teacher_model != self.teacher.model:
+                problems.append(("teacher_model", f"('{self.teacher_model}') and teacher.model ('{self.teacher.model}') "
+                                 "differ; give the served teacher once, as teacher.model"))
+            if not (self.teacher_model or self.teacher.model):
+                problems.append(("teacher.model", "is unset; name the model the separate teacher group serves"))
+            if self.offload_teacher_model:
+                problems.append(("offload_teacher_model", "applies to a teacher colocated in the train workers, but the "
+                                 "teacher is a separate group; drop it (its engine sleeps when it shares GPUs)"))
+        elif not self.teacher_model and not self.is_demo:
+            problems.append(("teacher_model", "is unset; set teacher_model (colocated in the train workers), or "
+                             "teacher.model with teacher.gpus (a separate group serving top-k)"))
+        if problems:
+            raise ConfigProblems(problems)
+        return self
+
+
+__all__ = ["BaseConfig", "GKDConfig", "RolloutRoleConfig", "TeacherRoleConfig", "TrainRoleConfig"]

@@ -1,0 +1,119 @@
+"""GKD's data: conversations (prompt + the dataset's completion), their token ids, the held-out rows, and the
+embedded demo's tiny student, tiny teacher and prompts."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from rlcore import Batch, ConfigError
+from rlcore.batch import pad_tokens
+
+from .config import GKDConfig
+
+DEMO_PROMPTS = ("Write a word:", "Say something:", "Name a color:", "Count:", "Give me a word:", "Say a word:",
+                "Write:", "Word:", "Tell me a fact:", "Greet me:")
+DEMO_COMPLETIONS = ("apple", "the sea is blue", "red and green", "one two three", "hello there", "a tree",
+                    "sun", "the end", "water is wet", "hi")
+
+
+def demo_rows(n: int = 256, seed: int = 0) -> list[dict[str, Any]]:
+    """Short prompt/completion pairs drawn from fixed lists with a seeded generator."""
+    rng = random.Random(seed)
+    return [{"prompt": rng.choice(DEMO_PROMPTS), "completion": rng.choice(DEMO_COMPLETIONS)} for _ in range(n)]
+
+
+def demo_models(output_dir: str, seed: int) -> tuple[str, str]:
+    """(student, teacher): two tiny random models with the same tokenizer and different weights and widths;
+    the teacher's final norm is scaled up, so its distributions are peaked (a near-uniform random model would
+    leave nothing to learn)."""
+    from rlcore.plugins.hf.tiny import build_tiny_model
+
+    root = Path(output_dir)
+    student = build_tiny_model(root / "tiny-student", seed=seed)
+    teacher = root / "tiny-teacher"
+    base = build_tiny_model(root / "tiny-teacher-base", hidden_size=96, intermediate_size=192, num_layers=2,
+                            num_heads=4, num_kv_heads=2, seed=seed + 1)
+    if not (teacher / "config.json").is_file():
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(base)
+        with torch.no_grad():
+            model.model.norm.weight.mul_(DEMO_TEACHER_SHARPNESS)
+        tmp = root / ".tiny-teacher.tmp"
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+        tmp.rename(teacher)
+    return str(student), str(teacher)
+
+
+DEMO_TEACHER_SHARPNESS = 12.0
+
+
+class DistillData:
+    """The rows (training and held-out), their encoding with the student's tokenizer, and batches."""
+
+    def __init__(self, config: GKDConfig, batch_rows: int, model_path: str):
+        from rlcore.data import PromptEncoder, PromptSampler
+
+        cfg = self.config = config
+        rows = self.rows_of(cfg)
+        if cfg.eval_size and cfg.eval_size >= len(rows):
+            raise ConfigError(f"eval_size={cfg.eval_size} holds out every row of the dataset ({len(rows)} rows); "
+                              "lower it", [("eval_size", f"must be below the dataset's {len(rows)} rows")])
+        cut = len(rows) - cfg.eval_size
+        self.train_rows, self.heldout_rows = rows[:cut], rows[cut:]
+        self.prompts = PromptEncoder(model_path, cfg.use_chat_template, cfg.max_prompt_length)
+        self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
+        self.sampler = PromptSampler(self.train_rows, batch_rows, seed=cfg.seed)
+
+    @staticmethod
+    def rows_of(config: GKDConfig) -> list[dict[str, Any]]:
+        """Each row's `prompt` (messages without the last assistant turn) and `completion` (that turn's text)."""
+        from rlcore.data import conversation_view, load_rows
+
+        if config.dataset:
+            rows = conversation_view(load_rows(config.dataset), config.dataset)
+        else:
+            rows = conversation_view(demo_rows(seed=config.seed))
+        out = []
+        for row in rows:
+            content = row["messages"][-1]["content"]
+            if not isinstance(content, str):
+                content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+            out.append({**row, "prompt": row["messages"][:-1], "completion": content})
+        return out
+
+    def encode(self, rows: list[dict[str, Any]]) -> tuple[list[list[int]], list[list[int]]]:
+        """(prompt ids, completion ids) per row; a completion ends with the end-of-turn token, cut to
+        max_completion_length."""
+        eos = self.tokenizer.eos_token_id
+        prompts = [self.prompts.encode(r["prompt"]) for r in rows]
+        completions = []
+        for r in rows:
+            ids = list(self.tokenizer(r["completion"], add_special_tokens=False)["input_ids"]) + [eos]
+            completions.append(ids[: self.config.max_completion_length])
+        return prompts, completions
+
+    def batch(self, prompts: list[list[int]], completions: list[list[int]]) -> Batch:
+        """Prompt + completion, right-padded, with the completion mask."""
+        import torch
+
+        sequences = [p + c for p, c in zip(prompts, completions)]
+        input_ids, attention = pad_tokens(sequences, self.tokenizer.pad_token_id)
+        mask = torch.zeros(input_ids.shape, dtype=torch.float)
+        for i, (p, s) in enumerate(zip(prompts, sequences)):
+            mask[i, len(p) : len(s)] = 1
+        return Batch(input_ids=input_ids, attention_mask=attention, completion_mask=mask)
+
+    def heldout_batch(self) -> Batch | None:
+        if not self.heldout_rows:
+            return None
+        return self.batch(*self.encode(self.heldout_rows))
+
+    def probe_sequence(self) -> list[int]:
+        """A fixed sequence for the weight-sync check: the first training row, prompt and completion."""
+        prompts, completions = self.encode(self.train_rows[:1])
+        return prompts[0] + completions[0]

@@ -1,0 +1,83 @@
+"""`DistillObjective`: the loss a train engine calls per micro-batch (picklable, for Ray workers).
+
+The teacher's side comes from the micro-batch (`teacher_ids` / `teacher_logprobs` columns: a served teacher's
+raw top-k) or from a callable the train worker passes (a colocated teacher's forward on the same micro-batch,
+at the loss's temperature). The student's side comes from the engine's `ModelOutputs`: `logprobs_at` the
+teacher's ids (top-k) or `full_logprobs` (full vocabulary), so a Megatron engine can compute it vocab-parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rlcore import ModelOutputs, TopK
+
+if TYPE_CHECKING:
+    import torch
+
+TeacherFn = Callable[[Any, "int | None", float], "TopK | torch.Tensor"]
+
+
+@dataclass(frozen=True)
+class DistillObjective:
+    """GKD's loss on one micro-batch: (JSD sum + sft_alpha x cross-entropy sum) / num_items_in_batch, so that
+    micro-batches and data-parallel workers add up to the step's token mean."""
+
+    beta: float
+    temperature: float
+    topk: int | None
+    sft_alpha: float = 0.0  # > 0 only on steps whose completions are the dataset's
+    num_items_in_batch: float = 1.0  # the step's completion tokens over all workers / data-parallel size
+
+    def divergence(self, outputs: ModelOutputs, batch: Any, teacher: TeacherFn | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of the per-token JSD over the completion tokens the teacher covers, their count)."""
+        import torch
+
+        from .loss import jsd_sum, teacher_given, topk_jsd_terms
+
+        mask = batch["completion_mask"].to(torch.float32)
+        T = self.temperature
+        if teacher is None:  # a served teacher's raw top-k (temperature 1), aligned with input_ids
+            ids, raw = batch["teacher_ids"], batch["teacher_logprobs"]
+            weight = mask * teacher_given(ids, raw)
+            terms = topk_jsd_terms(outputs.logprobs_at(ids), raw.to(mask.device), self.beta, 1.0, T)
+            return (terms * weight).sum(), weight.sum()
+        given = teacher(batch, self.topk, T)  # at temperature T, like the student's outputs
+        if isinstance(given, TopK):
+            ids, logprobs = given.ids.to(mask.device), given.logprobs.to(mask.device)
+            weight = mask * teacher_given(ids, logprobs)
+            terms = topk_jsd_terms(outputs.logprobs_at(ids), logprobs, self.beta, 1.0, 1.0)
+            return (terms * weight).sum(), weight.sum()
+        student = outputs.full_logprobs()
+        return jsd_sum(student, given.to(student.device), mask, self.beta, T, normalised=True), mask.sum()
+
+    def __call__(self, outputs: ModelOutputs, batch: Any, teacher: TeacherFn | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        total, tokens = self.divergence(outputs, batch, teacher)
+        loss = total
+        metrics = {"jsd": float(total.detach()) / max(float(tokens), 1.0)}
+        if self.sft_alpha > 0:
+            from .loss import sft_sum
+
+            mask = batch["completion_mask"]
+            ce = sft_sum(outputs.logprobs(), mask)
+            loss = loss + self.sft_alpha * ce
+            metrics["sft_loss"] = float(ce.detach()) / max(float(mask.sum()), 1.0)
+        return loss / self.num_items_in_batch, metrics
+
+
+class GivenOutputs(ModelOutputs):
+    """`ModelOutputs` over full-vocabulary log-probs already computed (a forward pass outside a train step)."""
+
+    def __init__(self, full: torch.Tensor, input_ids: torch.Tensor):
+        self.full, self.input_ids = full, input_ids
+
+    def logprobs(self) -> torch.Tensor:
+        return self.full.gather(-1, self.input_ids[..., None].long()).squeeze(-1)
+
+    def logprobs_at(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.full.gather(-1, ids.long())
+
+    def full_logprobs(self) -> torch.Tensor:
+        return self.full

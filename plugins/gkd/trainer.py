@@ -1,0 +1,248 @@
+"""The GKD driver: completions (the student's own with probability lmbda, else the dataset's) -> the teacher's
+distributions -> a train step on the generalized JSD -> (before the next on-policy step) a weight sync.
+
+Where the teacher lives decides who computes its side: colocated in the train workers (`teacher_model`), it
+answers each micro-batch inside the train step (full vocabulary or top-k, nothing crosses a process); served as
+a group of its own (`teacher:`), it returns top-k log-probs of the exact token sequences, split across its
+replicas, which travel with the batch ([B, T, k], never [B, T, V]).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rlcore import ConfigError, SamplingParams, Trainer
+from rlcore.batch import pad_width
+from rlcore.resources import plan_from_config
+from rlcore.roles import GenerateWorker
+from rlcore.session import RoleSession, RoleSetup, announce
+
+from .config import GKDConfig
+from .data import DistillData, demo_models
+from .objective import DistillObjective
+from .workers import DistillWorker, TeacherWorker
+
+
+class GKDTrainer(Trainer):
+    """Runs GKD locally (every role in this process) or on Ray, the teacher colocated or served."""
+
+    config: GKDConfig
+    name = "gkd"
+    progress_keys = ("loss", "jsd", "eval/jsd")
+    resume_fixed = (
+        "model", "teacher_model", "teacher.model", "dataset", "seed", "per_device_train_batch_size",
+        "gradient_accumulation_steps", "device_groups", "train.gpus", "train.cpus", "train.lora_rank",
+        "max_prompt_length", "eval_size",
+    )
+
+    def __init__(self, config: GKDConfig, plugins: Any, *, use_ray: bool = False):
+        super().__init__(config.for_run(), plugins, use_ray=use_ray)
+        cfg = self.config
+        self.session = self.make_session()  # validates the resource plan before any model is built
+        self.batch_rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.train_workers
+        self.data = DistillData(cfg, self.batch_rows, self.student)
+        self.heldout = self.data.heldout_batch()
+        self.heldout_teacher: Any = None  # a served teacher's top-k of the held-out rows (it never changes)
+        self.stale = False  # the rollout engine lacks the last train step's weights
+
+    @staticmethod
+    def roles_of(cfg: GKDConfig) -> list[str]:
+        return ["train"] + (["rollout"] if cfg.lmbda > 0 else []) + (["teacher"] if cfg.served_teacher else [])
+
+    @classmethod
+    def check(cls, config: GKDConfig, plugins: Any) -> None:
+        """The resource plan, the dataset, the models' tokenizers and vocabularies, all at once; builds nothing."""
+        from rlcore import RlcoreError
+        from rlcore.config import config_error
+        from rlcore.data import PromptEncoder
+
+        config = config.for_run()
+        problems: list[tuple[str, str]] = []
+        try:
+            plan_from_config(config, roles=cls.roles_of(config), policy=config.placement, plugins=plugins)
+        except ConfigError as exc:
+            problems.extend(exc.problems or [("(resource plan)", str(exc))])
+        teacher = config.teacher.model or config.teacher_model
+        for key, check in (
+            ("dataset", lambda: DistillData.rows_of(config)),
+            ("model", lambda: config.model and PromptEncoder(config.model, config.use_chat_template)),
+            ("teacher_model", lambda: teacher and config.model and _same_vocabulary(config.model, teacher, config)),
+        ):
+            try:
+                check()
+            except RlcoreError as exc:
+                problems.extend(getattr(exc, "problems", None) or [(key, str(exc))])
+        if problems:
+            raise config_error(problems)
+
+    # -- the roles ------------------------------------------------------------------------------------
+
+    def make_session(self) -> RoleSession:
+        cfg = self.config
+        roles = self.roles_of(cfg)
+        plan = plan_from_config(cfg, roles=roles, policy=cfg.placement, plugins=self.plugins)  # before any model
+        if cfg.is_demo:
+            self.student, self.teacher_path = demo_models(cfg.output_dir, cfg.seed)
+        else:
+            self.student, self.teacher_path = cfg.model, cfg.teacher.model or cfg.teacher_model
+        if not self.student:
+            raise ConfigError("model is unset; name the student model", [("model", "is unset")])
+        train = dict(
+            model=self.student, dtype=cfg.train.dtype, seed=cfg.seed, learning_rate=cfg.learning_rate,
+            weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lr_scheduler_type=cfg.lr_scheduler_type,
+            warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, gradient_checkpointing=cfg.train.gradient_checkpointing,
+            lora_rank=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha, lora_target_modules=cfg.train.lora_target_modules,
+            **cfg.train.engine_kwargs,
+        )
+        if not cfg.served_teacher:  # colocated: a forward-only engine inside each train worker
+            teacher = {"model": self.teacher_path, "dtype": cfg.train.dtype, "seed": cfg.seed}
+            if "device" in cfg.train.engine_kwargs:
+                teacher["device"] = cfg.train.engine_kwargs["device"]
+            train["teacher"] = {"engine": cfg.train.engine, "options": teacher, "offload": cfg.offload_teacher_model}
+        setups = {"train": RoleSetup(DistillWorker, cfg.train.engine, train)}
+        if "rollout" in roles:
+            rollout = dict(model=self.student, dtype=cfg.rollout.dtype, seed=cfg.seed)
+            if cfg.rollout.engine == "vllm":
+                rollout.update({k: getattr(cfg.rollout, k) for k in type(cfg.rollout).model_fields if k.startswith("vllm_")})
+            setups["rollout"] = RoleSetup(GenerateWorker, cfg.rollout.engine, {**rollout, **cfg.rollout.engine_kwargs})
+        if "teacher" in roles:
+            teacher = dict(model=self.teacher_path, dtype=cfg.teacher.dtype, seed=cfg.seed)
+            if cfg.teacher.engine == "vllm":
+                teacher.update({k: getattr(cfg.teacher, k) for k in type(cfg.teacher).model_fields if k.startswith("vllm_")})
+                kwargs = dict(cfg.teacher.vllm_engine_kwargs)  # vLLM caps prompt log-probs at max_logprobs: raise it to k
+                kwargs["max_logprobs"] = max(int(kwargs.get("max_logprobs", 0)), cfg.gkd_logits_topk or 0)
+                teacher["vllm_engine_kwargs"] = kwargs
+            setups["teacher"] = RoleSetup(TeacherWorker, cfg.teacher.engine, {**teacher, **cfg.teacher.engine_kwargs},
+                                          kind="teacher")
+        return RoleSession(
+            plan, setups, use_ray=self.use_ray, plugins=self.plugins,
+            syncs=(("train", "rollout"),) if "rollout" in roles else (),
+            ray_address=cfg.ray_address, placement_timeout_s=cfg.placement_timeout_s, sleep_level=cfg.sleep_level,
+            offload_model=cfg.offload_model, offload_optimizer=cfg.offload_optimizer,
+            weight_sync_backend=cfg.weight_sync_backend, worker_timeout_s=cfg.worker_timeout_s,
+        )
+
+    @contextlib.contextmanager
+    def start(self) -> Iterator[None]:
+        announce(self.session.describe())
+        with self.session.start():
+            yield
+
+    def on_start(self) -> None:
+        if "rollout" in self.session.roles:
+            self.sync_weights(check=self.config.check_weight_sync)
+        self.start_jsd = self.heldout_jsd()
+        self.timer.pop()  # the first sync and measure are not a step's
+
+    # -- one step ---------------------------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, session = self.config, self.session
+        rows = self.data.sampler.next_batch()
+        prompts, completions = self.data.encode(rows)
+        on_policy = random.Random(f"rlcore-gkd:{cfg.seed}:{self.step}").random() < cfg.lmbda
+        metrics: dict[str, Any] = {"on_policy": float(on_policy)}
+        if on_policy:
+            if self.stale:
+                metrics.update(self.sync_weights())
+            with self.timer("generate"), session.active("rollout"):
+                generations = session["rollout"].generate(prompts, self.sampling_params())
+            completions = [g.token_ids for g in generations]
+        batch = self.data.batch(prompts, completions)
+        if "teacher" in session.roles:
+            with self.timer("teacher"):
+                batch.update(self.teacher_topk(batch, prompts, completions))
+        objective = DistillObjective(
+            beta=cfg.beta, temperature=cfg.temperature, topk=cfg.gkd_logits_topk,
+            sft_alpha=0.0 if on_policy else cfg.sft_alpha,
+            num_items_in_batch=max(float(batch["completion_mask"].sum()), 1.0) / session.dp_size("train"),
+        )
+        with self.timer("train"):
+            out = session["train"].distill_step(batch, objective, cfg.per_device_train_batch_size, cfg.temperature)
+        self.stale = "rollout" in session.roles
+        metrics.update(out)
+        metrics.setdefault("sft_loss", float("nan"))  # null on on-policy steps and without sft_alpha
+        metrics["completions/mean_length"] = sum(map(len, completions)) / len(completions)
+        self.on_policy_steps = getattr(self, "on_policy_steps", 0) + on_policy
+        metrics["on_policy_fraction"] = self.on_policy_steps / (self.step + 1)
+        if self.step == 0 and self.heldout is not None:
+            metrics["eval/jsd_start"] = self.start_jsd
+        if self.heldout is not None and ((self.step + 1) % cfg.eval_steps == 0 or self.step + 1 == cfg.max_steps):
+            metrics["eval/jsd"] = self.heldout_jsd()
+        return metrics
+
+    def sampling_params(self) -> SamplingParams:
+        cfg = self.config
+        return SamplingParams(n=1, max_tokens=cfg.max_completion_length, temperature=cfg.temperature, top_p=cfg.top_p,
+                              top_k=cfg.top_k, stop_token_ids=self.data.stop_ids, seed=cfg.seed * 100003 + self.step)
+
+    def teacher_topk(self, batch: Any, prompts: list[list[int]], completions: list[list[int]]) -> dict[str, Any]:
+        """The served teacher's raw top-k of the exact sequences, aligned with the batch's columns."""
+        with self.session.active("teacher"):
+            top = self.session["teacher"].topk([p + c for p, c in zip(prompts, completions)], self.config.gkd_logits_topk)
+        width = batch["input_ids"].shape[1]
+        return {"teacher_ids": pad_width(top.ids, width), "teacher_logprobs": pad_width(top.logprobs, width)}
+
+    def heldout_jsd(self) -> float | None:
+        """The JSD to the teacher on the held-out rows (their dataset completions), at the loss's temperature."""
+        if self.heldout is None:
+            return None
+        cfg, batch = self.config, self.heldout
+        if "teacher" in self.session.roles:
+            if self.heldout_teacher is None:
+                with self.timer("teacher"):
+                    lengths = batch["attention_mask"].sum(dim=1).tolist()
+                    sequences = [row[:n] for row, n in zip(batch["input_ids"].tolist(), lengths)]
+                    empty = [[]] * len(sequences)
+                    self.heldout_teacher = self.teacher_topk(batch, sequences, empty)
+            batch = type(batch)({**batch, **self.heldout_teacher})
+        objective = DistillObjective(beta=cfg.beta, temperature=cfg.temperature, topk=cfg.gkd_logits_topk)
+        with self.timer("eval"):
+            return self.session["train"].heldout_jsd(batch, objective)
+
+    def sync_weights(self, check: bool = False) -> dict[str, float]:
+        with self.timer("sync"):
+            stats = self.session.sync_weights("train", "rollout", self.config.weight_sync_bucket_mb << 20)
+        if check:
+            self.session.check_weight_sync("train", "rollout", self.data.probe_sequence())
+        self.stale = False
+        return stats
+
+    # -- checkpoints: the model and optimizer, the data position ---------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"data": self.data.sampler.state_dict(), "on_policy_steps": getattr(self, "on_policy_steps", 0)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.data.sampler.load_state_dict(state["data"])
+        self.on_policy_steps = int(state.get("on_policy_steps", 0))
+
+    def save_model(self, path: Path) -> None:
+        self.session["train"].save(str(path / "model"))
+
+    def load_model(self, path: Path) -> None:
+        self.session["train"].load(str(path / "model"))
+        self.stale = "rollout" in self.session.roles
+
+
+def _same_vocabulary(student: str, teacher: str, config: GKDConfig) -> None:
+    """Full vocabulary needs the student's and the teacher's output layers to have the same size."""
+    from transformers import AutoConfig
+
+    sizes = {}
+    for key, path in (("model", student), ("teacher_model", teacher)):
+        try:
+            sizes[key] = AutoConfig.from_pretrained(path).vocab_size
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{key} '{path}' has no loadable config: {str(exc).splitlines()[0][:200]}",
+                              [(key, f"'{path}' has no loadable config")]) from None
+    if sizes["model"] != sizes["teacher_model"] and config.gkd_logits_topk is None:
+        raise ConfigError(
+            f"the student's vocabulary ({sizes['model']}) and the teacher's ({sizes['teacher_model']}) differ; full-"
+            "vocabulary distillation needs one vocabulary. Use a teacher of the student's family, or set gkd_logits_topk",
+            [("teacher_model", f"vocabulary {sizes['teacher_model']} differs from the student's {sizes['model']}")],
+        )

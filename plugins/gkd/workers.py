@@ -1,0 +1,115 @@
+"""GKD's two worker classes: the student's train workers with an optional colocated teacher, and the served
+teacher's workers, whose top-k requests are split across the teacher's replicas."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from rlcore import Batch, GenerateWorker, TopK, TrainWorker, function, worker
+from rlcore.batch import pad_width
+from rlcore.roles import make_engine
+
+from .objective import DistillObjective, GivenOutputs
+
+HELDOUT_ROWS = 4  # rows per forward of the held-out measure: [rows, T, V] at most, never the whole batch
+
+
+def concat_topk(results: list[TopK]) -> TopK:
+    """The replicas' `TopK`s joined row-wise, each right-padded (zeros: no distribution) to the longest."""
+    import torch
+
+    width = max(r.ids.shape[1] for r in results)
+    return TopK(ids=torch.cat([pad_width(r.ids, width) for r in results]),
+                logprobs=torch.cat([pad_width(r.logprobs, width) for r in results]))
+
+
+@worker(group="teacher")
+class TeacherWorker(GenerateWorker):
+    """A rollout engine serving a distillation teacher: prompt top-k log-probs of exact token sequences."""
+
+    @function(dispatch="slice", collect=concat_topk)
+    def topk(self, sequences: list[list[int]], k: int) -> TopK:
+        return self.engine.prompt_topk_logprobs(sequences, k)
+
+
+@worker(group="train")
+class DistillWorker(TrainWorker):
+    """The student's train engine; with `options["teacher"]` ({engine, options, offload}) also a forward-only
+    teacher in the same process, on the same device (or in CPU memory with offload, brought in per forward)."""
+
+    @function()
+    def setup(self, engine: Any, options: dict[str, Any], kind: str) -> None:
+        options = dict(options)
+        teacher = options.pop("teacher", None)
+        self.engine = make_engine(kind, engine, options)
+        self.teacher, self.offload_teacher, self.teacher_seconds = None, False, 0.0
+        if teacher:
+            device = options.get("device", "cpu")
+            self.teacher = make_engine("forward", teacher["engine"], {**teacher["options"], "device": device})
+            self.offload_teacher = bool(teacher.get("offload"))
+            if self.offload_teacher:
+                self.teacher.offload(params=True, grads=False, optimizer=False)
+
+    @contextlib.contextmanager
+    def _teacher_loaded(self) -> Iterator[None]:
+        if self.offload_teacher:
+            self.teacher.reload(params=True, grads=False, optimizer=False)
+        try:
+            yield
+        finally:
+            if self.offload_teacher:
+                self.teacher.offload(params=True, grads=False, optimizer=False)
+
+    def _teacher_forward(self, batch: Batch, k: int | None, temperature: float) -> Any:
+        start = time.perf_counter()
+        with self._teacher_loaded():
+            out = self.teacher.forward_topk(Batch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]),
+                                            k, temperature)
+        self.teacher_seconds += time.perf_counter() - start
+        return out
+
+    @function(dispatch="slice", collect="mean")
+    def distill_step(self, batch: Batch, objective: DistillObjective, micro_batch_size: int,
+                     temperature: float) -> dict[str, float]:
+        """One optimizer step on the GKD loss; a colocated teacher answers each micro-batch in this process."""
+        start, self.teacher_seconds = time.perf_counter(), 0.0
+        teacher = self._teacher_forward if self.teacher is not None else None
+        loss_fn = functools.partial(objective, teacher=teacher)
+        out = self.engine.train_step(batch, loss_fn, micro_batch_size, temperature)
+        out["time/train_worker"] = time.perf_counter() - start
+        if teacher is not None:  # the colocated teacher's forwards, inside the step
+            out["time/teacher"] = self.teacher_seconds
+        return out
+
+    @function(execute="first", collect="first")
+    def heldout_jsd(self, batch: Batch, objective: DistillObjective) -> float:
+        """The token mean of the JSD to the teacher on `batch` (held-out rows), without training."""
+        import torch
+
+        teacher = self._teacher_forward if self.teacher is not None else None
+        total, tokens = 0.0, 0.0
+        for start in range(0, len(batch), HELDOUT_ROWS):
+            rows = batch.select(slice(start, start + HELDOUT_ROWS))
+            width = int(rows["attention_mask"].sum(dim=1).max())
+            rows = Batch({k: v[:, :width] if hasattr(v, "dim") and v.dim() >= 2 else v for k, v in rows.items()})
+            with torch.no_grad():
+                full = self.engine.forward_topk(rows, None, objective.temperature)
+                s, n = objective.divergence(GivenOutputs(full, rows["input_ids"]), rows, teacher)
+            total, tokens = total + float(s), tokens + float(n)
+        return total / max(tokens, 1.0)
+
+    @function()
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        self.engine.offload(params, grads, optimizer)
+        if self.teacher is not None and params and not self.offload_teacher:
+            self.teacher.offload(params=True, grads=False, optimizer=False)
+
+    @function()
+    def reload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        self.engine.reload(params, grads, optimizer)
+        if self.teacher is not None and params and not self.offload_teacher:
+            self.teacher.reload(params=True, grads=False, optimizer=False)
