@@ -39,6 +39,14 @@ class ResumableJsonl:
 
     def start(self, meta: dict[str, Any]) -> None:
         """A fresh output; anything a previous run left (the file, its partial, its state) is an error."""
+        self.refuse_existing()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.partial, "wb") as f:
+            os.fsync(f.fileno())
+        self._write_state({**meta, "bytes": 0, "next_row": 0, "batches": 0, "done": False})
+
+    def refuse_existing(self) -> None:
+        """A ConfigError if a previous run left the file, or an unfinished one (its partial or state)."""
         if self.final.exists():
             raise ConfigError(
                 f"{self.final} already exists; a fresh run never overwrites it. Choose another output_dir or "
@@ -51,10 +59,6 @@ class ResumableJsonl:
                 f"with --resume (resume=auto), or choose another output_dir",
                 [("resume", f"'{self.partial}' exists")],
             )
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.partial, "wb") as f:
-            os.fsync(f.fileno())
-        self._write_state({**meta, "bytes": 0, "next_row": 0, "batches": 0, "done": False})
 
     def resume(self) -> dict[str, Any]:
         """The committed state; the partial file is cut back to its committed length (a batch a kill

@@ -92,7 +92,7 @@ class PrmScorer:
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 16,
                  step_separator: str = "\n\n", step_token: str | None = None, trust_remote_code: bool = False):
         import torch
-        from transformers import AutoModelForTokenClassification, AutoTokenizer
+        from transformers import AutoTokenizer
 
         from rlcore.plugins.hf.common import torch_device
 
@@ -102,8 +102,7 @@ class PrmScorer:
             raise ConfigError(f"prm dtype '{dtype}' is not a torch dtype; use float32, bfloat16 or float16") from None
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-            self.model = AutoModelForTokenClassification.from_pretrained(
-                model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+            self.model = _load_prm(model_path, torch_dtype, trust_remote_code)
         except (OSError, ValueError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"prm model '{model_path}' cannot be loaded as a token-classification model: {reason[:300]}",
@@ -156,11 +155,25 @@ class PrmScorer:
                 input_ids[row, : len(ids)] = torch.tensor(ids)
                 mask[row, : len(ids)] = 1
             with torch.inference_mode():
-                logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
+                outputs = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device))
+            logits = (outputs.logits if hasattr(outputs, "logits") else outputs[0]).float()
             probs = logits.softmax(-1)[..., 1] if logits.shape[-1] == 2 else logits[..., 0].sigmoid()
             for row, (_, positions) in enumerate(chunk):
                 out.append([float(probs[row, p]) for p in positions])
         return out
+
+
+def _load_prm(model_path: str, dtype: Any, trust_remote_code: bool) -> Any:
+    """A token-classification model; with trust_remote_code, a model whose own code gives per-token logits
+    (Qwen2.5-Math-PRM registers only AutoModel)."""
+    from transformers import AutoModel, AutoModelForTokenClassification
+
+    try:
+        return AutoModelForTokenClassification.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
+    except ValueError:
+        if not trust_remote_code:
+            raise
+        return AutoModel.from_pretrained(model_path, dtype=dtype, trust_remote_code=True)
 
 
 def check_scores(kind: str, scores: list, expected: int) -> None:

@@ -184,6 +184,7 @@ class SampleTrainer(Trainer):
                     print(f"rlcore: {self.output.final} is already complete; nothing to resume", file=sys.stderr)
                     return self.summary(state)
             else:
+                self.output.refuse_existing()
                 metrics = self.output_dir / "metrics.jsonl"
                 if metrics.is_file() and metrics.stat().st_size:
                     raise ConfigError(f"output_dir '{self.output_dir}' holds the metrics.jsonl of another run; choose "
