@@ -78,7 +78,7 @@ class MegatronTrainEngine(TrainEngine):
                 spec = mapping.spec_from_hf_config(_hf_config(model))
             except ConfigError as exc:
                 problems.extend(exc.problems or [("model", str(exc))])
-        if spec is not None and not any(k.endswith("parallel_size") for k, _ in problems):
+        if spec is not None and all(isinstance(n, int) and n >= 1 for n in (tp, pp)):
             problems.extend(mapping.parallel_problems(spec, tp, pp, world_size))
         raise_problems(f"megatron {kind} engine", problems)
 
@@ -516,7 +516,8 @@ class MegatronTrainEngine(TrainEngine):
         weights = {name: t.detach().cpu().contiguous() for name, t in self.hf_tensors()}
         if self.rank == 0:
             (tmp / "model").mkdir(parents=True, exist_ok=True)
-            save_file(weights, str(tmp / "model" / "model.safetensors"))
+            save_file(weights, str(tmp / "model" / "model.safetensors"), metadata={"format": "pt"})
+            _copy_model_files(_model_dir(self.model_name), tmp / "model")
             meta = {**self._layout(), "global_step": self.global_step, "scheduler": self.scheduler.state_dict()}
             (tmp / META_FILE).write_text(json.dumps(meta))
         (tmp / "optimizer").mkdir(parents=True, exist_ok=True)
@@ -715,6 +716,13 @@ def _move_optimizer(optimizer: Any, device: Any) -> None:
         for key, value in state.items():
             if hasattr(value, "to") and key != "step":
                 state[key] = value.to(device, non_blocking=True)
+
+
+def _copy_model_files(source: Path, target: Path) -> None:
+    """The config, generation config and tokenizer files beside the weights, so transformers loads the directory."""
+    for file in source.iterdir():
+        if file.is_file() and file.suffix in (".json", ".txt", ".model", ".jinja") and not file.name.endswith(".index.json"):
+            shutil.copy2(file, target / file.name)
 
 
 def _shared_tmp(path: Path, rank: int, world_size: int) -> Path:

@@ -60,11 +60,11 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
     archs = list(getattr(config, "architectures", None) or [])
     arch = next((a for a in archs if a in ARCHITECTURES), None)
     if arch is None:
-        raise ConfigError(
-            f"megatron engine: architecture {', '.join(archs) or type(config).__name__} has no Hugging Face <-> "
-            f"megatron mapping; supported: {', '.join(ARCHITECTURES)} (use train.engine=hf for others)",
-            [("model", "architecture without a megatron mapping")],
+        message = (
+            f"architecture {', '.join(archs) or type(config).__name__} has no Hugging Face <-> megatron mapping; "
+            f"supported: {', '.join(ARCHITECTURES)} (use train.engine=hf for others)"
         )
+        raise ConfigError(f"megatron engine: {message}", [("model", message)])
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, Mapping) else "default"
     problems = []

@@ -1,0 +1,112 @@
+"""The Hugging Face <-> megatron mapping as pure tensor code: every tensor and pipeline split of untied and
+tied Qwen2/Llama-shaped weights comes back bitwise, and the layouts are megatron's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlcore import ConfigError
+from rlcore.plugins.megatron import mapping
+
+
+def _config(arch: str, tied: bool, layers: int = 4, heads: int = 8, kv_heads: int = 4):
+    from transformers import LlamaConfig, Qwen2Config
+
+    cls = Qwen2Config if arch == "qwen2" else LlamaConfig
+    config = cls(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                 num_attention_heads=heads, num_key_value_heads=kv_heads, tie_word_embeddings=tied)
+    config.architectures = ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"]
+    return config
+
+
+def _random_hf(spec: mapping.ModelSpec) -> dict[str, torch.Tensor]:
+    """Random tensors of the shapes a Hugging Face model of `spec` has, for every name `hf_names` lists."""
+    g = torch.Generator().manual_seed(0)
+    H, d, F = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size
+    shapes = {
+        "q_proj.weight": (spec.num_heads * d, H), "q_proj.bias": (spec.num_heads * d,),
+        "k_proj.weight": (spec.num_kv_heads * d, H), "k_proj.bias": (spec.num_kv_heads * d,),
+        "v_proj.weight": (spec.num_kv_heads * d, H), "v_proj.bias": (spec.num_kv_heads * d,),
+        "o_proj.weight": (H, spec.num_heads * d), "gate_proj.weight": (F, H), "up_proj.weight": (F, H),
+        "down_proj.weight": (H, F), "layernorm.weight": (H,), "norm.weight": (H,),
+        "embed_tokens.weight": (spec.vocab_size, H), "lm_head.weight": (spec.vocab_size, H),
+    }
+    out = {}
+    for name in mapping.hf_names(spec):
+        shape = next(s for suffix, s in shapes.items() if name.endswith(suffix))
+        out[name] = torch.randn(shape, generator=g)
+    return out
+
+
+@pytest.mark.parametrize("arch,tied", [("qwen2", True), ("qwen2", False), ("llama", True), ("llama", False)])
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (4, 2), (1, 4)])
+def test_every_split_comes_back_bitwise(arch, tied, tp, pp):
+    spec = mapping.spec_from_hf_config(_config(arch, tied))
+    hf = _random_hf(spec)
+    vocab = mapping.padded_vocab_size(spec.vocab_size, tp, divisible_by=8)
+    back = {}
+    for pp_rank in range(pp):
+        shards = [mapping.hf_to_megatron(hf, spec, tp_rank=r, tp=tp, pp_rank=pp_rank, pp=pp, padded_vocab=vocab)
+                  for r in range(tp)]
+        full = {name: mapping.merge_tp(name, [s[name] for s in shards]) for name in shards[0]}
+        pairs = list(mapping.megatron_to_hf(full, spec, pp_rank=pp_rank, pp=pp))
+        assert [n for n, _ in pairs] == mapping.hf_names(spec, pp_rank, pp)
+        back.update(pairs)
+    assert back.keys() == hf.keys()
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+
+
+def test_layouts_are_megatrons():
+    spec = mapping.spec_from_hf_config(_config("qwen2", tied=False, layers=2, heads=4, kv_heads=2))
+    hf = _random_hf(spec)
+    d, hpg = spec.head_dim, spec.heads_per_group
+    shard = mapping.hf_to_megatron(hf, spec, tp_rank=1, tp=2, padded_vocab=304)
+    qkv = shard["decoder.layers.0.self_attention.linear_qkv.weight"]
+    # tensor rank 1 holds query group 1: its two query heads, then its key head, then its value head
+    q, k, v = (hf[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv")
+    assert torch.equal(qkv, torch.cat([q[hpg * d:2 * hpg * d], k[d:2 * d], v[d:2 * d]]))
+    fc1 = shard["decoder.layers.0.mlp.linear_fc1.weight"]
+    gate, up = hf["model.layers.0.mlp.gate_proj.weight"], hf["model.layers.0.mlp.up_proj.weight"]
+    assert torch.equal(fc1, torch.cat([gate[24:], up[24:]]))  # [gate shard; up shard] of rank 1
+    emb = shard["embedding.word_embeddings.weight"]
+    assert emb.shape == (152, 32) and torch.equal(emb[:148], hf["model.embed_tokens.weight"][152:])
+    assert not emb[148:].any()  # rows 300..303: padding
+    proj = shard["decoder.layers.0.self_attention.linear_proj.weight"]
+    assert torch.equal(proj, hf["model.layers.0.self_attn.o_proj.weight"][:, 16:])
+    tied = mapping.spec_from_hf_config(_config("llama", tied=True, layers=2))
+    names = set(mapping.hf_to_megatron(_random_hf(tied), tied))
+    assert "output_layer.weight" not in names  # one stage, tied: the output layer reads the embedding
+    last = mapping.hf_to_megatron(_random_hf(tied), tied, pp_rank=1, pp=2)
+    assert "output_layer.weight" in last and "embedding.word_embeddings.weight" not in last
+    assert set(last) >= {"decoder.layers.0.mlp.linear_fc2.weight", "decoder.final_layernorm.weight"}
+
+
+def test_padded_vocab_is_a_multiple_of_divisor_times_tp():
+    assert mapping.padded_vocab_size(151936, 1) == 151936
+    assert mapping.padded_vocab_size(151936, 8) == 152576
+    assert mapping.padded_vocab_size(267, 2, divisible_by=1) == 268
+
+
+def test_an_architecture_without_a_mapping_is_refused():
+    from transformers import GPT2Config
+
+    config = GPT2Config()
+    config.architectures = ["GPT2LMHeadModel"]
+    with pytest.raises(ConfigError, match="GPT2LMHeadModel has no Hugging Face <-> megatron mapping; supported: Qwen2ForCausalLM, LlamaForCausalLM"):
+        mapping.spec_from_hf_config(config)
+    scaled = _config("llama", tied=True)
+    scaled.rope_parameters = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}
+    with pytest.raises(ConfigError, match="rope_type 'llama3' is not mapped"):
+        mapping.spec_from_hf_config(scaled)
+
+
+def test_parallel_problems_name_what_does_not_divide():
+    spec = mapping.spec_from_hf_config(_config("qwen2", tied=True, layers=6, heads=6, kv_heads=2))
+    assert mapping.parallel_problems(spec, 2, 3, 6) == []
+    messages = [m for _, m in mapping.parallel_problems(spec, 4, 4, 8)]
+    assert "tensor_model_parallel_size=4 does not divide the model's 6 attention heads" in messages
+    assert "tensor_model_parallel_size=4 does not divide the model's 2 key/value heads" in messages
+    assert "pipeline_model_parallel_size=4 does not divide the model's 6 layers" in messages
+    assert "the group's 8 workers are not a multiple of tensor x pipeline = 4 x 4" in messages
