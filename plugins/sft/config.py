@@ -1,0 +1,136 @@
+"""The SFT and pre-training configuration. Keys are spelled as TRL's SFTConfig, transformers'
+TrainingArguments and ms-swift spell them, so a config written for those carries over."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import AliasChoices, Field, model_validator
+
+from rlcore import BaseConfig, ConfigProblems, RunConfig
+
+class DefaultRoleConfig(BaseConfig):
+    """The `default:` section (the per-role resource form): every worker of this role trains."""
+
+    gpus: int = Field(0, ge=0, description="GPUs, one data-parallel worker each (0: CPU workers)")
+    cpus: int = Field(1, ge=1, description="CPU workers when gpus is 0 (Ray only; gloo)")
+
+
+class LMConfig(RunConfig):
+    """Keys SFT and pre-training share."""
+
+    # model and data
+    model: str | None = Field(None, description="HF model directory or hub id; unset (and no dataset): the embedded demo")
+    dataset: str | list[str] | None = Field(None, description="local JSONL/JSON/Parquet file(s); unset: the demo corpus")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32", description="dtype the weights load in")
+    max_length: int | None = Field(1024, ge=1, description="tokens per sequence (or per packed block) at most")
+    packing: bool = Field(False, description="pack several rows into one sequence of max_length")
+
+    # schedule
+    max_steps: int | None = Field(None, ge=1, description="optimizer steps; unset: num_train_epochs over the data")
+    num_train_epochs: float = Field(3.0, gt=0, description="passes over the data when max_steps is unset")
+    learning_rate: float = Field(
+        2e-5, gt=0, validation_alias=AliasChoices("learning_rate", "lr"), description="AdamW learning rate (alias: lr)"
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2")
+    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0: off)")
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = Field(
+        "linear", description="learning-rate schedule (transformers' names)"
+    )
+    warmup_steps: float = Field(0, ge=0, description="warm-up steps; a value below 1 is a fraction of max_steps")
+    per_device_train_batch_size: int = Field(8, ge=1, description="rows (or packed sequences) per micro-batch per worker")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    bf16: bool = Field(False, description="bfloat16 mixed precision (autocast)")
+    fp16: bool = Field(False, description="float16 mixed precision (autocast with a loss scaler)")
+    dataloader_num_workers: int = Field(0, ge=0, description="data-loading processes per worker")
+
+    # LoRA (ms-swift's names; through peft)
+    lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling numerator")
+    lora_dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout")
+    lora_target_modules: list[str] | str = Field("all-linear", description="modules LoRA adapts")
+
+    # outputs
+    save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: only at the end")
+    save_total_limit: int | None = Field(None, ge=1, description="keep the newest N checkpoints")
+    resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
+    logging_steps: int = Field(10, ge=1, description="print a line of the step's metrics every N steps; metrics.jsonl has every step")
+    trainer_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="further keys of the Hugging Face trainer's arguments (TRL's SFTConfig for sft, transformers' "
+        "TrainingArguments for pt), checked against its fields before anything starts",
+    )
+
+    # the role
+    default: DefaultRoleConfig = Field(default_factory=DefaultRoleConfig, description="the training workers")
+
+    demo_defaults: ClassVar[dict[str, Any]] = {}  # class-level: the embedded demo's settings (see for_run)
+
+    def for_run(self) -> LMConfig:
+        """The config a run uses: itself, or for the embedded demo (no model, no dataset) the demo's settings
+        for every key the user did not set."""
+        if self.model or self.dataset:
+            return self
+        demo = {k: v for k, v in self.demo_defaults.items() if k not in self.model_fields_set}
+        return type(self).model_validate({**self.model_dump(exclude_unset=True), **demo})
+
+    @property
+    def datasets(self) -> list[str]:
+        return [self.dataset] if isinstance(self.dataset, str) else list(self.dataset or [])
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LMConfig:
+        problems = []
+        if self.bf16 and self.fp16:
+            problems.append(("fp16", "and bf16 are both set; choose one mixed precision"))
+        if self.packing and self.max_length is None:
+            problems.append(("max_length", "is unset, but packing needs a sequence length; set max_length"))
+        if bool(self.model) != bool(self.dataset):
+            given, missing = ("model", "dataset") if self.model else ("dataset", "model")
+            problems.append((missing, f"is unset but {given} is set; give both, or neither for the embedded demo"))
+        if problems:
+            raise ConfigProblems(problems)
+        return self
+
+
+class SFTConfig(LMConfig):
+    """Supervised fine-tuning on conversations (TRL's SFTTrainer in every worker)."""
+
+    completion_only_loss: bool | None = Field(
+        None, description="prompt/completion rows: loss on the completion only (unset: TRL's default, on)"
+    )
+    assistant_only_loss: bool = Field(
+        False, description="messages rows: loss on assistant turns only (the chat template needs {% generation %})"
+    )
+    padding_free: bool = Field(False, description="no padding: a micro-batch is one flattened sequence (flash attention)")
+
+    demo_defaults: ClassVar[dict[str, Any]] = {
+        "learning_rate": 3e-3,
+        "max_steps": 30,
+        "max_length": 128,
+        "per_device_train_batch_size": 8,
+        "lr_scheduler_type": "constant",
+        "output_dir": "output/sft-demo",
+    }
+
+
+class PretrainConfig(LMConfig):
+    """Pre-training (continued) on plain text (transformers' Trainer in every worker): rows with a `text`
+    column, packed into blocks of max_length."""
+
+    packing: bool = Field(True, description="concatenate the texts and cut them into blocks of max_length")
+
+    demo_defaults: ClassVar[dict[str, Any]] = {
+        "learning_rate": 3e-3,
+        "max_steps": 30,
+        "max_length": 64,
+        "per_device_train_batch_size": 8,
+        "lr_scheduler_type": "constant",
+        "output_dir": "output/pt-demo",
+    }
+
+
+__all__ = ["DefaultRoleConfig", "LMConfig", "PretrainConfig", "SFTConfig"]

@@ -1,0 +1,156 @@
+"""SFT and pre-training data: local JSONL/JSON/Parquet rows, checked with errors naming the file, the row and
+the column, then stored once per node as an Arrow dataset that every worker of the node memory-maps.
+
+- sft: a `messages` column (a conversation ending in the assistant's turn), or `prompt` and `completion`
+  columns (TRL's prompt-completion form, where `completion_only_loss` applies); one form per run.
+- pt: a `text` column of non-empty strings.
+
+`node_dataset` is called under "global main first, then each node's local main first": the first worker of
+a node reads and stores the rows, the others open what it stored, and TRL's / datasets' `map` caches next to
+it, so tokenising also happens once per node. The sampler of each rank then reads only its shard's rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rlcore.data import conversation_view, load_rows
+from rlcore.errors import ConfigError
+
+KINDS = ("sft", "pt")
+MAX_REPORTED = 10
+
+
+def _problems_error(path: str, problems: list[tuple[str, str]]) -> ConfigError:
+    shown = "; ".join(f"{where} {what}" for where, what in problems[:MAX_REPORTED])
+    more = f" (and {len(problems) - MAX_REPORTED} more)" if len(problems) > MAX_REPORTED else ""
+    return ConfigError(f"dataset '{path}': {shown}{more}", [(f"{path}: {where}", what) for where, what in problems])
+
+
+def sft_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of an SFT file as TRL takes them: `{"messages"}` or `{"prompt", "completion"}` (and `tools`)."""
+    rows = load_rows(path)
+    conversation_view(rows, path)  # every row is a conversation ending in the assistant's turn, or says why not
+    forms: dict[str, list[int]] = {}
+    out = []
+    for number, row in enumerate(rows, start=1):
+        form = ("messages",) if row.get("messages") is not None else ("prompt", "completion")
+        forms.setdefault(" and ".join(form), []).append(number)
+        out.append({k: row[k] for k in (*form, "tools") if row.get(k) is not None})
+    if len(forms) > 1:
+        each = "; ".join(f"rows {_few(numbers)} use {form}" for form, numbers in forms.items())
+        raise _problems_error(str(path), [("rows", f"mix the two forms of a row ({each}); give every row `messages`, "
+                                           "or every row `prompt` and `completion`")])
+    kinds = {(type(r.get("prompt")).__name__, type(r.get("completion")).__name__) for r in out if "prompt" in r}
+    if len(kinds) > 1:
+        raise _problems_error(str(path), [("column 'prompt'/'completion'", "mixes text and message lists between "
+                                           "rows; use one of them in every row")])
+    return out
+
+
+def text_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a pre-training file: `{"text"}`, each a non-empty string."""
+    problems, out = [], []
+    for number, row in enumerate(load_rows(path), start=1):
+        text = row.get("text")
+        if not isinstance(text, str) or not text:
+            got = "is missing" if text is None else f"is {type(text).__name__} {str(text)[:40]!r}"
+            problems.append((f"row {number}, column 'text'", f"{got}; a pre-training row needs non-empty text"))
+        else:
+            out.append({"text": text})
+    if problems:
+        raise _problems_error(str(path), problems)
+    return out
+
+
+def read_rows(paths: list[str], kind: str) -> list[dict[str, Any]]:
+    read = sft_rows if kind == "sft" else text_rows
+    return [row for path in paths for row in read(path)]
+
+
+def check_files(paths: list[str], kind: str) -> list[tuple[str, str]]:
+    """Every problem of the data files, as (key, message), before anything is allocated."""
+    problems: list[tuple[str, str]] = []
+    for path in paths:
+        try:
+            (sft_rows if kind == "sft" else text_rows)(path)
+        except ConfigError as exc:
+            problems.extend(exc.problems or [("dataset", str(exc))])
+    return problems
+
+
+def _few(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers[:5])) + (f", ... ({len(numbers)} in all)" if len(numbers) > 5 else "")
+
+
+def node_dataset(paths: list[str], kind: str, cache_root: str | None = None) -> Any:
+    """The rows of `paths` as a memory-mapped `datasets.Dataset` stored on this node's disk (once: a later call
+    with the same files, unchanged, opens what the first one stored)."""
+    from datasets import Dataset, load_from_disk
+
+    files = [Path(p).expanduser().resolve() for p in paths]
+    key = json.dumps([kind] + [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files])
+    root = Path(cache_root or os.environ.get("RLCORE_DATA_CACHE") or Path(tempfile.gettempdir()) / "rlcore-datasets")
+    folder = root / hashlib.sha256(key.encode()).hexdigest()[:20]
+    if not (folder / "dataset_info.json").is_file():
+        rows = read_rows([str(f) for f in files], kind)
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
+        try:
+            try:
+                dataset = Dataset.from_list(rows)
+            except Exception as exc:  # arrow: a column whose type differs between rows
+                raise ConfigError(f"dataset {', '.join(paths)}: the rows do not share one schema ({exc})") from None
+            dataset.save_to_disk(str(tmp))
+            try:
+                os.replace(tmp, folder)
+            except OSError:  # another run of this node stored it first
+                pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return load_from_disk(str(folder))
+
+
+# -------------------------------------------------------------------------
+# the embedded demo: a tiny random model learns a toy corpus on the CPU
+# -------------------------------------------------------------------------
+
+
+def demo_rows(kind: str, n: int = 256, seed: int = 0) -> list[dict[str, Any]]:
+    """Toy arithmetic: conversations (`sft`) or sentences (`pt`) a tiny model learns within a few dozen steps."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        if kind == "sft":
+            rows.append({"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
+                                      {"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]})
+        else:
+            rows.append({"text": f"The sum of {a} and {b} is {a + b}. "})
+    return rows
+
+
+def demo_paths(output_dir: str | os.PathLike, kind: str) -> tuple[str, list[str]]:
+    """Where the demo's model and data live in `output_dir`."""
+    out = Path(output_dir).expanduser().resolve()
+    return str(out / "tiny-model"), [str(out / f"demo-{kind}.jsonl")]
+
+
+def write_demo(output_dir: str | os.PathLike, kind: str, seed: int) -> None:
+    """The demo's model and data, built in `output_dir` (once)."""
+    from rlcore.plugins.hf.tiny import build_tiny_model
+
+    model, (data,) = demo_paths(output_dir, kind)
+    build_tiny_model(model, seed=seed)
+    data = Path(data)
+    if not data.is_file():
+        tmp = data.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in demo_rows(kind, seed=seed)))
+        os.replace(tmp, data)

@@ -1,0 +1,177 @@
+"""The SFT and pre-training driver: every worker of the `default` role trains, the workers are one
+data-parallel world, and one rlcore step is one optimizer step of the Hugging Face trainer in each worker.
+
+Placement (either YAML form, or one process without Ray), the world, the config, metrics JSONL and hooks,
+signals and checkpoints are rlcore's (`rlcore.Trainer`, `rlcore.session`); chat templates, packing, loss
+masks, LoRA, gradient checkpointing, schedulers and mixed precision are the Hugging Face trainer's
+(`build.py`); `worker.py` joins the two loops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rlcore import ConfigError, Trainer
+from rlcore.checkpoint import load_state
+from rlcore.resources import plan_from_config
+from rlcore.session import RoleSession, RoleSetup, announce
+
+from .build import build_pt, build_sft, trainer_kwargs_problems
+from .config import LMConfig, PretrainConfig, SFTConfig
+from .data import check_files, demo_paths, write_demo
+from .worker import CHECKPOINT, LMWorker
+
+ROLE = "default"
+# config key -> the Hugging Face trainer's argument of the same meaning (most share the name)
+PASSED = (
+    "seed", "num_train_epochs", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm",
+    "lr_scheduler_type", "warmup_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "gradient_checkpointing", "bf16", "fp16", "dataloader_num_workers",
+)
+SFT_PASSED = ("max_length", "packing", "completion_only_loss", "assistant_only_loss", "padding_free")
+
+
+class LMTrainer(Trainer):
+    """The `default` role trains with a Hugging Face trainer per worker; `kind` picks which (sft, pt)."""
+
+    config: LMConfig
+    kind = "sft"
+    build = staticmethod(build_sft)
+    progress_keys = ("loss", "grad_norm")
+    resume_fixed = (  # what the data order, the batches and the model's shapes depend on
+        "model", "dataset", "seed", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
+        "packing", "padding_free", "device_groups", "default.gpus", "default.cpus", "lora_rank", "lora_target_modules",
+    )
+
+    def __init__(self, config: LMConfig, plugins: Any, *, use_ray: bool = False):
+        super().__init__(config.for_run(), plugins, use_ray=use_ray)  # the embedded demo takes its own settings
+        self.check(self.config, plugins)
+        self.session = self.make_session()  # the resource plan, validated; nothing is allocated yet
+        self.shape: dict[str, Any] = {}
+        self.begun = False
+
+    @classmethod
+    def check(cls, config: LMConfig, plugins: Any) -> None:
+        """The resource plan, the trainer's extra arguments and the data files, all at once, before anything
+        is allocated."""
+        from rlcore.config import config_error
+
+        config = config.for_run()
+        problems: list[tuple[str, str]] = []
+        try:
+            plan_from_config(config, roles=[ROLE], policy=config.placement, plugins=plugins)
+        except ConfigError as exc:
+            problems.extend(exc.problems or [("(resource plan)", str(exc))])
+        problems.extend(trainer_kwargs_problems(cls.kind, config.trainer_kwargs, set(type(config).model_fields)))
+        if config.dataset:
+            problems.extend(check_files(config.datasets, cls.kind))
+        if problems:
+            raise config_error(problems)
+
+    def make_session(self) -> RoleSession:
+        cfg = self.config
+        plan = plan_from_config(cfg, roles=[ROLE], policy=cfg.placement, plugins=self.plugins)
+        return RoleSession(
+            plan, {ROLE: RoleSetup(LMWorker, type(self).build, self.options())}, use_ray=self.use_ray, plugins=self.plugins,
+            ray_address=cfg.ray_address, placement_timeout_s=cfg.placement_timeout_s,
+            worker_timeout_s=cfg.worker_timeout_s,
+        )
+
+    def options(self) -> dict[str, Any]:
+        """What each worker builds its trainer from (paths absolute: a worker's directory is not the driver's)."""
+        cfg = self.config
+        if cfg.model:
+            model, data = cfg.model, cfg.datasets
+            if os.path.exists(os.path.expanduser(model)):
+                model = str(Path(model).expanduser().resolve())
+            data = [str(Path(p).expanduser().resolve()) for p in data]
+        else:  # the embedded demo, written when the run starts (demo_paths)
+            model, data = demo_paths(cfg.output_dir, self.kind)
+        args = {k: getattr(cfg, k) for k in PASSED}
+        args["max_steps"] = cfg.max_steps or -1
+        if self.kind == "sft":
+            args.update({k: getattr(cfg, k) for k in SFT_PASSED})
+        args.update(cfg.trainer_kwargs)
+        lora = None
+        if cfg.lora_rank:
+            lora = {"rank": cfg.lora_rank, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
+                    "target_modules": cfg.lora_target_modules}
+        return {"model": model, "data": data, "dtype": cfg.dtype, "args": args, "lora": lora,
+                "output_dir": str(Path(cfg.output_dir).expanduser().resolve()),
+                "max_length": cfg.max_length, "packing": cfg.packing}
+
+    @property
+    def max_steps(self) -> int:
+        return int(self.config.max_steps or self.shape["max_steps"])
+
+    # -- the loop's context: the role runs, its trainer's loop begins where the checkpoint says ----------
+
+    @contextlib.contextmanager
+    def start(self) -> Iterator[None]:
+        if not self.config.model:
+            write_demo(self.config.output_dir, self.kind, self.config.seed)
+        announce(self.session.describe())
+        with self.session.start():
+            self.shape = self.session[ROLE].plan()
+            announce([f"{self.kind}: {self.shape['world_size']} data-parallel rank(s), global batch "
+                      f"{self.shape['global_batch']}, {self.shape['train_rows']} training rows, "
+                      f"{self.max_steps} optimizer steps"])
+            try:
+                yield
+            except BaseException:  # a signal, a failed worker: unwind the trainers' loops, if they still answer
+                with contextlib.suppress(Exception):
+                    self._close()
+                raise
+            self._close()
+
+    def _close(self) -> None:
+        """The trainers' loops end: finished ones run their end of training, early ones unwind."""
+        if self.begun:
+            self.begun = False
+            self.session[ROLE].close()
+
+    def on_start(self) -> None:
+        if not self.begun:  # a fresh run (a resumed one began in load_model)
+            self._begin(None, 0)
+
+    def _begin(self, resume: str | None, step: int) -> None:
+        self.begun = True
+        at = self.session[ROLE].begin(resume)
+        if at != step:
+            raise ConfigError(f"resume: the trainer's checkpoint is at step {at}, rlcore's at step {step}")
+
+    def train_step(self) -> dict[str, Any]:
+        with self.timer("train"):
+            logs = self.session[ROLE].step()
+        return dict(logs)
+
+    # -- checkpoints: the trainer's own (model, optimizer, scheduler, RNG, step) and rlcore's state ------
+
+    def save_model(self, path: Path) -> None:
+        self.session[ROLE].save(str(Path(path).resolve()))
+
+    def load_model(self, path: Path) -> None:
+        folder = Path(path).resolve() / CHECKPOINT
+        if not (folder / "trainer_state.json").is_file():
+            raise ConfigError(f"resume: {path} holds no trainer checkpoint ({folder} is missing or incomplete)")
+        self._begin(str(folder), load_state(path)["step"])
+
+
+class SFTTrainer(LMTrainer):
+    """Supervised fine-tuning: TRL's SFTTrainer in every worker."""
+
+    config: SFTConfig
+    name = kind = "sft"
+    build = staticmethod(build_sft)
+
+
+class PretrainTrainer(LMTrainer):
+    """Pre-training on plain text: transformers' Trainer in every worker."""
+
+    config: PretrainConfig
+    name = kind = "pt"
+    build = staticmethod(build_pt)

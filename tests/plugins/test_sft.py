@@ -1,0 +1,255 @@
+"""SFT and pre-training on the `default` role: the CPU demo, one process against two Ray workers (gloo),
+resume after an interrupt, pre-training, a worker that dies, and the mistakes caught before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlcore import ConfigError, RoleFailed, hookimpl, load_config, load_plugins
+from rlcore.plugins.sft.config import PretrainConfig, SFTConfig
+from rlcore.plugins.sft.data import demo_rows
+from rlcore.plugins.sft.trainer import PretrainTrainer, SFTTrainer
+from rlcore.resources import plan_from_config
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray" / "sft"
+STEPS = 4
+# The same global batch of 4 rows: one process of 4, or two workers of 2 (the config of each run).
+QUICK = {"max_steps": STEPS, "learning_rate": 3e-3, "max_length": 64, "lr_scheduler_type": "constant"}
+ONE_PROCESS = {"per_device_train_batch_size": 4}
+TWO_WORKERS = {"per_device_train_batch_size": 2}
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return load_plugins()
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "chats.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in demo_rows("sft", 64)))
+    return str(path)
+
+
+def make(plugins, out, tiny, data, use_ray=False, cls=SFTTrainer, **overrides):
+    config_cls = SFTConfig if cls is SFTTrainer else PretrainConfig
+    config = config_cls(**{**QUICK, "model": str(tiny), "dataset": data, "output_dir": str(out), **overrides})
+    return cls(config, plugins, use_ray=use_ray)
+
+
+def losses(out):
+    return [json.loads(line)["loss"] for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def straight(plugins, tiny_model, chats, tmp_path_factory):
+    """The loss curve of one uninterrupted run in this process, global batch 4."""
+    out = tmp_path_factory.mktemp("straight") / "run"
+    make(plugins, out, tiny_model, chats, **ONE_PROCESS).fit()
+    return losses(out)
+
+
+class Places:
+    """Records each worker's place (its environment) once the run has begun."""
+
+    def __init__(self):
+        self.seen = None
+
+    @hookimpl
+    def rlcore_step_end(self, trainer, step, metrics):
+        if step == 1:
+            self.seen = trainer.session["default"].where()
+
+
+@pytest.mark.ray
+def test_two_ray_workers_give_the_loss_curve_of_one_process(ray_local, straight, tiny_model, chats, tmp_path):
+    """Two CPU workers (gloo) placed by the device_groups form, each half the global batch: per step, the
+    loss of one process with the whole batch, within 1e-4."""
+    plugins = load_plugins()
+    places = Places()
+    plugins.register(places, "places")
+    groups = {"cpu_group": {"device": "CPU", "ranks": 2, "workers": ["default"]}}
+    trainer = make(plugins, tmp_path / "run", tiny_model, chats, use_ray=True, device_groups=groups, **TWO_WORKERS)
+    last = trainer.fit()
+    two = losses(tmp_path / "run")
+    assert len(two) == STEPS and two == pytest.approx(straight, abs=1e-4), (two, straight)
+    assert straight[-1] < straight[0] - 0.5  # it learns
+    assert {"grad_norm", "learning_rate", "mean_token_accuracy", "time/train"} <= set(last)
+    assert trainer.shape == {"max_steps": STEPS, "world_size": 2, "train_rows": 64, "global_batch": 4}
+    seen = places.seen
+    assert [p["rank"] for p in seen] == ["0", "1"] and {p["world_size"] for p in seen} == {"2"}
+    assert [p["local_rank"] for p in seen] == ["0", "1"]  # one node
+    assert len({(p["master_addr"], p["master_port"]) for p in seen}) == 1 and seen[0]["master_port"]
+    assert len({p["pid"] for p in seen}) == 2 and os.getpid() not in {p["pid"] for p in seen}
+    assert (tmp_path / "run" / f"checkpoint-{STEPS}" / "model" / "model.safetensors").is_file()
+
+
+class SignalAt:
+    def __init__(self, step, sig):
+        self.step, self.sig = step, sig
+
+    @hookimpl
+    def rlcore_step_end(self, trainer, step, metrics):
+        if step == self.step:
+            os.kill(os.getpid(), self.sig)
+
+
+def test_resume_after_an_interrupt_continues_the_same_loss_curve(straight, tiny_model, chats, tmp_path, capfd):
+    plugins = load_plugins()
+    plugins.register(SignalAt(2, signal.SIGINT), "interrupt")
+    with pytest.raises(KeyboardInterrupt):
+        make(plugins, tmp_path / "run", tiny_model, chats, **ONE_PROCESS).fit()
+    assert f"stopped by SIGINT after step 2; saved {tmp_path / 'run' / 'checkpoint-2'}" in capfd.readouterr().err
+    assert len(losses(tmp_path / "run")) == 2
+    with pytest.raises(ConfigError, match="already holds checkpoint-2; resume it with --resume"):
+        make(load_plugins(), tmp_path / "run", tiny_model, chats, **ONE_PROCESS)  # never overwritten
+    resumed = make(load_plugins(), tmp_path / "run", tiny_model, chats, resume="auto", **ONE_PROCESS)
+    resumed.fit()
+    assert losses(tmp_path / "run") == pytest.approx(straight, abs=1e-4)
+    state = json.loads((tmp_path / "run" / "checkpoint-4" / "model" / "trainer_state.json").read_text())
+    assert state["global_step"] == 4  # the trainer's own step, optimizer and data position went on
+
+
+def test_the_embedded_demo_loss_falls(tmp_path):
+    """What a new user's `rlcore run --plugin sft` does, cut to 12 steps: the tiny random model learns the toy
+    conversations (measured: loss 5.5 -> 2.9)."""
+    out = tmp_path / "demo"
+    done = subprocess.run([sys.executable, "-m", "rlcore", "run", "--plugin", "sft", f"output_dir={out}", "max_steps=12"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])  # stdout holds the summary alone
+    assert len(done.stdout.strip().splitlines()) == 1, done.stdout[-2000:]
+    assert summary["algorithm"] == "sft" and summary["step"] == 12
+    curve = losses(out)
+    assert len(curve) == 12 and sum(curve[-3:]) / 3 < 0.75 * sum(curve[:3]) / 3, curve
+    assert (out / "checkpoint-12" / "model" / "optimizer.pt").is_file()
+
+
+def test_pretraining_packs_text_into_blocks_and_learns(plugins, tiny_model, tmp_path):
+    corpus = tmp_path / "corpus.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(demo_rows("pt", 128)), corpus)
+    trainer = make(plugins, tmp_path / "run", tiny_model, str(corpus), cls=PretrainTrainer, max_steps=6,
+                   per_device_train_batch_size=4, max_length=32)
+    trainer.fit()
+    curve = losses(tmp_path / "run")
+    assert len(curve) == 6 and curve[-1] < curve[0] - 0.5, curve
+    # every row (about 28 tokens with its EOS) is in a block of exactly 32 tokens: 128 rows make ~110 blocks
+    assert 90 < trainer.shape["train_rows"] < 128 and trainer.shape["global_batch"] == 4
+
+
+class KillRank:
+    """Kills one worker of the default role with SIGKILL at a step, as a crashed node or the OOM killer would."""
+
+    def __init__(self, step, rank):
+        self.step, self.rank, self.killed_at = step, rank, None
+
+    @hookimpl
+    def rlcore_step_end(self, trainer, step, metrics):
+        if step == self.step:
+            pid = trainer.session["default"].where()[self.rank]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            self.killed_at = time.monotonic()
+
+
+@pytest.mark.ray
+def test_a_worker_that_dies_fails_the_run_naming_it_and_the_last_checkpoint_resumes(
+    ray_local, straight, tiny_model, chats, tmp_path
+):
+    plugins = load_plugins()
+    kill = KillRank(2, rank=1)
+    plugins.register(kill, "kill")
+    role = {"cpus": 2}
+    with pytest.raises(RoleFailed) as failed:
+        make(plugins, tmp_path / "run", tiny_model, chats, use_ray=True, default=role, save_steps=1, **TWO_WORKERS).fit()
+    seconds = time.monotonic() - kill.killed_at
+    assert failed.value.role == "default" and failed.value.rank == 1 and failed.value.node, str(failed.value)
+    assert "role 'default'" in str(failed.value) and "rank 1" in str(failed.value)
+    assert seconds < 30, seconds
+    resumed = make(load_plugins(), tmp_path / "run", tiny_model, chats, use_ray=True, default=role, save_steps=1,
+                   resume="auto", **TWO_WORKERS)
+    assert resumed.resume_from.name == "checkpoint-1"  # step 2's save met the dead worker: never published
+    resumed.fit()
+    assert losses(tmp_path / "run") == pytest.approx(straight, abs=1e-4)
+
+
+# -- mistakes, caught before anything is allocated ----------------------------------------------------
+
+
+def test_data_mistakes_name_the_file_row_and_column(plugins, tiny_model, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}),
+        json.dumps({"messages": [{"role": "user", "content": "no answer"}]}),
+        json.dumps({"text": "not a conversation"}),
+    ]) + "\n")
+    with pytest.raises(ConfigError) as caught:
+        make(plugins, tmp_path / "run", tiny_model, str(bad))
+    message = str(caught.value)
+    assert f"{bad}: row 2, column 'messages': ends with a 'user' message" in message
+    assert f"{bad}: row 3: has neither a 'messages' column nor 'prompt' and 'completion' columns" in message
+    text = tmp_path / "text.json"
+    text.write_text(json.dumps([{"text": "fine"}, {"text": ""}, {"body": "x"}]))
+    with pytest.raises(ConfigError) as caught:
+        make(plugins, tmp_path / "run", tiny_model, str(text), cls=PretrainTrainer)
+    assert f"{text}: row 2, column 'text': is str ''" in str(caught.value)
+    assert f"{text}: row 3, column 'text': is missing" in str(caught.value)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"prompt": "1+1", "completion": "2"}) + "\n" + bad.read_text().splitlines()[0] + "\n")
+    with pytest.raises(ConfigError, match="rows 1 use prompt and completion; rows 2 use messages"):
+        make(plugins, tmp_path / "run", tiny_model, str(mixed))
+    assert not (tmp_path / "run").exists()
+
+
+def test_trainer_kwargs_and_config_mistakes_are_reported_at_once(plugins, tiny_model, chats, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        make(plugins, tmp_path / "run", tiny_model, chats, default={"gpus": 2}, device_groups={
+            "g": {"device": "GPU", "ranks": 2, "workers": ["default"]}},
+            trainer_kwargs={"neftune_noise_alpah": 5, "save_strategy": "steps", "packing": True})
+    problems = dict(caught.value.problems)
+    assert "Did you mean 'neftune_noise_alpha'" in problems["trainer_kwargs.neftune_noise_alpah"]
+    assert "set by rlcore; use save_steps" in problems["trainer_kwargs.save_strategy"]
+    assert "set packing at the top level" in problems["trainer_kwargs.packing"]
+    assert "both resource forms are given" in problems["device_groups"]
+    with pytest.raises(ConfigError, match="dataset: is unset but model is set"):
+        load_config(SFTConfig, overrides=[f"model={tiny_model}"])
+    with pytest.raises(ConfigError, match="fp16: and bf16 are both set"):
+        load_config(SFTConfig, overrides=["bf16=true", "fp16=true"])
+
+
+@pytest.mark.parametrize("example", ["multi_node.yaml", "multi_node_gpus.yaml"])
+def test_the_two_node_examples_place_sixteen_ranks_on_two_nodes(plugins, example):
+    config = load_config(SFTConfig, EXAMPLES / example)
+    plan = plan_from_config(config, roles=["default"], plugins=plugins)
+    assert plan.num_workers("default") == 16 and plan.nodes == (0, 1) and plan.nproc_per_node == 8
+    assert plan.ranks_of("default") == tuple(range(16)) and plan.group_of("default").device == "GPU"
+    if example == "multi_node.yaml":  # without nnodes, 16 ranks of 8 per node are a mistake the plan names
+        del config.device_groups["nnodes"]
+        with pytest.raises(ConfigError, match=r"rank\(s\) \[8, 9, .* beyond nproc_per_node \* nnodes = 8 \* 1"):
+            plan_from_config(config, roles=["default"], plugins=plugins)
+
+
+def test_every_example_validates_from_the_cli(chats, tmp_path, capsys):
+    from rlcore.cli import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"text": "hello"}) + "\n")
+    examples = sorted(EXAMPLES.glob("*.yaml"))
+    assert [e.name for e in examples] == ["lora.yaml", "multi_node.yaml", "multi_node_gpus.yaml", "pretrain.yaml"]
+    for example in examples:
+        algorithm, data = ("pt", corpus) if example.name == "pretrain.yaml" else ("sft", chats)
+        code = main(["config", "validate", "--plugin", algorithm, "--config", str(example), f"dataset={data}"])
+        out = capsys.readouterr()
+        assert code == 0 and f"valid for algorithm '{algorithm}'" in out.out, (example, out.err)
+    assert main(["config", "validate", "--plugin", "sft", "--config", str(EXAMPLES / "lora.yaml")]) == 2
+    assert "dataset: 'data/prompt_completion.jsonl' does not exist" in capsys.readouterr().err  # the data is checked
