@@ -269,7 +269,7 @@ def prm_model(tmp_path_factory):
 
 @pytest.mark.ray
 def test_the_output_does_not_depend_on_the_number_of_workers(ray_local, plugins, tmp_path, tiny_model, prm_model):
-    """One in-process sampler, then two Ray sampler workers and two Ray workers each of prm and orm (ms-swift's
+    """One in-process sampler, then two Ray sampler workers and a Ray group holding prm and orm (ms-swift's
     device_groups form): a real tiny model samples, a real tiny PRM and the toy reward score, and the files are
     byte for byte the same, because candidates are drawn per prompt and normalised over all of a prompt's."""
     from rlcore.plugins.grpo.toy import toy_dataset
@@ -278,7 +278,7 @@ def test_the_output_does_not_depend_on_the_number_of_workers(ray_local, plugins,
                 orm_model="toy", prm_model=str(prm_model), prm={"batch_size": 1}, prm_threshold=0.0, n_best_to_keep=1)
     local, _ = run(plugins, tmp_path, tiny_model, out="local", **keys)
     groups = {"sample_group": {"device": "CPU", "ranks": 2, "workers": ["sampler"]},
-              "rm_group": {"device": "CPU", "ranks": 2, "workers": ["prm", "orm"]}}
+              "rm_group": {"device": "CPU", "ranks": 1, "workers": ["prm", "orm"]}}
     spread, _ = run(plugins, tmp_path, tiny_model, use_ray=True, out="ray", device_groups=groups, **keys)
     assert local["rows"] == spread["rows"] > 0
     text = (tmp_path / "local" / "samples.jsonl").read_bytes()
