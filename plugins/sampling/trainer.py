@@ -147,6 +147,7 @@ class SampleTrainer(Trainer):
             sampler = dict(model=self.model_path, dtype=cfg.sampler.dtype, seed=cfg.seed)
             if cfg.sampler.engine == "vllm":
                 sampler.update({k: getattr(cfg.sampler, k) for k in type(cfg.sampler).model_fields if k.startswith("vllm_")})
+                sampler["vllm_request_seeds"] = cfg.seed_per_prompt  # else vLLM ignores a request's seed
             setups["sampler"] = RoleSetup(SampleWorker, cfg.sampler.engine, {**sampler, **cfg.sampler.engine_kwargs})
         for kind in ("prm", "orm"):
             if kind in roles:
