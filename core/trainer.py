@@ -161,11 +161,11 @@ class Trainer:
                     if save_steps and self.step % save_steps == 0:
                         self.save()
                         saved = self.step
+            where = None  # the checkpoint written now, if any
             if self.step > saved or (not save_steps and self.step and not stop.signal):
                 where = self.save()
-                saved = -1
             if stop.signal:
-                if saved == -1:
+                if where is not None:
                     stop.exit(f"after step {self.step}; saved {where} (continue with --resume)")
                 elif self.step:
                     stop.exit(f"after step {self.step}, which checkpoint-{self.step} holds (continue with --resume)")

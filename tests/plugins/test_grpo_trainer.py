@@ -455,7 +455,10 @@ def test_a_signal_finishes_the_step_saves_and_exits_then_resume_continues(tmp_pa
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are given back
     import threading  # and the exit deadline is off: a caller that catches the exception lives on
 
-    assert "rlcore-exit-deadline" not in [t.name for t in threading.enumerate() if t.is_alive()]
+    deadlines = [t for t in threading.enumerate() if t.name == "rlcore-exit-deadline"]
+    for thread in deadlines:
+        thread.join(5)  # called off, it ends at once; armed, it would wait 15 s, then os._exit
+    assert not [t for t in deadlines if t.is_alive()]
     make(load_plugins(), tmp_path, tiny, max_steps=4, resume="auto").fit()
     assert [r["step"] for r in metrics_of(tmp_path)] == [1, 2, 3, 4]
 
