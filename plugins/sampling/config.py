@@ -39,8 +39,8 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "orm_model": "toy",
     "num_return_sequences": 4,
     "max_new_tokens": 16,
-    "batch_size": 8,
-    "data_range": [0, 16],  # 16 of the toy task's 256 prompts: about 15 s on a CPU
+    "batch_size": 4,
+    "data_range": [0, 32],  # 8 of the toy task's 256 prompts: a few seconds on a CPU
     "output_dir": "output/sample-demo",
 }
 
@@ -51,7 +51,7 @@ class SampleConfig(RunConfig):
 
     model: str | None = Field(
         None, description="the sampler's model (a directory or hub id); unset (and no dataset): the embedded demo, "
-        "a tiny random model on the toy task with orm_model toy, num_return_sequences 4, max_new_tokens 16"
+        "a tiny random model on 8 prompts of the toy task with orm_model toy, num_return_sequences 4, max_new_tokens 16"
     )
     dataset: str | None = Field(None, description="JSONL/JSON/Parquet with a messages or prompt column; unset: the toy task")
     data_range: list[int] | None = Field(

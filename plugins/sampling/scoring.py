@@ -49,7 +49,7 @@ class ScoreRows:
     """A scorer per worker: `score(prompts, completions, rows)` -> one score (ORM) or one list of step scores
     (PRM) per candidate; `rows` are the candidates' dataset rows."""
 
-    def __init__(self, engine: Any, options: dict[str, Any], kind: str = "reward"):
+    def __init__(self, engine: Any, options: dict[str, Any]):
         self.setup(engine, options)
 
     @function()

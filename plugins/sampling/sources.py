@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import random
+import threading
 import time
 from typing import Any
 
@@ -69,6 +70,7 @@ class ApiTeacher:
         self.api_base, self.model = api_base, model
         self.max_concurrency, self.max_retries, self.backoff_s = max_concurrency, max_retries, backoff_s
         self.retries = 0  # retried requests so far (a metric)
+        self._lock = threading.Lock()
 
     def _retryable(self, exc: Exception) -> bool:
         o = self.openai
@@ -95,7 +97,8 @@ class ApiTeacher:
                         f"the teacher {self.model} at {self.api_base} failed {attempt + 1} times in a row "
                         f"(last: {type(exc).__name__}: {exc}); raise max_retries or check the endpoint"
                     ) from exc
-                self.retries += 1
+                with self._lock:
+                    self.retries += 1
                 time.sleep(min(60.0, self.backoff_s * 2**attempt) * (0.5 + rng.random() / 2))
         raise AssertionError("unreachable")
 

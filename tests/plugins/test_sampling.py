@@ -362,13 +362,13 @@ def test_kill_9_at_any_point_then_resume_gives_the_same_bytes(plugins, fakes, tm
 
 
 def test_the_embedded_demo(tmp_path):
-    """`rlcore run --plugin sample`: the tiny model samples 16 toy prompts, the toy reward picks the best of 4."""
+    """`rlcore run --plugin sample`: the tiny model samples 8 toy prompts, the toy reward picks the best of 4."""
     out = tmp_path / "demo"
     done = subprocess.run([sys.executable, "-m", "rlcore", "run", "--plugin", "sample", f"output_dir={out}"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
-    assert summary["algorithm"] == "sample" and summary["prompts"] == 16 and 0 < summary["rows"] <= 16
+    assert summary["algorithm"] == "sample" and summary["prompts"] == 8 and 0 < summary["rows"] <= 8
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == summary["rows"] and all(r["target"] == "aeiou" and "rejected_response" in r for r in rows)
     assert "prompt/s" in done.stderr and "pass_rate=" in done.stderr
