@@ -274,18 +274,23 @@ class RemoteGroup:
         return error
 
     def _failed(self, exc: BaseException, ranks: list[int], refs: list[Any], method: str) -> RoleFailed:
-        """The error of the first worker that failed; a dead worker stops its whole group."""
+        """The error of the first worker that failed (a dead one before one that raised); a dead worker stops
+        its whole group."""
         import ray
 
         ready = set(ray.wait(refs, num_returns=len(refs), timeout=2.0)[0])
-        rank = None
-        for r, ref in zip(ranks, refs):  # the lowest failed rank; every error is read, so Ray logs none
+        failed = []
+        for r, ref in zip(ranks, refs):  # every error is read, so Ray logs none
             if ref in ready:
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayError as err:
-                    if rank is None:
-                        rank, exc = r, err
+                    failed.append((r, err))
+        # the lowest failed rank, a dead one first: its peers' errors (a collective cut off) follow from its death
+        dead = [(r, err) for r, err in failed if cluster.is_death(err)]
+        rank = None
+        if failed:
+            rank, exc = (dead or failed)[0]
         info = self.infos[rank] if rank is not None else {}
         error = cluster.role_error(exc, role=self.role, rank=rank, node=info.get("ip", ""),
                                    pid=info.get("pid"), method=method)

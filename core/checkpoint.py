@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, RlcoreError
+from .errors import ConfigError, RlcoreError, RoleFailed
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -52,6 +52,8 @@ def save_checkpoint(
             os.fsync(f.fileno())
     except Exception as exc:  # a full disk, a quota, a worker that failed to write: the old checkpoints stay
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, RoleFailed):  # a worker died or raised while saving: its own message says what happened
+            raise
         older = checkpoints(root)
         kept = f"; the newest intact one is {older[-1][1]}" if older else ""
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__

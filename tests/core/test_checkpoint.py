@@ -100,3 +100,16 @@ def test_a_failed_checkpoint_write_names_the_checkpoint_and_keeps_the_old_ones(t
     with pytest.raises(RlcoreError, match="cannot write checkpoint-2 .*No space left on device.*newest intact one is"):
         save_checkpoint(tmp_path, 2, {"step": 2}, full)
     assert [step for step, _ in checkpoints(tmp_path)] == [1] and not list(tmp_path.glob(".checkpoint-2*"))
+
+
+def test_a_worker_that_fails_while_saving_is_reported_as_itself_not_as_a_full_disk(tmp_path):
+    from rlcore import RoleFailed
+
+    save_checkpoint(tmp_path, 1, {"step": 1}, lambda tmp: None)
+
+    def dies(tmp):
+        raise RoleFailed("role 'default' rank 1 on node 10.0.0.2 (pid 7) died during save()", role="default", rank=1)
+
+    with pytest.raises(RoleFailed, match=r"^role 'default' rank 1 on node 10.0.0.2 \(pid 7\) died during save\(\)$"):
+        save_checkpoint(tmp_path, 2, {"step": 2}, dies)
+    assert [step for step, _ in checkpoints(tmp_path)] == [1] and not list(tmp_path.glob(".checkpoint-2*"))

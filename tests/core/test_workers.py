@@ -256,6 +256,10 @@ class Gloo:
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
         return {k: os.environ[k] for k in keys}
 
+    @function(group="dist")
+    def pid(self):
+        return os.getpid()
+
     @function(group="dist", collect="flatten")
     def all_reduce(self, values):
         import torch.distributed as dist
@@ -304,6 +308,20 @@ def test_a_worker_killed_during_a_call_raises_role_failed_within_seconds(ray_run
     while time.monotonic() < deadline and _alive(pids[0]):
         time.sleep(0.1)
     assert not _alive(pids[0]), "the group's other worker was not stopped"
+
+
+@pytest.mark.ray
+def test_a_dead_worker_is_named_not_the_peer_its_death_cut_off(ray_runtime):
+    """Rank 1 dies; rank 0's collective then fails (its peer is gone) with an error of its own. The group's
+    failure names the dead rank: that is the cause."""
+    ray_runtime(cpu_slots(dist=2))
+    group = Gloo()
+    assert group.all_reduce([1.0, 2.0]) == [3.0, 3.0]  # the gloo world is up
+    pids = group.pid()
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(RoleFailed, match=r"role 'dist' rank 1 on node \S+ \(pid %d\) died" % pids[1]) as info:
+        group.all_reduce([1.0, 2.0])
+    assert info.value.rank == 1
 
 
 def _alive(pid: int) -> bool:
