@@ -1,0 +1,92 @@
+"""GKD end to end on the Hugging Face engines: the embedded demo learns, and the example layouts (scaled to the
+CPU: fake GPUs place the actors, the engines compute on the CPU) run on a real Ray."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlcore import load_config, load_plugins
+from rlcore.plugins.gkd.config import GKDConfig
+from rlcore.plugins.gkd.trainer import GKDTrainer
+from rlcore.plugins.hf.tiny import build_tiny_model
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray" / "gkd"
+QUICK = ["max_steps=2", "max_completion_length=4", "per_device_train_batch_size=2", "learning_rate=1e-3",
+         "train.dtype=float32", "rollout.dtype=float32", "rollout.engine=hf", "train.engine_kwargs={device: cpu}",
+         "rollout.engine_kwargs={device: cpu}", "eval_size=4", "eval_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("gkd")
+    teacher = build_tiny_model(root / "teacher", hidden_size=96, intermediate_size=192, seed=5)
+    data = root / "chat.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}:", "completion": f"number {i}"}) + "\n" for i in range(24)))
+    return {"student": str(tiny_model), "teacher": str(teacher), "dataset": str(data)}
+
+
+def metrics_of(output_dir):
+    return [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_local_run_with_top_k_and_sft_logs_every_metric(setup, tmp_path):
+    config = load_config(GKDConfig, None, [
+        f"model={setup['student']}", f"teacher_model={setup['teacher']}", f"dataset={setup['dataset']}",
+        f"output_dir={tmp_path / 'run'}", "gkd_logits_topk=8", "sft_alpha=0.5", "lmbda=0.5", "max_steps=4",
+        "max_completion_length=6", "per_device_train_batch_size=4", "eval_size=4", "eval_steps=2",
+    ])
+    GKDTrainer(config, load_plugins()).fit()
+    rows = metrics_of(tmp_path / "run")
+    assert [r["on_policy"] for r in rows] == [0.0, 1.0, 0.0, 1.0]  # lmbda 0.5 with seed 42: both kinds ran
+    for r in rows:
+        assert r["loss"] > 0 and r["jsd"] > 0 and r["time/teacher"] > 0 and r["grad_norm"] > 0
+        if r["on_policy"]:  # the student's own completions: generated, no cross-entropy
+            assert r["sft_loss"] is None and r["time/generate"] > 0
+            assert r["loss"] == pytest.approx(r["jsd"], rel=1e-4)
+        else:  # the dataset's completions: JSD plus 0.5 x cross-entropy
+            assert r["loss"] == pytest.approx(r["jsd"] + 0.5 * r["sft_loss"], rel=1e-4)
+    assert [r.get("time/sync", 0) > 0 for r in rows] == [False, True, False, True]  # before on-policy steps only
+    assert rows[0]["eval/jsd_start"] > 0 and "eval/jsd" in rows[1] and "eval/jsd" in rows[3]
+    assert rows[-1]["on_policy_fraction"] == 0.5
+
+
+def test_the_embedded_demo_halves_the_held_out_jsd(tmp_path, capsys):
+    """`rlcore run --plugin gkd`, shortened: a tiny student learns a different tiny teacher on the CPU."""
+    from rlcore.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["run", "--plugin", "gkd", f"output_dir={out}", "max_steps=20", "learning_rate=5e-3",
+                 "eval_steps=20", "per_device_train_batch_size=8", "max_completion_length=8"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    rows = metrics_of(out)
+    start, end = rows[0]["eval/jsd_start"], rows[-1]["eval/jsd"]
+    assert summary["algorithm"] == "gkd" and summary["step"] == 20
+    assert end <= 0.5 * start, (start, end)
+    assert 0 < sum(r["on_policy"] for r in rows) < 20  # lmbda 0.5: on-policy and dataset steps both ran
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("layout", ["colocated-full", "colocated-topk", "standalone"])
+def test_the_examples_run_on_ray(ray_local, setup, tmp_path, layout):
+    example = "teacher_colocated" if layout.startswith("colocated") else "teacher_standalone"
+    keys = [f"model={setup['student']}", f"dataset={setup['dataset']}", f"output_dir={tmp_path / 'run'}",
+            "train.gpus=2", "rollout.gpus=2", *QUICK]
+    if layout == "standalone":  # two HF teacher replicas on CPU workers; the 64 of the example scaled to 8
+        keys += [f"teacher.model={setup['teacher']}", "teacher.engine=hf", "teacher.dtype=float32", "teacher.gpus=0",
+                 "teacher.cpus=2", "gkd_logits_topk=8"]
+    else:
+        keys += [f"teacher_model={setup['teacher']}"] + (["gkd_logits_topk=8"] if layout == "colocated-topk" else [])
+    config = load_config(GKDConfig, EXAMPLES / f"{example}.yaml", keys)
+    trainer = GKDTrainer(config, load_plugins(), use_ray=True)
+    assert trainer.session.colocated("train", "rollout")
+    assert trainer.session.workers("train") == 2 and trainer.session.workers("rollout") == 2
+    trainer.fit()
+    rows = metrics_of(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["on_policy"] == 1.0 for r in rows)  # lmbda 1
+    assert all(r["jsd"] > 0 and r["grad_norm"] > 0 and r["time/generate"] > 0 and r["time/teacher"] > 0 for r in rows)
+    assert rows[1]["time/sync"] > 0 and rows[-1]["eval/jsd"] > 0
+    if layout == "standalone":
+        assert trainer.session.workers("teacher") == 2
