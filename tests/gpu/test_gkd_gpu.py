@@ -1,0 +1,109 @@
+"""GKD on the GPU: vLLM rollout with a colocated, offloaded teacher (full vocabulary); a served vLLM teacher group
+with top-k on Ray; and the alignment of vLLM's prompt log-probs with the student's logits (an echo teacher of
+known logits). Each test starts vLLM engines of its own: run each in its own pytest process, e.g.
+`python3 -m pytest -m gpu tests/gpu/test_gkd_gpu.py -k colocated` (the Ray test needs two GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+SEQUENCES = [[10, 200, 33, 4, 150, 77], [5, 6], [260, 1, 99, 42]]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from rlcore.plugins.hf.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("gkd-gpu")
+    shape = dict(num_heads=4, num_kv_heads=2, dtype="bfloat16")
+    student = build_tiny_model(root / "student", hidden_size=256, intermediate_size=512, **shape)
+    teacher = build_tiny_model(root / "teacher", hidden_size=384, intermediate_size=768, seed=3, **shape)
+    data = root / "chat.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}:", "completion": f"number {i}"}) + "\n" for i in range(64)))
+    return {"student": str(student), "teacher": str(teacher), "dataset": str(data)}
+
+
+def run(models, tmp_path, use_ray=False, **overrides):
+    from rlcore import load_plugins
+    from rlcore.plugins.gkd.config import GKDConfig
+    from rlcore.plugins.gkd.trainer import GKDTrainer
+
+    vllm = {"gpus": 1, "engine": "vllm", "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.2,
+            "vllm_enforce_eager": True, "vllm_max_model_len": 256}
+    config = GKDConfig(
+        model=models["student"], dataset=models["dataset"], output_dir=str(tmp_path / "run"), max_steps=3,
+        lmbda=1.0, learning_rate=1e-3, per_device_train_batch_size=8, max_completion_length=32, eval_size=8,
+        eval_steps=1, train={"gpus": 1, "dtype": "bfloat16"}, rollout=vllm, colocate_groups=[["train", "rollout"]],
+        **{k: ({**vllm, **v} if k == "teacher" else v) for k, v in overrides.items()},
+    )
+    trainer = GKDTrainer(config, load_plugins(), use_ray=use_ray)
+    trainer.fit()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return trainer, rows
+
+
+def test_colocated_vllm_rollout_with_an_offloaded_teacher_full_vocabulary(models, tmp_path):
+    trainer, rows = run(models, tmp_path, teacher_model=models["teacher"], offload_teacher_model=True,
+                        offload_model=True, offload_optimizer=True, sleep_level=1)
+    assert trainer.session.colocated("train", "rollout") and trainer.session.roles == ["train", "rollout"]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["on_policy"] == 1.0 for r in rows)
+    assert all(r["jsd"] > 0 and r["grad_norm"] > 0 and r["time/generate"] > 0 and r["time/teacher"] > 0 for r in rows)
+    assert all(r["time/sync"] > 0 for r in rows[1:]) and rows[-1]["completions/mean_length"] > 0
+    assert rows[-1]["eval/jsd"] < rows[0]["eval/jsd_start"]
+
+
+def test_a_separate_vllm_teacher_group_serves_top_k_on_ray(models, tmp_path):
+    # k = 32 is above vLLM's default max_logprobs (20): the trainer must raise it for the teacher engine
+    trainer, rows = run(models, tmp_path, use_ray=True, gkd_logits_topk=32,
+                        teacher={"model": models["teacher"], "vllm_gpu_memory_utilization": 0.3})
+    assert trainer.session.workers("teacher") == 1 and not trainer.session.colocated("train", "teacher")
+    assert trainer.session.setups["teacher"].options["vllm_engine_kwargs"]["max_logprobs"] == 32
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["jsd"] > 0 and r["time/teacher"] > 0 and r["time/generate"] > 0 for r in rows)
+
+
+def test_vllm_prompt_top_k_is_aligned_with_the_student(tmp_path):
+    """The echo teacher (zeroed attention and MLP outputs, sharpened norm) puts its mass after token x on x, so row
+    j of vLLM's prompt top-k must have token j - 1 first, and agree with the HF model's own log-probs."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlcore import Batch
+    from rlcore.batch import pad_tokens
+    from rlcore.plugins.gkd.objective import DistillObjective
+    from rlcore.plugins.hf.common import model_outputs
+    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.plugins.vllm.engine import VLLMRolloutEngine
+
+    base = build_tiny_model(tmp_path / "base", seed=11)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.mul_(20.0)
+    model.save_pretrained(tmp_path / "echo")
+    AutoTokenizer.from_pretrained(base).save_pretrained(tmp_path / "echo")
+
+    engine = VLLMRolloutEngine(str(tmp_path / "echo"), vllm_gpu_memory_utilization=0.2, vllm_enforce_eager=True,
+                               vllm_max_model_len=64, dtype="float32", vllm_engine_kwargs={"max_logprobs": 4})
+    top = engine.prompt_topk_logprobs(SEQUENCES, 4)
+    for i, seq in enumerate(SEQUENCES):
+        assert top.ids[i, 1 : len(seq), 0].tolist() == seq[:-1]
+        assert not top.ids[i, 0].any() and not top.ids[i, len(seq) :].any()
+
+    input_ids, attention = pad_tokens(SEQUENCES, 0)
+    mask = attention.float()
+    mask[:, 0] = 0
+    batch = Batch(input_ids=input_ids, attention_mask=attention, completion_mask=mask,
+                  teacher_ids=top.ids, teacher_logprobs=top.logprobs)
+    with torch.no_grad():
+        outputs = model_outputs(model, input_ids, attention)
+        hf = outputs.logprobs_at(top.ids)
+        total, tokens = DistillObjective(beta=0.5, temperature=1.0, topk=4).divergence(outputs, batch, None)
+    valid = mask.bool()
+    torch.testing.assert_close(top.logprobs[valid], hf[valid], atol=2e-3, rtol=0)  # raw log-probs, not processed
+    assert float(total) / float(tokens) < 1e-3
