@@ -193,8 +193,13 @@ class LMWorker:
 
     @function()
     def where(self) -> dict[str, Any]:
-        """This worker's place: its rank, world and node (what the environment of the placement says)."""
+        """This worker's place: its rank, world and node (the environment the placement gave it), and the
+        trainer's torch.distributed backend and device."""
         import socket
 
+        import torch.distributed as dist
+
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-        return {**{k.lower(): os.environ.get(k) for k in keys}, "pid": os.getpid(), "host": socket.gethostname()}
+        backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+        return {**{k.lower(): os.environ.get(k) for k in keys}, "pid": os.getpid(), "host": socket.gethostname(),
+                "backend": backend, "device": str(self.runner.trainer.args.device)}

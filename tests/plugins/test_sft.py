@@ -89,6 +89,7 @@ def test_two_ray_workers_give_the_loss_curve_of_one_process(ray_local, straight,
     assert [p["local_rank"] for p in seen] == ["0", "1"]  # one node
     assert len({(p["master_addr"], p["master_port"]) for p in seen}) == 1 and seen[0]["master_port"]
     assert len({p["pid"] for p in seen}) == 2 and os.getpid() not in {p["pid"] for p in seen}
+    assert {(p["backend"], p["device"]) for p in seen} == {("gloo", "cpu")}
     assert (tmp_path / "run" / f"checkpoint-{STEPS}" / "model" / "model.safetensors").is_file()
 
 
