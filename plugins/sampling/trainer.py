@@ -196,7 +196,7 @@ class SampleTrainer(Trainer):
             self.metrics.resume_at(self.step)
             with self.start():
                 self.hook.rlcore_train_start(trainer=self)
-                with self.progress() as bar:
+                with self.progress() as bar, self._say_where_on_interrupt():
                     bar.update(state["next_row"])
                     for start in range(state["next_row"], len(self.rows), cfg.batch_size):
                         began = time.perf_counter()
@@ -215,6 +215,17 @@ class SampleTrainer(Trainer):
                 self.hook.rlcore_train_end(trainer=self, metrics=summary)
         print(f"rlcore: wrote {self.written} rows to {path}", file=sys.stderr, flush=True)
         return summary
+
+    @contextlib.contextmanager
+    def _say_where_on_interrupt(self) -> Iterator[None]:
+        """Ctrl-C (or a signal the CLI turns into an exit) mid-batch: the committed batches stay; say so."""
+        try:
+            yield
+        except (KeyboardInterrupt, SystemExit):
+            state = self.output.state
+            print(f"\nrlcore: stopped after {state['batches']} complete batches ({state['next_row']} of {len(self.rows)} "
+                  f"prompts, {state['written']} rows); continue with --resume", file=sys.stderr, flush=True)
+            raise
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[Any]:
