@@ -69,20 +69,26 @@ def test_the_embedded_demo_halves_the_held_out_jsd(tmp_path, capsys):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("layout", ["colocated-full", "colocated-topk", "standalone"])
+@pytest.mark.parametrize("layout", ["colocated-full", "colocated-topk", "standalone", "shared"])
 def test_the_examples_run_on_ray(ray_local, setup, tmp_path, layout):
-    example = "teacher_colocated" if layout.startswith("colocated") else "teacher_standalone"
-    keys = [f"model={setup['student']}", f"dataset={setup['dataset']}", f"output_dir={tmp_path / 'run'}",
-            "train.gpus=2", "rollout.gpus=2", *QUICK]
+    example = f"teacher_{layout.split('-')[0]}"
+    workers = 2 if layout == "colocated-full" else 1  # data parallelism once; fewer actors to start on 2 cores
+    keys = [f"model={setup['student']}", f"dataset={setup['dataset']}", f"output_dir={tmp_path / 'run'}", *QUICK]
+    if layout == "shared":  # train, rollout and an HF teacher taking turns on one (fake) GPU
+        keys += ["device_groups.nproc_per_node=1", "device_groups.shared_group.ranks=[0]", "gkd_logits_topk=8",
+                 f"teacher.model={setup['teacher']}", "teacher.engine=hf", "teacher.dtype=float32",
+                 "teacher.engine_kwargs={device: cpu}"]
+    else:
+        keys += [f"train.gpus={workers}", f"rollout.gpus={workers}"]
     if layout == "standalone":  # two HF teacher replicas on CPU workers; the 64 of the example scaled to 8
         keys += [f"teacher.model={setup['teacher']}", "teacher.engine=hf", "teacher.dtype=float32", "teacher.gpus=0",
                  "teacher.cpus=2", "gkd_logits_topk=8"]
-    else:
+    elif layout.startswith("colocated"):
         keys += [f"teacher_model={setup['teacher']}"] + (["gkd_logits_topk=8"] if layout == "colocated-topk" else [])
     config = load_config(GKDConfig, EXAMPLES / f"{example}.yaml", keys)
     trainer = GKDTrainer(config, load_plugins(), use_ray=True)
     assert trainer.session.colocated("train", "rollout")
-    assert trainer.session.workers("train") == 2 and trainer.session.workers("rollout") == 2
+    assert trainer.session.workers("train") == workers and trainer.session.workers("rollout") == workers
     trainer.fit()
     rows = metrics_of(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2] and all(r["on_policy"] == 1.0 for r in rows)  # lmbda 1
@@ -90,3 +96,5 @@ def test_the_examples_run_on_ray(ray_local, setup, tmp_path, layout):
     assert rows[1]["time/sync"] > 0 and rows[-1]["eval/jsd"] > 0
     if layout == "standalone":
         assert trainer.session.workers("teacher") == 2
+    if layout == "shared":
+        assert trainer.session.colocated("teacher", "train") and trainer.session.colocated("teacher", "rollout")
