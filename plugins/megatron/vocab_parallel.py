@@ -3,8 +3,9 @@ layer, and per-token log-probs, log-probs at given ids, top-k and full-vocabular
 reductions of [B, T] or [B, T, k] tensors across the tensor group; [B, T, V] never exists on one rank
 (except in `full_logprobs`, which the contract asks for and which therefore gathers).
 
-The reductions are differentiable: a sum across ranks passes its gradient through unchanged (every rank
-computes the same loss from the reduced value), as megatron's `reduce_from_tensor_model_parallel_region`.
+The reductions are differentiable and pair as megatron's do: a sum of rank-local partials into a value every
+rank holds passes its gradient through unchanged (`reduce_from_tensor_model_parallel_region`), and that value
+(the normaliser) entering rank-local work again sums its gradient over the ranks (`copy_to_...`).
 """
 
 from __future__ import annotations
@@ -48,9 +49,28 @@ class _AllGatherLast(torch.autograd.Function):
         return grad[..., rank * ctx.width:(rank + 1) * ctx.width].contiguous(), None
 
 
+class _CopyToGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
 def all_reduce_sum(x: torch.Tensor, group: Any) -> torch.Tensor:
     """Sum over `group`, differentiable (identity backward); `group=None` or size 1: `x` itself."""
     return x if _group_size(group) == 1 else _AllReduceSum.apply(x, group)
+
+
+def copy_to_group(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """`x` (the same on every rank) where it enters rank-local work: identity forward, and backward sums the
+    ranks' partial gradients (megatron's `copy_to_tensor_model_parallel_region`)."""
+    return x if _group_size(group) == 1 else _CopyToGroup.apply(x, group)
 
 
 def all_gather_last(x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -107,6 +127,10 @@ class VocabParallelOutputs(ModelOutputs):
         picked = self.shard.gather(-1, local.clamp(0, self.shard.shape[-1] - 1)).masked_fill(~here, 0.0)
         return all_reduce_sum(picked, self.group)
 
+    def _local_lse(self) -> torch.Tensor:
+        """The normaliser as rank-local per-column work uses it (its gradient summed over the ranks)."""
+        return copy_to_group(self._lse(), self.group)[..., None]
+
     def _aligned(self, values: torch.Tensor) -> torch.Tensor:
         values = torch.nn.functional.pad(values, (0, 0) * (values.dim() - 2) + (1, 0))
         valid = self.valid.view(*self.valid.shape, *(1,) * (values.dim() - 2))
@@ -131,12 +155,12 @@ class VocabParallelOutputs(ModelOutputs):
 
     def shard_logprobs(self) -> torch.Tensor:
         """This rank's columns of the full log-probs, [B, T, V_shard] aligned (padding columns -inf)."""
-        return self._aligned(self.shard - self._lse()[..., None])
+        return self._aligned(self.shard - self._local_lse())
 
     def full_logprobs(self) -> torch.Tensor:
         """[B, T, V]: the shards gathered (the one result that is vocabulary-sized on every rank)."""
         if "full" not in self._cache:
-            gathered = all_gather_last(self.shard - self._lse()[..., None], self.group)[..., : self.vocab_size]
+            gathered = all_gather_last(self.shard - self._local_lse(), self.group)[..., : self.vocab_size]
             self._cache["full"] = self._aligned(gathered)
         return self._cache["full"]
 
@@ -147,14 +171,14 @@ class VocabParallelOutputs(ModelOutputs):
         width = self.shard.shape[-1]
         end = min(self.start + width, self.vocab_size)
         target = target_logprobs[:, 1:, self.start:end].to(self.shard.device).float()
-        model = (self.shard - self._lse()[..., None])[..., : end - self.start]
+        model = (self.shard - self._local_lse())[..., : end - self.start]
         terms = torch.where(target > float("-inf"), target.exp() * (target - model), torch.zeros_like(target))
         return self._aligned(all_reduce_sum(terms.sum(dim=-1), self.group)[..., None]).squeeze(-1)
 
     def topk(self, k: int) -> TopK:
         """The k most likely tokens of every row (a top-k per shard, then over the tp * k candidates)."""
         k = min(k, self.vocab_size)
-        local = self.shard - self._lse()[..., None]
+        local = self.shard - self._local_lse()
         values, index = local.topk(min(k, local.shape[-1]), dim=-1)
         ids = index + self.start
         if self.tp > 1:
