@@ -57,9 +57,10 @@ class ScoreRows:
         self.scorer = engine(**options)
 
     @function(dispatch="slice", collect="flatten")
-    def score(self, prompts: list, completions: list, rows: list[dict[str, Any]]) -> list:
+    def score(self, prompts: list, completions: list, rows: list[dict[str, Any]],
+              completion_ids: list[list[int]] | None = None) -> list:
         if isinstance(self.scorer, FunctionScorer):
-            return self.scorer.score(prompts, completions, rows)
+            return self.scorer.score(prompts, completions, rows, completion_ids)
         return list(self.scorer.score(prompts, completions))
 
 
@@ -73,11 +74,12 @@ class FunctionScorer:
         self.name, self.strict = name, strict
         self.fn = resolve_reward(name, plugins(), options or None)
 
-    def score(self, prompts: list, completions: list, rows: list[dict[str, Any]]) -> list[float]:
+    def score(self, prompts: list, completions: list, rows: list[dict[str, Any]],
+              completion_ids: list[list[int]] | None = None) -> list[float]:
         from rlcore.plugins.rewards import call_reward
 
         columns = {k: [r.get(k) for r in rows] for k in (rows[0] if rows else {}) if k not in ("prompt", "messages")}
-        values, _ = call_reward(self.fn, self.name, prompts, completions, None, columns, strict=self.strict)
+        values, _ = call_reward(self.fn, self.name, prompts, completions, completion_ids, columns, strict=self.strict)
         return [0.0 if v is None else float(v) for v in values]
 
 

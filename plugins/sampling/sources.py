@@ -28,13 +28,14 @@ class SampleWorker:
         self.engine = make_engine(kind, engine, options)
 
     @function(dispatch="slice", collect="flatten")
-    def generate(self, prompts: list[list[int]], seeds: list[int] | None, params: SamplingParams) -> list[str]:
+    def generate(self, prompts: list[list[int]], seeds: list[int] | None, params: SamplingParams) -> list[tuple]:
+        """(text, token ids) of every candidate."""
         if seeds is None:
-            return [g.text for g in self.engine.generate(prompts, params)]
-        texts: list[str] = []
+            return [(g.text, g.token_ids) for g in self.engine.generate(prompts, params)]
+        out: list[tuple] = []
         for prompt, seed in zip(prompts, seeds, strict=True):
-            texts += [g.text for g in self.engine.generate([prompt], dataclasses.replace(params, seed=seed))]
-        return texts
+            out += [(g.text, g.token_ids) for g in self.engine.generate([prompt], dataclasses.replace(params, seed=seed))]
+        return out
 
 
 def response_text(message: Any) -> str:

@@ -67,6 +67,11 @@ class SampleTrainer(Trainer):
         self.output_dir = Path(cfg.output_dir)
         self.timer, self.step, self._metrics = PhaseTimer(), 0, None
         self.output = ResumableJsonl(self.output_dir, cfg.output_file)
+        problems = self.name_problems(cfg, plugins)
+        if problems:  # before a model is built or a worker started
+            from rlcore.config import config_error
+
+            raise config_error(problems)
         self.first_row, self.rows = self.load_rows(cfg)
         self.ids = [row_id(r) for r in self.rows]
         self.model_path = self._model_path()
@@ -96,14 +101,10 @@ class SampleTrainer(Trainer):
         from rlcore.data import PromptEncoder
 
         cfg = config.for_run()
-        problems: list[tuple[str, str]] = []
+        problems = cls.name_problems(cfg, plugins)
         checks = [("(resource plan)", lambda: plan_from_config(cfg, roles=cls.roles_of(cfg), policy=cfg.placement,
                                                                plugins=plugins)),
                   ("dataset", lambda: cls.load_rows(cfg))]
-        if cfg.orm_model and is_reward_function(cfg.orm_model, plugins):
-            from rlcore.plugins.rewards import resolve_reward
-
-            checks.append(("orm_model", lambda: resolve_reward(cfg.orm_model, plugins, cfg.orm_kwargs or None)))
         if cfg.model and cfg.uses_local_sampler:
             checks.append(("model", lambda: PromptEncoder(cfg.model, cfg.use_chat_template)))
         for key, check in checks:
@@ -113,6 +114,39 @@ class SampleTrainer(Trainer):
                 problems.extend(getattr(exc, "problems", None) or [(key, str(exc))])
         if problems:
             raise config_error(problems)
+
+    @staticmethod
+    def name_problems(cfg: SampleConfig, plugins: Any) -> list[tuple[str, str]]:
+        """The names a run resolves, checked without building anything: the engines, and orm_model as a reward
+        function (with orm_kwargs) or a model (a directory, or a hub id `org/name`)."""
+        from rlcore import NotRegistered, RlcoreError
+        from rlcore.errors import did_you_mean
+
+        problems: list[tuple[str, str]] = []
+        engines = [("sampler.engine", cfg.sampler.engine, "rollout")] if cfg.uses_local_sampler else []
+        engines += [(f"{k}.engine", getattr(cfg, k).engine, "reward") for k in ("orm", "prm")
+                    if getattr(cfg, f"{k}_model") and getattr(cfg, k).engine != "hf"]
+        for key, name, kind in engines:
+            try:
+                plugins.engines.get(name, kind=kind)
+            except NotRegistered as exc:  # it lists the known ones
+                problems.append((key, str(exc)))
+        if cfg.orm_model and is_reward_function(cfg.orm_model, plugins):
+            from rlcore.plugins.rewards import resolve_reward
+
+            try:
+                resolve_reward(cfg.orm_model, plugins, cfg.orm_kwargs or None)
+            except RlcoreError as exc:  # GRPO's key for these options is reward_kwargs.NAME; here it is orm_kwargs
+                grpo_key = f"reward_kwargs.{cfg.orm_model}"
+                problems.extend((k.replace(grpo_key, "orm_kwargs"), m.replace(grpo_key, "orm_kwargs"))
+                                for k, m in getattr(exc, "problems", None) or [("orm_model", str(exc))])
+        elif cfg.orm_model and "/" not in cfg.orm_model and not Path(cfg.orm_model).expanduser().is_dir():
+            known = plugins.rewards.names()
+            problems.append(("orm_model", f"'{cfg.orm_model}' is neither a registered reward function ({', '.join(known)})"
+                             f" nor a model directory or hub id.{did_you_mean(cfg.orm_model, known)}"))
+        if cfg.orm_kwargs and cfg.orm_model and not is_reward_function(cfg.orm_model, plugins):
+            problems.append(("orm_kwargs", "are options of a reward function; orm_model is a reward model (use orm.engine_kwargs)"))
+        return problems
 
     @staticmethod
     def load_rows(cfg: SampleConfig) -> tuple[int, list[dict[str, Any]]]:
@@ -257,25 +291,26 @@ class SampleTrainer(Trainer):
         return [int(hashlib.md5(f"{self.config.seed}:{base + i}:{self.ids[start + i]}".encode()).hexdigest()[:8], 16)
                 for i in range(count)]
 
-    def candidates(self, start: int, prompts: list[Any]) -> list[str]:
-        """`num_return_sequences` texts per prompt, prompt-major."""
+    def candidates(self, start: int, prompts: list[Any]) -> tuple[list[str], list[list[int]] | None]:
+        """`num_return_sequences` texts per prompt, prompt-major, and their token ids (None from an API)."""
         cfg = self.config
         params = SamplingParams(n=cfg.num_return_sequences, max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                 top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed + start)
         seeds = self.seeds(start, len(prompts))
         if self.teacher is not None:
             conversations = [p if isinstance(p, list) else [{"role": "user", "content": p}] for p in prompts]
-            return self.teacher.generate(conversations, seeds, params)
+            return self.teacher.generate(conversations, seeds, params), None
         params.stop_token_ids = list(self.encoder.stop_ids)
         ids = [self.encoder.encode(p) for p in prompts]
-        return self.session["sampler"].generate(ids, seeds if cfg.seed_per_prompt else None, params)
+        out = self.session["sampler"].generate(ids, seeds if cfg.seed_per_prompt else None, params)
+        return [text for text, _ in out], [list(token_ids) for _, token_ids in out]
 
     def sample_batch(self, start: int, rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
         """The output lines of `rows` (starting at row `start` of the shard) and the batch's metrics."""
         cfg, N = self.config, self.config.num_return_sequences
         prompts = [self.prompt_of(r) for r in rows]
         with self.timer("generate"):
-            texts = self.candidates(start, prompts)
+            texts, token_ids = self.candidates(start, prompts)
         if len(texts) != len(rows) * N:
             raise ConfigError(f"the sampler returned {len(texts)} candidates for {len(rows)} prompts x {N}")
         orm = prm = None
@@ -286,7 +321,7 @@ class SampleTrainer(Trainer):
             with self.timer("score"):
                 every_row = [r for r in rows for _ in range(N)]
                 if cfg.orm_model:
-                    orm = self.session["orm"].score(expanded, completions, every_row)
+                    orm = self.session["orm"].score(expanded, completions, every_row, token_ids)
                     check_scores("orm", orm, len(texts))
                 if cfg.prm_model:
                     steps = self.session["prm"].score(expanded, completions, every_row)

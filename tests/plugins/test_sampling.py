@@ -210,6 +210,16 @@ def test_without_scorers_every_candidate_is_written(plugins, tmp_path, tiny_mode
     assert "rejected_response" not in rows[0] and rows[0]["id"] == md5(ROWS[0])
 
 
+def test_an_orm_reward_function_gets_the_candidates_token_ids(plugins, tmp_path, tiny_model):
+    """soft_overlong scores by token count: every table candidate is one token, so all score 0 and tie; the
+    first is kept, the last is its partner (without token ids the reward would fail on every candidate)."""
+    run(plugins, tmp_path, tiny_model, sampler={"engine": "table"}, num_return_sequences=4, rows=ROWS[:1],
+        orm_model="soft_overlong", orm_kwargs={"max_completion_length": 4, "soft_cache_length": 2}, orm_threshold=-1)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [(r["messages"][-1]["content"], r["rejected_response"]) for r in rows] == [
+        ("I guess.\n\n7", "One plus one is two.\n\nThe answer is 2")]
+
+
 def test_a_fresh_run_never_overwrites_and_resume_needs_something(plugins, tmp_path, tiny_model):
     run(plugins, tmp_path, tiny_model, **SCORED)
     before = (tmp_path / "run" / "samples.jsonl").read_bytes()
@@ -236,6 +246,20 @@ def test_bad_keys_are_named(keys, problem):
     with pytest.raises(ConfigError) as err:
         load_config(SampleConfig, None, [f"{k}={json.dumps(v)}" for k, v in keys.items()])
     assert problem in [key for key, _ in err.value.problems]
+
+
+@pytest.mark.parametrize("keys, key, message", [
+    ({"orm_model": "accuarcy"}, "orm_model", "neither a registered reward function .* Did you mean 'accuracy'"),
+    ({"orm_model": "accuracy", "orm_kwargs": {"tolerance": 1}}, "orm_kwargs", "orm_kwargs: this reward takes no options"),
+    ({"orm_model": "cosine", "orm_kwargs": {"maxlen": 1}}, "orm_kwargs.maxlen", "has no option 'maxlen'.*'max_len'"),
+    ({"sampler": {"engine": "vlm"}}, "sampler.engine", "rollout/vlm' is not registered.*Did you mean 'rollout/vllm'"),
+    ({"prm_model": "org/prm", "prm": {"engine": "nope"}}, "prm.engine", "reward/nope' is not registered"),
+])
+def test_names_are_checked_before_anything_is_built(plugins, tmp_path, tiny_model, keys, key, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        run(plugins, tmp_path, tiny_model, **keys)
+    assert key in [k for k, _ in err.value.problems]
+    assert not (tmp_path / "run").exists()  # nothing written, no worker started
 
 
 def test_distill_keys_are_distills_own():
