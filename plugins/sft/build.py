@@ -61,13 +61,6 @@ def _arguments(kind: str, options: dict[str, Any]) -> Any:
     return cls(**args)
 
 
-def _quiet(trainer: Any) -> Any:
-    """Without the callback that prints every log to stdout: rlcore's progress bar and metrics.jsonl say it."""
-    from transformers.trainer_callback import PrinterCallback
-
-    trainer.remove_callback(PrinterCallback)
-    return trainer
-
 
 def _model_and_tokenizer(options: dict[str, Any]) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -94,15 +87,26 @@ def _lora(options: dict[str, Any]) -> Any:
                       target_modules=lora["target_modules"], task_type="CAUSAL_LM")
 
 
-def _node_dataset(options: dict[str, Any], kind: str) -> Any:
-    """The rows, read and stored once per node: the global main first, then each node's local main."""
+def _node_dataset(options: dict[str, Any], kind: str) -> tuple[Any, bool]:
+    """The rows, read and stored once per node: the global main first, then each node's local main; and
+    whether this worker read them."""
     from accelerate import PartialState
 
     from .data import node_dataset
 
     state = PartialState()
     with state.main_process_first(), state.local_main_process_first():
-        return node_dataset(options["data"], kind, options.get("data_cache"))
+        return node_dataset(options["data"], kind, options.get("dataset_cache_dir"))
+
+
+def _noting(trainer: Any, rows_read_here: bool) -> Any:
+    """The trainer, quiet (no callback printing every log to stdout: rlcore's progress bar and metrics.jsonl
+    say it), noting whether this worker read the data files (`LMWorker.where`)."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.rlcore_rows_read_here = rows_read_here
+    return trainer
 
 
 def build_sft(**options: Any) -> Any:
@@ -112,9 +116,10 @@ def build_sft(**options: Any) -> Any:
     args = _arguments("sft", options)
     _ = args.device  # joins the group's torch.distributed world now, before any data is read
     model, tokenizer = _model_and_tokenizer(options)
-    dataset = _node_dataset(options, "sft")
-    return _quiet(SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                             peft_config=_lora(options)))
+    dataset, read = _node_dataset(options, "sft")
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         peft_config=_lora(options))
+    return _noting(trainer, read)
 
 
 def build_pt(**options: Any) -> Any:
@@ -131,7 +136,7 @@ def build_pt(**options: Any) -> Any:
         from peft import get_peft_model
 
         model = get_peft_model(model, lora)
-    dataset = _node_dataset(options, "pt")
+    dataset, read = _node_dataset(options, "pt")
     max_length, packing = options["max_length"], options["packing"]
     eos = tokenizer.eos_token or ""
 
@@ -157,5 +162,5 @@ def build_pt(**options: Any) -> Any:
         raise ConfigError(f"dataset {', '.join(options['data'])}: its text makes no block of max_length={max_length} "
                           "tokens; lower max_length or give more text", [("max_length", "longer than the data")])
     collator = default_data_collator if packing else DataCollatorForLanguageModeling(tokenizer, mlm=False)
-    return _quiet(Trainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                          data_collator=collator))
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, data_collator=collator)
+    return _noting(trainer, read)

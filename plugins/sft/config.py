@@ -25,6 +25,10 @@ class LMConfig(RunConfig):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32", description="dtype the weights load in")
     max_length: int | None = Field(1024, ge=1, description="tokens per sequence (or per packed block) at most")
     packing: bool = Field(False, description="pack several rows into one sequence of max_length")
+    dataset_cache_dir: str | None = Field(
+        None, description="where each node stores the rows and their tokenised form once (node-local disk); unset: "
+        "$RLCORE_DATA_CACHE, else the system's temporary directory"
+    )
 
     # schedule
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; unset: num_train_epochs over the data")

@@ -90,16 +90,17 @@ def _few(numbers: list[int]) -> str:
     return ", ".join(map(str, numbers[:5])) + (f", ... ({len(numbers)} in all)" if len(numbers) > 5 else "")
 
 
-def node_dataset(paths: list[str], kind: str, cache_root: str | None = None) -> Any:
+def node_dataset(paths: list[str], kind: str, cache_root: str | None = None) -> tuple[Any, bool]:
     """The rows of `paths` as a memory-mapped `datasets.Dataset` stored on this node's disk (once: a later call
-    with the same files, unchanged, opens what the first one stored)."""
+    with the same files, unchanged, opens what the first one stored), and whether this call read the files."""
     from datasets import Dataset, load_from_disk
 
     files = [Path(p).expanduser().resolve() for p in paths]
     key = json.dumps([kind] + [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files])
     root = Path(cache_root or os.environ.get("RLCORE_DATA_CACHE") or Path(tempfile.gettempdir()) / "rlcore-datasets")
     folder = root / hashlib.sha256(key.encode()).hexdigest()[:20]
-    if not (folder / "dataset_info.json").is_file():
+    read = not (folder / "dataset_info.json").is_file()
+    if read:
         rows = read_rows([str(f) for f in files], kind)
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
@@ -115,7 +116,7 @@ def node_dataset(paths: list[str], kind: str, cache_root: str | None = None) -> 
                 pass
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return load_from_disk(str(folder))
+    return load_from_disk(str(folder)), read
 
 
 # -------------------------------------------------------------------------

@@ -100,7 +100,8 @@ class LMTrainer(Trainer):
         if cfg.lora_rank:
             lora = {"rank": cfg.lora_rank, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
                     "target_modules": cfg.lora_target_modules}
-        return {"model": model, "data": data, "dtype": cfg.dtype, "args": args, "lora": lora,
+        cache = str(Path(cfg.dataset_cache_dir).expanduser().resolve()) if cfg.dataset_cache_dir else None
+        return {"model": model, "data": data, "dataset_cache_dir": cache, "dtype": cfg.dtype, "args": args, "lora": lora,
                 "output_dir": str(Path(cfg.output_dir).expanduser().resolve()),
                 "max_length": cfg.max_length, "packing": cfg.packing}
 

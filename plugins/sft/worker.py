@@ -193,13 +193,16 @@ class LMWorker:
 
     @function()
     def where(self) -> dict[str, Any]:
-        """This worker's place: its rank, world and node (the environment the placement gave it), and the
-        trainer's torch.distributed backend and device."""
+        """This worker's place: its rank, world and node (the environment the placement gave it), the trainer's
+        torch.distributed backend and device, whether it read the data files, and the files of its tokenised rows."""
         import socket
 
         import torch.distributed as dist
 
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
         backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+        trainer = self.runner.trainer
         return {**{k.lower(): os.environ.get(k) for k in keys}, "pid": os.getpid(), "host": socket.gethostname(),
-                "backend": backend, "device": str(self.runner.trainer.args.device)}
+                "backend": backend, "device": str(trainer.args.device),
+                "rows_read_here": getattr(trainer, "rlcore_rows_read_here", None),
+                "token_cache": sorted(c["filename"] for c in trainer.train_dataset.cache_files)}

@@ -41,7 +41,9 @@ def chats(tmp_path_factory):
 
 def make(plugins, out, tiny, data, use_ray=False, cls=SFTTrainer, **overrides):
     config_cls = SFTConfig if cls is SFTTrainer else PretrainConfig
-    config = config_cls(**{**QUICK, "model": str(tiny), "dataset": data, "output_dir": str(out), **overrides})
+    cache = str(Path(out).parent / "data-cache")  # each test's own, not the system's temporary directory
+    config = config_cls(**{**QUICK, "model": str(tiny), "dataset": data, "output_dir": str(out),
+                           "dataset_cache_dir": cache, **overrides})
     return cls(config, plugins, use_ray=use_ray)
 
 
@@ -89,7 +91,11 @@ def test_two_ray_workers_give_the_loss_curve_of_one_process(ray_local, straight,
     assert [p["local_rank"] for p in seen] == ["0", "1"]  # one node
     assert len({(p["master_addr"], p["master_port"]) for p in seen}) == 1 and seen[0]["master_port"]
     assert len({p["pid"] for p in seen}) == 2 and os.getpid() not in {p["pid"] for p in seen}
-    assert {(p["backend"], p["device"]) for p in seen} == {("gloo", "cpu")}
+    assert {p["backend"] for p in seen} == {"gloo"} and all(p["device"].startswith("cpu") for p in seen)
+    # the node's first worker read and tokenised the rows; the other opened what it stored
+    assert [p["rows_read_here"] for p in seen] == [True, False]
+    assert seen[0]["token_cache"] == seen[1]["token_cache"] and seen[0]["token_cache"]
+    assert all(f.startswith(str(tmp_path / "data-cache")) for f in seen[0]["token_cache"])
     assert (tmp_path / "run" / f"checkpoint-{STEPS}" / "model" / "model.safetensors").is_file()
 
 
@@ -123,7 +129,8 @@ def test_the_embedded_demo_loss_falls(tmp_path):
     """What a new user's `rlcore run --plugin sft` does, cut to 12 steps: the tiny random model learns the toy
     conversations (measured: loss 5.5 -> 2.9)."""
     out = tmp_path / "demo"
-    done = subprocess.run([sys.executable, "-m", "rlcore", "run", "--plugin", "sft", f"output_dir={out}", "max_steps=12"],
+    done = subprocess.run([sys.executable, "-m", "rlcore", "run", "--plugin", "sft", f"output_dir={out}", "max_steps=12",
+                           f"dataset_cache_dir={tmp_path / 'data-cache'}"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])  # stdout holds the summary alone
