@@ -92,6 +92,9 @@ class LMConfig(RunConfig):
             problems.append(("fp16", "and bf16 are both set; choose one mixed precision"))
         if self.packing and self.max_length is None:
             problems.append(("max_length", "is unset, but packing needs a sequence length; set max_length"))
+        for key in ("sleep_level", "offload_model", "offload_optimizer", "colocate_groups"):
+            if key in self.model_fields_set:
+                problems.append((key, "has no effect here: every worker trains, no role shares its devices; remove it"))
         if bool(self.model) != bool(self.dataset):
             given, missing = ("model", "dataset") if self.model else ("dataset", "model")
             problems.append((missing, f"is unset but {given} is set; give both, or neither for the embedded demo"))

@@ -233,6 +233,34 @@ def test_trainer_kwargs_and_config_mistakes_are_reported_at_once(plugins, tiny_m
         load_config(SFTConfig, overrides=[f"model={tiny_model}"])
     with pytest.raises(ConfigError, match="fp16: and bf16 are both set"):
         load_config(SFTConfig, overrides=["bf16=true", "fp16=true"])
+    with pytest.raises(ConfigError, match="offload_model: has no effect here: every worker trains"):
+        load_config(PretrainConfig, overrides=["offload_model=true"])
+
+
+def test_lora_with_gradient_checkpointing_on_prompt_completion_rows(tiny_model, tmp_path):
+    """TRL's prompt-completion form (completion-only loss), LoRA through peft, activation checkpointing."""
+    data = tmp_path / "pc.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{i} plus one?"}],
+                                        "completion": [{"role": "assistant", "content": f"{i + 1}."}]}) + "\n"
+                            for i in range(16)))
+    seen = {}
+
+    class Peek:
+        @hookimpl
+        def rlcore_step_end(self, trainer, step, metrics):
+            seen["hf"] = trainer.session["default"].runner.trainer  # in this process: the TRL trainer itself
+
+    plugins = load_plugins()
+    plugins.register(Peek(), "peek")
+    make(plugins, tmp_path / "run", tiny_model, str(data), max_steps=2, lora_rank=4, gradient_checkpointing=True,
+         completion_only_loss=True, **ONE_PROCESS).fit()
+    hf = seen["hf"]
+    assert hf.args.activation_checkpointing and hf.completion_only_loss
+    assert type(hf.model).__name__.startswith("Peft")
+    assert all(not p.requires_grad for n, p in hf.model.named_parameters() if "lora_" not in n)
+    saved = tmp_path / "run" / "checkpoint-2" / "model"
+    assert (saved / "adapter_model.safetensors").is_file() and not (saved / "model.safetensors").exists()
+    assert len(losses(tmp_path / "run")) == 2
 
 
 @pytest.mark.parametrize("example", ["multi_node.yaml", "multi_node_gpus.yaml"])
