@@ -51,6 +51,15 @@ class LMTrainer(Trainer):
         super().__init__(config.for_run(), plugins, use_ray=use_ray)  # the embedded demo takes its own settings
         self.check(self.config, plugins)
         self.session = self.make_session()  # the resource plan, validated; nothing is allocated yet
+        if not use_ray and self.session.device(ROLE) == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                key = "device_groups" if self.config.device_groups else "default.gpus"
+                raise ConfigError(
+                    f"{key} puts the default role on GPUs, and without --use-ray it runs in this process, which sees "
+                    f"no CUDA device; run it with --use-ray on a cluster with GPUs, or on the CPU (default.gpus=0, "
+                    f"or a device group with device: CPU)", [(key, "GPUs asked; this process has no CUDA")])
         self.shape: dict[str, Any] = {}
         self.begun = False
 

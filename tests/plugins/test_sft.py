@@ -219,7 +219,7 @@ def test_data_mistakes_name_the_file_row_and_column(plugins, tiny_model, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-def test_trainer_kwargs_and_config_mistakes_are_reported_at_once(plugins, tiny_model, chats, tmp_path):
+def test_trainer_kwargs_and_config_mistakes_are_reported_at_once(plugins, tiny_model, chats, tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as caught:
         make(plugins, tmp_path / "run", tiny_model, chats, default={"gpus": 2}, device_groups={
             "g": {"device": "GPU", "ranks": 2, "workers": ["default"]}},
@@ -233,6 +233,11 @@ def test_trainer_kwargs_and_config_mistakes_are_reported_at_once(plugins, tiny_m
         load_config(SFTConfig, overrides=[f"model={tiny_model}"])
     with pytest.raises(ConfigError, match="fp16: and bf16 are both set"):
         load_config(SFTConfig, overrides=["bf16=true", "fp16=true"])
+    on_gpus = load_config(SFTConfig, EXAMPLES / "multi_node.yaml", [f"model={tiny_model}", f"dataset={chats}",
+                                                                     f"output_dir={tmp_path / 'gpu'}"])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the same config without --use-ray: this process
+    with pytest.raises(ConfigError, match="device_groups puts the default role on GPUs, and without --use-ray"):
+        SFTTrainer(on_gpus, plugins)
     with pytest.raises(ConfigError, match="offload_model: has no effect here: every worker trains"):
         load_config(PretrainConfig, overrides=["offload_model=true"])
 
