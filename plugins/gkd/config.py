@@ -31,7 +31,7 @@ class TeacherRoleConfig(RoleConfig):
 # With no model, teacher and dataset, a run is the embedded demo: a tiny student learns a different tiny teacher on
 # short prompts on the CPU. The demo's run takes these settings for keys the user did not set (`GKDConfig.for_run`).
 DEMO_DEFAULTS: dict[str, Any] = {
-    "learning_rate": 3e-3,
+    "learning_rate": 5e-3,
     "max_steps": 30,
     "max_completion_length": 12,
     "per_device_train_batch_size": 16,
@@ -49,7 +49,7 @@ class GKDConfig(RunConfig):
     model: str | None = Field(
         None,
         description="the student: an HF model directory or hub id; unset (with no teacher and no dataset): the embedded "
-        "demo, whose run uses learning_rate 3e-3, max_steps 30, max_completion_length 12, per_device_train_batch_size "
+        "demo, whose run uses learning_rate 5e-3, max_steps 30, max_completion_length 12, per_device_train_batch_size "
         "16, temperature 1, eval_size 16, eval_steps 10, output_dir output/gkd-demo for keys not set",
     )
     teacher_model: str | None = Field(

@@ -18,10 +18,15 @@ DEMO_COMPLETIONS = ("apple", "the sea is blue", "red and green", "one two three"
                     "sun", "the end", "water is wet", "hi")
 
 
-def demo_rows(n: int = 256, seed: int = 0) -> list[dict[str, Any]]:
-    """Short prompt/completion pairs drawn from fixed lists with a seeded generator."""
+def demo_rows(n: int = 256, seed: int = 0, heldout: int = 0) -> list[dict[str, Any]]:
+    """Short prompt/completion pairs drawn from fixed lists with a seeded generator; the last `heldout` rows
+    (held out) draw from the lists' last three entries, which the other rows never use."""
     rng = random.Random(seed)
-    return [{"prompt": rng.choice(DEMO_PROMPTS), "completion": rng.choice(DEMO_COMPLETIONS)} for _ in range(n)]
+    rows = []
+    for i in range(n):
+        part = slice(-3, None) if i >= n - heldout else slice(None, -3)
+        rows.append({"prompt": rng.choice(DEMO_PROMPTS[part]), "completion": rng.choice(DEMO_COMPLETIONS[part])})
+    return rows
 
 
 def demo_models(output_dir: str, seed: int) -> tuple[str, str]:
@@ -77,7 +82,7 @@ class DistillData:
         if config.dataset:
             rows = conversation_view(load_rows(config.dataset), config.dataset)
         else:
-            rows = conversation_view(demo_rows(seed=config.seed))
+            rows = conversation_view(demo_rows(seed=config.seed, heldout=config.eval_size))
         out = []
         for row in rows:
             content = row["messages"][-1]["content"]

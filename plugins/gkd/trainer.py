@@ -48,6 +48,8 @@ class GKDTrainer(Trainer):
         self.heldout = self.data.heldout_batch()
         self.heldout_teacher: Any = None  # a served teacher's top-k of the held-out rows (it never changes)
         self.stale = False  # the rollout engine lacks the last train step's weights
+        self.on_policy_steps = 0
+        self.start_jsd: float | None = None
 
     @staticmethod
     def roles_of(cfg: GKDConfig) -> list[str]:
@@ -72,6 +74,8 @@ class GKDTrainer(Trainer):
             ("model", lambda: config.model and PromptEncoder(config.model, config.use_chat_template)),
             ("teacher_model", lambda: teacher and config.model and _same_vocabulary(config.model, teacher, config)),
         ):
+            if key == "teacher_model" and any(k == "model" for k, _ in problems):
+                continue  # the student does not load: its vocabulary cannot be compared
             try:
                 check()
             except RlcoreError as exc:
@@ -167,7 +171,7 @@ class GKDTrainer(Trainer):
         metrics.update(out)
         metrics.setdefault("sft_loss", float("nan"))  # null on on-policy steps and without sft_alpha
         metrics["completions/mean_length"] = sum(map(len, completions)) / len(completions)
-        self.on_policy_steps = getattr(self, "on_policy_steps", 0) + on_policy
+        self.on_policy_steps += on_policy
         metrics["on_policy_fraction"] = self.on_policy_steps / (self.step + 1)
         if self.step == 0 and self.heldout is not None:
             metrics["eval/jsd_start"] = self.start_jsd
@@ -215,7 +219,7 @@ class GKDTrainer(Trainer):
     # -- checkpoints: the model and optimizer, the data position ---------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"data": self.data.sampler.state_dict(), "on_policy_steps": getattr(self, "on_policy_steps", 0)}
+        return {"data": self.data.sampler.state_dict(), "on_policy_steps": self.on_policy_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.data.sampler.load_state_dict(state["data"])

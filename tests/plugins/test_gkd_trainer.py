@@ -53,19 +53,33 @@ def test_a_local_run_with_top_k_and_sft_logs_every_metric(setup, tmp_path):
     assert rows[-1]["on_policy_fraction"] == 0.5
 
 
+def test_resume_continues_the_data_position_and_the_on_policy_count(setup, tmp_path):
+    keys = [f"model={setup['student']}", f"teacher_model={setup['teacher']}", f"dataset={setup['dataset']}",
+            f"output_dir={tmp_path / 'run'}", "gkd_logits_topk=4", "max_completion_length=4", "per_device_train_batch_size=2"]
+    first = GKDTrainer(load_config(GKDConfig, None, keys + ["max_steps=2"]), load_plugins())
+    first.fit()
+    position = first.data.sampler.state_dict()
+    resumed = GKDTrainer(load_config(GKDConfig, None, keys + ["max_steps=3", "resume=auto"]), load_plugins())
+    with resumed.session.start():  # the model and optimizer load into running roles
+        resumed.restore()
+    assert resumed.step == 2 and resumed.data.sampler.state_dict() == position
+    assert resumed.on_policy_steps == sum(r["on_policy"] for r in metrics_of(tmp_path / "run"))
+
+
 def test_the_embedded_demo_halves_the_held_out_jsd(tmp_path, capsys):
-    """`rlcore run --plugin gkd`, shortened: a tiny student learns a different tiny teacher on the CPU."""
+    """`rlcore run --plugin gkd`, shortened: a tiny student learns a different tiny teacher on the CPU; the held-out
+    rows' prompts and completions are ones training never sees (measured: 0.648 -> 0.248)."""
     from rlcore.cli import main
 
     out = tmp_path / "demo"
-    assert main(["run", "--plugin", "gkd", f"output_dir={out}", "max_steps=20", "learning_rate=5e-3",
-                 "eval_steps=20", "per_device_train_batch_size=8", "max_completion_length=8"]) == 0
+    assert main(["run", "--plugin", "gkd", f"output_dir={out}", "max_steps=24", "eval_steps=24",
+                 "per_device_train_batch_size=8", "max_completion_length=8"]) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     rows = metrics_of(out)
     start, end = rows[0]["eval/jsd_start"], rows[-1]["eval/jsd"]
-    assert summary["algorithm"] == "gkd" and summary["step"] == 20
+    assert summary["algorithm"] == "gkd" and summary["step"] == 24
     assert end <= 0.5 * start, (start, end)
-    assert 0 < sum(r["on_policy"] for r in rows) < 20  # lmbda 0.5: on-policy and dataset steps both ran
+    assert 0 < sum(r["on_policy"] for r in rows) < 24  # lmbda 0.5: on-policy and dataset steps both ran
 
 
 @pytest.mark.ray
