@@ -156,6 +156,15 @@ def test_pretraining_packs_text_into_blocks_and_learns(plugins, tiny_model, tmp_
     assert 90 < trainer.shape["train_rows"] < 128 and trainer.shape["global_batch"] == 4
 
 
+def test_without_max_steps_the_epochs_over_the_data_set_the_steps(plugins, tiny_model, tmp_path):
+    data = tmp_path / "chats.json"
+    data.write_text(json.dumps(demo_rows("sft", 20)))  # a JSON list: 20 rows, batches of 4 -> 5 steps an epoch
+    trainer = make(plugins, tmp_path / "run", tiny_model, str(data), max_steps=None, num_train_epochs=2, **ONE_PROCESS)
+    last = trainer.fit()
+    assert trainer.max_steps == 10 and last["step"] == 10 and last["epoch"] == 2.0
+    assert len(losses(tmp_path / "run")) == 10
+
+
 class KillRank:
     """Kills one worker of the default role with SIGKILL at a step, as a crashed node or the OOM killer would."""
 
