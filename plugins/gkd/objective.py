@@ -40,9 +40,9 @@ class DistillObjective:
         mask = batch["completion_mask"].to(torch.float32)
         T = self.temperature
         if teacher is None:  # a served teacher's raw top-k (temperature 1), aligned with input_ids
-            ids, raw = batch["teacher_ids"], batch["teacher_logprobs"]
+            ids, raw = batch["teacher_ids"].to(mask.device), batch["teacher_logprobs"].to(mask.device)
             weight = mask * teacher_given(ids, raw)
-            terms = topk_jsd_terms(outputs.logprobs_at(ids), raw.to(mask.device), self.beta, 1.0, T)
+            terms = topk_jsd_terms(outputs.logprobs_at(ids), raw, self.beta, 1.0, T)
             return (terms * weight).sum(), weight.sum()
         given = teacher(batch, self.topk, T)  # at temperature T, like the student's outputs
         if isinstance(given, TopK):
