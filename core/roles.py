@@ -49,24 +49,36 @@ class TrainWorker:
         """Build the engine where the worker runs (on Ray, the driver's own call is skipped)."""
         self.engine = make_engine(kind, engine, options)
 
-    @function(dispatch="slice", collect="concat")
+    def _takes_part(self) -> bool:
+        """Whether this worker runs a rank-0 call (forward_topk, export_weights): rank 0 does; the others do
+        only when the engine's passes are collectives over the group (`engine.collective`: megatron with
+        tensor or pipeline parallelism), and then rank 0's result is the one collected."""
+        return int(os.environ.get("RANK", "0")) == 0 or bool(getattr(self.engine, "collective", False))
+
+    @function(dispatch="dp", collect="concat")
     def forward_logprobs(self, batch, temperature: float = 1.0):
         return self.engine.forward_logprobs(batch, temperature)
 
-    @function(execute="first", collect="first")
+    @function(collect="first")
     def forward_topk(self, batch, k: int | None, temperature: float = 1.0):
-        return self.engine.forward_topk(batch, k, temperature)
+        if not self._takes_part():
+            return None
+        out = self.engine.forward_topk(batch, k, temperature)
+        return out if int(os.environ.get("RANK", "0")) == 0 else None
 
-    @function(dispatch="slice", collect="mean")
+    @function(dispatch="dp", collect="mean")
     def train_step(self, batch, loss_fn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:
         """The engine's step, timed where it runs (the driver's `time/train` includes the dispatch)."""
         start = time.perf_counter()
         out = self.engine.train_step(batch, loss_fn, micro_batch_size, temperature)
         return {**out, "time/train_worker": time.perf_counter() - start}
 
-    @function(execute="first", collect="first")
+    @function(collect="first")
     def export_weights(self, bucket_bytes: int) -> list:
-        return list(self.engine.export_weights(bucket_bytes))
+        if not self._takes_part():
+            return []
+        buckets = list(self.engine.export_weights(bucket_bytes))
+        return buckets if int(os.environ.get("RANK", "0")) == 0 else []
 
     @function(execute="first", collect="first")
     def weight_group_address(self) -> tuple[str, int]:
@@ -82,9 +94,15 @@ class TrainWorker:
 
         self.weight_group = BroadcastGroup(host, port, 0, world_size, backend)
 
-    @function(execute="first", collect="first", blocking=False)
-    def send_weights(self, bucket_bytes: int) -> dict[str, float]:
-        return self.weight_group.send(self.engine.export_weights(bucket_bytes))
+    @function(collect="first", blocking=False)
+    def send_weights(self, bucket_bytes: int) -> dict[str, float] | None:
+        """Rank 0 broadcasts; with a collective engine the other ranks take part in the export."""
+        if int(os.environ.get("RANK", "0")) == 0:
+            return self.weight_group.send(self.engine.export_weights(bucket_bytes))
+        if self._takes_part():
+            for _ in self.engine.export_weights(bucket_bytes):
+                pass
+        return None
 
     @function()
     def gpu_uuid(self) -> str:

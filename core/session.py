@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dispatch import Mesh
 from .errors import ConfigError
 from .resources import ResourcePlan
 
@@ -96,9 +97,25 @@ class RoleSession:
         """The role's worker count: the plan's on Ray; one in-process worker without it."""
         return self.plan.num_workers(role) if self.use_ray else 1
 
+    def mesh(self, role: str) -> Mesh:
+        """The role's parallel layout: its engine options `tensor_model_parallel_size` and
+        `pipeline_model_parallel_size` (a megatron engine's; 1 otherwise) split its workers, the rest is data
+        parallel. A worker count they do not divide is a ConfigError, before anything starts."""
+        options = self.setups[role].options
+        tp = int(options.get("tensor_model_parallel_size", 1))
+        pp = int(options.get("pipeline_model_parallel_size", 1))
+        n = self.workers(role)
+        if tp < 1 or pp < 1 or n % (tp * pp):
+            hint = "" if self.use_ray else " (one worker in this process: run with --use-ray and GPUs)"
+            raise ConfigError(
+                f"{role}: tensor x pipeline = {tp} x {pp} does not divide the role's {n} worker(s){hint}",
+                [(f"{role}.tensor_model_parallel_size", "does not divide the role's workers")],
+            )
+        return Mesh(dp=n // (tp * pp), tp=tp, pp=pp)
+
     def dp_size(self, role: str) -> int:
-        """The data-parallel size of a train-like role (its workers: every worker holds a full replica)."""
-        return self.workers(role)
+        """The data-parallel size of a train-like role: its workers over its tensor x pipeline size."""
+        return self.mesh(role).dp
 
     def device(self, role: str) -> str:
         """'cuda' for a role on GPU ranks, 'cpu' otherwise; an engine option `device` wins."""
@@ -187,7 +204,9 @@ class RoleSession:
         cluster.init(self.ray_address)
         slots = allocate(self.plan, timeout_s=self.placement_timeout_s)
         try:
-            with workers.runtime({r: slots[r] for r in self.setups}, use_ray=True, call_timeout=self.worker_timeout_s):
+            meshes = {r: self.mesh(r) for r in self.setups}
+            with workers.runtime({r: slots[r] for r in self.setups}, use_ray=True, meshes=meshes,
+                                 call_timeout=self.worker_timeout_s):
                 yield
         finally:
             release(slots)

@@ -18,6 +18,8 @@ class TrainRoleConfig(RoleConfig):
     lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights")
     lora_alpha: int = Field(32, description="LoRA scaling numerator")
     lora_target_modules: list[str] | str = Field("all-linear", description="modules LoRA adapts")
+    tensor_model_parallel_size: int = Field(1, ge=1, description="tensor parallel size (engine megatron)")
+    pipeline_model_parallel_size: int = Field(1, ge=1, description="pipeline parallel size (engine megatron)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 
 

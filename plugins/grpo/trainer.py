@@ -71,6 +71,9 @@ class GRPOTrainer(Trainer):
             warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, gradient_checkpointing=cfg.train.gradient_checkpointing,
             lora_rank=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha, lora_target_modules=cfg.train.lora_target_modules,
         )
+        if cfg.train.engine == "megatron" or cfg.train.tensor_model_parallel_size * cfg.train.pipeline_model_parallel_size > 1:
+            train.update(tensor_model_parallel_size=cfg.train.tensor_model_parallel_size,
+                         pipeline_model_parallel_size=cfg.train.pipeline_model_parallel_size)
         rollout = dict(model=model, dtype=cfg.rollout.dtype, seed=cfg.seed)
         if cfg.rollout.engine == "vllm":
             rollout.update({k: getattr(cfg.rollout, k) for k in type(cfg.rollout).model_fields if k.startswith("vllm_")})

@@ -121,6 +121,7 @@ class MegatronTrainEngine(TrainEngine):
                 tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, order="tp-cp-ep-pp-dp"
             )
         self.tp, self.pp = tp, pp
+        self.collective = tp * pp > 1  # every rank of the group takes part in each pass and export
         self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         self.dp_rank = ps.get_data_parallel_rank()
         self.tp_group = ps.get_tensor_model_parallel_group() if tp > 1 else None
@@ -395,34 +396,35 @@ class MegatronTrainEngine(TrainEngine):
             yield name, tensor
 
     def hf_tensors(self) -> Iterator[tuple[str, Any]]:
-        """All weights in Hugging Face names, on global rank 0 (a collective: every rank of the group calls it;
-        other ranks yield nothing). Stage s's tensors travel to rank 0 over the pipeline group."""
+        """All weights in Hugging Face names, on every rank of the group (a collective: every rank calls it).
+
+        Tensor shards are gathered over the tensor group; each pipeline stage's tensors are broadcast from
+        the stage that owns them over the pipeline group, all before the first yield (so consumers on
+        different ranks never interleave collectives). Every rank can then feed its own colocated rollout.
+        """
         import torch
 
         self._ensure_loaded()
         with torch.no_grad():
-            mine = dict(mapping.megatron_to_hf(dict(self._stage_tensors()), self.spec, pp_rank=self.pp_rank, pp=self.pp))
+            mine = list(mapping.megatron_to_hf(dict(self._stage_tensors()), self.spec, pp_rank=self.pp_rank, pp=self.pp))
             if self.pp == 1:
-                if self.rank == 0:
-                    yield from mine.items()
+                yield from mine
                 return
-            if self.dp_rank != 0 or self.tp_rank != 0:
-                return
-            from megatron.core import parallel_state as ps
-
             ranks = torch.distributed.get_process_group_ranks(self.pp_group)
+            everything: list[tuple[str, Any]] = []
             for stage in range(self.pp):
-                box = [[(n, tuple(t.shape), str(t.dtype)) for n, t in mine.items()] if stage == self.pp_rank else None]
+                box = [[(n, tuple(t.shape), str(t.dtype)) for n, t in mine] if stage == self.pp_rank else None]
                 torch.distributed.broadcast_object_list(box, ranks[stage], group=self.pp_group)
+                owned = dict(mine) if stage == self.pp_rank else {}
                 for name, shape, dtype in box[0]:
-                    tensor = mine[name].contiguous() if stage == self.pp_rank else torch.empty(
+                    tensor = owned[name].contiguous() if owned else torch.empty(
                         shape, dtype=getattr(torch, dtype.removeprefix("torch.")), device=self.device)
                     torch.distributed.broadcast(tensor, ranks[stage], group=self.pp_group)
-                    if ps.is_pipeline_first_stage() and self.rank == 0:
-                        yield name, tensor
+                    everything.append((name, tensor))
+            yield from everything
 
     def export_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[NamedTensors]:
-        """Weights in Hugging Face names in buckets, on rank 0 (every rank of the group must call it)."""
+        """Weights in Hugging Face names in buckets, on every rank (every rank of the group must call it)."""
         from rlcore.weight_sync import iter_buckets
 
         if bucket_bytes < 1:
@@ -513,7 +515,7 @@ class MegatronTrainEngine(TrainEngine):
             raise RlcoreError(f"save: a forward-only megatron engine holds the fixed model {self.model_name}; nothing to save")
         path = Path(path)
         tmp = _shared_tmp(path, self.rank, self.world_size)
-        weights = {name: t.detach().cpu().contiguous() for name, t in self.hf_tensors()}
+        weights = {name: t.detach().cpu().contiguous() for name, t in self.hf_tensors()}  # every rank takes part
         if self.rank == 0:
             (tmp / "model").mkdir(parents=True, exist_ok=True)
             save_file(weights, str(tmp / "model" / "model.safetensors"), metadata={"format": "pt"})

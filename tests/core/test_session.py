@@ -83,3 +83,20 @@ def test_nested_phases_are_not_counted_twice():
     times = timer.pop()
     assert times["time/generate"] >= 0.1 and 0.02 <= times["time/reward"] < 0.08
     assert timer.pop() == {}
+
+
+def test_tensor_and_pipeline_sizes_split_a_roles_workers(plugins):
+    from rlcore.dispatch import Mesh
+
+    plan = plan_from_config({"train": {"gpus": 4}}, roles=["train"], plugins=plugins)
+
+    def train(use_ray=True, **sizes):
+        return RoleSession(plan, {"train": RoleSetup(TrainWorker, "megatron", sizes)}, use_ray=use_ray)
+
+    both = train(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    assert both.mesh("train") == Mesh(dp=1, tp=2, pp=2) and both.dp_size("train") == 1
+    assert train(tensor_model_parallel_size=2).dp_size("train") == 2 and train().dp_size("train") == 4
+    with pytest.raises(ConfigError, match="tensor x pipeline = 3 x 1 does not divide the role's 4 worker"):
+        train(tensor_model_parallel_size=3).dp_size("train")
+    with pytest.raises(ConfigError, match="one worker in this process: run with --use-ray"):
+        train(use_ray=False, tensor_model_parallel_size=2).dp_size("train")

@@ -1,0 +1,169 @@
+"""GRPO with `train.engine=megatron` against `train.engine=hf`, side by side in one run.
+
+    python benchmarks/megatron_gpu.py --part one   # one H200: the Qwen2-0.5B-shaped work of grpo_gpu.py, colocated
+                                                   # with vLLM in one process; target: megatron time/train <= 0.8x hf's
+    python benchmarks/megatron_gpu.py --part two   # two H200s: a Qwen2.5-7B-shaped random model, GRPO colocated on Ray
+                                                   # (tensor parallel 2 on both sides) with megatron, and the hf engine
+                                                   # on one GPU for the same model (expected: out of memory)
+    python benchmarks/megatron_gpu.py              # both parts (needs two GPUs)
+
+Each engine runs in a subprocess of its own (one vLLM per process). The table gives median step time, median
+`time/train`, completion tokens per second and the peak GPU memory (nvidia-smi, every GPU, sampled every 0.2 s);
+a run that fails says how (an out-of-memory error is a result for part two). JSON: benchmarks/results/megatron_gpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPTS, GENERATIONS, TOKENS, STEPS, SKIP = 8, 8, 256, 8, 2
+SMALL = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
+             vocab_size=32000, max_position_embeddings=2048, dtype="bfloat16")  # Qwen2-0.5B's shape
+LARGE = dict(hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944,
+             vocab_size=152064, max_position_embeddings=4096, dtype="bfloat16")  # Qwen2.5-7B's shape
+RESULTS = Path(__file__).parent / "results" / "megatron_gpu.json"
+COMMON = dict(learning_rate=1e-6, lr_scheduler_type="constant", max_grad_norm=1.0, beta=0.0, loss_type="dapo",
+              num_generations=GENERATIONS, max_completion_length=TOKENS, per_device_train_batch_size=16,
+              gradient_accumulation_steps=4, seed=42, max_steps=STEPS, save_steps=100_000)
+
+
+def run_grpo(model: str, out: Path, engine: str, part: str) -> dict:
+    """One GRPO run in this process; per-step seconds and metrics."""
+    from rlcore import hookimpl, load_plugins
+    from rlcore.plugins.grpo.config import GRPOConfig
+    from rlcore.plugins.grpo.trainer import GRPOTrainer
+
+    stamps, rows = [], []
+
+    class Clock:
+        @hookimpl
+        def rlcore_step_end(self, trainer, step, metrics):
+            stamps.append(time.perf_counter())
+            rows.append(dict(metrics))
+
+    plugins = load_plugins()
+    plugins.register(Clock(), "clock")
+    gpus = 2 if part == "two" and engine == "megatron" else 1
+    rollout = {"engine": "vllm", "gpus": gpus, "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.3,
+               "vllm_max_model_len": 1024, "vllm_tensor_parallel_size": gpus}
+    train: dict[str, Any] = {"gpus": gpus, "dtype": "bfloat16", "engine": engine}
+    if engine == "megatron":
+        train["tensor_model_parallel_size"] = gpus
+    config = GRPOConfig(**COMMON, model=model, output_dir=str(out), train=train, rollout=rollout,
+                        colocate_groups=[["train", "rollout"]], sleep_level=1 if part == "two" else 0,
+                        offload_model=part == "two", offload_optimizer=part == "two")
+    trainer = GRPOTrainer(config, plugins, use_ray=part == "two")
+    stamps.append(time.perf_counter())
+    trainer.fit()
+    return {"step_s": [b - a for a, b in zip(stamps, stamps[1:])],
+            "train_s": [r.get("time/train", float("nan")) for r in rows],
+            "mean_length": [r["completions/mean_length"] for r in rows]}
+
+
+class PeakMemory:
+    """The largest nvidia-smi `memory.used` of each GPU while the block runs (MiB)."""
+
+    def __enter__(self) -> PeakMemory:
+        self.peak: dict[int, int] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self.stop.wait(0.2):
+            done = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True)
+            for line in done.stdout.splitlines():
+                index, used = (int(x) for x in line.split(","))
+                self.peak[index] = max(self.peak.get(index, 0), used)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def subprocess_run(model: str, engine: str, part: str, tmp: Path) -> dict:
+    out = tmp / f"{part}-{engine}.json"
+    cmd = [sys.executable, __file__, "--run", engine, "--part", part, "--model", model, "--out", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    if part == "two" and engine == "hf":  # the hf engine on one GPU, as a user would try first
+        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")[0]
+    started = time.perf_counter()
+    with PeakMemory() as memory:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    result: dict[str, Any] = {"engine": engine, "wall_s": round(time.perf_counter() - started, 1),
+                              "peak_gpu_mib": memory.peak}
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout)[-2000:]
+        result["failed"] = "out of memory" if "out of memory" in tail.lower() else f"exit {done.returncode}"
+        result["error_tail"] = tail
+        return result
+    raw = json.loads(out.read_text())
+    step, train = statistics.median(raw["step_s"][SKIP:]), statistics.median(raw["train_s"][SKIP:])
+    length = statistics.median(raw["mean_length"][SKIP:])
+    result.update(step_s=round(step, 3), train_s=round(train, 3),
+                  tokens_per_s=round(length * PROMPTS * GENERATIONS / step, 1), steps_measured=len(raw["step_s"][SKIP:]))
+    return result
+
+
+def build(shape: dict, name: str) -> str:
+    from rlcore.plugins.hf.tiny import build_tiny_model
+
+    return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-bench" / name, **shape))
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    print(f"\n{title}")
+    print(f"{'engine':10} {'step s':>8} {'train s':>8} {'tok/s':>9} {'peak GPU MiB':>24}  note")
+    for r in rows:
+        peak = ",".join(str(v) for _, v in sorted(r["peak_gpu_mib"].items()))
+        print(f"{r['engine']:10} {r.get('step_s', '-'):>8} {r.get('train_s', '-'):>8} {r.get('tokens_per_s', '-'):>9} "
+              f"{peak:>24}  {r.get('failed', '')}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["one", "two", "both"], default="both")
+    parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200-x2"))
+    parser.add_argument("--json", default=str(RESULTS))
+    parser.add_argument("--run", choices=["hf", "megatron"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:  # a child: one engine's run
+        Path(args.out).write_text(json.dumps(run_grpo(args.model, Path(args.out).with_suffix(""), args.run, args.part)))
+        return
+    record: dict[str, Any] = {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "steps": STEPS, "skip": SKIP,
+                              "prompts": PROMPTS, "generations": GENERATIONS, "completion_tokens": TOKENS}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.part in ("one", "both"):
+            model = build(SMALL, "qwen2-0.5b-shape")
+            rows = [subprocess_run(model, engine, "one", Path(tmp)) for engine in ("megatron", "hf")]
+            ratio = rows[0].get("train_s", float("nan")) / rows[1].get("train_s", float("nan"))
+            record["one_gpu_qwen2_0.5b_colocated"] = {"runs": rows, "train_ratio_megatron_over_hf": round(ratio, 3),
+                                                      "target": "<= 0.8", "met": ratio <= 0.8}
+            print_table(f"one H200, GRPO colocated with vLLM, Qwen2-0.5B shape: time/train megatron/hf = {ratio:.2f} "
+                        "(target <= 0.8)", rows)
+        if args.part in ("two", "both"):
+            model = build(LARGE, "qwen2.5-7b-shape")
+            rows = [subprocess_run(model, "megatron", "two", Path(tmp)), subprocess_run(model, "hf", "two", Path(tmp))]
+            record["two_gpu_qwen2.5_7b_colocated_tp2"] = {"runs": rows}
+            print_table("two H200s, GRPO colocated on Ray, Qwen2.5-7B shape: megatron TP2 (+ vLLM TP2) vs hf on one GPU", rows)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(record, indent=2))
+    print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The megatron engine on GPUs (nvidia-h200-x2): tensor parallel 2 and pipeline parallel 2, each against tensor
+parallel 1 on one GPU: the Hugging Face round trip, the logits (log-probs), vocab-parallel log-probs and top-k,
+a train step; then GRPO from the command line with `train.engine=megatron`, colocated with vLLM and separate.
+
+The two-rank cases run as two processes with one visible GPU each, as Ray starts a train group (RANK,
+WORLD_SIZE, MASTER_ADDR/PORT set; CUDA_VISIBLE_DEVICES one GPU). Each writes what it computed to a file
+that this test compares with a one-GPU engine in the pytest process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+SHAPE = dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=512,
+             vocab_size=1000, max_position_embeddings=1024, dtype="float32")
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys, torch
+    from rlcore import Batch
+    from rlcore.plugins.megatron import make_train_engine
+
+    model, out, tp, pp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    engine = make_train_engine(model=model, device="cuda", dtype="float32", learning_rate=1e-3,
+                               tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, seed=0)
+    assert engine.collective and engine.world_size == 2
+    weights = {n: t.cpu() for bucket in engine.export_weights(16 << 20) for n, t in bucket}  # every rank takes part
+    ids = torch.randint(0, 1000, (4, 24), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids); mask[1, 17:] = 0
+    batch = Batch({"input_ids": ids * mask, "attention_mask": mask, "completion_mask": mask})
+    logprobs = engine.forward_logprobs(batch)
+    top = engine.forward_topk(batch, 8)
+    loss_fn = lambda o, m: (-(o.logprobs() * m["completion_mask"]).sum() / mask.sum(), {})
+    step = engine.train_step(batch, loss_fn, micro_batch_size=2)
+    after = engine.forward_logprobs(batch)
+    torch.save({"weights": weights, "logprobs": logprobs, "top_ids": top.ids, "top_values": top.logprobs,
+                "step": step, "after": after}, f"{out}/rank{engine.rank}.pt")
+    torch.distributed.destroy_process_group()
+    """
+)
+
+
+def _needs_gpus(n: int) -> None:
+    import torch
+
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPUs (nvidia-h200-x2); this machine has {torch.cuda.device_count()}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    from rlcore.plugins.hf.tiny import build_tiny_model
+
+    return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-gpu-tests" / "megatron-qwen2-4l", **SHAPE))
+
+
+@pytest.fixture(scope="module")
+def single(model_dir):
+    """Tensor and pipeline size 1 on one GPU: the reference for the two-rank runs."""
+    import torch
+
+    from rlcore import Batch
+    from rlcore.plugins.megatron import make_train_engine
+
+    engine = make_train_engine(model=model_dir, device="cuda", dtype="float32", learning_rate=1e-3, seed=0)
+    ids = torch.randint(0, 1000, (4, 24), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 17:] = 0
+    batch = Batch({"input_ids": ids * mask, "attention_mask": mask, "completion_mask": mask})
+    top = engine.forward_topk(batch, 8)
+    result = {"weights": {n: t.cpu() for b in engine.export_weights() for n, t in b},
+              "logprobs": engine.forward_logprobs(batch), "top_ids": top.ids, "top_values": top.logprobs}
+    step = engine.train_step(batch, lambda o, m: (-(o.logprobs() * m["completion_mask"]).sum() / mask.sum(), {}), 2)
+    result.update(step=step, after=engine.forward_logprobs(batch))
+    return result
+
+
+def _two_ranks(model_dir: str, tmp_path: Path, tp: int, pp: int) -> list[dict]:
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    port, procs = _free_port(), []
+    for rank in range(2):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus[rank], RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, model_dir, str(tmp_path), str(tp), str(pp)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for rank, proc in enumerate(procs):
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"rank {rank} failed:\n{out[-6000:]}"
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tensor2", "pipeline2"])
+def test_two_ranks_equal_one_gpu(model_dir, single, tmp_path, tp, pp):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _needs_gpus(2)
+    ranks = _two_ranks(model_dir, tmp_path, tp, pp)
+    reference = dict(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).named_parameters())
+    for result in ranks:  # the round trip: every rank exports the whole model, bitwise the checkpoint's
+        assert result["weights"].keys() == reference.keys()
+        for name, tensor in reference.items():
+            assert torch.equal(result["weights"][name], tensor.detach()), name
+        # vocab-parallel (tp 2) or staged (pp 2) log-probs and top-k: those of one GPU
+        torch.testing.assert_close(result["logprobs"], single["logprobs"], atol=2e-4, rtol=0)
+        torch.testing.assert_close(result["top_values"], single["top_values"], atol=2e-4, rtol=0)
+        assert (result["top_ids"] == single["top_ids"]).float().mean() > 0.99  # near-ties may swap
+        assert result["step"]["loss"] == pytest.approx(single["step"]["loss"], abs=1e-4)
+        assert result["step"]["grad_norm"] == pytest.approx(single["step"]["grad_norm"], rel=1e-3)
+        torch.testing.assert_close(result["after"], single["after"], atol=5e-4, rtol=0)  # the same update
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16"])
+def test_bf16_step_offload_reload_save_load(model_dir, tmp_path, dtype):
+    import torch
+
+    from rlcore import Batch
+    from rlcore.plugins.megatron import make_train_engine
+
+    engine = make_train_engine(model=model_dir, device="cuda", dtype=dtype, learning_rate=1e-3, max_steps=4,
+                               lr_scheduler_type="cosine")
+    ids = torch.randint(0, 1000, (4, 32), generator=torch.Generator().manual_seed(1))
+    batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    loss_fn = lambda o, m: (-o.logprobs().mean() / 2, {})  # noqa: E731
+    first = engine.train_step(batch, loss_fn, 2)
+    before = torch.cuda.memory_allocated()
+    engine.offload()
+    assert torch.cuda.memory_allocated() < before / 2  # params, grads and optimizer state left the GPU
+    engine.reload()
+    second = engine.train_step(batch, loss_fn, 2)
+    assert second["loss"] < first["loss"]
+    engine.save(str(tmp_path / "ckpt"))
+    expected = engine.train_step(batch, loss_fn, 2)
+    resumed = make_train_engine(model=model_dir, device="cuda", dtype=dtype, learning_rate=1e-3, max_steps=4,
+                                lr_scheduler_type="cosine")
+    resumed.load(str(tmp_path / "ckpt"))
+    got = resumed.train_step(batch, loss_fn, 2)
+    assert got["lr"] == expected["lr"] and got["loss"] == pytest.approx(expected["loss"], abs=1e-2)
+
+
+# -- GRPO from the command line ---------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray" / "grpo"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "math.jsonl"
+    rows = [{"prompt": f"What is {a} + {b}?", "solution": str(a + b)} for a in range(1, 9) for b in range(1, 9)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize("example,scale,tp", [
+    ("colocate.yaml", ["train.gpus=2", "rollout.gpus=2", "rollout.vllm_tensor_parallel_size=2"], 2),
+    ("separate.yaml", ["train.gpus=1", "rollout.gpus=1"], 1),
+], ids=["colocate-tp2", "separate"])
+def test_grpo_with_the_megatron_engine_from_the_cli(model_dir, dataset, tmp_path, example, scale, tp):
+    _needs_gpus(2)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", "grpo", "--use-ray", "--config", str(EXAMPLES / example),
+           f"model={model_dir}", f"dataset={dataset}", f"output_dir={out}", "max_steps=4", "learning_rate=5e-3",
+           "reward_funcs=[toy,format]", "num_generations=4", "per_device_train_batch_size=8",
+           "max_completion_length=32", "train.engine=megatron", f"train.tensor_model_parallel_size={tp}",
+           "train.dtype=bfloat16", "rollout.dtype=bfloat16", "rollout.vllm_gpu_memory_utilization=0.25",
+           "rollout.vllm_enforce_eager=true", "rollout.vllm_max_model_len=512", "check_weight_sync=true", *scale]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "RLCORE_DEBUG": "1"})
+    assert done.returncode == 0, f"rlcore run exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert "engine megatron" in done.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["grad_norm"] > 0 for r in rows)
