@@ -1,7 +1,7 @@
 """GKD: Generalized Knowledge Distillation (Agarwal et al., 2024; TRL's GKDTrainer), as an rlcore plugin.
 
-`GKDConfig`, `GKDTrainer` and the loss (`rlcore.plugins.gkd.loss.jsd_loss`) are exported for reuse;
-importing them loads no engine library beyond torch for the loss.
+`GKDConfig`, `GKDTrainer` and the loss (`rlcore.plugins.gkd.loss.jsd_loss`, `topk_jsd_loss`) are there for
+reuse; importing the plugin loads no engine library (the loss module imports torch).
 """
 
 from __future__ import annotations
