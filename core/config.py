@@ -81,7 +81,9 @@ class RunConfig(BaseConfig):
 
     output_dir: str = Field("output", description="metrics.jsonl, checkpoints and samples go here")
     seed: int = Field(42, description="seed for data order, sampling and initialisation")
-    nnodes: int = Field(1, ge=1, description="nodes of the Ray cluster the plan spans")
+    nnodes: int | None = Field(
+        None, ge=1, description="nodes of the Ray cluster the plan spans (default: 1, or in device_groups what the ranks need)"
+    )
     nproc_per_node: int | None = Field(None, ge=1, description="GPUs per node (default: the role form's largest need)")
     device_groups: dict[str, Any] | None = Field(
         None, description="ms-swift's per-group form: {nproc_per_node, GROUP: {device, ranks, workers}}"

@@ -255,8 +255,8 @@ def _from_device_groups(
         problems.append(("device_groups.nproc_per_node",
                          f"is {nproc} but nproc_per_node is {top_nproc}; give it once"))
     nproc = nproc or top_nproc
-    nnodes = device_groups.get("nnodes", cfg.get("nnodes"))
-    nnodes = _positive_int(1 if nnodes is None else nnodes, "device_groups.nnodes", problems) or 1
+    given_nnodes = device_groups.get("nnodes", cfg.get("nnodes"))
+    nnodes = _positive_int(1 if given_nnodes is None else given_nnodes, "device_groups.nnodes", problems) or 1
 
     groups: list[Group] = []
     owner: dict[str, str] = {}
@@ -319,6 +319,8 @@ def _from_device_groups(
         if nnodes > 1 and gpu_groups:
             problems.append(("device_groups.nproc_per_node", f"is required when nnodes is {nnodes}"))
         nproc = max(1, math.ceil((highest + 1) / nnodes))
+    elif given_nnodes is None:  # as ms-swift reads it: rank r is on node r // nproc_per_node
+        nnodes = max(1, math.ceil((highest + 1) / nproc))
     _check_capacity(gpu_groups, nproc, nnodes, "device_groups", problems)
     for role in roles or ():
         if role in known and role not in owner:

@@ -122,6 +122,15 @@ def test_device_groups_multi_node(plugins):
     assert plan.nnodes == 2 and plan.nodes == (0, 1)
 
 
+def test_device_groups_without_nnodes_span_the_nodes_their_ranks_need(plugins):
+    """The seed's two-node layout as ms-swift writes it: rank r is on node r // nproc_per_node."""
+    groups = {"nproc_per_node": 8, "default": {"device": "GPU", "ranks": "list(range(0, 16))", "workers": ["default"]}}
+    plan = plan_from_config({"device_groups": groups}, roles=["default"], plugins=plugins)
+    assert (plan.nnodes, plan.nodes, plan.num_workers("default")) == (2, (0, 1), 16)
+    with pytest.raises(ConfigError, match=r"rank\(s\) \[8, 9, .* beyond nproc_per_node \* nnodes = 8 \* 1"):
+        plan_from_config({"device_groups": {**groups, "nnodes": 1}}, roles=["default"], plugins=plugins)
+
+
 def test_sampling_example(plugins):
     plan = plan_from_config(load("sample/sampling.yaml"), roles=["sampler", "prm", "orm"], plugins=plugins)
     assert plan.nproc_per_node == 4
@@ -136,6 +145,7 @@ def test_every_device_groups_problem_at_once(plugins):
         "train": {"gpus": 2},
         "device_groups": {
             "nproc_per_node": 4,
+            "nnodes": 1,  # given: rank 9 is then beyond the cluster (left out, nnodes follows the ranks)
             "a": {"device": "GPU", "ranks": "list(range(0, 3))", "workers": ["samplr"]},
             "b": {"device": "GPU", "ranks": [2, 3, 9], "workers": ["prm"]},
             "c": {"device": "CPU", "ranks": [0, 1], "workers": ["orm"]},
@@ -315,6 +325,6 @@ def test_huge_ranges_are_refused_before_they_are_expanded_and_errors_stay_short(
         parse_ranks("range(0, 200000000)")
     assert time.perf_counter() - start < 1
     with pytest.raises(ConfigError) as err:  # a million ranks on 8 GPUs: the error lists a few, not all
-        plan_from_config({"device_groups": {"nproc_per_node": 8, "g": {"ranks": "range(0, 60000)", "workers": ["train"]}}},
+        plan_from_config({"device_groups": {"nproc_per_node": 8, "nnodes": 1, "g": {"ranks": "range(0, 60000)", "workers": ["train"]}}},
                          roles=["train"])
     assert len(str(err.value)) < 2000 and "(59992 in all)" in str(err.value)
