@@ -151,26 +151,33 @@ def test_forward_engine_refuses_training_and_offload_drops_grads(tiny_model):
 
 def test_grpo_on_the_megatron_engine_runs_like_the_hf_engine(tiny_model, tmp_path):
     """Three GRPO steps, same seed: the rollouts (rewards) are the same, so the weights after each sync were;
-    grad norms agree to 1e-4 relative and the losses (on-policy GRPO: about 0) to 1e-5."""
+    grad norms agree to 1e-4 relative and the losses (on-policy GRPO: about 0) to 1e-5. A run cut after two
+    steps and resumed gives the uninterrupted run's third step."""
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
 
-    rows = {}
-    for engine in ("hf", "megatron"):
-        config = GRPOConfig(
-            model=str(tiny_model), output_dir=str(tmp_path / engine), learning_rate=1e-3, max_completion_length=8,
-            per_device_train_batch_size=8, gradient_accumulation_steps=2, num_generations=4, max_steps=3,
-            train={"engine": engine}, save_steps=3,
-        )
+    def run(name, engine, **overrides):
+        config = GRPOConfig(**{
+            "model": str(tiny_model), "output_dir": str(tmp_path / name), "learning_rate": 1e-3, "max_completion_length": 8,
+            "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "num_generations": 4, "max_steps": 3,
+            "train": {"engine": engine}, "save_steps": 3, **overrides,
+        })
         GRPOTrainer(config, load_plugins()).fit()
-        rows[engine] = [json.loads(line) for line in (tmp_path / engine / "metrics.jsonl").read_text().splitlines()]
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    rows = {engine: run(engine, engine) for engine in ("hf", "megatron")}
     assert [r["step"] for r in rows["megatron"]] == [1, 2, 3]
     for mine, theirs in zip(rows["megatron"], rows["hf"], strict=True):
         assert mine["reward"] == theirs["reward"]
         assert mine["completions/mean_length"] == theirs["completions/mean_length"]
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
         assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
-    assert list((tmp_path / "megatron").glob("checkpoint*")), "the run saves a megatron checkpoint"
+    # --resume: two steps, then a resumed run to three continues exactly where the uninterrupted run went
+    run("cut", "megatron", max_steps=2, save_steps=1)
+    resumed = run("cut", "megatron", save_steps=1, resume="auto")
+    assert resumed[-1]["step"] == 3
+    for key in ("reward", "grad_norm", "loss"):
+        assert resumed[-1][key] == rows["megatron"][-1][key], key
 
 
 # -- errors, before anything is allocated -------------------------------------------------------------------
