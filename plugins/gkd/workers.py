@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -72,7 +73,7 @@ class DistillWorker(TrainWorker):
         self.teacher_seconds += time.perf_counter() - start
         return out
 
-    @function(dispatch="slice", collect="mean")
+    @function(dispatch="dp", collect="mean")
     def distill_step(self, batch: Batch, objective: DistillObjective, micro_batch_size: int,
                      temperature: float) -> dict[str, float]:
         """One optimizer step on the GKD loss; a colocated teacher answers each micro-batch in this process."""
@@ -85,11 +86,14 @@ class DistillWorker(TrainWorker):
             out["time/teacher"] = self.teacher_seconds
         return out
 
-    @function(execute="first", collect="first")
-    def heldout_jsd(self, batch: Batch, objective: DistillObjective) -> float:
-        """The token mean of the JSD to the teacher on `batch` (held-out rows), without training."""
+    @function(collect="first")
+    def heldout_jsd(self, batch: Batch, objective: DistillObjective) -> float | None:
+        """The token mean of the JSD to the teacher on `batch` (held-out rows), without training: rank 0's
+        (every rank takes part when the engine's passes are collectives, as `forward_topk`)."""
         import torch
 
+        if not self._takes_part():
+            return None
         teacher = self._teacher_forward if self.teacher is not None else None
         total, tokens = 0.0, 0.0
         for start in range(0, len(batch), HELDOUT_ROWS):
@@ -100,7 +104,7 @@ class DistillWorker(TrainWorker):
                 full = self.engine.forward_topk(rows, None, objective.temperature)
                 s, n = objective.divergence(GivenOutputs(full, rows["input_ids"]), rows, teacher)
             total, tokens = total + float(s), tokens + float(n)
-        return total / max(tokens, 1.0)
+        return total / max(tokens, 1.0) if int(os.environ.get("RANK", "0")) == 0 else None
 
     @function()
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
