@@ -102,8 +102,15 @@ class GKDTrainer(Trainer):
             lora_rank=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha, lora_target_modules=cfg.train.lora_target_modules,
             **cfg.train.engine_kwargs,
         )
-        if not cfg.served_teacher:  # colocated: a forward-only engine inside each train worker
+        parallel = {}
+        if cfg.train.engine == "megatron" or cfg.train.tensor_model_parallel_size * cfg.train.pipeline_model_parallel_size > 1:
+            parallel = dict(tensor_model_parallel_size=cfg.train.tensor_model_parallel_size,
+                            pipeline_model_parallel_size=cfg.train.pipeline_model_parallel_size)
+            train.update(parallel)
+        if not cfg.served_teacher:  # colocated: a forward-only engine inside each train worker, with its parallelism
             teacher = {"model": self.teacher_path, "dtype": cfg.train.dtype, "seed": cfg.seed}
+            if cfg.train.engine == "megatron":
+                teacher.update(parallel)
             if "device" in cfg.train.engine_kwargs:
                 teacher["device"] = cfg.train.engine_kwargs["device"]
             train["teacher"] = {"engine": cfg.train.engine, "options": teacher, "offload": cfg.offload_teacher_model}
