@@ -13,10 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +23,23 @@ from rlcore.errors import ConfigError, RlcoreError
 from rlcore.plugins.hf.common import check_temperature, common_problems, raise_problems, torch_device
 
 from . import mapping
+from .support import (
+    SCHEDULERS,
+    SafetensorsReader,
+    columns,
+    copy_model_files,
+    hf_config,
+    init_distributed,
+    model_dir,
+    move_optimizer,
+    move_tensors,
+    option_problems,
+    replace_dir,
+    shared_tmp,
+    torch_dtype,
+    trim,
+)
 
-SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine", "linear": "linear"}
 META_FILE = "megatron_meta.json"
 
 
@@ -70,12 +82,12 @@ class MegatronTrainEngine(TrainEngine):
         options = dict(locals())
         kind = "forward" if forward_only else "train"
         tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
-        problems = common_problems(model, dtype, device) + _option_problems(options)
+        problems = common_problems(model, dtype, device) + option_problems(options)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         spec = None
         if not any(key == "model" for key, _ in problems):
             try:
-                spec = mapping.spec_from_hf_config(_hf_config(model))
+                spec = mapping.spec_from_hf_config(hf_config(model))
             except ConfigError as exc:
                 problems.extend(exc.problems or [("model", str(exc))])
         if spec is not None and all(isinstance(n, int) and n >= 1 for n in (tp, pp)):
@@ -89,13 +101,13 @@ class MegatronTrainEngine(TrainEngine):
         self.cuda = self.device.type == "cuda"
         if self.cuda:
             torch.cuda.set_device(self.device)
-        self.dtype = _torch_dtype(dtype, self.cuda)
+        self.dtype = torch_dtype(dtype, self.cuda)
         self.logprob_micro_batch_size = logprob_micro_batch_size
         self.global_step = 0
         self._offloaded: set[str] = set()
         self._cpu_copies: dict[int, Any] = {}
         torch.manual_seed(seed)
-        self.rank, self.world_size = _init_distributed(self.device, dist_timeout_s)
+        self.rank, self.world_size = init_distributed(self.device, dist_timeout_s)
         self._init_parallel_state(tp, pp, seed)
         self.padded_vocab = mapping.padded_vocab_size(spec.vocab_size, tp, make_vocab_size_divisible_by)
         self.config = self._transformer_config(gradient_checkpointing)
@@ -169,7 +181,7 @@ class MegatronTrainEngine(TrainEngine):
 
     def _load_hf(self, model: str) -> None:
         """This rank's shard of the Hugging Face weights, into the (unwrapped) GPTModel."""
-        with _SafetensorsReader(_model_dir(model)) as hf:
+        with SafetensorsReader(model_dir(model)) as hf:
             self._load_megatron_state(mapping.hf_to_megatron(
                 hf, self.spec, tp_rank=self.tp_rank, tp=self.tp, pp_rank=self.pp_rank, pp=self.pp,
                 padded_vocab=self.padded_vocab,
@@ -267,41 +279,45 @@ class MegatronTrainEngine(TrainEngine):
         return VocabParallelOutputs(logits, micro["input_ids"], micro["attention_mask"], self.spec.vocab_size,
                                     self.tp_group, temperature)
 
-    def _forward_chunks(self, batch: Batch, temperature: float, take: Any, trailing: tuple[int, ...], dtype: Any) -> Any:
-        """`take(outputs)` of every chunk of `logprob_micro_batch_size` rows, as one CPU tensor
-        [B, T, *trailing]; computed on the last stage and broadcast over the pipeline."""
+    def _forward_chunks(self, batch: Batch, temperature: float, takes: list[tuple[Any, tuple[int, ...], Any]]) -> list[Any]:
+        """For each `(take, trailing, dtype)`: `take(outputs)` of every chunk of `logprob_micro_batch_size` rows,
+        as one CPU tensor [B, T, *trailing]; one forward pass per chunk, computed on the last stage and
+        broadcast over the pipeline."""
         import torch
 
         check_temperature(temperature)
         self._ensure_loaded()
-        input_ids, attention_mask = _columns(batch)
-        out = torch.zeros(*input_ids.shape, *trailing, dtype=dtype)
+        input_ids, attention_mask = columns(batch)
+        outs = [torch.zeros(*input_ids.shape, *trailing, dtype=dtype) for _, trailing, dtype in takes]
         lengths = attention_mask.sum(dim=1)
         self.model.eval()
+
+        def loss_func(logits: Any, micro: Batch) -> tuple[Any, dict[str, Any]]:
+            outputs = self._outputs(logits, micro, temperature)
+            return logits.new_zeros(()), {"values": [take(outputs) for take, _, _ in takes]}
+
         with torch.no_grad():
             for start in range(0, len(batch), self.logprob_micro_batch_size):
                 rows = slice(start, start + self.logprob_micro_batch_size)
                 width = max(int(lengths[rows].max()), 1)
                 micro = Batch({"input_ids": input_ids[rows, :width], "attention_mask": attention_mask[rows, :width]})
                 micro = micro.to(self.device)
-                result = self._run(
-                    [micro], lambda logits, m: (logits.new_zeros(()), {"value": take(self._outputs(logits, m, temperature))}),
-                    forward_only=True,
-                )
-                value = result[0]["value"] if self.last_stage else torch.empty(
-                    micro["input_ids"].shape + trailing, dtype=dtype, device=self.device)
-                if self.pp > 1:
-                    from megatron.core import parallel_state as ps
+                result = self._run([micro], loss_func, forward_only=True)
+                for i, (_, trailing, dtype) in enumerate(takes):
+                    value = result[0]["values"][i] if self.last_stage else torch.empty(
+                        micro["input_ids"].shape + trailing, dtype=dtype, device=self.device)
+                    if self.pp > 1:
+                        from megatron.core import parallel_state as ps
 
-                    torch.distributed.broadcast(value, ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
-                out[rows, :width] = value.cpu()
-        return out
+                        torch.distributed.broadcast(value, ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
+                    outs[i][rows, :width] = value.cpu()
+        return outs
 
     def forward_logprobs(self, batch: Batch, temperature: float = 1.0) -> Any:
         """Per-token log-probs [B, T] (CPU, float32), vocab-parallel, aligned as `rlcore.engines` says."""
         import torch
 
-        return self._forward_chunks(batch, temperature, lambda o: o.logprobs(), (), torch.float32)
+        return self._forward_chunks(batch, temperature, [(lambda o: o.logprobs(), (), torch.float32)])[0]
 
     def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0) -> TopK | Any:
         """Top-k log-probs (a `TopK` [B, T, k]: a top-k per vocabulary shard, then over the shards' candidates)
@@ -311,10 +327,12 @@ class MegatronTrainEngine(TrainEngine):
         if k is not None and (not isinstance(k, int) or k < 1):
             raise RlcoreError(f"forward_topk: k={k!r} must be a positive int or None (full vocabulary)")
         if k is None:
-            return self._forward_chunks(batch, temperature, lambda o: o.full_logprobs(), (self.spec.vocab_size,), torch.float32)
+            full = (lambda o: o.full_logprobs(), (self.spec.vocab_size,), torch.float32)
+            return self._forward_chunks(batch, temperature, [full])[0]
         k = min(k, self.spec.vocab_size)
-        ids = self._forward_chunks(batch, temperature, lambda o: o.topk(k).ids, (k,), torch.long)
-        values = self._forward_chunks(batch, temperature, lambda o: o.topk(k).logprobs, (k,), torch.float32)
+        ids, values = self._forward_chunks(batch, temperature, [
+            (lambda o: o.topk(k).ids, (k,), torch.long), (lambda o: o.topk(k).logprobs, (k,), torch.float32),
+        ])
         return TopK(ids=ids, logprobs=values)
 
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:
@@ -331,7 +349,7 @@ class MegatronTrainEngine(TrainEngine):
         check_temperature(temperature)
         if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
             raise RlcoreError(f"train_step: micro_batch_size={micro_batch_size!r} must be a positive int")
-        _columns(batch)
+        columns(batch)
         if len(batch) == 0:
             raise RlcoreError(f"train_step: rank {self.rank} got an empty batch")
         num_micro = math.ceil(len(batch) / micro_batch_size)
@@ -341,8 +359,8 @@ class MegatronTrainEngine(TrainEngine):
                 f"{len(batch)} rows do not split into {num_micro} equal micro-batches of at most {micro_batch_size}"
             )
         self._ensure_loaded()
-        batch = _trim(batch)
-        micros = [(m if self.pp > 1 else _trim(m)).to(self.device) for m in batch.split(num_micro)]
+        batch = trim(batch)
+        micros = [(m if self.pp > 1 else trim(m)).to(self.device) for m in batch.split(num_micro)]
 
         def loss_func(logits: Any, micro: Batch) -> tuple[Any, dict[str, Any]]:
             loss, metrics = loss_fn(self._outputs(logits, micro, temperature), micro)
@@ -462,11 +480,11 @@ class MegatronTrainEngine(TrainEngine):
                     self._cpu_copies[id(buffer)] = buffer.param_data.to("cpu")
                     buffer.param_data.untyped_storage().resize_(0)
             else:
-                _move_tensors([*self.model.parameters(), *self.model.buffers()], torch.device("cpu"))
+                move_tensors([*self.model.parameters(), *self.model.buffers()], torch.device("cpu"))
             self._offloaded.add("params")
         if optimizer and self.optimizer is not None:
             for inner in self._inner_optimizers():
-                _move_optimizer(inner, torch.device("cpu"))
+                move_optimizer(inner, torch.device("cpu"))
             self._offloaded.add("optimizer")
         torch.cuda.empty_cache()
 
@@ -480,7 +498,7 @@ class MegatronTrainEngine(TrainEngine):
                     data.untyped_storage().resize_(data.numel() * data.element_size())
                     data.copy_(self._cpu_copies.pop(id(buffer)), non_blocking=True)
             else:
-                _move_tensors([*self.model.parameters(), *self.model.buffers()], self.device)
+                move_tensors([*self.model.parameters(), *self.model.buffers()], self.device)
             self._offloaded.discard("params")
         if grads and "grads" in self._offloaded:
             for buffer in self._ddp_buffers():
@@ -490,7 +508,7 @@ class MegatronTrainEngine(TrainEngine):
             self._offloaded.discard("grads")
         if optimizer and "optimizer" in self._offloaded:
             for inner in self._inner_optimizers():
-                _move_optimizer(inner, self.device)
+                move_optimizer(inner, self.device)
             self._offloaded.discard("optimizer")
 
     def _ensure_loaded(self) -> None:
@@ -514,12 +532,12 @@ class MegatronTrainEngine(TrainEngine):
         if self.forward_only:
             raise RlcoreError(f"save: a forward-only megatron engine holds the fixed model {self.model_name}; nothing to save")
         path = Path(path)
-        tmp = _shared_tmp(path, self.rank, self.world_size)
+        tmp = shared_tmp(path, self.rank, self.world_size)
         weights = {name: t.detach().cpu().contiguous() for name, t in self.hf_tensors()}  # every rank takes part
         if self.rank == 0:
             (tmp / "model").mkdir(parents=True, exist_ok=True)
             save_file(weights, str(tmp / "model" / "model.safetensors"), metadata={"format": "pt"})
-            _copy_model_files(_model_dir(self.model_name), tmp / "model")
+            copy_model_files(model_dir(self.model_name), tmp / "model")
             meta = {**self._layout(), "global_step": self.global_step, "scheduler": self.scheduler.state_dict()}
             (tmp / META_FILE).write_text(json.dumps(meta))
         (tmp / "optimizer").mkdir(parents=True, exist_ok=True)
@@ -527,7 +545,7 @@ class MegatronTrainEngine(TrainEngine):
         if self.world_size > 1:
             torch.distributed.barrier()
         if self.rank == 0:
-            _replace_dir(tmp, path)
+            replace_dir(tmp, path)
         if self.world_size > 1:
             torch.distributed.barrier()
 
@@ -554,7 +572,7 @@ class MegatronTrainEngine(TrainEngine):
             for p, saved_p in zip((p for g in inner.param_groups for p in g["params"]), main, strict=True):
                 p.data.copy_(saved_p)
             inner.load_state_dict(inner_state)
-            _move_optimizer(inner, self.device)
+            move_optimizer(inner, self.device)
         self.scheduler.load_state_dict(meta["scheduler"])
         self.global_step = int(meta["global_step"])
 
@@ -577,175 +595,3 @@ class MegatronTrainEngine(TrainEngine):
             "pipeline_model_parallel_size": self.pp,
             "forward_only": self.forward_only,
         }
-
-
-# ---------------------------------------------------------------------- helpers
-
-def _option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-
-    def need(ok: bool, key: str, rule: str) -> None:
-        if not ok:
-            problems.append((key, f"{key}={o[key]!r} {rule}"))
-
-    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "logprob_micro_batch_size",
-                "make_vocab_size_divisible_by"):
-        need(isinstance(o[key], int) and o[key] >= 1, key, "must be a positive int")
-    need(o["lora_rank"] == 0, "lora_rank", "must be 0: the megatron engine trains every weight (use engine hf for LoRA)")
-    need(o["learning_rate"] >= 0, "learning_rate", "must be >= 0")
-    need(o["weight_decay"] >= 0, "weight_decay", "must be >= 0")
-    need(0 <= o["adam_beta1"] < 1, "adam_beta1", "must be in [0, 1)")
-    need(0 <= o["adam_beta2"] < 1, "adam_beta2", "must be in [0, 1)")
-    need(o["adam_epsilon"] > 0, "adam_epsilon", "must be > 0")
-    need(o["max_grad_norm"] is None or o["max_grad_norm"] >= 0, "max_grad_norm", "must be >= 0 (0: no clipping)")
-    need(o["lr_scheduler_type"] in SCHEDULERS, "lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
-    need(isinstance(o["warmup_steps"], int) and o["warmup_steps"] >= 0, "warmup_steps", "must be an int >= 0")
-    need(isinstance(o["max_steps"], int) and o["max_steps"] >= 0, "max_steps", "must be an int >= 0")
-    if o["lr_scheduler_type"] in ("cosine", "linear"):
-        need(o["max_steps"] > 0, "max_steps", f"must be > 0 for lr_scheduler_type={o['lr_scheduler_type']!r}")
-    need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
-    if isinstance(o["device"], str) and o["device"].startswith("cpu"):
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        need(o["dtype"] in ("float32", "auto"), "dtype", "must be float32 on the CPU (bf16 and fp16 need CUDA)")
-        need(o["tensor_model_parallel_size"] == 1, "tensor_model_parallel_size", "must be 1 on the CPU")
-        need(o["pipeline_model_parallel_size"] == 1, "pipeline_model_parallel_size", "must be 1 on the CPU")
-        need(not o["gradient_checkpointing"], "gradient_checkpointing", "needs CUDA with the megatron engine")
-        if world != 1:
-            problems.append(("device", f"the megatron engine runs one worker on the CPU, but WORLD_SIZE={world}; "
-                                       "use GPUs, or engine hf for CPU data parallelism"))
-    return problems
-
-
-def _torch_dtype(dtype: str, cuda: bool) -> Any:
-    import torch
-
-    if dtype == "auto":
-        return torch.bfloat16 if cuda else torch.float32
-    return getattr(torch, dtype)
-
-
-def _model_dir(model: str) -> Path:
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors"]))
-
-
-def _hf_config(model: str) -> Any:
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(os.path.expanduser(str(model)))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"model={str(model)!r} could not be loaded: {exc}", [("model", str(exc))]) from exc
-
-
-class _SafetensorsReader:
-    """A Hugging Face checkpoint's tensors by name, read from its safetensors files only when asked."""
-
-    def __init__(self, directory: Path):
-        from safetensors import safe_open
-
-        files = sorted(directory.glob("*.safetensors"))
-        if not files:
-            raise RlcoreError(f"'{directory}' holds no *.safetensors weights")
-        self.handles = [safe_open(str(f), framework="pt") for f in files]
-        self.where = {name: h for h in self.handles for name in h.keys()}
-        self.directory = directory
-
-    def __enter__(self) -> _SafetensorsReader:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.handles.clear()
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.where:
-            raise RlcoreError(f"'{self.directory}' has no weight '{name}' that the megatron mapping needs")
-        return self.where[name].get_tensor(name)
-
-
-def _init_distributed(device: Any, timeout_s: float) -> tuple[int, int]:
-    """Join (or make) the group's torch.distributed world; a one-process world on a private store when alone."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if world_size == 1:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        return 0, 1
-    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-    if missing:
-        raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; the worker runtime sets them")
-    dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _columns(batch: Batch) -> tuple[Any, Any]:
-    missing = [k for k in ("input_ids", "attention_mask") if k not in batch]
-    if missing:
-        raise RlcoreError(f"the batch has no {', '.join(missing)} column; columns: {', '.join(batch.keys()) or '(none)'}")
-    return batch["input_ids"], batch["attention_mask"]
-
-
-def _trim(micro: Batch) -> Batch:
-    """Drop the all-padding tail columns of a right-padded batch from every [rows, T, ...] tensor."""
-    T = micro["input_ids"].shape[1]
-    width = max(int(micro["attention_mask"].sum(dim=1).max()), 1)
-    if width == T:
-        return micro
-    return Batch({
-        k: v[:, :width] if hasattr(v, "shape") and v.dim() >= 2 and v.shape[1] == T else v for k, v in micro.items()
-    })
-
-
-def _move_tensors(tensors: list[Any], device: Any) -> None:
-    for tensor in tensors:
-        tensor.data = tensor.data.to(device, non_blocking=True)
-
-
-def _move_optimizer(optimizer: Any, device: Any) -> None:
-    """An inner torch optimizer's params (megatron's fp32 main params) and state tensors to `device`."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            p.data = p.data.to(device, non_blocking=True)
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if hasattr(value, "to") and key != "step":
-                state[key] = value.to(device, non_blocking=True)
-
-
-def _copy_model_files(source: Path, target: Path) -> None:
-    """The config, generation config and tokenizer files beside the weights, so transformers loads the directory."""
-    for file in source.iterdir():
-        if file.is_file() and file.suffix in (".json", ".txt", ".model", ".jinja") and not file.name.endswith(".index.json"):
-            shutil.copy2(file, target / file.name)
-
-
-def _shared_tmp(path: Path, rank: int, world_size: int) -> Path:
-    """A temporary directory beside `path` that rank 0 makes and every rank of the group writes into."""
-    import torch
-
-    box = [None]
-    if rank == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        box = [tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)]
-    if world_size > 1:
-        torch.distributed.broadcast_object_list(box, 0)
-    return Path(box[0])
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Put directory `src` at `dst`, replacing an old `dst` only once `src` is complete."""
-    if dst.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
-        os.replace(dst, old / dst.name)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)

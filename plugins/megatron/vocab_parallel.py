@@ -178,6 +178,8 @@ class VocabParallelOutputs(ModelOutputs):
     def topk(self, k: int) -> TopK:
         """The k most likely tokens of every row (a top-k per shard, then over the tp * k candidates)."""
         k = min(k, self.vocab_size)
+        if ("topk", k) in self._cache:
+            return self._cache[("topk", k)]
         local = self.shard - self._local_lse()
         values, index = local.topk(min(k, local.shape[-1]), dim=-1)
         ids = index + self.start
@@ -187,4 +189,5 @@ class VocabParallelOutputs(ModelOutputs):
             values, pick = values.topk(k, dim=-1)
             ids = ids.gather(-1, pick)
         values, ids = self._aligned(values), self._aligned(ids)
-        return TopK(ids=ids.masked_fill(~self.valid[..., None], 0).long(), logprobs=values)
+        self._cache[("topk", k)] = TopK(ids=ids.masked_fill(~self.valid[..., None], 0).long(), logprobs=values)
+        return self._cache[("topk", k)]

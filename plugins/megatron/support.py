@@ -1,0 +1,190 @@
+"""What the megatron engine needs around megatron-core: option checks, reading a Hugging Face checkpoint, the
+group's torch.distributed world, batch columns, moving optimizer state, and checkpoint directories."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from rlcore.batch import Batch
+from rlcore.errors import ConfigError, RlcoreError
+
+SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine", "linear": "linear"}
+
+
+def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+
+    def need(ok: bool, key: str, rule: str) -> None:
+        if not ok:
+            problems.append((key, f"{key}={o[key]!r} {rule}"))
+
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "logprob_micro_batch_size",
+                "make_vocab_size_divisible_by"):
+        need(isinstance(o[key], int) and o[key] >= 1, key, "must be a positive int")
+    need(o["lora_rank"] == 0, "lora_rank", "must be 0: the megatron engine trains every weight (use engine hf for LoRA)")
+    need(o["learning_rate"] >= 0, "learning_rate", "must be >= 0")
+    need(o["weight_decay"] >= 0, "weight_decay", "must be >= 0")
+    need(0 <= o["adam_beta1"] < 1, "adam_beta1", "must be in [0, 1)")
+    need(0 <= o["adam_beta2"] < 1, "adam_beta2", "must be in [0, 1)")
+    need(o["adam_epsilon"] > 0, "adam_epsilon", "must be > 0")
+    need(o["max_grad_norm"] is None or o["max_grad_norm"] >= 0, "max_grad_norm", "must be >= 0 (0: no clipping)")
+    need(o["lr_scheduler_type"] in SCHEDULERS, "lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
+    need(isinstance(o["warmup_steps"], int) and o["warmup_steps"] >= 0, "warmup_steps", "must be an int >= 0")
+    need(isinstance(o["max_steps"], int) and o["max_steps"] >= 0, "max_steps", "must be an int >= 0")
+    if o["lr_scheduler_type"] in ("cosine", "linear"):
+        need(o["max_steps"] > 0, "max_steps", f"must be > 0 for lr_scheduler_type={o['lr_scheduler_type']!r}")
+    need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
+    if isinstance(o["device"], str) and o["device"].startswith("cpu"):
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        need(o["dtype"] in ("float32", "auto"), "dtype", "must be float32 on the CPU (bf16 and fp16 need CUDA)")
+        need(o["tensor_model_parallel_size"] == 1, "tensor_model_parallel_size", "must be 1 on the CPU")
+        need(o["pipeline_model_parallel_size"] == 1, "pipeline_model_parallel_size", "must be 1 on the CPU")
+        need(not o["gradient_checkpointing"], "gradient_checkpointing", "needs CUDA with the megatron engine")
+        if world != 1:
+            problems.append(("device", f"the megatron engine runs one worker on the CPU, but WORLD_SIZE={world}; "
+                                       "use GPUs, or engine hf for CPU data parallelism"))
+    return problems
+
+
+def torch_dtype(dtype: str, cuda: bool) -> Any:
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if cuda else torch.float32
+    return getattr(torch, dtype)
+
+
+def model_dir(model: str) -> Path:
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors"]))
+
+
+def hf_config(model: str) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(os.path.expanduser(str(model)))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model={str(model)!r} could not be loaded: {exc}", [("model", str(exc))]) from exc
+
+
+class SafetensorsReader:
+    """A Hugging Face checkpoint's tensors by name, read from its safetensors files only when asked."""
+
+    def __init__(self, directory: Path):
+        from safetensors import safe_open
+
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise RlcoreError(f"'{directory}' holds no *.safetensors weights")
+        self.handles = [safe_open(str(f), framework="pt") for f in files]
+        self.where = {name: h for h in self.handles for name in h.keys()}
+        self.directory = directory
+
+    def __enter__(self) -> SafetensorsReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.handles.clear()
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.where:
+            raise RlcoreError(f"'{self.directory}' has no weight '{name}' that the megatron mapping needs")
+        return self.where[name].get_tensor(name)
+
+
+def init_distributed(device: Any, timeout_s: float) -> tuple[int, int]:
+    """Join (or make) the group's torch.distributed world: its store on the master's address only (as the hf
+    engine's); a one-process world on a private in-memory store when alone."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if world_size == 1:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return 0, 1
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; the worker runtime sets them")
+    from rlcore.cluster import tcp_store
+
+    rank, timeout = int(os.environ["RANK"]), timedelta(seconds=timeout_s)
+    store = tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def columns(batch: Batch) -> tuple[Any, Any]:
+    missing = [k for k in ("input_ids", "attention_mask") if k not in batch]
+    if missing:
+        raise RlcoreError(f"the batch has no {', '.join(missing)} column; columns: {', '.join(batch.keys()) or '(none)'}")
+    return batch["input_ids"], batch["attention_mask"]
+
+
+def trim(micro: Batch) -> Batch:
+    """Drop the all-padding tail columns of a right-padded batch from every [rows, T, ...] tensor."""
+    T = micro["input_ids"].shape[1]
+    width = max(int(micro["attention_mask"].sum(dim=1).max()), 1)
+    if width == T:
+        return micro
+    return Batch({
+        k: v[:, :width] if hasattr(v, "shape") and v.dim() >= 2 and v.shape[1] == T else v for k, v in micro.items()
+    })
+
+
+def move_tensors(tensors: list[Any], device: Any) -> None:
+    for tensor in tensors:
+        tensor.data = tensor.data.to(device, non_blocking=True)
+
+
+def move_optimizer(optimizer: Any, device: Any) -> None:
+    """An inner torch optimizer's params (megatron's fp32 main params) and state tensors to `device`."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.data = p.data.to(device, non_blocking=True)
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if hasattr(value, "to") and key != "step":
+                state[key] = value.to(device, non_blocking=True)
+
+
+def copy_model_files(source: Path, target: Path) -> None:
+    """The config, generation config and tokenizer files beside the weights, so transformers loads the directory."""
+    for file in source.iterdir():
+        if file.is_file() and file.suffix in (".json", ".txt", ".model", ".jinja") and not file.name.endswith(".index.json"):
+            shutil.copy2(file, target / file.name)
+
+
+def shared_tmp(path: Path, rank: int, world_size: int) -> Path:
+    """A temporary directory beside `path` that rank 0 makes and every rank of the group writes into."""
+    import torch
+
+    box = [None]
+    if rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        box = [tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)]
+    if world_size > 1:
+        torch.distributed.broadcast_object_list(box, 0)
+    return Path(box[0])
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Put directory `src` at `dst`, replacing an old `dst` only once `src` is complete."""
+    if dst.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
+        os.replace(dst, old / dst.name)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
