@@ -44,6 +44,25 @@ def pad_width(tensor: Any, width: int, value: Any = 0) -> Any:
     return out
 
 
+def token_columns(batch: Mapping[str, Any]) -> tuple[Any, Any]:
+    """`input_ids` and `attention_mask` of a train batch, or an error naming the columns it has."""
+    missing = [k for k in ("input_ids", "attention_mask") if k not in batch]
+    if missing:
+        raise RlcoreError(f"the batch has no {', '.join(missing)} column; columns: {', '.join(batch.keys()) or '(none)'}")
+    return batch["input_ids"], batch["attention_mask"]
+
+
+def trim_padding(batch: Batch) -> Batch:
+    """`batch` without the tail columns that are padding in every row, in every [rows, T, ...] tensor."""
+    T = batch["input_ids"].shape[1]
+    width = max(int(batch["attention_mask"].sum(dim=1).max()), 1)
+    if width == T:
+        return batch
+    return Batch({
+        k: v[:, :width] if hasattr(v, "shape") and v.dim() >= 2 and v.shape[1] == T else v for k, v in batch.items()
+    })
+
+
 class Batch(Mapping[str, Any]):
     """Columns of equal length. Tensors keep their type; anything else is stored as a list."""
 

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,17 @@ from .errors import ConfigError, RlcoreError, RoleFailed
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Put the complete directory `src` at `dst`; an old `dst` is removed only once `src` is in its place."""
+    if dst.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
+        os.replace(dst, old / dst.name)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
 
 
 def checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:

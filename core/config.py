@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
@@ -25,7 +25,7 @@ from pydantic import (
     field_validator,
 )
 
-from .errors import ConfigError, PluginError, did_you_mean
+from .errors import ConfigError, PluginError, RlcoreError, did_you_mean
 
 if TYPE_CHECKING:
     from .specs import SettingSpec
@@ -216,6 +216,18 @@ def config_error(problems: list[tuple[str, str]], source: str = "") -> ConfigErr
     count = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
     lines = "\n".join(f"  {path}: {message}" for path, message in problems)
     return ConfigError(f"invalid configuration{where} ({count}):\n{lines}", problems)
+
+
+def problems_of(checks: Iterable[tuple[str, Callable[[], Any]]]) -> list[tuple[str, str]]:
+    """Run every check of `(key, check)`; what an `RlcoreError` says becomes its problems (its own list
+    where it has one, else one under `key`), so a trainer's `check` reports everything at once."""
+    problems: list[tuple[str, str]] = []
+    for key, check in checks:
+        try:
+            check()
+        except RlcoreError as exc:
+            problems.extend(getattr(exc, "problems", None) or [(key, str(exc))])
+    return problems
 
 
 def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:

@@ -87,6 +87,17 @@ class RoleSession:
         self.transports: dict[tuple[str, str], str] = {}
         self.ipc_sources: dict[tuple[str, str], list[int]] = {}  # cuda_ipc: per receiver, the sender rank on its GPU
 
+    CONFIG_KEYS = ("ray_address", "placement_timeout_s", "worker_timeout_s", "sleep_level", "offload_model",
+                   "offload_optimizer", "weight_sync_backend")
+
+    @classmethod
+    def from_config(cls, config: Any, plan: ResourcePlan, setups: dict[str, RoleSetup], *, use_ray: bool,
+                    plugins: Any = None, **options: Any) -> RoleSession:
+        """A session with the run's own keys (`CONFIG_KEYS`, those the config has: every `RunConfig` has all
+        but `weight_sync_backend`); `options` (e.g. `syncs`) are added and win."""
+        found = {key: getattr(config, key) for key in cls.CONFIG_KEYS if hasattr(config, key)}
+        return cls(plan, setups, use_ray=use_ray, plugins=plugins, **{**found, **options})
+
     # -- what the plan says --------------------------------------------------------------------------
 
     @property

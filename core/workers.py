@@ -31,12 +31,12 @@ from __future__ import annotations
 import functools
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import actors as _actors
-from .actors import ActorContext, Handle, wait
+from .actors import Handle, wait
 from .cluster import encode
 from .dispatch import Collect, Mesh, Split, resolve_collector, resolve_dispatcher
 from .errors import ConfigError, NotRegistered, RlcoreError

@@ -7,8 +7,8 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, RoleConfig, RunConfig
-from rlcore.plugins.grpo.config import RolloutRoleConfig, TrainRoleConfig
 from rlcore.resources import parse_ranks
+from rlcore.sections import RolloutRoleConfig, TrainRoleConfig
 
 
 class TeacherRoleConfig(RoleConfig):

@@ -19,6 +19,7 @@ from rlcore import ConfigError, SamplingParams, Trainer
 from rlcore.batch import pad_width
 from rlcore.resources import plan_from_config
 from rlcore.roles import GenerateWorker
+from rlcore.sections import rollout_options, train_options
 from rlcore.session import RoleSession, RoleSetup, announce
 
 from .config import GKDConfig
@@ -58,28 +59,20 @@ class GKDTrainer(Trainer):
     @classmethod
     def check(cls, config: GKDConfig, plugins: Any) -> None:
         """The resource plan, the dataset, the models' tokenizers and vocabularies, all at once; builds nothing."""
-        from rlcore import RlcoreError
-        from rlcore.config import config_error
+        from rlcore.config import config_error, problems_of
         from rlcore.data import PromptEncoder
 
         config = config.for_run()
-        problems: list[tuple[str, str]] = []
-        try:
-            plan_from_config(config, roles=cls.roles_of(config), policy=config.placement, plugins=plugins)
-        except ConfigError as exc:
-            problems.extend(exc.problems or [("(resource plan)", str(exc))])
         teacher = config.teacher.model or config.teacher_model
-        for key, check in (
+        problems = problems_of([
+            ("(resource plan)", lambda: plan_from_config(config, roles=cls.roles_of(config), policy=config.placement,
+                                                         plugins=plugins)),
             ("dataset", lambda: DistillData.rows_of(config)),
             ("model", lambda: config.model and PromptEncoder(config.model, config.use_chat_template)),
-            ("teacher_model", lambda: teacher and config.model and _same_vocabulary(config.model, teacher, config)),
-        ):
-            if key == "teacher_model" and any(k == "model" for k, _ in problems):
-                continue  # the student does not load: its vocabulary cannot be compared
-            try:
-                check()
-            except RlcoreError as exc:
-                problems.extend(getattr(exc, "problems", None) or [(key, str(exc))])
+        ])
+        if not any(k == "model" for k, _ in problems):  # else the student's vocabulary cannot be compared
+            problems += problems_of([("teacher_model", lambda: teacher and config.model
+                                      and _same_vocabulary(config.model, teacher, config))])
         if problems:
             raise config_error(problems)
 
@@ -95,47 +88,27 @@ class GKDTrainer(Trainer):
             self.student, self.teacher_path = cfg.model, cfg.teacher.model or cfg.teacher_model
         if not self.student:
             raise ConfigError("model is unset; name the student model", [("model", "is unset")])
-        train = dict(
-            model=self.student, dtype=cfg.train.dtype, seed=cfg.seed, learning_rate=cfg.learning_rate,
-            weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lr_scheduler_type=cfg.lr_scheduler_type,
-            warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, gradient_checkpointing=cfg.train.gradient_checkpointing,
-            lora_rank=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha, lora_target_modules=cfg.train.lora_target_modules,
-            **cfg.train.engine_kwargs,
-        )
-        parallel = {}
-        if cfg.train.engine == "megatron" or cfg.train.tensor_model_parallel_size * cfg.train.pipeline_model_parallel_size > 1:
-            parallel = dict(tensor_model_parallel_size=cfg.train.tensor_model_parallel_size,
-                            pipeline_model_parallel_size=cfg.train.pipeline_model_parallel_size)
-            train.update(parallel)
+        train = train_options(cfg, self.student)
         if not cfg.served_teacher:  # colocated: a forward-only engine inside each train worker, with its parallelism
             teacher = {"model": self.teacher_path, "dtype": cfg.train.dtype, "seed": cfg.seed}
             if cfg.train.engine == "megatron":
-                teacher.update(parallel)
+                teacher.update(cfg.train.parallel_options())
             if "device" in cfg.train.engine_kwargs:
                 teacher["device"] = cfg.train.engine_kwargs["device"]
             train["teacher"] = {"engine": cfg.train.engine, "options": teacher, "offload": cfg.offload_teacher_model}
         setups = {"train": RoleSetup(DistillWorker, cfg.train.engine, train)}
         if "rollout" in roles:
-            rollout = dict(model=self.student, dtype=cfg.rollout.dtype, seed=cfg.seed)
-            if cfg.rollout.engine == "vllm":
-                rollout.update({k: getattr(cfg.rollout, k) for k in type(cfg.rollout).model_fields if k.startswith("vllm_")})
-            setups["rollout"] = RoleSetup(GenerateWorker, cfg.rollout.engine, {**rollout, **cfg.rollout.engine_kwargs})
+            setups["rollout"] = RoleSetup(GenerateWorker, cfg.rollout.engine,
+                                          rollout_options(cfg.rollout, self.student, cfg.seed))
         if "teacher" in roles:
-            teacher = dict(model=self.teacher_path, dtype=cfg.teacher.dtype, seed=cfg.seed)
-            if cfg.teacher.engine == "vllm":
-                teacher.update({k: getattr(cfg.teacher, k) for k in type(cfg.teacher).model_fields if k.startswith("vllm_")})
-                kwargs = dict(cfg.teacher.vllm_engine_kwargs)  # vLLM caps prompt log-probs at max_logprobs: raise it to k
+            teacher = rollout_options(cfg.teacher, self.teacher_path, cfg.seed)
+            if cfg.teacher.engine == "vllm":  # vLLM caps prompt log-probs at max_logprobs: raise it to k
+                kwargs = dict(cfg.teacher.vllm_engine_kwargs)
                 kwargs["max_logprobs"] = max(int(kwargs.get("max_logprobs", 0)), cfg.gkd_logits_topk or 0)
                 teacher["vllm_engine_kwargs"] = kwargs
-            setups["teacher"] = RoleSetup(TeacherWorker, cfg.teacher.engine, {**teacher, **cfg.teacher.engine_kwargs},
-                                          kind="teacher")
-        return RoleSession(
-            plan, setups, use_ray=self.use_ray, plugins=self.plugins,
-            syncs=(("train", "rollout"),) if "rollout" in roles else (),
-            ray_address=cfg.ray_address, placement_timeout_s=cfg.placement_timeout_s, sleep_level=cfg.sleep_level,
-            offload_model=cfg.offload_model, offload_optimizer=cfg.offload_optimizer,
-            weight_sync_backend=cfg.weight_sync_backend, worker_timeout_s=cfg.worker_timeout_s,
-        )
+            setups["teacher"] = RoleSetup(TeacherWorker, cfg.teacher.engine, teacher, kind="teacher")
+        return RoleSession.from_config(cfg, plan, setups, use_ray=self.use_ray, plugins=self.plugins,
+                                       syncs=(("train", "rollout"),) if "rollout" in roles else ())
 
     @contextlib.contextmanager
     def start(self) -> Iterator[None]:

@@ -8,37 +8,7 @@ from pydantic import AliasChoices, Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, RoleConfig, RunConfig
 from rlcore.resources import parse_ranks
-
-
-class TrainRoleConfig(RoleConfig):
-    """The `train:` section: the policy's train engine."""
-
-    dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
-    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
-    lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights")
-    lora_alpha: int = Field(32, description="LoRA scaling numerator")
-    lora_target_modules: list[str] | str = Field("all-linear", description="modules LoRA adapts")
-    tensor_model_parallel_size: int = Field(1, ge=1, description="tensor parallel size (engine megatron)")
-    pipeline_model_parallel_size: int = Field(1, ge=1, description="pipeline parallel size (engine megatron)")
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
-
-
-class RolloutRoleConfig(RoleConfig):
-    """The `rollout:` section: the engine that generates completions."""
-
-    dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
-    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per rollout engine")
-    vllm_gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of GPU memory vLLM takes")
-    vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")
-    vllm_enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
-    vllm_in_process: bool = Field(
-        True, description="vLLM's engine core in the worker's process (weights load in place); false: its own processes"
-    )
-    vllm_request_seeds: bool = Field(
-        False, description="seed every vLLM request (samples independent of the batch; slower sampling)"
-    )
-    vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
+from rlcore.sections import RolloutRoleConfig, TrainRoleConfig
 
 
 class ReferenceRoleConfig(RoleConfig):

@@ -15,6 +15,7 @@ from typing import Any
 from rlcore import Trainer
 from rlcore.resources import plan_from_config
 from rlcore.roles import GenerateWorker, ScoreWorker, TrainWorker
+from rlcore.sections import rollout_options, train_options
 from rlcore.session import RoleSession, RoleSetup, announce
 
 from .config import GRPOConfig
@@ -47,15 +48,11 @@ class GRPOTrainer(Trainer):
     @classmethod
     def check(cls, config: GRPOConfig, plugins: Any) -> None:
         """The resource plan, reward names and options, the dataset and the model's tokenizer, all at once."""
-        from rlcore import ConfigError
-        from rlcore.config import config_error
+        from rlcore.config import config_error, problems_of
 
         config = config.for_run()
-        problems: list[tuple[str, str]] = []
-        try:
-            plan_from_config(config, roles=cls.roles_of(config), policy=config.placement, plugins=plugins)
-        except ConfigError as exc:
-            problems.extend(exc.problems or [("(resource plan)", str(exc))])
+        problems = problems_of([("(resource plan)", lambda: plan_from_config(
+            config, roles=cls.roles_of(config), policy=config.placement, plugins=plugins))])
         problems.extend(ExperienceMaker.check(config, plugins))
         if problems:
             raise config_error(problems)
@@ -65,21 +62,9 @@ class GRPOTrainer(Trainer):
         roles = self.roles_of(cfg)
         plan = plan_from_config(cfg, roles=roles, policy=cfg.placement, plugins=self.plugins)
         model = cfg.model or str(Path(cfg.output_dir) / "tiny-model")  # the demo's model is built before start
-        train = dict(
-            model=model, dtype=cfg.train.dtype, seed=cfg.seed, learning_rate=cfg.learning_rate,
-            weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lr_scheduler_type=cfg.lr_scheduler_type,
-            warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, gradient_checkpointing=cfg.train.gradient_checkpointing,
-            lora_rank=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha, lora_target_modules=cfg.train.lora_target_modules,
-        )
-        if cfg.train.engine == "megatron" or cfg.train.tensor_model_parallel_size * cfg.train.pipeline_model_parallel_size > 1:
-            train.update(tensor_model_parallel_size=cfg.train.tensor_model_parallel_size,
-                         pipeline_model_parallel_size=cfg.train.pipeline_model_parallel_size)
-        rollout = dict(model=model, dtype=cfg.rollout.dtype, seed=cfg.seed)
-        if cfg.rollout.engine == "vllm":
-            rollout.update({k: getattr(cfg.rollout, k) for k in type(cfg.rollout).model_fields if k.startswith("vllm_")})
         setups = {
-            "train": RoleSetup(TrainWorker, cfg.train.engine, {**train, **cfg.train.engine_kwargs}),
-            "rollout": RoleSetup(GenerateWorker, cfg.rollout.engine, {**rollout, **cfg.rollout.engine_kwargs}),
+            "train": RoleSetup(TrainWorker, cfg.train.engine, train_options(cfg, model)),
+            "rollout": RoleSetup(GenerateWorker, cfg.rollout.engine, rollout_options(cfg.rollout, model, cfg.seed)),
         }
         if "reference" in roles:
             reference = dict(model=model, dtype=cfg.reference.dtype, seed=cfg.seed)
@@ -89,12 +74,8 @@ class GRPOTrainer(Trainer):
 
             orm = {"model_path": cfg.orm.model, "dtype": cfg.orm.dtype, "batch_size": cfg.orm.batch_size}
             setups["orm"] = RoleSetup(ScoreWorker, OrmScorer, orm)
-        return RoleSession(
-            plan, setups, use_ray=self.use_ray, plugins=self.plugins, syncs=(("train", "rollout"),),
-            ray_address=cfg.ray_address, placement_timeout_s=cfg.placement_timeout_s, sleep_level=cfg.sleep_level,
-            offload_model=cfg.offload_model, offload_optimizer=cfg.offload_optimizer,
-            weight_sync_backend=cfg.weight_sync_backend, worker_timeout_s=cfg.worker_timeout_s,
-        )
+        return RoleSession.from_config(cfg, plan, setups, use_ray=self.use_ray, plugins=self.plugins,
+                                       syncs=(("train", "rollout"),))
 
     @contextlib.contextmanager
     def start(self) -> Iterator[None]:

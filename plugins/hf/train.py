@@ -17,13 +17,14 @@ import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import nullcontext
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from rlcore.batch import Batch
+from rlcore.batch import Batch, token_columns, trim_padding
+from rlcore.checkpoint import replace_dir
+from rlcore.cluster import join_torch_world
 from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
-from rlcore.errors import ConfigError, RlcoreError
+from rlcore.errors import RlcoreError
 
 from .common import check_temperature, common_problems, load_causal_lm, model_outputs, raise_problems, torch_device
 from .lora import lora_merged_tensors
@@ -86,7 +87,7 @@ class HFTrainEngine(TrainEngine):
             self.model = load_causal_lm(model, dtype, self.device).requires_grad_(False)
             self.trainable, self.ddp, self.optimizer, self.scheduler = [], None, None, None
             return
-        self.rank, self.world_size = _init_distributed(self.device, dist_timeout_s)
+        self.rank, self.world_size = join_torch_world(self.device, dist_timeout_s)
 
         self.model = load_causal_lm(model, dtype, self.device)
         if gradient_checkpointing:
@@ -127,7 +128,7 @@ class HFTrainEngine(TrainEngine):
 
         check_temperature(temperature)
         self._ensure_loaded()
-        input_ids, attention_mask = _columns(batch)
+        input_ids, attention_mask = token_columns(batch)
         out = torch.zeros(input_ids.shape, dtype=torch.float32)
         with torch.inference_mode():
             for rows, width in self._chunks(attention_mask):
@@ -147,7 +148,7 @@ class HFTrainEngine(TrainEngine):
         if k is not None and (not isinstance(k, int) or k < 1):
             raise RlcoreError(f"forward_topk: k={k!r} must be a positive int or None (full vocabulary)")
         self._ensure_loaded()
-        input_ids, attention_mask = _columns(batch)
+        input_ids, attention_mask = token_columns(batch)
         (B, T), V = input_ids.shape, self._vocab_size()
         width_k = V if k is None else min(k, V)
         values = torch.zeros(B, T, width_k, dtype=torch.float32)
@@ -194,7 +195,7 @@ class HFTrainEngine(TrainEngine):
         check_temperature(temperature)
         if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
             raise RlcoreError(f"train_step: micro_batch_size={micro_batch_size!r} must be a positive int")
-        _columns(batch)
+        token_columns(batch)
         num_micro = math.ceil(len(batch) / micro_batch_size)
         if self.ddp is not None:  # every rank must run the same number of backward passes
             count = torch.tensor([num_micro], device=self.device)
@@ -211,7 +212,7 @@ class HFTrainEngine(TrainEngine):
         sums: dict[str, float] = defaultdict(float)
         total_loss = 0.0
         for i, micro in enumerate(batch.split(num_micro)):
-            micro = _trim(micro).to(self.device)
+            micro = trim_padding(micro).to(self.device)
             sync = self.ddp is None or i == num_micro - 1
             with nullcontext() if sync else self.ddp.no_sync():
                 outputs = model_outputs(module, micro["input_ids"], micro["attention_mask"], temperature)
@@ -302,7 +303,7 @@ class HFTrainEngine(TrainEngine):
                      "global_step": self.global_step},
                     tmp / STATE_FILE,
                 )
-                _replace_dir(tmp, path)
+                replace_dir(tmp, path)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         if self.world_size > 1:
@@ -386,47 +387,6 @@ def _train_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
-def _init_distributed(device: Any, timeout_s: float) -> tuple[int, int]:
-    """Join the group's torch.distributed world when WORLD_SIZE > 1 (on CUDA, `device` must be the current
-    device already); returns (rank, world_size)."""
-    import torch.distributed as dist
-
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
-        return 0, 1
-    if not dist.is_initialized():
-        missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-        if missing:
-            raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; the worker runtime sets them")
-        from rlcore.cluster import tcp_store
-
-        rank, timeout = int(os.environ["RANK"]), timedelta(seconds=timeout_s)
-        store = tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0, timeout)
-        dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
-            world_size=world_size, timeout=timeout,
-        )
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _columns(batch: Batch) -> tuple[Any, Any]:
-    missing = [k for k in ("input_ids", "attention_mask") if k not in batch]
-    if missing:
-        raise RlcoreError(f"the batch has no {', '.join(missing)} column; columns: {', '.join(batch.keys()) or '(none)'}")
-    return batch["input_ids"], batch["attention_mask"]
-
-
-def _trim(micro: Batch) -> Batch:
-    """Drop the all-padding tail columns of a right-padded micro-batch from every [rows, T] tensor."""
-    T = micro["input_ids"].shape[1]
-    width = max(int(micro["attention_mask"].sum(dim=1).max()), 1)
-    if width == T:
-        return micro
-    return Batch({
-        k: v[:, :width] if hasattr(v, "shape") and v.dim() >= 2 and v.shape[1] == T else v for k, v in micro.items()
-    })
-
-
 def _move_module(module: Any, device: Any) -> None:
     """Move params and buffers in place (`.data`), so optimizer and DDP keep their references."""
     for tensor in [*module.parameters(), *module.buffers()]:
@@ -445,14 +405,3 @@ def _untied_missing(model: Any, loaded: dict[str, Any], missing: list[str]) -> l
     state = model.state_dict()
     loaded_ptrs = {state[k].data_ptr() for k in loaded if k in state}
     return [k for k in missing if state[k].data_ptr() not in loaded_ptrs]
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Put directory `src` at `dst`, replacing an old `dst` only once `src` is complete."""
-    if dst.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
-        os.replace(dst, old / dst.name)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)

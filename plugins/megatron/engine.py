@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore.batch import Batch
+from rlcore.batch import Batch, token_columns, trim_padding
+from rlcore.checkpoint import replace_dir
+from rlcore.cluster import join_torch_world
 from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.plugins.hf.common import check_temperature, common_problems, raise_problems, torch_device
@@ -26,18 +28,14 @@ from . import mapping
 from .support import (
     SCHEDULERS,
     SafetensorsReader,
-    columns,
     copy_model_files,
     hf_config,
-    init_distributed,
     model_dir,
     move_optimizer,
     move_tensors,
     option_problems,
-    replace_dir,
     shared_tmp,
     torch_dtype,
-    trim,
 )
 
 META_FILE = "megatron_meta.json"
@@ -107,7 +105,7 @@ class MegatronTrainEngine(TrainEngine):
         self._offloaded: set[str] = set()
         self._cpu_copies: dict[int, Any] = {}
         torch.manual_seed(seed)
-        self.rank, self.world_size = init_distributed(self.device, dist_timeout_s)
+        self.rank, self.world_size = join_torch_world(self.device, dist_timeout_s, alone=True)
         self._init_parallel_state(tp, pp, seed)
         self.padded_vocab = mapping.padded_vocab_size(spec.vocab_size, tp, make_vocab_size_divisible_by)
         self.config = self._transformer_config(gradient_checkpointing)
@@ -287,7 +285,7 @@ class MegatronTrainEngine(TrainEngine):
 
         check_temperature(temperature)
         self._ensure_loaded()
-        input_ids, attention_mask = columns(batch)
+        input_ids, attention_mask = token_columns(batch)
         outs = [torch.zeros(*input_ids.shape, *trailing, dtype=dtype) for _, trailing, dtype in takes]
         lengths = attention_mask.sum(dim=1)
         self.model.eval()
@@ -349,7 +347,7 @@ class MegatronTrainEngine(TrainEngine):
         check_temperature(temperature)
         if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
             raise RlcoreError(f"train_step: micro_batch_size={micro_batch_size!r} must be a positive int")
-        columns(batch)
+        token_columns(batch)
         if len(batch) == 0:
             raise RlcoreError(f"train_step: rank {self.rank} got an empty batch")
         num_micro = math.ceil(len(batch) / micro_batch_size)
@@ -359,8 +357,8 @@ class MegatronTrainEngine(TrainEngine):
                 f"{len(batch)} rows do not split into {num_micro} equal micro-batches of at most {micro_batch_size}"
             )
         self._ensure_loaded()
-        batch = trim(batch)
-        micros = [(m if self.pp > 1 else trim(m)).to(self.device) for m in batch.split(num_micro)]
+        batch = trim_padding(batch)
+        micros = [(m if self.pp > 1 else trim_padding(m)).to(self.device) for m in batch.split(num_micro)]
 
         def loss_func(logits: Any, micro: Batch) -> tuple[Any, dict[str, Any]]:
             loss, metrics = loss_fn(self._outputs(logits, micro, temperature), micro)

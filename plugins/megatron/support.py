@@ -6,11 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from rlcore.batch import Batch
 from rlcore.errors import ConfigError, RlcoreError
 
 SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine", "linear": "linear"}
@@ -102,47 +100,6 @@ class SafetensorsReader:
         return self.where[name].get_tensor(name)
 
 
-def init_distributed(device: Any, timeout_s: float) -> tuple[int, int]:
-    """Join (or make) the group's torch.distributed world: its store on the master's address only (as the hf
-    engine's); a one-process world on a private in-memory store when alone."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if world_size == 1:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        return 0, 1
-    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-    if missing:
-        raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; the worker runtime sets them")
-    from rlcore.cluster import tcp_store
-
-    rank, timeout = int(os.environ["RANK"]), timedelta(seconds=timeout_s)
-    store = tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0, timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-    return dist.get_rank(), dist.get_world_size()
-
-
-def columns(batch: Batch) -> tuple[Any, Any]:
-    missing = [k for k in ("input_ids", "attention_mask") if k not in batch]
-    if missing:
-        raise RlcoreError(f"the batch has no {', '.join(missing)} column; columns: {', '.join(batch.keys()) or '(none)'}")
-    return batch["input_ids"], batch["attention_mask"]
-
-
-def trim(micro: Batch) -> Batch:
-    """Drop the all-padding tail columns of a right-padded batch from every [rows, T, ...] tensor."""
-    T = micro["input_ids"].shape[1]
-    width = max(int(micro["attention_mask"].sum(dim=1).max()), 1)
-    if width == T:
-        return micro
-    return Batch({
-        k: v[:, :width] if hasattr(v, "shape") and v.dim() >= 2 and v.shape[1] == T else v for k, v in micro.items()
-    })
-
-
 def move_tensors(tensors: list[Any], device: Any) -> None:
     for tensor in tensors:
         tensor.data = tensor.data.to(device, non_blocking=True)
@@ -177,14 +134,3 @@ def shared_tmp(path: Path, rank: int, world_size: int) -> Path:
     if world_size > 1:
         torch.distributed.broadcast_object_list(box, 0)
     return Path(box[0])
-
-
-def replace_dir(src: Path, dst: Path) -> None:
-    """Put directory `src` at `dst`, replacing an old `dst` only once `src` is complete."""
-    if dst.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old.", dir=dst.parent))
-        os.replace(dst, old / dst.name)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)

@@ -96,8 +96,7 @@ class SampleTrainer(Trainer):
     @classmethod
     def check(cls, config: SampleConfig, plugins: Any) -> None:
         """The resource plan, the orm reward function and its options, the dataset and the model's tokenizer."""
-        from rlcore import RlcoreError
-        from rlcore.config import config_error
+        from rlcore.config import config_error, problems_of
         from rlcore.data import PromptEncoder
 
         cfg = config.for_run()
@@ -107,11 +106,7 @@ class SampleTrainer(Trainer):
                   ("dataset", lambda: cls.load_rows(cfg))]
         if cfg.model and cfg.uses_local_sampler:
             checks.append(("model", lambda: PromptEncoder(cfg.model, cfg.use_chat_template)))
-        for key, check in checks:
-            try:
-                check()
-            except RlcoreError as exc:
-                problems.extend(getattr(exc, "problems", None) or [(key, str(exc))])
+        problems += problems_of(checks)
         if problems:
             raise config_error(problems)
 
@@ -193,9 +188,7 @@ class SampleTrainer(Trainer):
                 else:
                     options["options"] = {"step_separator": cfg.prm_step_separator, "step_token": cfg.prm_step_token}
                 setups[kind] = RoleSetup(ScoreRows, scorer, {**options, **section.engine_kwargs})
-        return RoleSession(plan, setups, use_ray=self.use_ray, plugins=self.plugins, ray_address=cfg.ray_address,
-                           placement_timeout_s=cfg.placement_timeout_s, sleep_level=0,
-                           worker_timeout_s=cfg.worker_timeout_s)
+        return RoleSession.from_config(cfg, plan, setups, use_ray=self.use_ray, plugins=self.plugins, sleep_level=0)
 
     @contextlib.contextmanager
     def start(self) -> Iterator[None]:

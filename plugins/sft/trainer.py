@@ -67,14 +67,11 @@ class LMTrainer(Trainer):
     def check(cls, config: LMConfig, plugins: Any) -> None:
         """The resource plan, the trainer's extra arguments and the data files, all at once, before anything
         is allocated."""
-        from rlcore.config import config_error
+        from rlcore.config import config_error, problems_of
 
         config = config.for_run()
-        problems: list[tuple[str, str]] = []
-        try:
-            plan_from_config(config, roles=[ROLE], policy=config.placement, plugins=plugins)
-        except ConfigError as exc:
-            problems.extend(exc.problems or [("(resource plan)", str(exc))])
+        problems = problems_of([("(resource plan)", lambda: plan_from_config(
+            config, roles=[ROLE], policy=config.placement, plugins=plugins))])
         problems.extend(trainer_kwargs_problems(cls.kind, config.trainer_kwargs, set(type(config).model_fields)))
         if config.dataset:
             problems.extend(check_files(config.datasets, cls.kind))
@@ -84,11 +81,8 @@ class LMTrainer(Trainer):
     def make_session(self) -> RoleSession:
         cfg = self.config
         plan = plan_from_config(cfg, roles=[ROLE], policy=cfg.placement, plugins=self.plugins)
-        return RoleSession(
-            plan, {ROLE: RoleSetup(LMWorker, type(self).build, self.options())}, use_ray=self.use_ray, plugins=self.plugins,
-            ray_address=cfg.ray_address, placement_timeout_s=cfg.placement_timeout_s,
-            worker_timeout_s=cfg.worker_timeout_s,
-        )
+        return RoleSession.from_config(cfg, plan, {ROLE: RoleSetup(LMWorker, type(self).build, self.options())},
+                                       use_ray=self.use_ray, plugins=self.plugins)
 
     def options(self) -> dict[str, Any]:
         """What each worker builds its trainer from (paths absolute: a worker's directory is not the driver's)."""

@@ -70,10 +70,10 @@ def test_a_train_groups_torch_world_listens_on_its_masters_address_only(ray_loca
         def join(self, env):
             import torch
 
-            from rlcore.plugins.hf.train import _init_distributed
+            from rlcore.cluster import join_torch_world
 
             os.environ.update(env)
-            return _init_distributed(torch.device("cpu"), 60)
+            return join_torch_world(torch.device("cpu"), 60)
 
         def listening(self):
             return [(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="tcp")
