@@ -5,15 +5,19 @@
 #   bash tests/gpu/run.sh grpo                                       # the GRPO tests through the Python API
 #   bash tests/gpu/run.sh cli [LAYOUT ...]                           # GRPO through `rlcore run` (2 GPUs): the layouts
 #       colocate separate colocate_device_groups separate_device_groups, or those named
+#   bash tests/gpu/run.sh gkd | sft | sampling | megatron             # one algorithm's or engine's tests, one process each
 set -u
 what=${1:-all}
 case $what in
-    all|grpo|cli) ;;
-    *) echo "usage: bash tests/gpu/run.sh [all | grpo | cli [LAYOUT ...]]" >&2; exit 2 ;;
+    all|grpo|cli|gkd|sft|sampling|megatron) ;;
+    *) echo "usage: bash tests/gpu/run.sh [all | grpo | cli [LAYOUT ...] | gkd | sft | sampling | megatron]" >&2; exit 2 ;;
 esac
 layouts=${*:2}
 status=0
 run() { python3 -m pytest -m gpu -q -p no:cacheprovider "$@" || status=1; }
+each() {  # every test of a module in a pytest process of its own
+    while IFS= read -r id; do run "$id"; done < <(python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider "$1" | grep '::')
+}
 if [ "$what" = all ]; then
     run tests/gpu/test_vllm_engine.py
     run tests/gpu/test_weight_sync_gpu.py
@@ -29,4 +33,9 @@ if [ "$what" = all ] || [ "$what" = cli ]; then
         run "tests/gpu/test_grpo_cli.py::test_grpo_from_the_cli[$layout]"
     done
 fi
+for module in gkd sft sampling megatron; do
+    if [ "$what" = all ] || [ "$what" = "$module" ]; then
+        each "tests/gpu/test_${module}_gpu.py"
+    fi
+done
 exit $status
