@@ -150,8 +150,11 @@ class TrainEngine(abc.ABC):
         """Per-token log-probs [B, T] of `batch.input_ids`, aligned as the module docstring says."""
 
     @abc.abstractmethod
-    def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0) -> TopK | torch.Tensor:
-        """Top-k log-probs (a `TopK`, [B, T, k]), or full-vocabulary log-probs [B, T, V] when k is None."""
+    def forward_topk(
+        self, batch: Batch, k: int | None, temperature: float = 1.0, *, on_device: bool = False
+    ) -> TopK | torch.Tensor:
+        """Top-k log-probs (a `TopK`, [B, T, k]), or full-vocabulary log-probs [B, T, V] when k is None; on
+        CPU (to travel), or with `on_device` on the engine's device (a colocated teacher's, used in place)."""
 
     @abc.abstractmethod
     def train_step(

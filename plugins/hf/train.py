@@ -136,8 +136,9 @@ class HFTrainEngine(TrainEngine):
                 out[rows, :width] = model_outputs(self.model, ids, mask, temperature).logprobs().cpu()
         return out
 
-    def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0) -> TopK | Any:
-        """Top-k log-probs (a `TopK`, [B, T, k]) or full log-probs [B, T, V] when k is None, on CPU.
+    def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0, *, on_device: bool = False) -> TopK | Any:
+        """Top-k log-probs (a `TopK`, [B, T, k]) or full log-probs [B, T, V] when k is None, on CPU (with
+        `on_device`, on the engine's device).
 
         Row t is the distribution of token t given tokens :t, aligned like `forward_logprobs`; row 0 and
         padded rows are 0. The values are those a train step's `ModelOutputs` gives at the same ids.
@@ -151,20 +152,21 @@ class HFTrainEngine(TrainEngine):
         input_ids, attention_mask = token_columns(batch)
         (B, T), V = input_ids.shape, self._vocab_size()
         width_k = V if k is None else min(k, V)
-        values = torch.zeros(B, T, width_k, dtype=torch.float32)
-        ids = torch.zeros(B, T, width_k, dtype=torch.long)
+        where = self.device if on_device else "cpu"
+        values = torch.zeros(B, T, width_k, dtype=torch.float32, device=where)
+        ids = None if k is None else torch.zeros(B, T, width_k, dtype=torch.long, device=where)  # no [B, T, V] of ids
         with torch.inference_mode():
             for rows, width in self._chunks(attention_mask):
                 outputs = model_outputs(
                     self.model, input_ids[rows, :width].to(self.device), attention_mask[rows, :width].to(self.device),
                     temperature,
                 )
-                if k is None:
-                    values[rows, :width] = outputs.full_logprobs().cpu()
+                if ids is None:
+                    values[rows, :width] = outputs.full_logprobs()
                 else:
                     top = outputs.topk(width_k)
-                    values[rows, :width], ids[rows, :width] = top.logprobs.cpu(), top.ids.cpu()
-        return values if k is None else TopK(ids=ids, logprobs=values)
+                    values[rows, :width], ids[rows, :width] = top.logprobs, top.ids
+        return values if ids is None else TopK(ids=ids, logprobs=values)
 
     def _chunks(self, attention_mask: Any) -> Iterator[tuple[slice, int]]:
         """Row slices of at most `logprob_micro_batch_size`, each with its longest row's width."""

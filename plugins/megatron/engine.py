@@ -277,16 +277,18 @@ class MegatronTrainEngine(TrainEngine):
         return VocabParallelOutputs(logits, micro["input_ids"], micro["attention_mask"], self.spec.vocab_size,
                                     self.tp_group, temperature)
 
-    def _forward_chunks(self, batch: Batch, temperature: float, takes: list[tuple[Any, tuple[int, ...], Any]]) -> list[Any]:
+    def _forward_chunks(self, batch: Batch, temperature: float, takes: list[tuple[Any, tuple[int, ...], Any]],
+                        on_device: bool = False) -> list[Any]:
         """For each `(take, trailing, dtype)`: `take(outputs)` of every chunk of `logprob_micro_batch_size` rows,
-        as one CPU tensor [B, T, *trailing]; one forward pass per chunk, computed on the last stage and
-        broadcast over the pipeline."""
+        as one tensor [B, T, *trailing] on CPU (or the engine's device); one forward pass per chunk, computed on
+        the last stage and broadcast over the pipeline."""
         import torch
 
         check_temperature(temperature)
         self._ensure_loaded()
         input_ids, attention_mask = token_columns(batch)
-        outs = [torch.zeros(*input_ids.shape, *trailing, dtype=dtype) for _, trailing, dtype in takes]
+        where = self.device if on_device else "cpu"
+        outs = [torch.zeros(*input_ids.shape, *trailing, dtype=dtype, device=where) for _, trailing, dtype in takes]
         lengths = attention_mask.sum(dim=1)
         self.model.eval()
 
@@ -308,7 +310,7 @@ class MegatronTrainEngine(TrainEngine):
                         from megatron.core import parallel_state as ps
 
                         torch.distributed.broadcast(value, ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
-                    outs[i][rows, :width] = value.cpu()
+                    outs[i][rows, :width] = value
         return outs
 
     def forward_logprobs(self, batch: Batch, temperature: float = 1.0) -> Any:
@@ -317,20 +319,21 @@ class MegatronTrainEngine(TrainEngine):
 
         return self._forward_chunks(batch, temperature, [(lambda o: o.logprobs(), (), torch.float32)])[0]
 
-    def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0) -> TopK | Any:
+    def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0, *, on_device: bool = False) -> TopK | Any:
         """Top-k log-probs (a `TopK` [B, T, k]: a top-k per vocabulary shard, then over the shards' candidates)
-        or, for k=None, full-vocabulary log-probs [B, T, V] (gathered), on CPU."""
+        or, for k=None, full-vocabulary log-probs [B, T, V] (gathered), on CPU (with `on_device`, on the
+        engine's device)."""
         import torch
 
         if k is not None and (not isinstance(k, int) or k < 1):
             raise RlcoreError(f"forward_topk: k={k!r} must be a positive int or None (full vocabulary)")
         if k is None:
             full = (lambda o: o.full_logprobs(), (self.spec.vocab_size,), torch.float32)
-            return self._forward_chunks(batch, temperature, [full])[0]
+            return self._forward_chunks(batch, temperature, [full], on_device)[0]
         k = min(k, self.spec.vocab_size)
         ids, values = self._forward_chunks(batch, temperature, [
             (lambda o: o.topk(k).ids, (k,), torch.long), (lambda o: o.topk(k).logprobs, (k,), torch.float32),
-        ])
+        ], on_device)
         return TopK(ids=ids, logprobs=values)
 
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:

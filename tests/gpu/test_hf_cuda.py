@@ -63,6 +63,17 @@ def test_train_step_offload_reload(tiny_model, dtype):
     assert engine.forward_logprobs(batch).device.type == "cpu"
 
 
+def test_forward_topk_on_device_equals_the_cpu_answer(tiny_model):
+    """A colocated teacher's answer stays on the GPU (`on_device`), with the values that travel on CPU."""
+    engine = HFTrainEngine(tiny_model, device="cuda", forward_only=True)
+    batch = make_batch()
+    full, here = engine.forward_topk(batch, None), engine.forward_topk(batch, None, on_device=True)
+    assert full.device.type == "cpu" and here.device.type == "cuda"
+    torch.testing.assert_close(here.cpu(), full)
+    top, top_here = engine.forward_topk(batch, 4), engine.forward_topk(batch, 4, on_device=True)
+    assert top_here.ids.device.type == "cuda" and torch.equal(top_here.ids.cpu(), top.ids)
+
+
 def test_rollout_matches_train_and_sleeps(tiny_model):
     trainer = HFTrainEngine(tiny_model, device="cuda")
     rollout = HFRolloutEngine(tiny_model, device="cuda")
