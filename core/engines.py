@@ -122,8 +122,9 @@ class RolloutEngine(abc.ABC):
             "with train (in-process or CUDA IPC sync) or implement join_weight_group and receive_weights"
         )
 
-    def receive_weights(self) -> None:
-        """Take one sync's buckets from the broadcast group, load them, then finish the update."""
+    def receive_weights(self) -> dict[str, float] | None:
+        """Take one sync's buckets from the broadcast group, load them, then finish the update; returns the
+        receiver's phase seconds where it measures them (`BroadcastGroup.receive_into`)."""
         raise RlcoreError(f"{type(self).__name__} cannot receive weights over a broadcast group")
 
     @abc.abstractmethod

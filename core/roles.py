@@ -177,8 +177,8 @@ class GenerateWorker:
         self.engine.join_weight_group(host, port, rank, world_size, backend)
 
     @function(blocking=False)
-    def receive_weights(self) -> None:
-        self.engine.receive_weights()
+    def receive_weights(self) -> dict[str, float] | None:
+        return self.engine.receive_weights()
 
     @function()
     def gpu_uuid(self) -> str:

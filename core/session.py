@@ -297,14 +297,18 @@ class RoleSession:
 
     def sync_weights(self, src: str, dst: str, bucket_bytes: int = 512 << 20) -> dict[str, float]:
         """`src` rank 0's weights into every `dst` worker, bucketed; returns seconds and GB/s."""
-        start = time.perf_counter()
+        start, phases = time.perf_counter(), {}  # broadcast: seconds per phase of the sender and the receivers
         transport = self.transports.get((src, dst)) or self.transport(src, dst)
         sender, receiver = self[src], self[dst]
         if transport in ("nccl", "gloo"):  # the receive queues behind a generation still in flight
             from .actors import wait
 
-            sent, _ = wait([sender.send_weights(bucket_bytes), receiver.receive_weights()])
+            sent, received = wait([sender.send_weights(bucket_bytes), receiver.receive_weights()])
             nbytes = sent["weight_sync/bytes"]
+            phases = {k: v for k, v in sent.items() if k.endswith("_s")}
+            for stats in received if isinstance(received, list) else [received]:  # the slowest receiver's
+                for key, seconds in (stats or {}).items():
+                    phases[key] = max(phases.get(key, 0.0), seconds)
         elif transport == "cuda_ipc":
             self.wake(dst, ("weights",))
             nbytes = self._sync_ipc(src, dst, bucket_bytes)
@@ -314,7 +318,7 @@ class RoleSession:
             receiver.update_weights(buckets)
             nbytes = sum(t.numel() * t.element_size() for bucket in buckets for _, t in bucket)
         seconds = time.perf_counter() - start
-        return {"weight_sync/seconds": seconds, "weight_sync/gb_per_s": nbytes / seconds / 1e9}
+        return {"weight_sync/seconds": seconds, "weight_sync/gb_per_s": nbytes / seconds / 1e9, **phases}
 
     def _sync_ipc(self, src: str, dst: str, bucket_bytes: int) -> int:
         """Bucket by bucket: every sender rank packs CUDA IPC handles, each receiver loads from its GPU's

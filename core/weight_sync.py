@@ -16,9 +16,10 @@ import it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -194,6 +195,15 @@ def receive_ipc(payload: dict[str, Any]) -> NamedTensors:
 # -------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _timed(phases: dict[str, float], phase: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[phase] += time.perf_counter() - start
+
+
 class BroadcastGroup:
     """A process group of its own between the sender (rank 0) and the receivers (ranks 1..world_size-1).
 
@@ -246,27 +256,50 @@ class BroadcastGroup:
         if self.rank != 0:
             raise RlcoreError(f"weight sync: send is rank 0's; this is rank {self.rank} (call receive)")
         start, count, nbytes = time.perf_counter(), 0, 0
+        phases = dict.fromkeys(("export", "pack", "send"), 0.0)  # seconds in the engine's export, flattening, sending
         # Every receiver has read sync n-2's metadata before it joined sync n-1's last broadcast.
         for index in range(self._sent_buckets.pop(self._sync - 2, 0)):
             self._store.delete_key(self._key(self._sync - 2, index))
         it = iter(buckets)
-        current = next(it, None)
+        with _timed(phases, "export"):
+            current = next(it, None)
         if current is None:
             raise RlcoreError("weight sync: the train engine exported no weights")
         while current is not None:
-            following = next(it, None)
-            bucket = flatten_bucket(current, device=self.device)
-            meta = json.loads(bucket.to_json())
-            meta["last"] = following is None
-            self._store.set(self._key(self._sync, count), json.dumps(meta))
-            for buf in bucket.buffers.values():
-                self._broadcast(buf)
+            with _timed(phases, "export"):
+                following = next(it, None)
+            with _timed(phases, "pack"):
+                bucket = flatten_bucket(current, device=self.device)
+            with _timed(phases, "send"):
+                meta = json.loads(bucket.to_json())
+                meta["last"] = following is None
+                self._store.set(self._key(self._sync, count), json.dumps(meta))
+                for buf in bucket.buffers.values():
+                    self._broadcast(buf)
             count, nbytes, current = count + 1, nbytes + bucket.nbytes, following
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+        with _timed(phases, "send"):
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
         self._sent_buckets[self._sync] = count
         self._sync += 1
-        return {"weight_sync/buckets": count, "weight_sync/bytes": nbytes, "weight_sync/seconds": time.perf_counter() - start}
+        return {"weight_sync/buckets": count, "weight_sync/bytes": nbytes, "weight_sync/seconds": time.perf_counter() - start,
+                **{f"weight_sync/{phase}_s": seconds for phase, seconds in phases.items()}}
+
+    def receive_into(self, load: Callable[[NamedTensors], None]) -> dict[str, float]:
+        """Receive one sync, handing each bucket to `load` (an engine's `update_weights`); returns the
+        receiver's seconds waiting for and receiving buckets (`recv_s`) and loading them (`load_s`)."""
+        phases = dict.fromkeys(("recv", "load"), 0.0)
+        buckets = self.receive()
+        while True:
+            with _timed(phases, "recv"):
+                bucket = next(buckets, None)
+            if bucket is None:
+                break
+            with _timed(phases, "load"):
+                load(bucket)
+                if self.device.type == "cuda":
+                    torch.cuda.current_stream(self.device).synchronize()
+        return {f"weight_sync/{phase}_s": seconds for phase, seconds in phases.items()}
 
     def receive(self) -> Iterator[NamedTensors]:
         """Yield the buckets of one sync as tensors on this member's device (ranks 1.. only)."""

@@ -172,13 +172,14 @@ class HFRolloutEngine(RolloutEngine):
         device = self.device if backend == "nccl" else None
         self._weight_group = BroadcastGroup(host, port, rank, world_size, backend, device=device)
 
-    def receive_weights(self) -> None:
-        """Load one sync's buckets from the broadcast group, then finish the update."""
+    def receive_weights(self) -> dict[str, float]:
+        """Load one sync's buckets from the broadcast group, then finish the update; the receiving and
+        loading seconds."""
         if getattr(self, "_weight_group", None) is None:
             raise RlcoreError("receive_weights before join_weight_group: the engine is in no broadcast group")
-        for bucket in self._weight_group.receive():
-            self.update_weights(bucket)
+        stats = self._weight_group.receive_into(self.update_weights)
         self.finish_weight_update()
+        return stats
 
     def sleep(self, level: int = 1) -> None:
         """Level 1: weights to CPU memory (a no-op on a CPU engine); level 2: weights dropped (the next

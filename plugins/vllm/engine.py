@@ -245,15 +245,17 @@ class VLLMRolloutEngine(RolloutEngine):
         else:
             self.llm.collective_rpc(_join_group_on_worker, args=(host, port, rank, world_size, backend))
 
-    def receive_weights(self) -> None:
-        """Load one sync's buckets from the broadcast group, then drop the prefix cache."""
+    def receive_weights(self) -> dict[str, float] | None:
+        """Load one sync's buckets from the broadcast group, then drop the prefix cache; in process, the
+        receiving and loading seconds."""
         self._require_awake("receive weights", tags=("weights",))
+        stats = None
         if self.in_process:
-            for bucket in self._weight_group.receive():
-                self.update_weights(bucket)
+            stats = self._weight_group.receive_into(self.update_weights)
         else:
             self.llm.collective_rpc(_receive_on_worker)
         self.finish_weight_update()
+        return stats
 
     def finish_weight_update(self) -> None:
         """Drop cached prefixes: their KV entries were computed with the old weights."""

@@ -215,8 +215,12 @@ def test_receives_trained_weights_over_a_gloo_broadcast_group(tiny_model):
     sender = threading.Thread(target=train_rank_0)
     sender.start()
     rollout.join_weight_group("127.0.0.1", port, 1, 2, "gloo")
-    rollout.receive_weights()
+    received = rollout.receive_weights()
     sender.join(timeout=60)
     assert sent["weight_sync/buckets"] > 1
+    # where a sync's time goes: the sender's export, packing and sending, the receiver's receiving and loading
+    assert all(sent[f"weight_sync/{p}_s"] > 0 for p in ("export", "pack", "send"))
+    assert sum(sent[f"weight_sync/{p}_s"] for p in ("export", "pack", "send")) <= sent["weight_sync/seconds"]
+    assert set(received) == {"weight_sync/recv_s", "weight_sync/load_s"} and all(v > 0 for v in received.values())
     for name, value in trainer.model.named_parameters():
         assert torch.equal(rollout.model.get_parameter(name), value.detach()), name
