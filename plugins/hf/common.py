@@ -120,12 +120,12 @@ class HFModelOutputs(ModelOutputs):
         return self._cache["lse"]
 
     def _aligned(self, values: torch.Tensor) -> torch.Tensor:
-        """[B, T-1, ...] values as [B, T, ...] rows aligned with input_ids, row 0 and padding 0."""
-        import torch.nn.functional as F
-
-        values = F.pad(values, (0, 0) * (values.dim() - 2) + (1, 0))
+        """[B, T-1, ...] values as [B, T, ...] rows aligned with input_ids, row 0 and padding 0 (one copy:
+        for full-vocabulary log-probs each copy is [B, T, V])."""
+        out = values.new_zeros(values.shape[0], values.shape[1] + 1, *values.shape[2:])
+        out[:, 1:] = values
         valid = self.valid.view(*self.valid.shape, *(1,) * (values.dim() - 2))
-        return values.masked_fill(~valid, 0.0)
+        return out.masked_fill_(~valid, 0.0)
 
     def logprobs(self) -> torch.Tensor:
         if "logprobs" not in self._cache:
