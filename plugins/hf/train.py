@@ -26,10 +26,11 @@ from rlcore.cluster import join_torch_world
 from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
 from rlcore.errors import RlcoreError
 
-from .common import check_temperature, common_problems, load_causal_lm, model_outputs, raise_problems, torch_device
+from .common import (
+    check_temperature, common_problems, load_causal_lm, model_outputs, optimizer_problems, raise_problems, torch_device,
+)
 from .lora import lora_merged_tensors
 
-SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
 STATE_FILE = "engine_state.pt"
 
 
@@ -366,17 +367,7 @@ def _train_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
         if not ok:
             problems.append((key, f"{key}={o[key]!r} {rule}"))
 
-    need(o["learning_rate"] >= 0, "learning_rate", "must be >= 0")
-    need(o["weight_decay"] >= 0, "weight_decay", "must be >= 0")
-    need(0 <= o["adam_beta1"] < 1, "adam_beta1", "must be in [0, 1)")
-    need(0 <= o["adam_beta2"] < 1, "adam_beta2", "must be in [0, 1)")
-    need(o["adam_epsilon"] > 0, "adam_epsilon", "must be > 0")
-    need(o["max_grad_norm"] is None or o["max_grad_norm"] >= 0, "max_grad_norm", "must be >= 0 (0: no clipping)")
-    need(o["lr_scheduler_type"] in SCHEDULERS, "lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
-    need(isinstance(o["warmup_steps"], int) and o["warmup_steps"] >= 0, "warmup_steps", "must be an int >= 0")
-    need(isinstance(o["max_steps"], int) and o["max_steps"] >= 0, "max_steps", "must be an int >= 0")
-    if o["lr_scheduler_type"] in ("cosine", "linear"):
-        need(o["max_steps"] > 0, "max_steps", f"must be > 0 for lr_scheduler_type={o['lr_scheduler_type']!r}")
+    problems += optimizer_problems(o)
     need(isinstance(o["lora_rank"], int) and o["lora_rank"] >= 0, "lora_rank", "must be an int >= 0 (0: no LoRA)")
     need(o["lora_alpha"] > 0, "lora_alpha", "must be > 0")
     need(0 <= o["lora_dropout"] < 1, "lora_dropout", "must be in [0, 1)")

@@ -26,7 +26,7 @@ from rlcore.plugins.hf.common import check_temperature, common_problems, raise_p
 
 from . import mapping
 from .support import (
-    SCHEDULERS,
+    DECAY_STYLES,
     SafetensorsReader,
     copy_model_files,
     hf_config,
@@ -236,7 +236,7 @@ class MegatronTrainEngine(TrainEngine):
         warmup = 0 if o["lr_scheduler_type"] == "constant" else o["warmup_steps"]
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0, max_lr=o["learning_rate"], min_lr=0.0, lr_warmup_steps=warmup,
-            lr_decay_steps=max(o["max_steps"], warmup + 1), lr_decay_style=SCHEDULERS[o["lr_scheduler_type"]],
+            lr_decay_steps=max(o["max_steps"], warmup + 1), lr_decay_style=DECAY_STYLES[o["lr_scheduler_type"]],
             start_wd=o["weight_decay"], end_wd=o["weight_decay"], wd_incr_steps=max(o["max_steps"], 1),
             wd_incr_style="constant",
         )

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.errors import ConfigError, RlcoreError
+from rlcore.plugins.hf.common import optimizer_problems
 
-SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine", "linear": "linear"}
+DECAY_STYLES = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine", "linear": "linear"}
 
 
 def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
@@ -25,17 +26,7 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
                 "make_vocab_size_divisible_by"):
         need(isinstance(o[key], int) and o[key] >= 1, key, "must be a positive int")
     need(o["lora_rank"] == 0, "lora_rank", "must be 0: the megatron engine trains every weight (use engine hf for LoRA)")
-    need(o["learning_rate"] >= 0, "learning_rate", "must be >= 0")
-    need(o["weight_decay"] >= 0, "weight_decay", "must be >= 0")
-    need(0 <= o["adam_beta1"] < 1, "adam_beta1", "must be in [0, 1)")
-    need(0 <= o["adam_beta2"] < 1, "adam_beta2", "must be in [0, 1)")
-    need(o["adam_epsilon"] > 0, "adam_epsilon", "must be > 0")
-    need(o["max_grad_norm"] is None or o["max_grad_norm"] >= 0, "max_grad_norm", "must be >= 0 (0: no clipping)")
-    need(o["lr_scheduler_type"] in SCHEDULERS, "lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
-    need(isinstance(o["warmup_steps"], int) and o["warmup_steps"] >= 0, "warmup_steps", "must be an int >= 0")
-    need(isinstance(o["max_steps"], int) and o["max_steps"] >= 0, "max_steps", "must be an int >= 0")
-    if o["lr_scheduler_type"] in ("cosine", "linear"):
-        need(o["max_steps"] > 0, "max_steps", f"must be > 0 for lr_scheduler_type={o['lr_scheduler_type']!r}")
+    problems += optimizer_problems(o)
     need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
     if isinstance(o["device"], str) and o["device"].startswith("cpu"):
         world = int(os.environ.get("WORLD_SIZE", "1"))
