@@ -119,6 +119,23 @@ def load_causal_lm(model: str, dtype: str, device: torch.device) -> Any:
     return lm.to(device).eval()
 
 
+def aligned_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[B, T-1, ...] values (position t-1 predicts token t) as [B, T, ...] rows aligned with input_ids, 0 where
+    `valid` [B, T] is False (row 0, padding); one copy: for full-vocabulary log-probs each copy is [B, T, V]."""
+    out = values.new_zeros(values.shape[0], values.shape[1] + 1, *values.shape[2:])
+    out[:, 1:] = values
+    return out.masked_fill_(~valid.view(*valid.shape, *(1,) * (values.dim() - 2)), 0)
+
+
+def check_ids(ids: torch.Tensor, input_ids: torch.Tensor) -> None:
+    """`ModelOutputs.logprobs_at`'s argument must be [B, T, k] over the micro-batch's [B, T]."""
+    if ids.dim() != 3 or tuple(ids.shape[:2]) != tuple(input_ids.shape):
+        raise RlcoreError(
+            f"logprobs_at: ids must be [B, T, k] with [B, T] = {list(input_ids.shape)} (the micro-batch's "
+            f"input_ids), got {list(ids.shape)}"
+        )
+
+
 class HFModelOutputs(ModelOutputs):
     """`ModelOutputs` from a causal LM's logits [B, T, V]: log-softmax at `temperature` in float32, each result
     computed once. `logprobs` and `logprobs_at` take the normaliser one row at a time and gather, so they
@@ -145,12 +162,7 @@ class HFModelOutputs(ModelOutputs):
         return self._cache["lse"]
 
     def _aligned(self, values: torch.Tensor) -> torch.Tensor:
-        """[B, T-1, ...] values as [B, T, ...] rows aligned with input_ids, row 0 and padding 0 (one copy:
-        for full-vocabulary log-probs each copy is [B, T, V])."""
-        out = values.new_zeros(values.shape[0], values.shape[1] + 1, *values.shape[2:])
-        out[:, 1:] = values
-        valid = self.valid.view(*self.valid.shape, *(1,) * (values.dim() - 2))
-        return out.masked_fill_(~valid, 0.0)
+        return aligned_rows(values, self.valid)
 
     def logprobs(self) -> torch.Tensor:
         if "logprobs" not in self._cache:
@@ -159,11 +171,7 @@ class HFModelOutputs(ModelOutputs):
         return self._cache["logprobs"]
 
     def logprobs_at(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.dim() != 3 or tuple(ids.shape[:2]) != tuple(self.input_ids.shape):
-            raise RlcoreError(
-                f"logprobs_at: ids must be [B, T, k] with [B, T] = {list(self.input_ids.shape)} (the micro-batch's "
-                f"input_ids), got {list(ids.shape)}"
-            )
+        check_ids(ids, self.input_ids)
         ids = ids[:, 1:].to(self.next_logits.device, non_blocking=True).long()
         picked = self.next_logits.gather(-1, ids)
         return self._aligned(self._scaled(picked) - self._normaliser()[..., None])

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.engines import ModelOutputs, TopK
-from rlcore.errors import RlcoreError
+from rlcore.plugins.hf.common import aligned_rows, check_ids
 
 
 def _group_size(group: Any) -> int:
@@ -132,9 +132,7 @@ class VocabParallelOutputs(ModelOutputs):
         return copy_to_group(self._lse(), self.group)[..., None]
 
     def _aligned(self, values: torch.Tensor) -> torch.Tensor:
-        values = torch.nn.functional.pad(values, (0, 0) * (values.dim() - 2) + (1, 0))
-        valid = self.valid.view(*self.valid.shape, *(1,) * (values.dim() - 2))
-        return values.masked_fill(~valid, 0.0)
+        return aligned_rows(values, self.valid)
 
     # -- the contract -------------------------------------------------------------------------------
 
@@ -145,11 +143,7 @@ class VocabParallelOutputs(ModelOutputs):
         return self._cache["logprobs"]
 
     def logprobs_at(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.dim() != 3 or tuple(ids.shape[:2]) != tuple(self.input_ids.shape):
-            raise RlcoreError(
-                f"logprobs_at: ids must be [B, T, k] with [B, T] = {list(self.input_ids.shape)} (the micro-batch's "
-                f"input_ids), got {list(ids.shape)}"
-            )
+        check_ids(ids, self.input_ids)
         ids = ids[:, 1:].to(self.shard.device, non_blocking=True).long()
         return self._aligned(self._at(ids) - self._lse()[..., None])
 
