@@ -28,6 +28,7 @@ from rlcore import ConfigError, PhaseTimer, SamplingParams, Trainer
 from rlcore.checkpoint import RunLock
 from rlcore.resources import plan_from_config
 from rlcore.session import RoleSession, RoleSetup, announce
+from rlcore.sections import rollout_options
 
 from .config import SampleConfig
 from .output import ResumableJsonl
@@ -173,11 +174,10 @@ class SampleTrainer(Trainer):
         plan = plan_from_config(cfg, roles=roles, policy=cfg.placement, plugins=self.plugins)
         setups = {}
         if "sampler" in roles:
-            sampler = dict(model=self.model_path, dtype=cfg.sampler.dtype, seed=cfg.seed)
-            if cfg.sampler.engine == "vllm":
-                sampler.update({k: getattr(cfg.sampler, k) for k in type(cfg.sampler).model_fields if k.startswith("vllm_")})
-                sampler["vllm_request_seeds"] = cfg.seed_per_prompt  # else vLLM ignores a request's seed
-            setups["sampler"] = RoleSetup(SampleWorker, cfg.sampler.engine, {**sampler, **cfg.sampler.engine_kwargs})
+            sampler = rollout_options(cfg.sampler, self.model_path, cfg.seed)
+            if cfg.sampler.engine == "vllm":  # else vLLM ignores a request's seed (engine_kwargs still win)
+                sampler = {"vllm_request_seeds": cfg.seed_per_prompt, **sampler}
+            setups["sampler"] = RoleSetup(SampleWorker, cfg.sampler.engine, sampler)
         for kind in ("prm", "orm"):
             if kind in roles:
                 section = getattr(cfg, kind)
