@@ -297,7 +297,8 @@ class RoleSession:
 
     def sync_weights(self, src: str, dst: str, bucket_bytes: int = 512 << 20) -> dict[str, float]:
         """`src` rank 0's weights into every `dst` worker, bucketed; returns seconds and GB/s."""
-        start, phases = time.perf_counter(), {}  # broadcast: seconds per phase of the sender and the receivers
+        start = time.perf_counter()
+        phases: dict[str, float] = {}  # broadcast: seconds per phase of the sender and the slowest receiver
         transport = self.transports.get((src, dst)) or self.transport(src, dst)
         sender, receiver = self[src], self[dst]
         if transport in ("nccl", "gloo"):  # the receive queues behind a generation still in flight
@@ -305,10 +306,9 @@ class RoleSession:
 
             sent, received = wait([sender.send_weights(bucket_bytes), receiver.receive_weights()])
             nbytes = sent["weight_sync/bytes"]
-            phases = {k: v for k, v in sent.items() if k.endswith("_s")}
-            for stats in received if isinstance(received, list) else [received]:  # the slowest receiver's
-                for key, seconds in (stats or {}).items():
-                    phases[key] = max(phases.get(key, 0.0), seconds)
+            for stats in [sent, *(received if isinstance(received, list) else [received])]:
+                for key in (k for k in stats or {} if k.endswith("_s")):
+                    phases[key] = max(phases.get(key, 0.0), stats[key])
         elif transport == "cuda_ipc":
             self.wake(dst, ("weights",))
             nbytes = self._sync_ipc(src, dst, bucket_bytes)
