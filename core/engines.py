@@ -114,6 +114,28 @@ class RolloutEngine(abc.ABC):
         """How many members this engine adds to a weight broadcast group (one per process holding weights)."""
         return 1
 
+    def weight_receiver_gpus(self) -> list[str]:
+        """The GPU (UUID) of each process holding this engine's weights, in the order `load_ipc_bucket` takes
+        payloads; by default one: this process's current GPU."""
+        from .weight_sync import gpu_uuid
+
+        return [gpu_uuid()]
+
+    def load_ipc_bucket(self, payloads: list[dict[str, Any]]) -> None:
+        """Load one bucket packed by `rlcore.weight_sync.CudaIpcSender`s: payloads[i] from the sender on the GPU
+        of receiver i (`weight_receiver_gpus`). By default one receiver, this process, through `update_weights`;
+        an engine whose weights live in other processes loads each payload there."""
+        import torch
+
+        from .weight_sync import IpcReceiver
+
+        if len(payloads) != 1:
+            raise RlcoreError(f"{type(self).__name__} holds its weights in one process but got {len(payloads)} IPC payloads")
+        if getattr(self, "_ipc_receiver", None) is None:
+            self._ipc_receiver = IpcReceiver()  # keeps the sender's buffers mapped from sync to sync
+        self.update_weights(self._ipc_receiver.receive(payloads[0]))
+        torch.cuda.current_stream().synchronize()  # loaded before the sender reuses its buffer
+
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         """Join the broadcast group through which train rank 0 sends new weights (ranks rank.. rank+receivers-1),
         e.g. as an `rlcore.weight_sync.BroadcastGroup`. An engine that cannot leaves this as it is."""

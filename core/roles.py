@@ -29,13 +29,6 @@ def make_engine(kind: str, engine: Any, options: dict[str, Any]) -> Any:
     return plugins().engines.get(engine, kind=kind).factory(**options)
 
 
-def _gpu_uuid() -> str:
-    """The physical GPU of this worker's current device (indices differ between processes; UUIDs do not)."""
-    import torch
-
-    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-
-
 @worker(group="train")
 class TrainWorker:
     """A train engine per worker; the group is one data-parallel world. `kind="forward"` builds a
@@ -106,20 +99,22 @@ class TrainWorker:
 
     @function()
     def gpu_uuid(self) -> str:
-        return _gpu_uuid()
+        """The physical GPU of this worker's current device (indices differ between processes; UUIDs do not)."""
+        from .weight_sync import gpu_uuid
 
-    @function()
-    def start_ipc_export(self, bucket_bytes: int) -> None:
-        """Begin a CUDA IPC sync: `next_ipc_bucket` then walks the engine's buckets one at a time."""
-        from .weight_sync import CudaIpcSender
+        return gpu_uuid()
 
-        self.ipc_sender = CudaIpcSender()
-        self.ipc_buckets = iter(self.engine.export_weights(bucket_bytes))
+    @function(blocking=False)
+    def next_ipc_bucket(self, bucket_bytes: int | None = None) -> dict[str, Any] | None:
+        """The next bucket of a CUDA IPC sync as a handle payload (None after the last); `bucket_bytes` starts
+        a sync. The bucket goes into the buffer of the bucket two before it, which the caller has seen loaded."""
+        if bucket_bytes is not None:
+            from .weight_sync import CudaIpcSender
 
-    @function()
-    def next_ipc_bucket(self) -> dict[str, Any] | None:
-        """The next bucket as CUDA IPC handles (None after the last), freeing the one before."""
-        self.ipc_sender.release()
+            if getattr(self, "ipc_sender", None) is None:
+                self.ipc_sender = CudaIpcSender()  # its two buffers are kept for every later sync
+            self.ipc_sender.start()
+            self.ipc_buckets = iter(self.engine.export_weights(bucket_bytes))
         bucket = next(self.ipc_buckets, None)
         return None if bucket is None else self.ipc_sender.pack(bucket)
 
@@ -181,16 +176,16 @@ class GenerateWorker:
         return self.engine.receive_weights()
 
     @function()
-    def gpu_uuid(self) -> str:
-        return _gpu_uuid()
+    def weight_receiver_gpus(self) -> list[str]:
+        """The GPU of each process that holds this worker's weights (a tensor-parallel vLLM has several)."""
+        return self.engine.weight_receiver_gpus()
 
-    @function(dispatch="slice")
-    def load_ipc_bucket(self, payloads: list[dict[str, Any]]) -> None:
-        """Load a bucket packed as CUDA IPC handles by the sender on this worker's GPU."""
-        from .weight_sync import receive_ipc
-
-        for payload in payloads:
-            self.engine.update_weights(receive_ipc(payload))
+    @function(dispatch="slice", blocking=False)
+    def load_ipc_bucket(self, payloads: list[list[dict[str, Any]]]) -> None:
+        """Load a bucket packed as CUDA IPC handles: per worker, one payload per weight receiver, each from
+        the sender on that receiver's GPU."""
+        for own in payloads:
+            self.engine.load_ipc_bucket(own)
 
     @function()
     def finish_weight_update(self) -> None:

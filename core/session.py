@@ -7,11 +7,12 @@ take turns on their GPUs (`active`), and moves weights from one role to another 
 placement allows:
 
 - `in_process`: no Ray; every role lives in this process and tensors are handed over directly;
-- `cuda_ipc`: colocated GPU roles; each sender rank hands the receiver on its GPU CUDA IPC handles of
-  flat buckets, bucket by bucket, so the model is never held twice;
+- `cuda_ipc`: colocated GPU roles; each sender rank hands every process holding receiver weights on its GPU
+  (a rollout worker, or each worker of a tensor-parallel vLLM) CUDA IPC handles of two flat buffers it
+  packs bucket by bucket, in turn, so the model is never held twice;
 - `nccl` (`gloo` on the CPU): separate roles; the sender's rank 0 broadcasts flat buckets over a
   process group of its own to every receiving process;
-- `object_store`: through Ray's object store (CPU runs, colocated receivers with several processes).
+- `object_store`: through Ray's object store (CPU runs, or chosen by `weight_sync_backend`).
 
 It knows no algorithm: an algorithm says which roles it runs and how to build each (`RoleSetup`).
 """
@@ -266,10 +267,7 @@ class RoleSession:
             return self.weight_sync_backend
         if self.device(src) != "cuda" or self.device(dst) != "cuda":
             return "object_store"
-        if not self.colocated(src, dst):
-            return "nccl"
-        # a receiver whose weights live in several processes (a tensor-parallel vLLM) is beyond one actor's handles
-        return "cuda_ipc" if all(n == 1 for n in self[dst].weight_receivers()) else "object_store"
+        return "cuda_ipc" if self.colocated(src, dst) else "nccl"
 
     def _connect(self, src: str, dst: str) -> None:
         transport = self.transports[(src, dst)] = self.transport(src, dst)
@@ -284,16 +282,18 @@ class RoleSession:
         elif transport == "cuda_ipc":
             self.ipc_sources[(src, dst)] = self._pair_by_gpu(src, dst)
 
-    def _pair_by_gpu(self, src: str, dst: str) -> list[int]:
-        """For each `dst` worker, the `src` rank on the same GPU (CUDA IPC maps memory within one GPU)."""
-        senders, receivers = self[src].gpu_uuid(), self[dst].gpu_uuid()
-        missing = [r for r, uuid in enumerate(receivers) if uuid not in senders]
+    def _pair_by_gpu(self, src: str, dst: str) -> list[list[int]]:
+        """For each `dst` worker, for each process holding its weights (one, or a tensor-parallel vLLM's
+        workers), the `src` rank on the same GPU: CUDA IPC maps memory within one GPU."""
+        senders, receivers = self[src].gpu_uuid(), self[dst].weight_receiver_gpus()
+        missing = [(r, uuid) for r, gpus in enumerate(receivers) for uuid in gpus if uuid not in senders]
         if missing:
             raise ConfigError(
-                f"weight_sync_backend cuda_ipc: {dst} workers {missing} share no GPU with a {src} worker "
-                f"({src} GPUs {senders}, {dst} GPUs {receivers}); colocate {src} and {dst}, or use object_store"
+                f"weight_sync_backend cuda_ipc: {dst} workers {sorted({r for r, _ in missing})} hold weights on GPUs "
+                f"{sorted({u for _, u in missing})} where no {src} worker runs ({src} GPUs {senders}); colocate {src} "
+                f"and {dst} on the same GPUs, or use object_store"
             )
-        return [senders.index(uuid) for uuid in receivers]
+        return [[senders.index(uuid) for uuid in gpus] for gpus in receivers]
 
     def sync_weights(self, src: str, dst: str, bucket_bytes: int = 512 << 20) -> dict[str, float]:
         """`src` rank 0's weights into every `dst` worker, bucketed; returns seconds and GB/s."""
@@ -321,17 +321,19 @@ class RoleSession:
         return {"weight_sync/seconds": seconds, "weight_sync/gb_per_s": nbytes / seconds / 1e9, **phases}
 
     def _sync_ipc(self, src: str, dst: str, bucket_bytes: int) -> int:
-        """Bucket by bucket: every sender rank packs CUDA IPC handles, each receiver loads from its GPU's
-        sender; a bucket's memory is freed once all are done. Returns the bytes per receiver."""
+        """Bucket by bucket: every sender rank packs a bucket into one of its two kept buffers and hands out
+        its handle; each receiving process loads from the sender on its GPU. Returns the bytes per receiver."""
+        from .actors import wait
+
         sender, receiver, sources = self[src], self[dst], self.ipc_sources[(src, dst)]
         nbytes = 0
-        sender.start_ipc_export(bucket_bytes)
-        while True:
-            payloads = sender.next_ipc_bucket()  # also drops the previous bucket, which every receiver has loaded
-            if payloads[0] is None:
-                break
-            receiver.load_ipc_bucket([payloads[i] for i in sources])
+        payloads = sender.next_ipc_bucket(bucket_bytes).get()
+        while payloads[0] is not None:
+            # the receivers load bucket i while the senders pack bucket i+1 into their other buffer
+            loaded = receiver.load_ipc_bucket([[payloads[rank] for rank in ranks] for ranks in sources])
+            following = sender.next_ipc_bucket()
             nbytes += payloads[0]["nbytes"]
+            _, payloads = wait([loaded, following])
         receiver.finish_weight_update()
         return nbytes
 

@@ -3,24 +3,29 @@
 A sync walks the train engine's `export_weights` buckets (Hugging Face names, default 512 MB each) and
 hands each one to the rollout engine's `update_weights`, then calls `finish_weight_update` once:
 - in process: the rollout engine lives in the train worker's process; tensors are handed over directly;
-- CUDA IPC: colocated actors on one GPU; the sender flattens a bucket and passes handles, not bytes;
+- CUDA IPC: colocated actors on one GPU; the sender packs a bucket into one of two flat buffers it keeps
+  from sync to sync and passes the buffer's handle, which each receiver maps once and keeps;
 - broadcast: a separate rollout group on other GPUs; the train group's rank 0 broadcasts each flat
   bucket over its own NCCL (or, on the CPU, gloo) process group, independent of torch.distributed's
   default group (vLLM and DDP each own one in the same processes). Bucket metadata travels through
   the group's TCP store.
 
-A flat bucket is one contiguous 1-D buffer per dtype plus metadata (names, shapes, dtypes, offsets):
-one transfer per dtype instead of one per tensor. This module imports torch; `import rlcore` does not
-import it.
+A flat bucket is one contiguous uint8 buffer holding every tensor of the bucket at an aligned byte offset,
+plus metadata (names, shapes, dtypes, offsets): one transfer per bucket, whatever its dtypes. Both ends
+keep two such buffers (slots) from sync to sync, so packing bucket i+1 overlaps sending bucket i, and
+nothing is allocated or mapped again after the first sync. This module imports torch; `import rlcore`
+does not import it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +39,8 @@ if TYPE_CHECKING:
     from .engines import NamedTensors, RolloutEngine, TrainEngine
 
 DEFAULT_BUCKET_BYTES = 512 << 20
+ALIGN = 256  # byte alignment of every tensor in a flat buffer (any dtype's view of it is aligned)
+SLOTS = 2  # flat buffers per end: one being sent or loaded while the next is packed
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -45,7 +52,7 @@ def _dtype(name: str) -> torch.dtype:
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """Where one tensor lives in its dtype's flat buffer (`offset` and `numel` count elements)."""
+    """Where one tensor lives in its bucket's flat buffer (`offset` and `nbytes` count bytes)."""
 
     name: str
     shape: tuple[int, ...]
@@ -59,32 +66,88 @@ class TensorMeta:
             n *= d
         return n
 
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _dtype(self.dtype).itemsize
+
 
 @dataclass
 class FlatBucket:
-    """A bucket as one contiguous 1-D buffer per dtype (`buffers`, keyed by dtype name) and its metadata."""
+    """A bucket as one contiguous uint8 buffer (`buffer`, at least `size` bytes; None: metadata only)."""
 
     metas: list[TensorMeta]
-    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    size: int
+    buffer: torch.Tensor | None = None
 
-    def to_json(self) -> str:
-        """The metadata (no tensor data), for a side channel."""
-        sizes = {name: int(buf.numel()) for name, buf in self.buffers.items()}
-        return json.dumps({"tensors": [[m.name, list(m.shape), m.dtype, m.offset] for m in self.metas], "sizes": sizes})
+    def to_json(self, **extra: Any) -> str:
+        """The metadata (no tensor data), for a side channel; `extra` keys are added."""
+        return json.dumps({"tensors": [[m.name, list(m.shape), m.dtype, m.offset] for m in self.metas],
+                           "size": self.size, **extra})
 
     @staticmethod
-    def from_json(text: str, device: torch.device | str | None = "cpu") -> FlatBucket:
-        """Metadata from `to_json`, with empty buffers of the right sizes on `device` (None: no buffers)."""
+    def from_json(text: str, device: torch.device | str | None = "cpu", out: torch.Tensor | None = None) -> FlatBucket:
+        """Metadata from `to_json` with a buffer: `out` when it is large enough, else a new one on `device`
+        (None: no buffer)."""
         data = json.loads(text)
         metas = [TensorMeta(name, tuple(shape), dtype, offset) for name, shape, dtype, offset in data["tensors"]]
-        if device is None:
-            return FlatBucket(metas)
-        buffers = {name: torch.empty(n, dtype=_dtype(name), device=device) for name, n in data["sizes"].items()}
-        return FlatBucket(metas, buffers)
+        size = int(data["size"])
+        if device is None and out is None:
+            return FlatBucket(metas, size)
+        return FlatBucket(metas, size, _buffer(size, device, out))
 
     @property
     def nbytes(self) -> int:
-        return sum(buf.numel() * buf.element_size() for buf in self.buffers.values())
+        """The tensors' bytes (`size` adds the alignment padding)."""
+        return sum(m.nbytes for m in self.metas)
+
+
+def _buffer(size: int, device: torch.device | str | None, out: torch.Tensor | None) -> torch.Tensor:
+    """`out` when it holds `size` bytes (on `device`, if given), else a new uint8 buffer."""
+    if out is not None and out.numel() >= size and (device is None or out.device == torch.device(device)):
+        return out
+    return torch.empty(size, dtype=torch.uint8, device=device if device is not None else out.device)
+
+
+def bucket_layout(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], int]:
+    """Each tensor's place in a flat buffer (offsets aligned to ALIGN bytes) and the buffer's size."""
+    metas: list[TensorMeta] = []
+    size = 0
+    for name, tensor in named_tensors:
+        metas.append(TensorMeta(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), size))
+        size += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+    return metas, size
+
+
+def unflatten_bucket(bucket: FlatBucket) -> NamedTensors:
+    """The bucket's tensors, in the order they were flattened, as views into its buffer."""
+    buf = bucket.buffer
+    if buf is None:
+        raise RlcoreError("weight sync: this bucket has metadata only, no buffer to read")
+    return [(m.name, buf[m.offset : m.offset + m.nbytes].view(_dtype(m.dtype)).view(m.shape)) for m in bucket.metas]
+
+
+def flatten_bucket(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    device: torch.device | str | None = None,
+    out: torch.Tensor | None = None,
+    layout: tuple[list[TensorMeta], int] | None = None,
+) -> FlatBucket:
+    """Copy a bucket's tensors into one flat buffer: `out` when it is large enough (a slot kept from sync to
+    sync), else a new one on `device` (default: the first tensor's). One batched copy on the GPU. `layout`:
+    the tensors' `bucket_layout`, when the caller has it already."""
+    items = list(named_tensors)
+    metas, size = layout if layout is not None else bucket_layout(items)
+    if device is None:
+        device = out.device if out is not None else (items[0][1].device if items else "cpu")
+    bucket = FlatBucket(metas, size, _buffer(size, device, out))
+    views = [view for _, view in unflatten_bucket(bucket)]
+    sources = [tensor.detach() for _, tensor in items]
+    try:
+        torch._foreach_copy_(views, sources)
+    except (AttributeError, RuntimeError):  # an older torch, or a mix its fused copy refuses
+        for view, source in zip(views, sources):
+            view.copy_(source)
+    return bucket
 
 
 def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[NamedTensors]:
@@ -102,31 +165,6 @@ def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
         size += nbytes
     if bucket:
         yield bucket
-
-
-def flatten_bucket(named_tensors: Iterable[tuple[str, torch.Tensor]], device: torch.device | str | None = None) -> FlatBucket:
-    """Copy a bucket's tensors into one contiguous buffer per dtype, on `device` (default: the first tensor's)."""
-    items = list(named_tensors)
-    metas: list[TensorMeta] = []
-    sizes: dict[str, int] = {}
-    for name, tensor in items:
-        dtype_name = str(tensor.dtype).removeprefix("torch.")
-        metas.append(TensorMeta(name, tuple(tensor.shape), dtype_name, sizes.get(dtype_name, 0)))
-        sizes[dtype_name] = sizes.get(dtype_name, 0) + tensor.numel()
-    target = device if device is not None else (items[0][1].device if items else "cpu")
-    buffers = {name: torch.empty(n, dtype=_dtype(name), device=target) for name, n in sizes.items()}
-    for meta, (_, tensor) in zip(metas, items):
-        buffers[meta.dtype][meta.offset : meta.offset + meta.numel].copy_(tensor.detach().reshape(-1))
-    return FlatBucket(metas, buffers)
-
-
-def unflatten_bucket(bucket: FlatBucket) -> NamedTensors:
-    """The bucket's tensors, in the order they were flattened, as views into its buffers."""
-    out: NamedTensors = []
-    for meta in bucket.metas:
-        buf = bucket.buffers[meta.dtype]
-        out.append((meta.name, buf[meta.offset : meta.offset + meta.numel].view(meta.shape)))
-    return out
 
 
 def sync_in_process(train_engine: TrainEngine, rollout_engine: RolloutEngine, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, float]:
@@ -147,47 +185,95 @@ def sync_in_process(train_engine: TrainEngine, rollout_engine: RolloutEngine, bu
 _IPC_DEVICE_ARG = 6  # position of the device index in torch's rebuild_cuda_tensor arguments
 
 
-class CudaIpcSender:
-    """Turns buckets into CUDA IPC handles; keeps the flat buffers alive until `release()`.
+def gpu_uuid(device: torch.device | int | None = None) -> str:
+    """The physical GPU of `device` (default: this process's current one); indices differ between
+    processes, UUIDs do not."""
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device).uuid)
 
-    The receiver maps the sender's memory, so the sender must not free a bucket before the receiver has
-    loaded it: call `release()` once the receiver returned (or before packing the next sync).
+
+def _device_index(uuid: str) -> int:
+    """This process's index of the GPU with `uuid`."""
+    for index in range(torch.cuda.device_count()):
+        if gpu_uuid(index) == uuid:
+            return index
+    raise RlcoreError(
+        f"CUDA IPC weight sync: the sender's GPU {uuid} is not visible in this process (CUDA_VISIBLE_DEVICES="
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}); colocate sender and receiver on the same GPUs"
+    )
+
+
+class CudaIpcSender:
+    """Packs buckets into two flat CUDA buffers it keeps (used in turn) and hands out their IPC handles.
+
+    A receiver maps a buffer once and keeps the mapping (`IpcReceiver`), so from the second sync on a
+    bucket costs one batched copy on each side. Packing bucket i+2 reuses bucket i's buffer: the caller
+    must have seen bucket i loaded before it packs bucket i+2. The buffers (2 x the largest bucket) stay
+    on the GPU until `close()`.
     """
 
     def __init__(self) -> None:
-        self._alive: list[FlatBucket] = []
+        self._id = uuid.uuid4().hex
+        self._slots: list[torch.Tensor | None] = [None] * SLOTS
+        self._versions = [0] * SLOTS  # bumped when a slot's buffer is replaced by a larger one
+        self._next = 0
 
     def pack(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-        """A picklable payload for `receive_ipc`: the bucket's metadata and one handle per dtype buffer."""
+        """A picklable payload for `IpcReceiver.receive`: the bucket's metadata and its buffer's handle."""
         from torch.multiprocessing.reductions import reduce_tensor
 
-        bucket = flatten_bucket(named_tensors)
-        for name, buf in bucket.buffers.items():
-            if buf.device.type != "cuda":
-                raise RlcoreError(f"CUDA IPC weight sync needs CUDA tensors; the {name} buffer is on {buf.device}")
-        torch.cuda.current_stream().synchronize()  # the copies into the buffers are done before anyone maps them
-        self._alive.append(bucket)
-        handles = {name: reduce_tensor(buf) for name, buf in bucket.buffers.items()}
-        return {"meta": bucket.to_json(), "handles": handles, "nbytes": bucket.nbytes}
+        items = list(named_tensors)
+        for name, tensor in items:
+            if tensor.device.type != "cuda":
+                raise RlcoreError(f"CUDA IPC weight sync needs CUDA tensors; {name} is on {tensor.device}")
+        slot = self._next % SLOTS
+        self._next += 1
+        old = self._slots[slot]
+        bucket = flatten_bucket(items, device=items[0][1].device if items else None, out=old)
+        if bucket.buffer is not old:
+            self._slots[slot], self._versions[slot] = bucket.buffer, self._versions[slot] + 1
+        torch.cuda.current_stream().synchronize()  # the copies are done before another process reads them
+        return {"meta": bucket.to_json(), "key": f"{self._id}/{slot}/{self._versions[slot]}", "slot": f"{self._id}/{slot}",
+                "gpu": gpu_uuid(bucket.buffer.device), "handle": reduce_tensor(bucket.buffer), "nbytes": bucket.nbytes}
 
-    def release(self) -> None:
-        """Drop the buffers of every packed bucket (the receivers are done with them)."""
-        self._alive.clear()
+    def start(self) -> None:
+        """Begin a sync at the first slot (each sync then packs into the same buffers in the same order)."""
+        self._next = 0
+
+    def close(self) -> None:
+        """Free the buffers (receivers must have dropped their mappings first: `IpcReceiver.close`)."""
+        self._slots = [None] * SLOTS
+
+
+class IpcReceiver:
+    """Maps the buffers of a `CudaIpcSender` on the same GPU, once each, and reads buckets out of them."""
+
+    def __init__(self) -> None:
+        self._mapped: dict[str, tuple[str, torch.Tensor]] = {}  # sender slot -> (key, mapped buffer)
+
+    def receive(self, payload: dict[str, Any]) -> NamedTensors:
+        """The bucket's tensors, as views of the sender's buffer (valid until the sender packs that slot again).
+
+        The handle's device index is the sender's; it is replaced with this process's index of the same
+        physical GPU (found by UUID). That is the current device when both share a GPU (a Ray session pairs
+        them so); another visible GPU is mapped over peer access (a tensor-parallel vLLM worker on the next
+        GPU of a one-process run), and the load then copies across the link.
+        """
+        slot, key = payload["slot"], payload["key"]
+        known = self._mapped.get(slot)
+        if known is None or known[0] != key:
+            rebuild, args = payload["handle"]
+            args = list(args)
+            args[_IPC_DEVICE_ARG] = _device_index(payload["gpu"])
+            self._mapped[slot] = (key, rebuild(*args))
+        return unflatten_bucket(FlatBucket.from_json(payload["meta"], device=None, out=self._mapped[slot][1]))
+
+    def close(self) -> None:
+        self._mapped.clear()
 
 
 def receive_ipc(payload: dict[str, Any]) -> NamedTensors:
-    """Rebuild a bucket packed by `CudaIpcSender.pack` in another process on the same GPU.
-
-    The handle's device index is the sender's; it is replaced with this process's current device, which
-    is the same physical GPU when both actors share one bundle.
-    """
-    device = torch.cuda.current_device()
-    bucket = FlatBucket.from_json(payload["meta"], device=None)
-    for name, (rebuild, args) in payload["handles"].items():
-        args = list(args)
-        args[_IPC_DEVICE_ARG] = device
-        bucket.buffers[name] = rebuild(*args)
-    return unflatten_bucket(bucket)
+    """Rebuild one bucket packed by `CudaIpcSender.pack`, without keeping the mapping (tests, one-offs)."""
+    return IpcReceiver().receive(payload)
 
 
 # -------------------------------------------------------------------------
@@ -210,6 +296,11 @@ class BroadcastGroup:
     Every member constructs it at about the same time (rank 0 hosts the TCP store at `host:port`); with
     Ray, start all members' constructors before waiting on any. Rank 0 calls `send`, the others
     `receive`, once per sync.
+
+    Both ends keep two flat buffers and pipeline: the sender packs bucket i+1 while bucket i is on the
+    wire, a receiver has bucket i+1 on the wire while it loads bucket i. On NCCL nothing blocks the host
+    but the wait for a sync's last bucket (bounded by `timeout_s`); the buffers' reuse is ordered on the
+    GPU streams.
     """
 
     def __init__(
@@ -228,6 +319,8 @@ class BroadcastGroup:
             raise ConfigError(f"weight sync group: rank {rank} of world_size {world_size}; need world_size >= 2 and 0 <= rank < world_size")
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.device = torch.device(device if device is not None else ("cuda" if backend == "nccl" else "cpu"))
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.timeout = timedelta(seconds=timeout_s)
         try:
             self._store = tcp_store(host, port, world_size, rank == 0, self.timeout)
@@ -242,14 +335,33 @@ class BroadcastGroup:
             self._pg = dist.ProcessGroupNCCL(pg_store, rank, world_size, options)
         self._sync = 0
         self._sent_buckets: dict[int, int] = {}  # sync number -> bucket count, until its keys are deleted
+        self._slots: list[torch.Tensor | None] = [None] * SLOTS
+        self._layouts: dict[str, tuple[FlatBucket, bool]] = {}  # a receiver's parsed metadata, by its text
 
     def _key(self, sync: int, index: int) -> str:
         return f"rlcore/weight_sync/meta/{sync}/{index}"
 
-    def _broadcast(self, buf: torch.Tensor) -> None:
+    def _broadcast(self, buf: torch.Tensor) -> Any:
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = 0, 0
-        self._pg.broadcast([buf.view(torch.uint8)], opts).wait(self.timeout)
+        return self._pg.broadcast([buf], opts)
+
+    def _slot(self, index: int, size: int) -> torch.Tensor:
+        """Slot `index % SLOTS` with at least `size` bytes (grown when a larger bucket comes), sliced to `size`."""
+        slot = index % SLOTS
+        buf = _buffer(size, self.device, self._slots[slot])
+        self._slots[slot] = buf
+        return buf[:size]
+
+    def _finish(self, work: Any) -> None:
+        """Wait for a sync's last transfer (the ones before it are done then: one stream, in order)."""
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as e:
+            raise RlcoreError(
+                f"weight sync: rank {self.rank}'s broadcast did not finish within {self.timeout.total_seconds():.0f}s "
+                f"(sync {self._sync}); a member of the group stopped taking part: {e}"
+            ) from e
 
     def send(self, buckets: Iterable[NamedTensors]) -> dict[str, float]:
         """Broadcast every bucket to the receivers (rank 0 only); returns counts and seconds."""
@@ -265,21 +377,21 @@ class BroadcastGroup:
             current = next(it, None)
         if current is None:
             raise RlcoreError("weight sync: the train engine exported no weights")
+        works: list[Any] = [None] * SLOTS
         while current is not None:
             with _timed(phases, "export"):
                 following = next(it, None)
             with _timed(phases, "pack"):
-                bucket = flatten_bucket(current, device=self.device)
+                if works[count % SLOTS] is not None:  # the slot's last broadcast is done before it is refilled
+                    works[count % SLOTS].wait()
+                layout = bucket_layout(current)
+                bucket = flatten_bucket(current, out=self._slot(count, layout[1]), layout=layout)
             with _timed(phases, "send"):
-                meta = json.loads(bucket.to_json())
-                meta["last"] = following is None
-                self._store.set(self._key(self._sync, count), json.dumps(meta))
-                for buf in bucket.buffers.values():
-                    self._broadcast(buf)
+                self._store.set(self._key(self._sync, count), bucket.to_json(last=following is None))
+                works[count % SLOTS] = self._broadcast(bucket.buffer[: bucket.size])
             count, nbytes, current = count + 1, nbytes + bucket.nbytes, following
         with _timed(phases, "send"):
-            if self.device.type == "cuda":
-                torch.cuda.current_stream(self.device).synchronize()
+            self._finish(works[(count - 1) % SLOTS])
         self._sent_buckets[self._sync] = count
         self._sync += 1
         return {"weight_sync/buckets": count, "weight_sync/bytes": nbytes, "weight_sync/seconds": time.perf_counter() - start,
@@ -297,32 +409,51 @@ class BroadcastGroup:
                 break
             with _timed(phases, "load"):
                 load(bucket)
-                if self.device.type == "cuda":
-                    torch.cuda.current_stream(self.device).synchronize()
+        with _timed(phases, "load"):
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
         return {f"weight_sync/{phase}_s": seconds for phase, seconds in phases.items()}
 
+    def _layout(self, index: int) -> tuple[FlatBucket, bool]:
+        """Bucket `index` of this sync's metadata (waiting for rank 0 to post it) and whether it is the last."""
+        key = self._key(self._sync, index)
+        try:
+            text = self._store.get(key).decode()
+        except RuntimeError as e:  # the store's timeout (DistStoreError is a RuntimeError)
+            raise RlcoreError(
+                f"weight sync: rank {self.rank} waited {self.timeout.total_seconds():.0f}s for bucket {index} of sync "
+                f"{self._sync} from rank 0, which did not send it: {e}"
+            ) from e
+        known = self._layouts.get(text)
+        if known is None:  # parsed once: the layouts repeat from sync to sync
+            known = self._layouts[text] = (FlatBucket.from_json(text, device=None), bool(json.loads(text)["last"]))
+        return known
+
     def receive(self) -> Iterator[NamedTensors]:
-        """Yield the buckets of one sync as tensors on this member's device (ranks 1.. only)."""
+        """Yield the buckets of one sync as views on this member's device (ranks 1.. only).
+
+        A bucket's tensors are views of a buffer that the bucket after the next one reuses: load or copy
+        them before asking for the next bucket.
+        """
         if self.rank == 0:
             raise RlcoreError("weight sync: rank 0 sends; receive is for ranks 1..world_size-1")
         index = 0
+        layout, last = self._layout(0)
+        buf = self._slot(0, layout.size)
+        work = self._broadcast(buf)
         while True:
-            key = self._key(self._sync, index)
-            try:
-                text = self._store.get(key).decode()
-            except RuntimeError as e:  # the store's timeout (DistStoreError is a RuntimeError)
-                raise RlcoreError(
-                    f"weight sync: rank {self.rank} waited {self.timeout.total_seconds():.0f}s for bucket {index} of sync "
-                    f"{self._sync} from rank 0, which did not send it: {e}"
-                ) from e
-            meta = json.loads(text)
-            bucket = FlatBucket.from_json(text, device=self.device)
-            for buf in bucket.buffers.values():
-                self._broadcast(buf)
-            yield unflatten_bucket(bucket)
-            index += 1
-            if meta["last"]:
+            if not last:  # the next bucket goes on the wire while this one is loaded
+                next_layout, next_last = self._layout(index + 1)
+                next_buf = self._slot(index + 1, next_layout.size)
+                next_work = self._broadcast(next_buf)
+            if last:
+                self._finish(work)
+            else:
+                work.wait()  # NCCL: the loads queue behind the transfer on the GPU; gloo: the data is here
+            yield unflatten_bucket(FlatBucket(layout.metas, layout.size, buf))
+            if last:
                 break
+            index, layout, last, buf, work = index + 1, next_layout, next_last, next_buf, next_work
         self._sync += 1
 
 

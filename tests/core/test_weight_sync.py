@@ -13,6 +13,7 @@ import torch
 from rlcore import ConfigError, RlcoreError
 from rlcore.cluster import find_free_port
 from rlcore.weight_sync import (
+    ALIGN,
     BroadcastGroup,
     FlatBucket,
     flatten_bucket,
@@ -48,30 +49,48 @@ def test_iter_buckets_rejects_a_non_positive_size():
         list(iter_buckets([("w", torch.zeros(1))], bucket_bytes=0))
 
 
-def test_flatten_makes_one_buffer_per_dtype_and_round_trips():
+def test_flatten_makes_one_aligned_buffer_and_round_trips():
     tensors = _weights(1)
     bucket = flatten_bucket(tensors)
-    assert sorted(bucket.buffers) == ["bfloat16", "float16", "float32", "int64"]
-    assert bucket.buffers["bfloat16"].shape == (64 * 16 + 16,)
-    assert all(buf.is_contiguous() and buf.dim() == 1 for buf in bucket.buffers.values())
+    assert bucket.buffer.dtype == torch.uint8 and bucket.buffer.dim() == 1 and bucket.buffer.is_contiguous()
+    assert [m.offset % ALIGN for m in bucket.metas] == [0] * len(tensors)
+    assert bucket.size == sum(-(-t.numel() * t.element_size() // ALIGN) * ALIGN for _, t in tensors)
     out = unflatten_bucket(bucket)
     assert [name for name, _ in out] == [name for name, _ in tensors]
     got = dict(out)
     for name, tensor in tensors:
         assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape
         assert torch.equal(got[name], tensor), name
+        assert got[name].untyped_storage().data_ptr() == bucket.buffer.untyped_storage().data_ptr()  # views, not copies
 
 
-def test_metadata_json_round_trip_allocates_matching_buffers():
+def test_flatten_reuses_a_large_enough_buffer_and_replaces_a_small_one():
+    slot = torch.empty(1 << 16, dtype=torch.uint8)
+    bucket = flatten_bucket(_weights(1), out=slot)
+    assert bucket.buffer is slot and bucket.size < slot.numel()
+    again = flatten_bucket(_weights(2), out=slot)  # a later sync: same memory, new values
+    assert again.buffer is slot and torch.equal(dict(unflatten_bucket(again))["lm_head.weight"], dict(_weights(2))["lm_head.weight"])
+    small = torch.empty(16, dtype=torch.uint8)
+    grown = flatten_bucket(_weights(1), out=small)
+    assert grown.buffer is not small and grown.buffer.numel() == grown.size
+
+
+def test_flatten_copies_strided_views():
+    base = torch.randn(8, 6)
+    bucket = flatten_bucket([("t", base.t()), ("narrow", base[:, 2:4])])
+    got = dict(unflatten_bucket(bucket))
+    assert torch.equal(got["t"], base.t()) and torch.equal(got["narrow"], base[:, 2:4])
+
+
+def test_metadata_json_round_trip_allocates_a_matching_buffer():
     bucket = flatten_bucket(_weights(2))
-    text = bucket.to_json()
-    assert json.loads(text)["tensors"][3] == ["model.norm.weight", [16], "bfloat16", 64 * 16]
+    text = bucket.to_json(last=True)
+    assert json.loads(text)["tensors"][3] == ["model.norm.weight", [16], "bfloat16", 64 * 16 * 2 + 16 * 16 * 4 + ALIGN]  # the 64-byte bias takes ALIGN
+    assert json.loads(text)["last"] is True
     empty = FlatBucket.from_json(text)
-    assert empty.metas == bucket.metas
-    assert {k: (v.dtype, v.numel()) for k, v in empty.buffers.items()} == {
-        k: (v.dtype, v.numel()) for k, v in bucket.buffers.items()
-    }
-    assert empty.nbytes == bucket.nbytes
+    assert empty.metas == bucket.metas and empty.size == bucket.size
+    assert empty.buffer.dtype == torch.uint8 and empty.buffer.numel() == bucket.size
+    assert FlatBucket.from_json(text, device=None).buffer is None
 
 
 def _receiver(port: int, syncs: int, results) -> None:

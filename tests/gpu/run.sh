@@ -6,11 +6,12 @@
 #   bash tests/gpu/run.sh cli [LAYOUT ...]                           # GRPO through `rlcore run` (2 GPUs): the layouts
 #       colocate separate colocate_device_groups separate_device_groups, or those named
 #   bash tests/gpu/run.sh gkd | sft | sampling | megatron             # one algorithm's or engine's tests, one process each
+#   bash tests/gpu/run.sh sync                                       # weight sync: transports, replayed loads, GRPO's IPC paths
 set -u
 what=${1:-all}
 case $what in
-    all|grpo|cli|gkd|sft|sampling|megatron) ;;
-    *) echo "usage: bash tests/gpu/run.sh [all | grpo | cli [LAYOUT ...] | gkd | sft | sampling | megatron]" >&2; exit 2 ;;
+    all|grpo|cli|gkd|sft|sampling|megatron|sync) ;;
+    *) echo "usage: bash tests/gpu/run.sh [all | grpo | cli [LAYOUT ...] | gkd | sft | sampling | megatron | sync]" >&2; exit 2 ;;
 esac
 layouts=${*:2}
 status=0
@@ -20,13 +21,19 @@ each() {  # every test of a module in a pytest process of its own
 }
 if [ "$what" = all ]; then
     run tests/gpu/test_vllm_engine.py
-    run tests/gpu/test_weight_sync_gpu.py
     run tests/gpu/test_hf_cuda.py
 fi
-if [ "$what" = all ] || [ "$what" = grpo ]; then
-    for test in test_colocated_vllm test_colocated_on_ray test_rollout_tensor_parallel "test_separate_async and in_actor" "test_separate_async and core_processes"; do
+if [ "$what" = all ] || [ "$what" = sync ]; then
+    run tests/gpu/test_weight_sync_gpu.py
+    run tests/gpu/test_weight_replay_gpu.py
+fi
+if [ "$what" = sync ]; then
+    for test in test_colocated_on_ray test_vllm_worker_process test_rollout_tensor_parallel "test_separate_async and in_actor"; do
         run tests/gpu/test_grpo_gpu.py -k "$test"
     done
+fi
+if [ "$what" = all ] || [ "$what" = grpo ]; then
+    each tests/gpu/test_grpo_gpu.py
 fi
 if [ "$what" = all ] || [ "$what" = cli ]; then
     for layout in ${layouts:-colocate separate colocate_device_groups separate_device_groups}; do

@@ -91,7 +91,7 @@ def test_colocated_on_ray_hands_weights_over_cuda_ipc(model_dir, tmp_path):
     finally:
         ray.shutdown()
     assert trainer.session.transports[("train", "rollout")] == "cuda_ipc"
-    assert trainer.session.ipc_sources[("train", "rollout")] == [0]
+    assert trainer.session.ipc_sources[("train", "rollout")] == [[0]]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["weight_sync/gb_per_s"] > 0
     # a sync that moved the rollout further than check_weight_sync tolerates, and the check passed: it arrived
     assert len(probe.moved) == 2 and max(probe.moved) > 0.5
@@ -105,10 +105,39 @@ def needs_two_gpus():
 
 
 def test_rollout_tensor_parallel_2_loads_weights_in_every_worker(model_dir, tmp_path):
+    """One process: the trainer on GPU 0, vLLM's two TP workers in processes of their own on GPUs 0 and 1;
+    each maps the trainer's CUDA IPC buffer (the second over peer access)."""
     needs_two_gpus()
-    trainer, rows = run(model_dir, tmp_path, rollout={"gpus": 2, "vllm_tensor_parallel_size": 2}, max_steps=2)
-    assert [r["step"] for r in rows] == [1, 2] and rows[0]["weight_sync/seconds"] > 0
-    # check_weight_sync compared the TP=2 engine's log-probs with the trainer's after the first sync
+    probe = SyncProbe()
+    trainer, rows = run(model_dir, tmp_path, probe=probe, rollout={"gpus": 2, "vllm_tensor_parallel_size": 2})
+    assert trainer.session["rollout"].engine._ipc_sender is not None  # the IPC path, not the CPU copy
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["weight_sync/seconds"] > 0
+    assert len(probe.moved) == 2 and max(probe.moved) > 0.5
+
+
+def test_vllm_worker_process_takes_weights_over_cuda_ipc(model_dir, tmp_path):
+    """One process and one GPU, vLLM's worker in a process of its own: a bucket travels as a CUDA IPC handle."""
+    probe = SyncProbe()
+    trainer, rows = run(model_dir, tmp_path, probe=probe, rollout={"vllm_in_process": False})
+    assert trainer.session["rollout"].engine._ipc_sender is not None
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert len(probe.moved) == 2 and max(probe.moved) > 0.5
+
+
+def test_colocated_on_ray_ipc_into_vllm_worker_processes(model_dir, tmp_path):
+    """On Ray, colocated, vLLM's worker in a process of its own: the train rank on its GPU packs, the vLLM
+    worker maps the handle (the path a tensor-parallel vLLM's workers take, one per GPU)."""
+    import ray
+
+    probe = SyncProbe()
+    try:
+        trainer, rows = run(model_dir, tmp_path, use_ray=True, probe=probe, colocate_groups=[["train", "rollout"]],
+                            sleep_level=1, rollout={"vllm_in_process": False})
+    finally:
+        ray.shutdown()
+    assert trainer.session.transports[("train", "rollout")] == "cuda_ipc"
+    assert trainer.session.ipc_sources[("train", "rollout")] == [[0]]
+    assert len(probe.moved) == 2 and max(probe.moved) > 0.5
 
 
 @pytest.mark.parametrize("in_process", [True, False], ids=["in_actor", "core_processes"])

@@ -46,8 +46,8 @@ def test_cuda_ipc_between_two_ray_actors_sharing_one_gpu():
         def pack(self, bucket_bytes):
             return [self.sender.pack(bucket) for bucket in iter_buckets(self.weights, bucket_bytes)]
 
-        def release(self):
-            self.sender.release()
+        def close(self):
+            self.sender.close()
 
         def gpu_uuid(self):
             return str(torch.cuda.get_device_properties(0).uuid)
@@ -80,7 +80,7 @@ def test_cuda_ipc_between_two_ray_actors_sharing_one_gpu():
         payloads = ray.get(sender.pack.remote(MiB), timeout=TIMEOUT_S)
         assert len(payloads) == 2
         got = ray.get(receiver.receive.remote(payloads), timeout=TIMEOUT_S)
-        ray.get(sender.release.remote(), timeout=TIMEOUT_S)
+        ray.get(sender.close.remote(), timeout=TIMEOUT_S)
         want = _weights(0, "cpu")
         assert [name for name, _ in got] == [name for name, _ in want]
         for (name, g), (_, w) in zip(got, want):
