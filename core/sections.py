@@ -48,6 +48,9 @@ class RolloutRoleConfig(RoleConfig):
     vllm_request_seeds: bool = Field(
         False, description="seed every vLLM request (samples independent of the batch; slower sampling)"
     )
+    vllm_weight_replay: bool = Field(
+        True, description="replay vLLM's weight loading as one batched copy after a bucket layout's first, traced load"
+    )
     vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 

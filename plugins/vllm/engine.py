@@ -4,10 +4,15 @@ By default vLLM's engine core runs in the worker's own process (`VLLM_ENABLE_V1_
 new weights are loaded in place through the model's `load_weights` without a copy through another
 process. With `vllm_in_process=False` (and always with tensor parallelism) the engine core has processes
 of its own, which overlap scheduling and output processing with the GPU; weights then reach each vLLM
-worker through `collective_rpc`, and a broadcast group from the trainer is joined by the workers themselves. Log-probs
+worker through `collective_rpc` as a CUDA IPC handle of a flat bucket (each worker maps it, on its own GPU
+or a peer's, and copies), and a broadcast group from the trainer is joined by the workers themselves. Log-probs
 of sampled tokens come from vLLM's `logprobs_mode="processed_logprobs"`: the distribution the sampler drew
 from, after temperature (and top-k/top-p), which is what importance sampling against the trainer needs.
 Options are spelled as ms-swift spells them (`vllm_gpu_memory_utilization`, ...).
+
+New weights go through vLLM's own `load_weights` once per bucket layout, traced; the later buckets of that
+layout replay the traced copies as one batched copy (`rlcore.weight_replay`), skipping vLLM's per-tensor
+Python loaders (`vllm_weight_replay=False` keeps the loaders for every bucket).
 
 Two choices keep generation near raw vLLM's speed (`benchmarks/vllm_generate.py` measures each):
 - completions are decoded to text after generation, each in one tokenizer call, not token by token
@@ -76,9 +81,22 @@ def _validate(
         raise ConfigError(f"invalid vllm engine options ({len(problems)}):\n{lines}", problems)
 
 
-def _load_weights_on_worker(worker: Any, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+def _loader(holder: Any, model: Any, replay: bool = True) -> Any:
+    """`holder`'s weight loader for `model`, made once: vLLM's `load_weights`, traced on a bucket layout's first
+    load and replayed as one batched copy after (rlcore.weight_replay; `vllm_weight_replay=False`: never)."""
+    loader = getattr(holder, "rlcore_loader", None)
+    if loader is None:
+        from rlcore.weight_replay import ReplayLoader
+
+        loader = ReplayLoader(lambda weights: model.load_weights(weights=weights),
+                              [*model.parameters(), *model.buffers()], replay=replay)
+        holder.rlcore_loader = loader
+    return loader
+
+
+def _load_weights_on_worker(worker: Any, named_tensors: list[tuple[str, torch.Tensor]], replay: bool = True) -> None:
     """Run inside each vLLM worker (via collective_rpc) when workers live in their own processes."""
-    worker.model_runner.model.load_weights(weights=named_tensors)
+    _loader(worker, worker.model_runner.model, replay)(named_tensors)
 
 
 def _join_group_on_worker(worker: Any, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
@@ -88,11 +106,29 @@ def _join_group_on_worker(worker: Any, host: str, port: int, rank: int, world_si
     worker.rlcore_weight_group = BroadcastGroup(host, port, rank + worker.rank, world_size, backend)
 
 
-def _receive_on_worker(worker: Any) -> None:
+def _gpu_on_worker(worker: Any) -> tuple[int, str]:
+    """Inside each vLLM worker: its rank and the UUID of its GPU."""
+    from rlcore.weight_sync import gpu_uuid
+
+    return worker.rank, gpu_uuid()
+
+
+def _load_ipc_on_worker(worker: Any, payloads: dict[int, dict[str, Any]], replay: bool = True) -> None:
+    """Inside each vLLM worker: load the bucket whose CUDA IPC handle is this worker's (by rank): packed on
+    its own GPU by a trainer rank there, or on a peer GPU by a trainer in the engine's process."""
+    import torch
+
+    from rlcore.weight_sync import IpcReceiver
+
+    if getattr(worker, "rlcore_ipc", None) is None:
+        worker.rlcore_ipc = IpcReceiver()  # keeps the sender's buffers mapped from sync to sync
+    _loader(worker, worker.model_runner.model, replay)(worker.rlcore_ipc.receive(payloads[worker.rank]))
+    torch.cuda.current_stream().synchronize()  # loaded before the sender reuses its buffer
+
+
+def _receive_on_worker(worker: Any, replay: bool = True) -> None:
     """Inside each vLLM worker: load every bucket of one sync straight from the broadcast group."""
-    model = worker.model_runner.model
-    for bucket in worker.rlcore_weight_group.receive():
-        model.load_weights(weights=bucket)
+    worker.rlcore_weight_group.receive_into(_loader(worker, worker.model_runner.model, replay))
 
 
 def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
@@ -117,6 +153,7 @@ class VLLMRolloutEngine(RolloutEngine):
         vllm_enable_sleep_mode: bool = True,
         vllm_in_process: bool = True,
         vllm_request_seeds: bool = False,
+        vllm_weight_replay: bool = True,
         vllm_engine_kwargs: dict[str, Any] | None = None,
         dtype: str = "auto",
         seed: int = 0,
@@ -140,8 +177,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self.sleep_mode = vllm_enable_sleep_mode
         self.max_logprobs = int(engine_kwargs.get("max_logprobs", DEFAULT_MAX_LOGPROBS))
         self.request_seeds = vllm_request_seeds
+        self.weight_replay = vllm_weight_replay
         self._detokenize = not engine_kwargs.get("skip_tokenizer_init", False)
         self._asleep: set[str] = set()
+        self._receiver_ranks: list[int] | None = None  # vLLM workers' ranks, in weight_receiver_gpus order
+        self._ipc_sender: Any = None  # out of process: packs CUDA tensors handed to update_weights
         self.llm = vllm.LLM(
             model=model,
             tensor_parallel_size=vllm_tensor_parallel_size,
@@ -226,11 +266,43 @@ class VLLMRolloutEngine(RolloutEngine):
         """Load one bucket of Hugging Face-named tensors into the model (vLLM maps and fuses the names)."""
         self._require_awake("load weights", tags=("weights",))
         if self.in_process:  # one worker, in this process: hand the tensors over as they are
-            driver = self.llm.llm_engine.model_executor.driver_worker
-            driver.worker.model_runner.model.load_weights(weights=named_tensors)
+            model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+            _loader(self, model, self.weight_replay)(named_tensors)
+            return
+        items = list(named_tensors)
+        if items and all(tensor.is_cuda for _, tensor in items):  # one CUDA IPC handle that every worker maps
+            from rlcore.weight_sync import CudaIpcSender
+
+            if self._ipc_sender is None:
+                self._ipc_sender = CudaIpcSender()
+            payload = self._ipc_sender.pack(items)
+            if self._receiver_ranks is None:
+                self.weight_receiver_gpus()
+            self.llm.collective_rpc(_load_ipc_on_worker, args=(dict.fromkeys(self._receiver_ranks, payload), self.weight_replay))
         else:
-            cpu = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
-            self.llm.collective_rpc(_load_weights_on_worker, args=(cpu,))
+            cpu = [(name, tensor.detach().cpu()) for name, tensor in items]
+            self.llm.collective_rpc(_load_weights_on_worker, args=(cpu, self.weight_replay))
+
+    def weight_receiver_gpus(self) -> list[str]:
+        """This process's GPU in process; else each vLLM worker's GPU, in worker rank order."""
+        if self.in_process:
+            return super().weight_receiver_gpus()
+        ranks = sorted(self.llm.collective_rpc(_gpu_on_worker))
+        self._receiver_ranks = [rank for rank, _ in ranks]
+        return [uuid for _, uuid in ranks]
+
+    def load_ipc_bucket(self, payloads: list[dict[str, Any]]) -> None:
+        """In process as any engine; else each vLLM worker maps the handle packed on its own GPU (payloads in
+        the order of `weight_receiver_gpus`), so no weight leaves the GPU."""
+        self._require_awake("load weights", tags=("weights",))
+        if self.in_process:
+            super().load_ipc_bucket(payloads)
+            return
+        if self._receiver_ranks is None:
+            self.weight_receiver_gpus()
+        if len(payloads) != len(self._receiver_ranks):
+            raise RlcoreError(f"vllm engine: {len(payloads)} IPC payloads for {len(self._receiver_ranks)} workers")
+        self.llm.collective_rpc(_load_ipc_on_worker, args=(dict(zip(self._receiver_ranks, payloads)), self.weight_replay))
 
     def weight_receivers(self) -> int:
         """In process the engine receives broadcasts itself; otherwise each vLLM worker does."""
@@ -253,7 +325,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if self.in_process:
             stats = self._weight_group.receive_into(self.update_weights)
         else:
-            self.llm.collective_rpc(_receive_on_worker)
+            self.llm.collective_rpc(_receive_on_worker, args=(self.weight_replay,))
         self.finish_weight_update()
         return stats
 
