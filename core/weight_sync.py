@@ -150,6 +150,71 @@ def flatten_bucket(
     return bucket
 
 
+class SlotPacker:
+    """Packs buckets into SLOTS kept flat buffers, in turn (bucket i into slot i % SLOTS).
+
+    A sync's buckets have the same layouts every time, so the packer keeps bucket i's layout: its metadata
+    text and its views of the slot's buffer are made once, and a later sync's bucket costs one batched copy.
+    A slot's buffer is replaced only by a larger bucket (`versions[slot]` then counts up).
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = device
+        self.buffers: list[torch.Tensor | None] = [None] * SLOTS
+        self.versions = [0] * SLOTS
+        self._layouts: dict[int, Any] = {}  # bucket index -> (signature, bucket, metadata texts, views)
+
+    def pack(self, index: int, named_tensors: Iterable[tuple[str, torch.Tensor]], **extra: Any) -> tuple[FlatBucket, str]:
+        """Copy bucket `index` of a sync into slot `index % SLOTS`; returns it (its buffer is the whole slot,
+        `size` the bytes used) and its metadata text with `extra` keys."""
+        items = list(named_tensors)
+        slot = index % SLOTS
+        signature = tuple((name, tuple(t.shape), t.dtype) for name, t in items)
+        known = self._layouts.get(index)
+        if known is None or known[0] != signature or known[1].buffer is not self.buffers[slot]:
+            metas, size = bucket_layout(items)
+            device = self.device if self.device is not None else (items[0][1].device if items else "cpu")
+            buffer = _buffer(size, device, self.buffers[slot])
+            if buffer is not self.buffers[slot]:
+                self.buffers[slot], self.versions[slot] = buffer, self.versions[slot] + 1
+            bucket = FlatBucket(metas, size, buffer)
+            known = self._layouts[index] = (signature, bucket, {}, [view for _, view in unflatten_bucket(bucket)])
+        _, bucket, texts, views = known
+        sources = [tensor.detach() for _, tensor in items]
+        try:
+            torch._foreach_copy_(views, sources)
+        except (AttributeError, RuntimeError):  # an older torch, or a mix its fused copy refuses
+            for view, source in zip(views, sources):
+                view.copy_(source)
+        key = tuple(sorted(extra.items()))
+        if key not in texts:
+            texts[key] = bucket.to_json(**extra)
+        return bucket, texts[key]
+
+    def close(self) -> None:
+        self.buffers = [None] * SLOTS
+        self._layouts.clear()
+
+
+class ViewCache:
+    """A receiver's views of a kept buffer for bucket i of a sync, made once and kept while the buffer and
+    the metadata stay the same."""
+
+    def __init__(self) -> None:
+        self._views: dict[Any, tuple[Any, NamedTensors]] = {}
+
+    def views(self, index: Any, buffer: torch.Tensor, text: str, layout: FlatBucket | None = None) -> NamedTensors:
+        key = (buffer.data_ptr(), buffer.numel(), text)
+        known = self._views.get(index)
+        if known is None or known[0] != key:
+            metas = layout if layout is not None else FlatBucket.from_json(text, device=None)
+            known = self._views[index] = (key, unflatten_bucket(FlatBucket(metas.metas, metas.size, buffer)))
+        return list(known[1])
+
+    def clear(self) -> None:
+        self._views.clear()
+
+
 def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[NamedTensors]:
     """Cut a stream of named tensors into buckets of at most `bucket_bytes` (a larger tensor goes alone)."""
     if bucket_bytes <= 0:
@@ -213,8 +278,8 @@ class CudaIpcSender:
 
     def __init__(self) -> None:
         self._id = uuid.uuid4().hex
-        self._slots: list[torch.Tensor | None] = [None] * SLOTS
-        self._versions = [0] * SLOTS  # bumped when a slot's buffer is replaced by a larger one
+        self._packer = SlotPacker()
+        self._handles: dict[int, Any] = {}  # slot -> (version, IPC handle, GPU): sharing a buffer costs an event
         self._next = 0
 
     def pack(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
@@ -225,15 +290,16 @@ class CudaIpcSender:
         for name, tensor in items:
             if tensor.device.type != "cuda":
                 raise RlcoreError(f"CUDA IPC weight sync needs CUDA tensors; {name} is on {tensor.device}")
-        slot = self._next % SLOTS
+        index, slot = self._next, self._next % SLOTS
         self._next += 1
-        old = self._slots[slot]
-        bucket = flatten_bucket(items, device=items[0][1].device if items else None, out=old)
-        if bucket.buffer is not old:
-            self._slots[slot], self._versions[slot] = bucket.buffer, self._versions[slot] + 1
+        bucket, meta = self._packer.pack(index, items)
+        version = self._packer.versions[slot]
+        if self._handles.get(slot, (None,))[0] != version:
+            self._handles[slot] = (version, reduce_tensor(bucket.buffer), gpu_uuid(bucket.buffer.device))
         torch.cuda.current_stream().synchronize()  # the copies are done before another process reads them
-        return {"meta": bucket.to_json(), "key": f"{self._id}/{slot}/{self._versions[slot]}", "slot": f"{self._id}/{slot}",
-                "gpu": gpu_uuid(bucket.buffer.device), "handle": reduce_tensor(bucket.buffer), "nbytes": bucket.nbytes}
+        _, handle, gpu = self._handles[slot]
+        return {"meta": meta, "key": f"{self._id}/{slot}/{version}", "slot": f"{self._id}/{slot}", "index": index,
+                "gpu": gpu, "handle": handle, "nbytes": bucket.nbytes}
 
     def start(self) -> None:
         """Begin a sync at the first slot (each sync then packs into the same buffers in the same order)."""
@@ -241,7 +307,8 @@ class CudaIpcSender:
 
     def close(self) -> None:
         """Free the buffers (receivers must have dropped their mappings first: `IpcReceiver.close`)."""
-        self._slots = [None] * SLOTS
+        self._packer.close()
+        self._handles.clear()
 
 
 class IpcReceiver:
@@ -249,6 +316,7 @@ class IpcReceiver:
 
     def __init__(self) -> None:
         self._mapped: dict[str, tuple[str, torch.Tensor]] = {}  # sender slot -> (key, mapped buffer)
+        self._views = ViewCache()
 
     def receive(self, payload: dict[str, Any]) -> NamedTensors:
         """The bucket's tensors, as views of the sender's buffer (valid until the sender packs that slot again).
@@ -265,10 +333,11 @@ class IpcReceiver:
             args = list(args)
             args[_IPC_DEVICE_ARG] = _device_index(payload["gpu"])
             self._mapped[slot] = (key, rebuild(*args))
-        return unflatten_bucket(FlatBucket.from_json(payload["meta"], device=None, out=self._mapped[slot][1]))
+        return self._views.views((payload["slot"], payload["index"]), self._mapped[slot][1], payload["meta"])
 
     def close(self) -> None:
         self._mapped.clear()
+        self._views.clear()
 
 
 def receive_ipc(payload: dict[str, Any]) -> NamedTensors:
@@ -335,8 +404,10 @@ class BroadcastGroup:
             self._pg = dist.ProcessGroupNCCL(pg_store, rank, world_size, options)
         self._sync = 0
         self._sent_buckets: dict[int, int] = {}  # sync number -> bucket count, until its keys are deleted
-        self._slots: list[torch.Tensor | None] = [None] * SLOTS
+        self._slots: list[torch.Tensor | None] = [None] * SLOTS  # a receiver's buffers
+        self._packer = SlotPacker(self.device)  # the sender's
         self._layouts: dict[str, tuple[FlatBucket, bool]] = {}  # a receiver's parsed metadata, by its text
+        self._views = ViewCache()
 
     def _key(self, sync: int, index: int) -> str:
         return f"rlcore/weight_sync/meta/{sync}/{index}"
@@ -384,10 +455,9 @@ class BroadcastGroup:
             with _timed(phases, "pack"):
                 if works[count % SLOTS] is not None:  # the slot's last broadcast is done before it is refilled
                     works[count % SLOTS].wait()
-                layout = bucket_layout(current)
-                bucket = flatten_bucket(current, out=self._slot(count, layout[1]), layout=layout)
+                bucket, meta = self._packer.pack(count, current, last=following is None)
             with _timed(phases, "send"):
-                self._store.set(self._key(self._sync, count), bucket.to_json(last=following is None))
+                self._store.set(self._key(self._sync, count), meta)
                 works[count % SLOTS] = self._broadcast(bucket.buffer[: bucket.size])
             count, nbytes, current = count + 1, nbytes + bucket.nbytes, following
         with _timed(phases, "send"):
@@ -414,7 +484,7 @@ class BroadcastGroup:
                 torch.cuda.current_stream(self.device).synchronize()
         return {f"weight_sync/{phase}_s": seconds for phase, seconds in phases.items()}
 
-    def _layout(self, index: int) -> tuple[FlatBucket, bool]:
+    def _layout(self, index: int) -> tuple[FlatBucket, bool, str]:
         """Bucket `index` of this sync's metadata (waiting for rank 0 to post it) and whether it is the last."""
         key = self._key(self._sync, index)
         try:
@@ -427,7 +497,7 @@ class BroadcastGroup:
         known = self._layouts.get(text)
         if known is None:  # parsed once: the layouts repeat from sync to sync
             known = self._layouts[text] = (FlatBucket.from_json(text, device=None), bool(json.loads(text)["last"]))
-        return known
+        return known + (text,)
 
     def receive(self) -> Iterator[NamedTensors]:
         """Yield the buckets of one sync as views on this member's device (ranks 1.. only).
@@ -438,22 +508,22 @@ class BroadcastGroup:
         if self.rank == 0:
             raise RlcoreError("weight sync: rank 0 sends; receive is for ranks 1..world_size-1")
         index = 0
-        layout, last = self._layout(0)
+        layout, last, text = self._layout(0)
         buf = self._slot(0, layout.size)
         work = self._broadcast(buf)
         while True:
             if not last:  # the next bucket goes on the wire while this one is loaded
-                next_layout, next_last = self._layout(index + 1)
+                next_layout, next_last, next_text = self._layout(index + 1)
                 next_buf = self._slot(index + 1, next_layout.size)
                 next_work = self._broadcast(next_buf)
             if last:
                 self._finish(work)
             else:
                 work.wait()  # NCCL: the loads queue behind the transfer on the GPU; gloo: the data is here
-            yield unflatten_bucket(FlatBucket(layout.metas, layout.size, buf))
+            yield self._views.views(index, buf, text, layout)
             if last:
                 break
-            index, layout, last, buf, work = index + 1, next_layout, next_last, next_buf, next_work
+            index, layout, last, text, buf, work = index + 1, next_layout, next_last, next_text, next_buf, next_work
         self._sync += 1
 
 

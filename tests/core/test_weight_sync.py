@@ -113,7 +113,8 @@ def _receiver(port: int, syncs: int, results) -> None:
 
 
 def test_gloo_broadcast_between_two_processes():
-    """Rank 0 (this process) sends three versions of the weights in several buckets; rank 1 checks them."""
+    """Rank 0 (this process) sends three versions of the weights in several buckets, through the kept buffers;
+    rank 1 checks them."""
     port = find_free_port()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -121,9 +122,10 @@ def test_gloo_broadcast_between_two_processes():
     proc.start()
     try:
         group = BroadcastGroup("127.0.0.1", port, rank=0, world_size=2, backend="gloo", timeout_s=TIMEOUT_S)
-        for version in range(3):
-            stats = group.send(iter_buckets(_weights(version), bucket_bytes=2048))
-            assert stats["weight_sync/buckets"] == 3
+        # sync 1 is one bucket larger than any slot so far (the slot grows); sync 2 goes back to 3 buckets
+        for version, bucket_bytes, buckets in [(0, 2048, 3), (1, 1 << 20, 1), (2, 2048, 3)]:
+            stats = group.send(iter_buckets(_weights(version), bucket_bytes=bucket_bytes))
+            assert stats["weight_sync/buckets"] == buckets
             assert stats["weight_sync/bytes"] == sum(t.numel() * t.element_size() for _, t in _weights(version))
         outcome = results.get(timeout=TIMEOUT_S)
         assert outcome.startswith("ok: weight sync: rank 1 waited 10s for bucket 0 of sync 3"), outcome
@@ -170,3 +172,21 @@ def test_check_weight_sync_compares_the_shared_top_k_layout(tmp_path):
         rollout.model.get_parameter("model.norm.weight").mul_(5.0)
     with pytest.raises(RlcoreError, match="weight sync check failed"):
         check_weight_sync(train, rollout, sequence)
+
+
+def test_slot_packer_keeps_layouts_per_bucket_and_follows_a_grown_slot():
+    from rlcore.weight_sync import SlotPacker
+
+    packer = SlotPacker()
+    small = [("a", torch.arange(4.0)), ("b", torch.arange(2, dtype=torch.int64))]
+    large = [("c", torch.arange(1000.0))]
+    first, text = packer.pack(0, small)
+    slot0 = first.buffer
+    again, _ = packer.pack(0, [(n, t + 1) for n, t in small])  # same layout: same buffer, new values
+    assert again.buffer is slot0 and torch.equal(dict(unflatten_bucket(again))["a"], torch.arange(4.0) + 1)
+    grown, _ = packer.pack(2, large)  # bucket 2 shares slot 0 and needs more room
+    assert grown.buffer is not slot0 and packer.versions[0] == 2
+    back, text_back = packer.pack(0, small)  # bucket 0's kept views pointed at the old buffer: made again
+    assert back.buffer is grown.buffer and text_back == text
+    assert torch.equal(dict(unflatten_bucket(back))["a"], torch.arange(4.0))
+    assert torch.equal(dict(unflatten_bucket(back))["b"], torch.arange(2, dtype=torch.int64))

@@ -28,6 +28,7 @@ class SyncProbe:
     def __init__(self):
         self.initial = None
         self.moved: list[float] = []
+        self.ipc_packed = False  # an in-process engine packed CUDA IPC buckets for workers of its own
 
     def topk(self, trainer):
         import torch
@@ -45,6 +46,8 @@ class SyncProbe:
     def rlcore_step_end(self, trainer, step, metrics):
         if step < trainer.config.max_steps:  # the last step is not synced
             self.moved.append(float((self.topk(trainer) - self.initial).abs().max()))
+        engine = getattr(trainer.session["rollout"], "engine", None)  # without Ray, the worker itself
+        self.ipc_packed = self.ipc_packed or getattr(engine, "_ipc_sender", None) is not None
 
 
 def run(model_dir, tmp_path, use_ray=False, rollout=None, probe=None, **overrides):
@@ -110,7 +113,7 @@ def test_rollout_tensor_parallel_2_loads_weights_in_every_worker(model_dir, tmp_
     needs_two_gpus()
     probe = SyncProbe()
     trainer, rows = run(model_dir, tmp_path, probe=probe, rollout={"gpus": 2, "vllm_tensor_parallel_size": 2})
-    assert trainer.session["rollout"].engine._ipc_sender is not None  # the IPC path, not the CPU copy
+    assert probe.ipc_packed  # the IPC path, not the CPU copy
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["weight_sync/seconds"] > 0
     assert len(probe.moved) == 2 and max(probe.moved) > 0.5
 
@@ -119,7 +122,7 @@ def test_vllm_worker_process_takes_weights_over_cuda_ipc(model_dir, tmp_path):
     """One process and one GPU, vLLM's worker in a process of its own: a bucket travels as a CUDA IPC handle."""
     probe = SyncProbe()
     trainer, rows = run(model_dir, tmp_path, probe=probe, rollout={"vllm_in_process": False})
-    assert trainer.session["rollout"].engine._ipc_sender is not None
+    assert probe.ipc_packed
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert len(probe.moved) == 2 and max(probe.moved) > 0.5
 

@@ -63,6 +63,20 @@ class _Logprob:
         self.logprob = logprob
 
 
+class _FakeModel(torch.nn.Module):
+    """A model with vLLM's `load_weights(weights=...)`: four 8 x 8 layers, copied in by name, names recorded."""
+
+    def __init__(self, loaded: list[str]):
+        super().__init__()
+        self.layers = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(8, 8), requires_grad=False) for _ in range(4)])
+        self.loaded = loaded
+
+    def load_weights(self, weights):
+        for name, tensor in weights:
+            self.loaded.append(name)
+            self.layers[int(name.split(".")[2])].data.copy_(tensor)
+
+
 class _FakeLLM:
     """What the engine reads of vLLM's `LLM`: prompt log-probs as vLLM 0.2x returns them (position 0 None,
     then a dict per position of the top-k plus the prompt token's own entry when it is not among them), the
@@ -71,8 +85,8 @@ class _FakeLLM:
     def __init__(self):
         self.loaded: list[str] = []
         self.resets = 0
-        model = types.SimpleNamespace(load_weights=lambda weights: self.loaded.extend(n for n, _ in weights))
-        worker = types.SimpleNamespace(worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model)))
+        self.model = _FakeModel(self.loaded)
+        worker = types.SimpleNamespace(worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(model=self.model)))
         self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(driver_worker=worker))
 
     def generate(self, requests, sampling, use_tqdm=False):
@@ -96,6 +110,7 @@ def _engine_over(llm: _FakeLLM) -> VLLMRolloutEngine:
     engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)  # no vLLM here: the engine's own logic over a fake LLM
     engine.llm, engine._asleep, engine.max_logprobs = llm, set(), 20
     engine.in_process, engine.tensor_parallel_size = True, 1
+    engine.weight_replay, engine._receiver_ranks, engine._ipc_sender = True, None, None
     engine._vllm = types.SimpleNamespace(SamplingParams=lambda **kw: types.SimpleNamespace(**kw))
     return engine
 
@@ -136,3 +151,16 @@ def test_in_process_engine_receives_a_broadcast_and_resets_its_prefix_cache():
     engine.receive_weights()
     sender.join(timeout=60)
     assert llm.loaded == [name for name, _ in weights] and llm.resets == 1
+    assert all(torch.equal(layer, torch.full((8, 8), float(i))) for i, layer in enumerate(llm.model.layers))
+
+
+def test_a_second_sync_replays_the_traced_load_with_the_new_values():
+    """The engine's loader is traced on a layout's first bucket and replayed after: vLLM's Python loader runs
+    once, the new values still arrive."""
+    llm = _FakeLLM()
+    engine = _engine_over(llm)
+    for version in (1.0, 2.0):
+        engine.update_weights([(f"model.layers.{i}.weight", torch.full((8, 8), version * i)) for i in range(4)])
+    assert llm.loaded == [f"model.layers.{i}.weight" for i in range(4)]  # the second load was replayed
+    assert engine.rlcore_loader.stats()["replayed"] == 1
+    assert all(torch.equal(layer, torch.full((8, 8), 2.0 * i)) for i, layer in enumerate(llm.model.layers))
