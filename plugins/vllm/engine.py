@@ -330,7 +330,10 @@ class VLLMRolloutEngine(RolloutEngine):
         return stats
 
     def finish_weight_update(self) -> None:
-        """Drop cached prefixes: their KV entries were computed with the old weights."""
+        """Drop cached prefixes: their KV entries were computed with the old weights. The next sync's buckets
+        go into the IPC buffers from the first again (their kept layouts and views)."""
+        if self._ipc_sender is not None:
+            self._ipc_sender.start()
         self.llm.reset_prefix_cache()
 
     # ---- memory ------------------------------------------------------------
