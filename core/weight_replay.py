@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .weight_sync import copy_all
+
 NamedTensors = list[tuple[str, torch.Tensor]]
 # per tensor: name, shape, stride, dtype, device type
 Layout = tuple[tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype, str], ...]
@@ -47,7 +49,6 @@ _INPLACE_DUNDERS = frozenset({
 })
 # Ops that read a tensor's values into Python, which can steer the loader or become a constant.
 _READS = frozenset({"item", "tolist", "numpy", "__array__", "__bool__", "__int__", "__float__", "__index__"})
-_foreach_copy = getattr(torch, "_foreach_copy_", None)
 
 
 def layout(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> Layout:
@@ -107,17 +108,6 @@ def _batches(steps: list[_Copy | _Fill]) -> list[list[_Copy] | _Fill]:
         out[-1].append(step)
         written.setdefault(_storage(step.dst), []).append((start, end))
     return out
-
-
-def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
-    if _foreach_copy is not None:
-        try:
-            _foreach_copy(dsts, srcs)
-            return
-        except (RuntimeError, TypeError):  # a torch whose foreach copy refuses mixed dtypes or devices
-            pass
-    for dst, src in zip(dsts, srcs):
-        dst.copy_(src)
 
 
 class _Recorder(TorchFunctionMode):
@@ -277,4 +267,4 @@ class ReplayLoader:
                 srcs = [
                     incoming[c.index].as_strided(c.size, c.stride, incoming[c.index].storage_offset() + c.offset) for c in batch
                 ]
-                _copy_all([c.dst for c in batch], srcs)
+                copy_all([c.dst for c in batch], srcs)

@@ -126,27 +126,31 @@ def unflatten_bucket(bucket: FlatBucket) -> NamedTensors:
     return [(m.name, buf[m.offset : m.offset + m.nbytes].view(_dtype(m.dtype)).view(m.shape)) for m in bucket.metas]
 
 
+def copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """dsts[i].copy_(srcs[i]) for every i, as one batched copy where torch can (`_foreach_copy_`)."""
+    foreach = getattr(torch, "_foreach_copy_", None)
+    if foreach is not None:
+        try:
+            foreach(dsts, srcs)
+            return
+        except (RuntimeError, TypeError):  # a torch whose fused copy refuses mixed dtypes or devices
+            pass
+    for dst, src in zip(dsts, srcs):
+        dst.copy_(src)
+
+
 def flatten_bucket(
-    named_tensors: Iterable[tuple[str, torch.Tensor]],
-    device: torch.device | str | None = None,
-    out: torch.Tensor | None = None,
-    layout: tuple[list[TensorMeta], int] | None = None,
+    named_tensors: Iterable[tuple[str, torch.Tensor]], device: torch.device | str | None = None, out: torch.Tensor | None = None
 ) -> FlatBucket:
-    """Copy a bucket's tensors into one flat buffer: `out` when it is large enough (a slot kept from sync to
-    sync), else a new one on `device` (default: the first tensor's). One batched copy on the GPU. `layout`:
-    the tensors' `bucket_layout`, when the caller has it already."""
+    """Copy a bucket's tensors into one flat buffer: `out` when it is large enough, else a new one on
+    `device` (default: the first tensor's). One batched copy on the GPU; `SlotPacker` keeps buffers and
+    views from sync to sync."""
     items = list(named_tensors)
-    metas, size = layout if layout is not None else bucket_layout(items)
+    metas, size = bucket_layout(items)
     if device is None:
         device = out.device if out is not None else (items[0][1].device if items else "cpu")
     bucket = FlatBucket(metas, size, _buffer(size, device, out))
-    views = [view for _, view in unflatten_bucket(bucket)]
-    sources = [tensor.detach() for _, tensor in items]
-    try:
-        torch._foreach_copy_(views, sources)
-    except (AttributeError, RuntimeError):  # an older torch, or a mix its fused copy refuses
-        for view, source in zip(views, sources):
-            view.copy_(source)
+    copy_all([view for _, view in unflatten_bucket(bucket)], [tensor.detach() for _, tensor in items])
     return bucket
 
 
@@ -180,12 +184,7 @@ class SlotPacker:
             bucket = FlatBucket(metas, size, buffer)
             known = self._layouts[index] = (signature, bucket, {}, [view for _, view in unflatten_bucket(bucket)])
         _, bucket, texts, views = known
-        sources = [tensor.detach() for _, tensor in items]
-        try:
-            torch._foreach_copy_(views, sources)
-        except (AttributeError, RuntimeError):  # an older torch, or a mix its fused copy refuses
-            for view, source in zip(views, sources):
-                view.copy_(source)
+        copy_all(views, [tensor.detach() for _, tensor in items])
         key = tuple(sorted(extra.items()))
         if key not in texts:
             texts[key] = bucket.to_json(**extra)
