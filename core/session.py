@@ -306,9 +306,13 @@ class RoleSession:
 
             sent, received = wait([sender.send_weights(bucket_bytes), receiver.receive_weights()])
             nbytes = sent["weight_sync/bytes"]
-            for stats in [sent, *(received if isinstance(received, list) else [received])]:
-                for key in (k for k in stats or {} if k.endswith("_s")):
+            receivers = [stats for stats in (received if isinstance(received, list) else [received]) if stats]
+            for stats in [sent, *receivers]:
+                for key in (k for k in stats if k.endswith("_s")):
                     phases[key] = max(phases.get(key, 0.0), stats[key])
+            if receivers:  # how long the last receiver took to get to the sync (behind a generation in flight)
+                own = min(stats.get("weight_sync/recv_s", 0.0) + stats.get("weight_sync/load_s", 0.0) for stats in receivers)
+                phases["weight_sync/queue_s"] = max(0.0, time.perf_counter() - start - own)
         elif transport == "cuda_ipc":
             self.wake(dst, ("weights",))
             nbytes = self._sync_ipc(src, dst, bucket_bytes)

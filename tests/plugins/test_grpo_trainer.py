@@ -237,6 +237,7 @@ def test_ray_run(ray_local, tmp_path, tiny, plugins, layout, request):
     assert rows[0]["weight_sync/gb_per_s"] > 0
     if "broadcast" in layout:  # a sync's phases, the sender's and the slowest of the two receivers'
         assert all(rows[0][f"weight_sync/{p}_s"] > 0 for p in ("export", "pack", "send", "recv", "load"))
+        assert 0 <= rows[0]["weight_sync/queue_s"] < rows[0]["weight_sync/seconds"]
     assert rows[-1]["off_policy_steps"] == float("async" in layout)
     if layout == "separate":
         assert rows[-1]["kl"] > 0 and rows[-1]["rewards/orm/mean"] is not None
