@@ -100,3 +100,79 @@ def test_tensor_and_pipeline_sizes_split_a_roles_workers(plugins):
         train(tensor_model_parallel_size=3).dp_size("train")
     with pytest.raises(ConfigError, match="one worker in this process: run with --use-ray"):
         train(use_ray=False, tensor_model_parallel_size=2).dp_size("train")
+
+
+class _Pending:
+    """A `blocking=False` result that logs when the driver waits for it."""
+
+    def __init__(self, log: list[str], event: str, value=None):
+        self.log, self.event, self.value = log, event, value
+
+    def get(self, timeout=None):
+        self.log.append(self.event)
+        return self.value
+
+
+class _IpcSenders:
+    """Two train ranks on GPUs a and b, each exporting three buckets (what TrainWorker.next_ipc_bucket returns)."""
+
+    def __init__(self, log: list[str]):
+        self.log, self.index = log, 0
+
+    def gpu_uuid(self):
+        return ["gpu-a", "gpu-b"]
+
+    def next_ipc_bucket(self, bucket_bytes=None):
+        if bucket_bytes is not None:
+            self.index = 0
+        if self.index == 3:
+            return _Pending(self.log, "packed end", [None, None])
+        self.log.append(f"pack {self.index}")
+        payloads = [{"rank": rank, "bucket": self.index, "nbytes": 100} for rank in (0, 1)]
+        self.index += 1
+        return _Pending(self.log, f"packed {self.index - 1}", payloads)
+
+
+class _IpcReceivers:
+    """Two rollout workers: one on GPU b, one holding weights on GPUs a and b (a tensor-parallel engine)."""
+
+    def __init__(self, log: list[str]):
+        self.log, self.loads = log, []
+
+    def weight_receiver_gpus(self):
+        return [["gpu-b"], ["gpu-a", "gpu-b"]]
+
+    def load_ipc_bucket(self, payloads):
+        self.loads.append(payloads)
+        bucket = payloads[0][0]["bucket"]
+        self.log.append(f"load {bucket}")
+        return _Pending(self.log, f"loaded {bucket}")
+
+    def finish_weight_update(self):
+        self.log.append("finish")
+
+
+def test_ipc_sync_pairs_receivers_by_gpu_and_never_refills_a_buffer_still_being_loaded(plugins):
+    """The session's CUDA IPC loop (its GPU half runs in tests/gpu): every receiving process gets the payload
+    of the train rank on its GPU; the senders pack bucket i+1 while bucket i loads, but bucket i+2 (which
+    reuses bucket i's buffer) only after the driver has seen bucket i loaded."""
+    config = {"colocate_groups": [["train", "rollout"]], "train": {"gpus": 2}, "rollout": {"gpus": 2}}
+    s = session(plugins, config, ["train", "rollout"])
+    log: list[str] = []
+    receivers = _IpcReceivers(log)
+    s.groups = {"train": _IpcSenders(log), "rollout": receivers}
+    s.ipc_sources[("train", "rollout")] = s._pair_by_gpu("train", "rollout")
+    assert s.ipc_sources[("train", "rollout")] == [[1], [0, 1]]
+    assert s._sync_ipc("train", "rollout", 1 << 20) == 300
+    assert [[[p["rank"] for p in own] for own in load] for load in receivers.loads] == [[[1], [0, 1]]] * 3
+    assert log[-1] == "finish" and log.count("finish") == 1
+    for i in range(3):
+        assert log.index(f"load {i}") > log.index(f"packed {i}")  # loads what was packed
+        if i + 2 < 3:
+            assert log.index(f"loaded {i}") < log.index(f"pack {i + 2}")  # buffer i % 2 is free again
+        if i + 1 < 3:
+            assert log.index(f"pack {i + 1}") < log.index(f"loaded {i}")  # packing overlaps the load
+
+    s.groups["rollout"].weight_receiver_gpus = lambda: [["gpu-c"]]
+    with pytest.raises(ConfigError, match=r"rollout workers \[0\] hold weights on GPUs \['gpu-c'\] where no train worker runs"):
+        s._pair_by_gpu("train", "rollout")
