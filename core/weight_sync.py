@@ -210,6 +210,10 @@ class ViewCache:
             known = self._views[index] = (key, unflatten_bucket(FlatBucket(metas.metas, metas.size, buffer)))
         return list(known[1])
 
+    def forget(self, slot: Any) -> None:
+        """Drop the views of a buffer that was replaced (keys `(slot, index)`), so they stop holding it."""
+        self._views = {k: v for k, v in self._views.items() if not (isinstance(k, tuple) and k[0] == slot)}
+
     def clear(self) -> None:
         self._views.clear()
 
@@ -331,6 +335,7 @@ class IpcReceiver:
             rebuild, args = payload["handle"]
             args = list(args)
             args[_IPC_DEVICE_ARG] = _device_index(payload["gpu"])
+            self._views.forget(slot)  # views of the sender's old buffer would keep it mapped
             self._mapped[slot] = (key, rebuild(*args))
         return self._views.views((payload["slot"], payload["index"]), self._mapped[slot][1], payload["meta"])
 

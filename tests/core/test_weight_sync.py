@@ -190,3 +190,19 @@ def test_slot_packer_keeps_layouts_per_bucket_and_follows_a_grown_slot():
     assert back.buffer is grown.buffer and text_back == text
     assert torch.equal(dict(unflatten_bucket(back))["a"], torch.arange(4.0))
     assert torch.equal(dict(unflatten_bucket(back))["b"], torch.arange(2, dtype=torch.int64))
+
+
+def test_view_cache_makes_views_once_and_forgets_a_replaced_buffer():
+    from rlcore.weight_sync import ViewCache
+
+    bucket = flatten_bucket(_weights(1))
+    text = bucket.to_json()
+    cache = ViewCache()
+    first = cache.views(("s0", 0), bucket.buffer, text)
+    again = cache.views(("s0", 0), bucket.buffer, text)
+    assert all(a is b for (_, a), (_, b) in zip(first, again))  # the same view objects
+    assert torch.equal(dict(first)["lm_head.weight"], dict(_weights(1))["lm_head.weight"])
+    other = cache.views(("s1", 0), bucket.buffer, text)
+    cache.forget("s0")
+    assert cache.views(("s0", 0), bucket.buffer, text)[0][1] is not first[0][1]  # made again
+    assert cache.views(("s1", 0), bucket.buffer, text)[0][1] is other[0][1]  # another slot's are kept
