@@ -259,13 +259,13 @@ def gpu_uuid(device: torch.device | int | None = None) -> str:
     return str(torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device).uuid)
 
 
-def _device_index(uuid: str) -> int:
-    """This process's index of the GPU with `uuid`."""
+def _device_index(gpu: str) -> int:
+    """This process's index of the GPU whose UUID is `gpu`."""
     for index in range(torch.cuda.device_count()):
-        if gpu_uuid(index) == uuid:
+        if gpu_uuid(index) == gpu:
             return index
     raise RlcoreError(
-        f"CUDA IPC weight sync: the sender's GPU {uuid} is not visible in this process (CUDA_VISIBLE_DEVICES="
+        f"CUDA IPC weight sync: the sender's GPU {gpu} is not visible in this process (CUDA_VISIBLE_DEVICES="
         f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}); colocate sender and receiver on the same GPUs"
     )
 
