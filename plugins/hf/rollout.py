@@ -53,6 +53,10 @@ class HFRolloutEngine(RolloutEngine):
         self._shapes = [p.shape for p in self._params]
         self._sleep_level = 0
         self._unloaded: set[int] = set()  # ids of params dropped by sleep(2) and not yet updated
+        # transformers 5.24 renamed forward's `past_key_values` (and the output's) to `cache`; 5.40 drops the old name
+        import inspect
+
+        self._cache_key = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters else "past_key_values"
 
     # ------------------------------------------------------------------ generation
 
@@ -78,7 +82,7 @@ class HFRolloutEngine(RolloutEngine):
             input_ids, mask = self._left_pad(prompts)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1]
+            cache, logits = out[self._cache_key], out.logits[:, -1]
             next_pos = positions[:, -1] + 1
             if params.n > 1:
                 cache.batch_repeat_interleave(params.n)
@@ -101,7 +105,7 @@ class HFRolloutEngine(RolloutEngine):
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
                 out = self.model(
                     input_ids=token[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                    past_key_values=cache, use_cache=True,
+                    use_cache=True, **{self._cache_key: cache},
                 )
                 logits, next_pos = out.logits[:, -1], next_pos + 1
 
