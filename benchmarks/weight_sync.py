@@ -8,6 +8,10 @@ For a Qwen2-0.5B-, 1.5B- and 7B-shaped model (random bf16 weights with Hugging F
   a flat buffer of the same bytes over the same process group.
 - `vllm_load` (one GPU, 0.5b and 1.5b): a vLLM engine of the shape loading a whole model's buckets through
   its own `load_weights` against rlcore's `ReplayLoader` replaying them.
+- `session_colocate` (one GPU) and `session_separate` (two): the whole path, `RoleSession.sync_weights` on
+  Ray between an hf train engine and a vLLM rollout engine, Ray calls and the engines' export and load
+  included; its transport row above is the comparison. `--device cpu` runs these two with hf engines on
+  fake GPUs (object store / gloo), a check of the harness.
 
 The receiver's "load" copies each received tensor into its own copy of the model, by name, in one batched
 copy: what a vLLM engine's replayed load does (rlcore.weight_replay); vLLM's own Python loaders add to
@@ -16,6 +20,7 @@ it on the first sync of a layout only. A sync is timed on the sender from its st
 
     python benchmarks/weight_sync.py                       # every shape, every transport the GPUs allow
     python benchmarks/weight_sync.py --shapes 0.5b --syncs 10
+    python benchmarks/weight_sync.py --transports session_colocate,session_separate --shapes 0.5b
 The table prints milliseconds, GB/s and rlcore / raw; `--json PATH` (default
 benchmarks/results/weight_sync-<date>-<gpus>gpu.json) keeps it.
 """
@@ -35,6 +40,7 @@ import torch
 import torch.multiprocessing as mp
 
 SHAPES = {  # hidden, layers, heads, kv heads, intermediate, tied embeddings (Qwen2's published configs)
+    "tiny": (256, 2, 4, 2, 512, True),  # the GPU tests' model, for a quick run (and the session rows on the CPU)
     "0.5b": (896, 24, 14, 2, 4864, True),
     "1.5b": (1536, 28, 12, 2, 8960, True),
     "7b": (3584, 28, 28, 4, 18944, False),
@@ -308,6 +314,56 @@ def bench_nccl(shape: str, syncs: int) -> dict:
 # -------------------------------------------------------------------------------------------------
 
 
+# -------------------------------------------------------------------------------------------------
+# the whole path: RoleSession.sync_weights between a train and a rollout role on Ray
+# -------------------------------------------------------------------------------------------------
+
+
+def bench_session(shape: str, syncs: int, layout: str, device: str) -> dict:
+    """`RoleSession.sync_weights` end to end (Ray calls, the engines' export and load included): an hf train
+    engine and a vLLM rollout engine (on the CPU: the hf rollout engine, fake GPUs placing the actors) of this
+    shape, colocated (CUDA IPC; object store on the CPU) or separate (NCCL; gloo on the CPU)."""
+    import tempfile
+
+    from rlcore import RoleSession, RoleSetup, load_plugins
+    from rlcore.cluster import init
+    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.resources import plan_from_config
+    from rlcore.roles import GenerateWorker, TrainWorker
+
+    hidden, layers, heads, kv_heads, inter, tied = SHAPES[shape]
+    if not tied:
+        raise SystemExit("session rows build tied-embedding shapes only (tiny, 0.5b, 1.5b)")
+    vocab = None if shape == "tiny" else VOCAB
+    model_dir = str(build_tiny_model(Path(tempfile.mkdtemp()) / shape, hidden_size=hidden, num_layers=layers, num_heads=heads,
+                                     num_kv_heads=kv_heads, intermediate_size=inter, vocab_size=vocab, dtype="bfloat16"))
+    gpu = device == "cuda"
+    if not gpu:
+        init("local", num_cpus=4, num_gpus=2)  # fake GPUs place the actors; the engines compute on the CPU
+    plugins = load_plugins()
+    roles = {"train": {"gpus": 1}, "rollout": {"gpus": 1}}
+    config = {**roles, "colocate_groups": [["train", "rollout"]]} if layout == "colocate" else roles
+    plan = plan_from_config(config, roles=("train", "rollout"), plugins=plugins)
+    dtype = "bfloat16" if gpu else "float32"
+    train = {"model": model_dir, "dtype": dtype, "device": device}
+    rollout = ({"model": model_dir, "dtype": dtype, "vllm_gpu_memory_utilization": 0.3, "vllm_enforce_eager": True,
+                "vllm_max_model_len": 512, "vllm_enable_sleep_mode": False} if gpu else train)
+    setups = {"train": RoleSetup(TrainWorker, "hf", train),
+              "rollout": RoleSetup(GenerateWorker, "vllm" if gpu else "hf", rollout)}
+    options = {} if gpu or layout == "colocate" else {"weight_sync_backend": "gloo"}
+    session = RoleSession(plan, setups, use_ray=True, plugins=plugins, syncs=(("train", "rollout"),), **options)
+    stats = []
+    with session.start():
+        for _ in range(syncs + 1):
+            stats.append(session.sync_weights("train", "rollout", BUCKET_BYTES))
+        diff = session.check_weight_sync("train", "rollout", list(range(3, 19)))  # the weights arrived
+        transport = session.transports[("train", "rollout")]
+    nbytes = stats[-1]["weight_sync/gb_per_s"] * stats[-1]["weight_sync/seconds"] * 1e9
+    phases = {k: statistics.median(s[k] for s in stats[1:]) for k in stats[1] if k.endswith("_s") and k != "weight_sync/gb_per_s"}
+    return {"bytes": nbytes, "rlcore_s": [s["weight_sync/seconds"] for s in stats[1:]], "session_transport": transport,
+            "phases": phases, "check_max_diff": diff}
+
+
 BASELINES = {"cuda_ipc": "raw IPC copy", "nccl": "raw broadcast", "vllm_load": "vLLM load_weights"}
 BENCHES = {"cuda_ipc": bench_ipc, "nccl": bench_nccl, "vllm_load": bench_vllm_load}
 
@@ -315,50 +371,68 @@ BENCHES = {"cuda_ipc": bench_ipc, "nccl": bench_nccl, "vllm_load": bench_vllm_lo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="0.5b,1.5b,7b")
-    parser.add_argument("--transports", default="cuda_ipc,nccl", help="cuda_ipc, nccl, vllm_load (vLLM's loaders vs replay)")
+    parser.add_argument("--transports", default="cuda_ipc,nccl",
+                        help="cuda_ipc, nccl, vllm_load (vLLM's loaders vs replay), session_colocate, session_separate "
+                             "(RoleSession.sync_weights end to end)")
     parser.add_argument("--syncs", type=int, default=5)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: the session rows only, on fake GPUs with hf engines (a check of this script)")
     parser.add_argument("--json")
     args = parser.parse_args()
-    gpus = torch.cuda.device_count()
-    if gpus == 0:
-        sys.exit("weight_sync.py needs a GPU")
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    if args.device == "cuda" and gpus == 0:
+        sys.exit("weight_sync.py needs a GPU (or --device cpu --transports session_colocate,session_separate)")
     rows, skipped = [], []
     for transport in args.transports.split(","):
-        if transport == "nccl" and gpus < 2:
-            skipped.append(f"nccl: needs 2 GPUs, this machine has {gpus}")
+        session = transport.startswith("session_")
+        if args.device == "cpu" and not session:
+            skipped.append(f"{transport}: needs a GPU")
+            continue
+        if transport in ("nccl", "session_separate") and args.device == "cuda" and gpus < 2:
+            skipped.append(f"{transport}: needs 2 GPUs, this machine has {gpus}")
             continue
         for shape in args.shapes.split(","):
-            if transport == "vllm_load" and not SHAPES[shape][5]:
-                skipped.append(f"vllm_load {shape}: the tiny-model builder makes tied-embedding shapes only")
+            if transport in ("vllm_load", "session_colocate", "session_separate") and not SHAPES[shape][5]:
+                skipped.append(f"{transport} {shape}: the tiny-model builder makes tied-embedding shapes only")
                 continue
-            result = BENCHES[transport](shape, args.syncs)
+            if session:
+                result = bench_session(shape, args.syncs, transport.removeprefix("session_"), args.device)
+            else:
+                result = BENCHES[transport](shape, args.syncs)
             ms = statistics.median(result["rlcore_s"]) * 1e3
-            base_ms = statistics.median(result["raw_s"]) * 1e3
-            rows.append({"transport": transport, "shape": shape, "gb": result["bytes"] / 1e9, "rlcore_ms": ms,
-                         "rlcore_gb_s": result["bytes"] / ms / 1e6, "baseline": BASELINES[transport], "baseline_ms": base_ms,
-                         "baseline_gb_s": result["bytes"] / base_ms / 1e6, "ratio": ms / base_ms,
-                         "target": TARGETS.get((transport, shape), ""), **result})
-            print(f"{transport} {shape}: {ms:.2f} ms ({BASELINES[transport]} {base_ms:.2f} ms)", file=sys.stderr, flush=True)
-    print(f"\nweight sync, {gpus} x {torch.cuda.get_device_name(0)}, bf16, {BUCKET_BYTES >> 20} MB buckets, "
-          f"median of {args.syncs} syncs after a warm-up")
-    print(f"{'transport':<9} {'shape':<5} {'GB':>6} {'rlcore ms':>10} {'GB/s':>7}  {'baseline':<17} {'ms':>8} {'GB/s':>7} "
+            row = {"transport": transport, "shape": shape, "gb": result["bytes"] / 1e9, "rlcore_ms": ms,
+                   "rlcore_gb_s": result["bytes"] / ms / 1e6, "target": TARGETS.get((transport, shape), ""), **result}
+            if not session:
+                base_ms = statistics.median(result["raw_s"]) * 1e3
+                row.update(baseline=BASELINES[transport], baseline_ms=base_ms, baseline_gb_s=result["bytes"] / base_ms / 1e6,
+                           ratio=ms / base_ms)
+            rows.append(row)
+            print(f"{transport} {shape}: {ms:.2f} ms", file=sys.stderr, flush=True)
+    where = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else "CPU (fake GPUs)"
+    print(f"\nweight sync, {where}, {BUCKET_BYTES >> 20} MB buckets, median of {args.syncs} syncs after a warm-up")
+    print(f"{'transport':<16} {'shape':<5} {'GB':>6} {'rlcore ms':>10} {'GB/s':>7}  {'baseline':<17} {'ms':>8} {'GB/s':>7} "
           f"{'rlcore/base':>11}  target")
     for r in rows:
-        print(f"{r['transport']:<9} {r['shape']:<5} {r['gb']:>6.2f} {r['rlcore_ms']:>10.2f} {r['rlcore_gb_s']:>7.1f}  "
-              f"{r['baseline']:<17} {r['baseline_ms']:>8.2f} {r['baseline_gb_s']:>7.1f} {r['ratio']:>11.2f}  {r['target']}")
+        if "baseline" in r:
+            base = f"{r['baseline']:<17} {r['baseline_ms']:>8.2f} {r['baseline_gb_s']:>7.1f} {r['ratio']:>11.2f}"
+        else:  # the whole path has no raw counterpart: its transport row is the comparison
+            base = f"{'over ' + r['session_transport']:<17} {'-':>8} {'-':>7} {'-':>11}"
+        print(f"{r['transport']:<16} {r['shape']:<5} {r['gb']:>6.2f} {r['rlcore_ms']:>10.2f} {r['rlcore_gb_s']:>7.1f}  {base}  {r['target']}")
     for r in rows:
         for label, times in r.get("variants", {}).items():
             per = r["phases"][label]
             print(f"cuda_ipc {r['shape']} {label:<19} {statistics.median(times) * 1e3:7.2f} ms; per sync: "
                   + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in per.items()))
-        if r["transport"] == "nccl":
-            print(f"nccl {r['shape']} phases: " + ", ".join(f"{k.split('/')[-1]} {v * 1e3:.2f} ms" for k, v in r["phases"].items()))
+        if r["transport"] == "nccl" or (r["transport"].startswith("session_") and r["phases"]):
+            print(f"{r['transport']} {r['shape']} phases: "
+                  + ", ".join(f"{k.split('/')[-1]} {v * 1e3:.2f} ms" for k, v in r["phases"].items()))
     for line in skipped:
         print(f"skipped: {line}")
-    path = Path(args.json or Path(__file__).parent / "results" / f"weight_sync-{datetime.date.today()}-{gpus}gpu.json")
+    kind = f"{gpus}gpu" if gpus else "cpu"
+    path = Path(args.json or Path(__file__).parent / "results" / f"weight_sync-{datetime.date.today()}-{kind}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"gpus": gpus, "device": torch.cuda.get_device_name(0), "bucket_bytes": BUCKET_BYTES,
-                                "rows": rows, "skipped": skipped}, indent=1))
+    path.write_text(json.dumps({"gpus": gpus, "device": torch.cuda.get_device_name(0) if gpus else "cpu",
+                                "bucket_bytes": BUCKET_BYTES, "rows": rows, "skipped": skipped}, indent=1))
     print(f"json: {path}")
 
 
