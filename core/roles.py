@@ -115,8 +115,11 @@ class TrainWorker:
                 self.ipc_sender = CudaIpcSender()  # its two buffers are kept for every later sync
             self.ipc_sender.start()
             self.ipc_buckets = iter(self.engine.export_weights(bucket_bytes))
+        start = time.perf_counter()
         bucket = next(self.ipc_buckets, None)
-        return None if bucket is None else self.ipc_sender.pack(bucket)
+        if bucket is None:
+            return None
+        return {**self.ipc_sender.pack(bucket), "pack_s": time.perf_counter() - start}  # the export's share too
 
     @function()
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
@@ -181,11 +184,13 @@ class GenerateWorker:
         return self.engine.weight_receiver_gpus()
 
     @function(dispatch="slice", blocking=False)
-    def load_ipc_bucket(self, payloads: list[list[dict[str, Any]]]) -> None:
+    def load_ipc_bucket(self, payloads: list[list[dict[str, Any]]]) -> float:
         """Load a bucket packed as CUDA IPC handles: per worker, one payload per weight receiver, each from
-        the sender on that receiver's GPU."""
+        the sender on that receiver's GPU; returns the seconds it took."""
+        start = time.perf_counter()
         for own in payloads:
             self.engine.load_ipc_bucket(own)
+        return time.perf_counter() - start
 
     @function()
     def finish_weight_update(self) -> None:

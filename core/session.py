@@ -298,7 +298,7 @@ class RoleSession:
     def sync_weights(self, src: str, dst: str, bucket_bytes: int = 512 << 20) -> dict[str, float]:
         """`src` rank 0's weights into every `dst` worker, bucketed; returns seconds and GB/s."""
         start = time.perf_counter()
-        phases: dict[str, float] = {}  # broadcast: seconds per phase of the sender and the slowest receiver
+        phases: dict[str, float] = {}  # broadcast and IPC: seconds per phase of the senders and the slowest receiver
         transport = self.transports.get((src, dst)) or self.transport(src, dst)
         sender, receiver = self[src], self[dst]
         if transport in ("nccl", "gloo"):  # the receive queues behind a generation still in flight
@@ -315,7 +315,7 @@ class RoleSession:
                 phases["weight_sync/queue_s"] = max(0.0, time.perf_counter() - start - own)
         elif transport == "cuda_ipc":
             self.wake(dst, ("weights",))
-            nbytes = self._sync_ipc(src, dst, bucket_bytes)
+            nbytes, phases = self._sync_ipc(src, dst, bucket_bytes)
         else:
             self.wake(dst, ("weights",))
             buckets = sender.export_weights(bucket_bytes)
@@ -324,22 +324,25 @@ class RoleSession:
         seconds = time.perf_counter() - start
         return {"weight_sync/seconds": seconds, "weight_sync/gb_per_s": nbytes / seconds / 1e9, **phases}
 
-    def _sync_ipc(self, src: str, dst: str, bucket_bytes: int) -> int:
+    def _sync_ipc(self, src: str, dst: str, bucket_bytes: int) -> tuple[int, dict[str, float]]:
         """Bucket by bucket: every sender rank packs a bucket into one of its two kept buffers and hands out
-        its handle; each receiving process loads from the sender on its GPU. Returns the bytes per receiver."""
+        its handle; each receiving process loads from the sender on its GPU. Returns the bytes per receiver
+        and the seconds of packing (the slowest sender's, bucket by bucket) and loading (the slowest receiver's)."""
         from .actors import wait
 
         sender, receiver, sources = self[src], self[dst], self.ipc_sources[(src, dst)]
-        nbytes = 0
+        nbytes, pack_s, load_s = 0, 0.0, 0.0
         payloads = sender.next_ipc_bucket(bucket_bytes).get()
         while payloads[0] is not None:
             # the receivers load bucket i while the senders pack bucket i+1 into their other buffer
             loaded = receiver.load_ipc_bucket([[payloads[rank] for rank in ranks] for ranks in sources])
             following = sender.next_ipc_bucket()
             nbytes += payloads[0]["nbytes"]
-            _, payloads = wait([loaded, following])
+            pack_s += max(p["pack_s"] for p in payloads)
+            seconds, payloads = wait([loaded, following])
+            load_s += max(seconds)
         receiver.finish_weight_update()
-        return nbytes
+        return nbytes, {"weight_sync/pack_s": pack_s, "weight_sync/load_s": load_s}
 
     def check_weight_sync(self, src: str, dst: str, sequence: list[int]) -> float:
         """After a sync, `dst` must score `sequence` as `src` does (top-k log-probs); a mismatch (a wrong

@@ -128,7 +128,7 @@ class _IpcSenders:
         if self.index == 3:
             return _Pending(self.log, "packed end", [None, None])
         self.log.append(f"pack {self.index}")
-        payloads = [{"rank": rank, "bucket": self.index, "nbytes": 100} for rank in (0, 1)]
+        payloads = [{"rank": rank, "bucket": self.index, "nbytes": 100, "pack_s": 0.25 * (rank + 1)} for rank in (0, 1)]
         self.index += 1
         return _Pending(self.log, f"packed {self.index - 1}", payloads)
 
@@ -146,7 +146,7 @@ class _IpcReceivers:
         self.loads.append(payloads)
         bucket = payloads[0][0]["bucket"]
         self.log.append(f"load {bucket}")
-        return _Pending(self.log, f"loaded {bucket}")
+        return _Pending(self.log, f"loaded {bucket}", [0.125, 1.0])  # each worker's seconds
 
     def finish_weight_update(self):
         self.log.append("finish")
@@ -163,7 +163,8 @@ def test_ipc_sync_pairs_receivers_by_gpu_and_never_refills_a_buffer_still_being_
     s.groups = {"train": _IpcSenders(log), "rollout": receivers}
     s.ipc_sources[("train", "rollout")] = s._pair_by_gpu("train", "rollout")
     assert s.ipc_sources[("train", "rollout")] == [[1], [0, 1]]
-    assert s._sync_ipc("train", "rollout", 1 << 20) == 300
+    # per bucket the slowest sender's packing and the slowest receiver's loading, over three buckets
+    assert s._sync_ipc("train", "rollout", 1 << 20) == (300, {"weight_sync/pack_s": 1.5, "weight_sync/load_s": 3.0})
     assert [[[p["rank"] for p in own] for own in load] for load in receivers.loads] == [[[1], [0, 1]]] * 3
     assert log[-1] == "finish" and log.count("finish") == 1
     for i in range(3):
