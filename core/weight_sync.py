@@ -344,11 +344,6 @@ class IpcReceiver:
         self._views.clear()
 
 
-def receive_ipc(payload: dict[str, Any]) -> NamedTensors:
-    """Rebuild one bucket packed by `CudaIpcSender.pack`, without keeping the mapping (tests, one-offs)."""
-    return IpcReceiver().receive(payload)
-
-
 # -------------------------------------------------------------------------
 # broadcast: train rank 0 -> a separate rollout group (NCCL; gloo on the CPU)
 # -------------------------------------------------------------------------

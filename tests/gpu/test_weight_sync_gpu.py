@@ -55,9 +55,10 @@ def test_cuda_ipc_between_two_ray_actors_sharing_one_gpu():
     @ray.remote(num_gpus=0.5, num_cpus=1)
     class Receiver:
         def receive(self, payloads):
-            from rlcore.weight_sync import receive_ipc
+            from rlcore.weight_sync import IpcReceiver
 
-            out = [(name, t.cpu()) for payload in payloads for name, t in receive_ipc(payload)]
+            receiver = IpcReceiver()
+            out = [(name, t.cpu()) for payload in payloads for name, t in receiver.receive(payload)]
             torch.cuda.synchronize()
             return out
 
