@@ -85,27 +85,19 @@ class FlatBucket:
                            "size": self.size, **extra})
 
     @staticmethod
-    def from_json(text: str, device: torch.device | str | None = "cpu", out: torch.Tensor | None = None) -> FlatBucket:
-        """Metadata from `to_json` with a buffer: `out` when it is large enough, else a new one on `device`
-        (None: no buffer)."""
+    def from_json(text: str, device: torch.device | str | None = "cpu") -> FlatBucket:
+        """Metadata from `to_json` with a new buffer on `device` (None: no buffer)."""
         data = json.loads(text)
         metas = [TensorMeta(name, tuple(shape), dtype, offset) for name, shape, dtype, offset in data["tensors"]]
         size = int(data["size"])
-        if device is None and out is None:
+        if device is None:
             return FlatBucket(metas, size)
-        return FlatBucket(metas, size, _buffer(size, device, out))
+        return FlatBucket(metas, size, torch.empty(size, dtype=torch.uint8, device=device))
 
     @property
     def nbytes(self) -> int:
         """The tensors' bytes (`size` adds the alignment padding)."""
         return sum(m.nbytes for m in self.metas)
-
-
-def _buffer(size: int, device: torch.device | str | None, out: torch.Tensor | None) -> torch.Tensor:
-    """`out` when it holds `size` bytes (on `device`, if given), else a new uint8 buffer."""
-    if out is not None and out.numel() >= size and (device is None or out.device == torch.device(device)):
-        return out
-    return torch.empty(size, dtype=torch.uint8, device=device if device is not None else out.device)
 
 
 def bucket_layout(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], int]:
@@ -139,23 +131,21 @@ def copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
         dst.copy_(src)
 
 
-def flatten_bucket(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], device: torch.device | str | None = None, out: torch.Tensor | None = None
-) -> FlatBucket:
-    """Copy a bucket's tensors into one flat buffer: `out` when it is large enough, else a new one on
-    `device` (default: the first tensor's). One batched copy on the GPU; `SlotPacker` keeps buffers and
-    views from sync to sync."""
+def flatten_bucket(named_tensors: Iterable[tuple[str, torch.Tensor]], device: torch.device | str | None = None) -> FlatBucket:
+    """Copy a bucket's tensors into a new flat buffer on `device` (default: the first tensor's), in one
+    batched copy on the GPU; `SlotPacker` keeps buffers and views from sync to sync."""
     items = list(named_tensors)
     metas, size = bucket_layout(items)
     if device is None:
-        device = out.device if out is not None else (items[0][1].device if items else "cpu")
-    bucket = FlatBucket(metas, size, _buffer(size, device, out))
+        device = items[0][1].device if items else "cpu"
+    bucket = FlatBucket(metas, size, torch.empty(size, dtype=torch.uint8, device=device))
     copy_all([view for _, view in unflatten_bucket(bucket)], [tensor.detach() for _, tensor in items])
     return bucket
 
 
 class SlotPacker:
-    """Packs buckets into SLOTS kept flat buffers, in turn (bucket i into slot i % SLOTS).
+    """Packs buckets into SLOTS kept flat buffers, in turn (bucket i into slot i % SLOTS); a receiver takes
+    its buffers from `slot` alone.
 
     A sync's buckets have the same layouts every time, so the packer keeps bucket i's layout: its metadata
     text and its views of the slot's buffer are made once, and a later sync's bucket costs one batched copy.
@@ -177,11 +167,7 @@ class SlotPacker:
         known = self._layouts.get(index)
         if known is None or known[0] != signature or known[1].buffer is not self.buffers[slot]:
             metas, size = bucket_layout(items)
-            device = self.device if self.device is not None else (items[0][1].device if items else "cpu")
-            buffer = _buffer(size, device, self.buffers[slot])
-            if buffer is not self.buffers[slot]:
-                self.buffers[slot], self.versions[slot] = buffer, self.versions[slot] + 1
-            bucket = FlatBucket(metas, size, buffer)
+            bucket = FlatBucket(metas, size, self.slot(index, size, items[0][1].device if items else "cpu"))
             known = self._layouts[index] = (signature, bucket, {}, [view for _, view in unflatten_bucket(bucket)])
         _, bucket, texts, views = known
         copy_all(views, [tensor.detach() for _, tensor in items])
@@ -189,6 +175,16 @@ class SlotPacker:
         if key not in texts:
             texts[key] = bucket.to_json(**extra)
         return bucket, texts[key]
+
+    def slot(self, index: int, size: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """Slot `index % SLOTS`'s buffer, replaced by a new one (`versions` counts up) when it holds fewer
+        than `size` bytes; on the packer's device, else `device`."""
+        slot, buffer = index % SLOTS, self.buffers[index % SLOTS]
+        if buffer is None or buffer.numel() < size:
+            device = self.device if self.device is not None else device
+            buffer = torch.empty(size, dtype=torch.uint8, device=device if device is not None else "cpu")
+            self.buffers[slot], self.versions[slot] = buffer, self.versions[slot] + 1
+        return buffer
 
     def close(self) -> None:
         self.buffers = [None] * SLOTS
@@ -403,8 +399,7 @@ class BroadcastGroup:
             self._pg = dist.ProcessGroupNCCL(pg_store, rank, world_size, options)
         self._sync = 0
         self._sent_buckets: dict[int, int] = {}  # sync number -> bucket count, until its keys are deleted
-        self._slots: list[torch.Tensor | None] = [None] * SLOTS  # a receiver's buffers
-        self._packer = SlotPacker(self.device)  # the sender's
+        self._buffers = SlotPacker(self.device)  # the sender packs into them, a receiver receives into them
         self._layouts: dict[str, tuple[FlatBucket, bool]] = {}  # a receiver's parsed metadata, by its text
         self._views = ViewCache()
 
@@ -415,13 +410,6 @@ class BroadcastGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = 0, 0
         return self._pg.broadcast([buf], opts)
-
-    def _slot(self, index: int, size: int) -> torch.Tensor:
-        """Slot `index % SLOTS` with at least `size` bytes (grown when a larger bucket comes), sliced to `size`."""
-        slot = index % SLOTS
-        buf = _buffer(size, self.device, self._slots[slot])
-        self._slots[slot] = buf
-        return buf[:size]
 
     def _finish(self, work: Any) -> None:
         """Wait for a sync's last transfer (the ones before it are done then: one stream, in order)."""
@@ -454,7 +442,7 @@ class BroadcastGroup:
             with _timed(phases, "pack"):
                 if works[count % SLOTS] is not None:  # the slot's last broadcast is done before it is refilled
                     works[count % SLOTS].wait()
-                bucket, meta = self._packer.pack(count, current, last=following is None)
+                bucket, meta = self._buffers.pack(count, current, last=following is None)
             with _timed(phases, "send"):
                 self._store.set(self._key(self._sync, count), meta)
                 works[count % SLOTS] = self._broadcast(bucket.buffer[: bucket.size])
@@ -508,12 +496,12 @@ class BroadcastGroup:
             raise RlcoreError("weight sync: rank 0 sends; receive is for ranks 1..world_size-1")
         index = 0
         layout, last, text = self._layout(0)
-        buf = self._slot(0, layout.size)
+        buf = self._buffers.slot(0, layout.size)[: layout.size]
         work = self._broadcast(buf)
         while True:
             if not last:  # the next bucket goes on the wire while this one is loaded
                 next_layout, next_last, next_text = self._layout(index + 1)
-                next_buf = self._slot(index + 1, next_layout.size)
+                next_buf = self._buffers.slot(index + 1, next_layout.size)[: next_layout.size]
                 next_work = self._broadcast(next_buf)
             if last:
                 self._finish(work)

@@ -64,15 +64,16 @@ def test_flatten_makes_one_aligned_buffer_and_round_trips():
         assert got[name].untyped_storage().data_ptr() == bucket.buffer.untyped_storage().data_ptr()  # views, not copies
 
 
-def test_flatten_reuses_a_large_enough_buffer_and_replaces_a_small_one():
-    slot = torch.empty(1 << 16, dtype=torch.uint8)
-    bucket = flatten_bucket(_weights(1), out=slot)
-    assert bucket.buffer is slot and bucket.size < slot.numel()
-    again = flatten_bucket(_weights(2), out=slot)  # a later sync: same memory, new values
-    assert again.buffer is slot and torch.equal(dict(unflatten_bucket(again))["lm_head.weight"], dict(_weights(2))["lm_head.weight"])
-    small = torch.empty(16, dtype=torch.uint8)
-    grown = flatten_bucket(_weights(1), out=small)
-    assert grown.buffer is not small and grown.buffer.numel() == grown.size
+def test_a_slot_is_reused_while_large_enough_and_replaced_by_a_larger_one():
+    from rlcore.weight_sync import SlotPacker
+
+    packer = SlotPacker()
+    slot = packer.slot(0, 1 << 16)
+    assert slot.dtype == torch.uint8 and slot.numel() == 1 << 16 and packer.versions[0] == 1
+    assert packer.slot(2, 100) is slot  # bucket 2 shares slot 0, which holds it
+    assert packer.slot(1, 100) is not slot  # slot 1 is another buffer
+    grown = packer.slot(0, (1 << 16) + 1)
+    assert grown is not slot and grown.numel() == (1 << 16) + 1 and packer.versions[0] == 2
 
 
 def test_flatten_copies_strided_views():
