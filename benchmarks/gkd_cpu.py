@@ -123,7 +123,9 @@ def dataset_file(root: Path, answer: str) -> Path:
 
 
 def run_rlcore(student: str, teacher: str, data: str, out: Path, steps: int, topk: bool) -> dict[str, Any]:
-    from rlcore import hookimpl, load_plugins
+    from clocks import StepClock
+
+    from rlcore import load_plugins
     from rlcore.plugins.gkd.config import GKDConfig
     from rlcore.plugins.gkd.trainer import GKDTrainer
     from rlcore.plugins.hf.train import HFTrainEngine
@@ -132,17 +134,9 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, steps: int, top
     if missing:
         raise SystemExit(f"rlcore's GKDConfig has no {', '.join(missing)}: this comparison needs them on both sides")
     import_rss = rss_mib()
-    stamps: list[float] = []
-    rows: list[dict[str, Any]] = []
-
-    class Clock:
-        @hookimpl
-        def rlcore_step_end(self, trainer, step, metrics):
-            stamps.append(time.perf_counter())
-            rows.append(dict(metrics))
-
+    clock = StepClock()
     plugins = load_plugins()
-    plugins.register(Clock(), "clock")
+    plugins.register(clock, "clock")
     config = GKDConfig(
         **SAME, model=student, teacher_model=teacher, dataset=data, output_dir=str(out), max_steps=steps,
         max_completion_length=TOKENS, gkd_logits_topk=TOPK if topk else None, check_weight_sync=False,
@@ -161,11 +155,12 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, steps: int, top
         stop_token_ids=trainer.data.stop_ids, loss_temperature=config.temperature,
         vocabulary=f"top-{TOPK}" if topk else "full",
     )
-    stamps.append(time.perf_counter())
+    clock.start()
     trainer.fit()
+    rows = clock.rows
     batch = MICRO * ACCUM
     phases = sorted({k for r in rows for k in r if k.startswith("time/")})
-    return {"step_s": [b - a for a, b in zip(stamps, stamps[1:])],
+    return {"step_s": clock.step_s(),
             "tokens": [r["completions/mean_length"] * batch for r in rows],
             "loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows],
             "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases},
@@ -174,26 +169,15 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, steps: int, top
 
 def run_trl(student: str, teacher: str, data: str, out: Path, steps: int) -> dict[str, Any]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from clocks import trainer_clock
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl.experimental.gkd import GKDConfig, GKDTrainer
 
     import_rss = rss_mib()
-    stamps: list[float] = []
+    clock = trainer_clock("loss")
     tokens: list[int] = []
     seconds: list[float] = []  # per generate call
-    logged: list[dict[str, Any]] = []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            stamps.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kwargs):
-            stamps.append(time.perf_counter())
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                logged.append(dict(logs))
 
     generate = GKDTrainer.generate_on_policy_outputs
 
@@ -214,7 +198,7 @@ def run_trl(student: str, teacher: str, data: str, out: Path, steps: int) -> dic
     )
     rows_in = [json.loads(line) for line in Path(data).read_text().splitlines()]
     trainer = GKDTrainer(model=student, teacher_model=teacher, args=args, train_dataset=Dataset.from_list(rows_in),
-                         processing_class=AutoTokenizer.from_pretrained(student), callbacks=[Clock()])
+                         processing_class=AutoTokenizer.from_pretrained(student), callbacks=[clock])
     eos = trainer.generation_config.eos_token_id
     settings = {key: lookup(args, key) for key in SAME}
     settings.update(
@@ -228,13 +212,13 @@ def run_trl(student: str, teacher: str, data: str, out: Path, steps: int) -> dic
         vocabulary="full",
     )
     trainer.train()
-    steps_run = range(len(stamps) - 1)
+    steps_run = range(len(clock.stamps) - 1)
     per_step = [sum(tokens[i * ACCUM: (i + 1) * ACCUM]) for i in steps_run]
-    step_s = [b - a for a, b in zip(stamps, stamps[1:])]
+    step_s = clock.step_s()
     generate_s = [sum(seconds[i * ACCUM: (i + 1) * ACCUM]) for i in steps_run]
     phases = {"time/generate": generate_s, "time/rest": [s - g for s, g in zip(step_s, generate_s)]}
     return {"step_s": step_s, "tokens": per_step, "phases": phases,
-            "loss": [r["loss"] for r in logged], "grad_norm": [r.get("grad_norm") for r in logged],
+            "loss": [r["loss"] for r in clock.logs], "grad_norm": [r.get("grad_norm") for r in clock.logs],
             "settings": settings, "import_rss_mib": import_rss}
 
 

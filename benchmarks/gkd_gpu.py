@@ -58,20 +58,15 @@ def dataset_file(root: Path) -> Path:
 
 
 def run_rlcore(student: str, teacher: str, data: str, out: Path, topk: bool) -> dict:
-    from rlcore import hookimpl, load_plugins
+    from clocks import StepClock
+
+    from rlcore import load_plugins
     from rlcore.plugins.gkd.config import GKDConfig
     from rlcore.plugins.gkd.trainer import GKDTrainer
 
-    stamps, rows = [], []
-
-    class Clock:
-        @hookimpl
-        def rlcore_step_end(self, trainer, step, metrics):
-            stamps.append(time.perf_counter())
-            rows.append(dict(metrics))
-
+    clock = StepClock()
     plugins = load_plugins()
-    plugins.register(Clock(), "clock")
+    plugins.register(clock, "clock")
     vllm = {"engine": "vllm", "gpus": 1, "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.3,
             "vllm_max_model_len": 1024, "vllm_engine_kwargs": {"max_num_seqs": MICRO * ACCUM}}
     common = dict(SAME, model=student, dataset=data, output_dir=str(out), max_steps=STEPS, save_steps=100_000,
@@ -84,26 +79,21 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, topk: bool) -> 
     else:  # one process: vLLM awake throughout (no sleep), the teacher inside the train worker
         config = GKDConfig(**common, rollout=vllm, teacher_model=teacher, sleep_level=0)
         trainer = GKDTrainer(config, plugins)
-    stamps.append(time.perf_counter())
+    clock.start()
     trainer.fit()
+    rows = clock.rows
     phases = sorted({k for r in rows for k in r if k.startswith("time/")})
-    return {"step_s": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": [r["completions/mean_length"] * MICRO * ACCUM for r in rows],
+    return {"step_s": clock.step_s(), "tokens": [r["completions/mean_length"] * MICRO * ACCUM for r in rows],
             "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}, "jsd": [r["jsd"] for r in rows]}
 
 
 def run_trl(student: str, teacher: str, data: str, out: Path) -> dict:
+    from clocks import trainer_clock
     from datasets import load_dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl.experimental.gkd import GKDConfig, GKDTrainer
 
-    stamps, tokens = [], []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            stamps.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kwargs):
-            stamps.append(time.perf_counter())
+    clock, tokens = trainer_clock(), []
 
     generate = GKDTrainer.generate_on_policy_outputs
 
@@ -118,10 +108,10 @@ def run_trl(student: str, teacher: str, data: str, out: Path) -> dict:
                      model_init_kwargs={"dtype": "bfloat16"}, teacher_model_init_kwargs={"dtype": "bfloat16"})
     trainer = GKDTrainer(model=student, teacher_model=teacher, args=args,
                          train_dataset=load_dataset("json", data_files=data, split="train"),
-                         processing_class=AutoTokenizer.from_pretrained(student), callbacks=[Clock()])
+                         processing_class=AutoTokenizer.from_pretrained(student), callbacks=[clock])
     trainer.train()
-    per_step = [sum(tokens[i * ACCUM : (i + 1) * ACCUM]) for i in range(len(stamps) - 1)]
-    return {"step_s": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": per_step}
+    per_step = [sum(tokens[i * ACCUM : (i + 1) * ACCUM]) for i in range(len(clock.stamps) - 1)]
+    return {"step_s": clock.step_s(), "tokens": per_step}
 
 
 # -- the driver ---------------------------------------------------------------------------------------

@@ -67,24 +67,18 @@ def same_stop_tokens(model: str) -> list[int]:
 
 
 def rlcore_step_times(model: str, out: Path, steps: int) -> tuple[list[float], list[float], dict[str, Any]]:
-    from rlcore import hookimpl, load_plugins
+    from clocks import StepClock
+
+    from rlcore import load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
 
     missing = [k for k in SAME if k not in GRPOConfig.model_fields]
     if missing:
         raise SystemExit(f"rlcore's GRPOConfig has no {', '.join(missing)}: this comparison needs them on both sides")
-    stamps: list[float] = []
-    lengths: list[float] = []
-
-    class Clock:
-        @hookimpl
-        def rlcore_step_end(self, trainer, step, metrics):
-            stamps.append(time.perf_counter())
-            lengths.append(metrics["completions/mean_length"])
-
+    clock = StepClock()
     plugins = load_plugins()
-    plugins.register(Clock(), "clock")
+    plugins.register(clock, "clock")
     config = GRPOConfig(
         **SAME, model=model, output_dir=str(out), max_steps=steps, check_weight_sync=False, save_steps=10_000,
         train={"gradient_checkpointing": False},
@@ -92,32 +86,19 @@ def rlcore_step_times(model: str, out: Path, steps: int) -> tuple[list[float], l
     trainer = GRPOTrainer(config, plugins)
     settings = {label: lookup(config, path) for label, path, _ in COMPARED}
     settings["stop_token_ids"] = lookup(trainer, "experience.stop_ids")
-    stamps.append(time.perf_counter())
+    clock.start()
     trainer.fit()
-    return [b - a for a, b in zip(stamps, stamps[1:])], lengths, settings
+    return clock.step_s(), [r["completions/mean_length"] for r in clock.rows], settings
 
 
 def trl_step_times(model: str, out: Path, steps: int) -> tuple[list[float], list[float], dict[str, Any]]:
+    from clocks import trainer_clock
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from rlcore.plugins.grpo.toy import toy_dataset, toy_reward
 
-    stamps: list[float] = []
-    lengths: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            stamps.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kwargs):
-            stamps.append(time.perf_counter())
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "completions/mean_length" in logs:
-                lengths.append(logs["completions/mean_length"])
-
+    clock = trainer_clock("completions/mean_length")
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]} for r in toy_dataset()]
     args = GRPOConfig(
         **SAME, output_dir=str(out), max_steps=steps, gradient_checkpointing=False,
@@ -126,11 +107,11 @@ def trl_step_times(model: str, out: Path, steps: int) -> tuple[list[float], list
         disable_tqdm=True,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=toy_reward, args=args, train_dataset=Dataset.from_list(rows),
-                          callbacks=[Clock()])
+                          callbacks=[clock])
     settings = {label: lookup(args, path) for label, _, path in COMPARED}
     settings["stop_token_ids"] = sorted(trainer.eos_token_ids)
     trainer.train()
-    return [b - a for a, b in zip(stamps, stamps[1:])], lengths, settings
+    return clock.step_s(), [log["completions/mean_length"] for log in clock.logs], settings
 
 
 def main() -> None:

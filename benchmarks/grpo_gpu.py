@@ -88,23 +88,18 @@ def same_stop_tokens(model: str) -> list[int]:
 
 
 def run_rlcore(model: str, out: Path, mode: str) -> dict:
-    from rlcore import hookimpl, load_plugins
+    from clocks import StepClock
+
+    from rlcore import load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
 
     missing = [k for k in SAME if k not in GRPOConfig.model_fields]
     if missing:
         raise SystemExit(f"rlcore's GRPOConfig has no {', '.join(missing)}: this comparison needs them on both sides")
-    stamps, rows = [], []
-
-    class Clock:
-        @hookimpl
-        def rlcore_step_end(self, trainer, step, metrics):
-            stamps.append(time.perf_counter())
-            rows.append(dict(metrics))
-
+    clock = StepClock()
     plugins = load_plugins()
-    plugins.register(Clock(), "clock")
+    plugins.register(clock, "clock")
     # TRL colocated: one vLLM per process, max_num_seqs = per_device_train_batch_size * steps_per_generation
     vllm = {"engine": "vllm", "gpus": 1, "dtype": "bfloat16", "vllm_gpu_memory_utilization": GPU_MEMORY,
             "vllm_max_model_len": MAX_MODEL_LEN, "engine_kwargs": {"vllm_enable_sleep_mode": False},
@@ -125,9 +120,10 @@ def run_rlcore(model: str, out: Path, mode: str) -> dict:
     settings["completions per optimizer step"] = MICRO * ACCUM  # one train worker
     if config.async_generate:  # the rollout's log-probs are the old policy's: rlcore does not correct there
         settings["vllm_importance_sampling_correction"] = "not applied (async)"
-    stamps.append(time.perf_counter())
+    clock.start()
     trainer.fit()
-    steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    rows = clock.rows
+    steps = clock.step_s()
     lengths = [r["completions/mean_length"] for r in rows]
     phases = sorted({k for r in rows for k in r if k.startswith("time/")})
     return {"step_s": steps, "mean_length": lengths, "settings": settings,
@@ -137,24 +133,13 @@ def run_rlcore(model: str, out: Path, mode: str) -> dict:
 
 def run_trl(model: str, out: Path, processes: int) -> dict:
     from datasets import Dataset
-    from transformers import GenerationConfig, TrainerCallback
+    from clocks import trainer_clock
+    from transformers import GenerationConfig
     from trl import GRPOConfig, GRPOTrainer
 
     from rlcore.plugins.grpo.toy import toy_dataset, toy_reward
 
-    stamps, lengths = [], []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            stamps.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kwargs):
-            stamps.append(time.perf_counter())
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "completions/mean_length" in logs:
-                lengths.append(logs["completions/mean_length"])
-
+    clock = trainer_clock("completions/mean_length")
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]} for r in toy_dataset()]
     stop = GenerationConfig.from_pretrained(model).eos_token_id  # same_stop_tokens wrote rlcore's stop ids there
     args = GRPOConfig(
@@ -167,12 +152,13 @@ def run_trl(model: str, out: Path, processes: int) -> dict:
         model_init_kwargs={"dtype": "bfloat16"},
     )
     trainer = GRPOTrainer(model=model, reward_funcs=toy_reward, args=args, train_dataset=Dataset.from_list(rows),
-                          callbacks=[Clock()])
+                          callbacks=[clock])
     settings = {label: lookup(args, path) for label, _, path in COMPARED}
     settings["stop_token_ids"] = sorted(trainer.eos_token_ids)
     settings["completions per optimizer step"] = MICRO * (ACCUM // processes) * processes
     trainer.train()
-    return {"step_s": [b - a for a, b in zip(stamps, stamps[1:])], "mean_length": lengths, "settings": settings}
+    return {"step_s": clock.step_s(), "mean_length": [log["completions/mean_length"] for log in clock.logs],
+            "settings": settings}
 
 
 # -- the driver ---------------------------------------------------------------------------------------

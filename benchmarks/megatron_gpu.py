@@ -39,20 +39,15 @@ COMMON = dict(learning_rate=1e-6, lr_scheduler_type="constant", max_grad_norm=1.
 
 def run_grpo(model: str, out: Path, engine: str, part: str) -> dict:
     """One GRPO run in this process; per-step seconds and metrics."""
-    from rlcore import hookimpl, load_plugins
+    from clocks import StepClock
+
+    from rlcore import load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
 
-    stamps, rows = [], []
-
-    class Clock:
-        @hookimpl
-        def rlcore_step_end(self, trainer, step, metrics):
-            stamps.append(time.perf_counter())
-            rows.append(dict(metrics))
-
+    clock = StepClock()
     plugins = load_plugins()
-    plugins.register(Clock(), "clock")
+    plugins.register(clock, "clock")
     gpus = 2 if part == "two" and engine == "megatron" else 1
     rollout = {"engine": "vllm", "gpus": gpus, "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.3,
                "vllm_max_model_len": 1024, "vllm_tensor_parallel_size": gpus}
@@ -63,9 +58,10 @@ def run_grpo(model: str, out: Path, engine: str, part: str) -> dict:
                         colocate_groups=[["train", "rollout"]], sleep_level=1 if part == "two" else 0,
                         offload_model=part == "two", offload_optimizer=part == "two")
     trainer = GRPOTrainer(config, plugins, use_ray=part == "two")
-    stamps.append(time.perf_counter())
+    clock.start()
     trainer.fit()
-    return {"step_s": [b - a for a, b in zip(stamps, stamps[1:])],
+    rows = clock.rows
+    return {"step_s": clock.step_s(),
             "train_s": [r.get("time/train", float("nan")) for r in rows],
             "mean_length": [r["completions/mean_length"] for r in rows]}
 
