@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fair import same_stop_tokens
+
 MICRO, ACCUM, TOKENS, VOCAB, TOPK = 8, 2, 32, 4096, 16
 STUDENT = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384, vocab_size=VOCAB)
 TEACHER = dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768, vocab_size=VOCAB,
@@ -72,17 +74,6 @@ def rss_mib() -> float:
 # -- the shared inputs ------------------------------------------------------------------------------
 
 
-def same_stop_tokens(model: str) -> list[int]:
-    """rlcore stops at the tokenizer's eos and pad tokens (and the model's generation_config eos); TRL at the
-    model's generation_config eos ids (and masks after the first). Make that list the same for both."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    stop = sorted({i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None})
-    generation = GenerationConfig.from_pretrained(model)
-    generation.eos_token_id = stop
-    generation.save_pretrained(model)
-    return stop
 
 
 def answer_of_length(model: str) -> tuple[str, int]:
@@ -123,7 +114,7 @@ def dataset_file(root: Path, answer: str) -> Path:
 
 
 def run_rlcore(student: str, teacher: str, data: str, out: Path, steps: int, topk: bool) -> dict[str, Any]:
-    from clocks import StepClock
+    from fair import StepClock
 
     from rlcore import load_plugins
     from rlcore.plugins.gkd.config import GKDConfig
@@ -169,7 +160,7 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, steps: int, top
 
 def run_trl(student: str, teacher: str, data: str, out: Path, steps: int) -> dict[str, Any]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from clocks import trainer_clock
+    from fair import trainer_clock
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl.experimental.gkd import GKDConfig, GKDTrainer

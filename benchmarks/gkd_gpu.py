@@ -58,7 +58,7 @@ def dataset_file(root: Path) -> Path:
 
 
 def run_rlcore(student: str, teacher: str, data: str, out: Path, topk: bool) -> dict:
-    from clocks import StepClock
+    from fair import StepClock
 
     from rlcore import load_plugins
     from rlcore.plugins.gkd.config import GKDConfig
@@ -88,7 +88,7 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, topk: bool) -> 
 
 
 def run_trl(student: str, teacher: str, data: str, out: Path) -> dict:
-    from clocks import trainer_clock
+    from fair import trainer_clock
     from datasets import load_dataset
     from transformers import AutoTokenizer
     from trl.experimental.gkd import GKDConfig, GKDTrainer

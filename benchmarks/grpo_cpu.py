@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from fair import same_stop_tokens
+
 PROMPTS, GENERATIONS, TOKENS, MICRO, ACCUM = 8, 8, 32, 32, 2
 # Keys both GRPOConfigs spell the same way, set to the same values (TRL's defaults where they differ from rlcore's
 # are named in the comments).
@@ -53,21 +55,10 @@ def lookup(obj: Any, path: str) -> Any:
     return obj.value if isinstance(obj, enum.Enum) else obj  # TRL keeps some choices as enums
 
 
-def same_stop_tokens(model: str) -> list[int]:
-    """Make TRL stop where rlcore does: rlcore stops at the tokenizer's eos and pad tokens; TRL at the model's
-    generation_config eos ids (and masks after them), so those become the same list."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    stop = sorted({i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None})
-    generation = GenerationConfig.from_pretrained(model)
-    generation.eos_token_id = stop
-    generation.save_pretrained(model)
-    return stop
 
 
 def rlcore_step_times(model: str, out: Path, steps: int) -> tuple[list[float], list[float], dict[str, Any]]:
-    from clocks import StepClock
+    from fair import StepClock
 
     from rlcore import load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig
@@ -92,7 +83,7 @@ def rlcore_step_times(model: str, out: Path, steps: int) -> tuple[list[float], l
 
 
 def trl_step_times(model: str, out: Path, steps: int) -> tuple[list[float], list[float], dict[str, Any]]:
-    from clocks import trainer_clock
+    from fair import trainer_clock
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 

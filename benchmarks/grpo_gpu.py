@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fair import same_stop_tokens
+
 PROMPTS, GENERATIONS, TOKENS, STEPS, SKIP = 8, 8, 256, 8, 2
 SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=2048, dtype="bfloat16")
@@ -71,24 +73,13 @@ def lookup(obj: Any, path: str) -> Any:
     return obj.value if isinstance(obj, enum.Enum) else obj  # TRL keeps some choices as enums
 
 
-def same_stop_tokens(model: str) -> list[int]:
-    """Make TRL stop where rlcore does: rlcore stops at the tokenizer's eos and pad tokens; TRL (generate and
-    vLLM) at the model's generation_config eos ids, so those become the same list."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    stop = sorted({i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None})
-    generation = GenerationConfig.from_pretrained(model)
-    generation.eos_token_id = stop
-    generation.save_pretrained(model)
-    return stop
 
 
 # -- the runs, each in its own process ------------------------------------------------------------
 
 
 def run_rlcore(model: str, out: Path, mode: str) -> dict:
-    from clocks import StepClock
+    from fair import StepClock
 
     from rlcore import load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig
@@ -133,7 +124,7 @@ def run_rlcore(model: str, out: Path, mode: str) -> dict:
 
 def run_trl(model: str, out: Path, processes: int) -> dict:
     from datasets import Dataset
-    from clocks import trainer_clock
+    from fair import trainer_clock
     from transformers import GenerationConfig
     from trl import GRPOConfig, GRPOTrainer
 

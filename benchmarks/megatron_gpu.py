@@ -39,7 +39,7 @@ COMMON = dict(learning_rate=1e-6, lr_scheduler_type="constant", max_grad_norm=1.
 
 def run_grpo(model: str, out: Path, engine: str, part: str) -> dict:
     """One GRPO run in this process; per-step seconds and metrics."""
-    from clocks import StepClock
+    from fair import StepClock
 
     from rlcore import load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig

@@ -32,13 +32,14 @@ import dataclasses
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from fair import chat_rows
 
 SHAPE = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512,
              max_position_embeddings=1024)
@@ -62,19 +63,6 @@ SHOWN = ("max_length", "packing", "packing_strategy", "padding_free", "per_devic
          "dataloader_num_workers", "completion_only_loss", "assistant_only_loss", "loss_type")
 
 
-def chat_rows(n: int, seed: int = 0) -> list[dict]:
-    """Synthetic conversations of mixed lengths: a question of 4-30 words, an answer of 4-120 words (about 15-650
-    tokens a row with the tiny byte-level tokenizer)."""
-    rng = random.Random(seed)
-    words = ("the a model learns to answer questions about numbers words tables lists code and text with "
-             "care every day in many ways").split()
-    rows = []
-    for i in range(n):
-        question = " ".join(rng.choices(words, k=rng.randint(4, 30)))
-        answer = " ".join(rng.choices(words, k=rng.randint(4, 120)))
-        rows.append({"messages": [{"role": "user", "content": f"{i}: {question}?"},
-                                  {"role": "assistant", "content": answer}]})
-    return rows
 
 
 def hf_arguments(same: dict[str, Any]) -> dict[str, Any]:
@@ -206,7 +194,7 @@ def main() -> None:
         tmp = Path(tmp_dir)
         model = str(build_tiny_model(tmp / "tiny", **SHAPE))
         data = tmp / "chats.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(ROWS)))
+        data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(ROWS, question=(4, 30), answer=(4, 120))))
         for r in range(args.repeats):
             for side, run in (("rlcore", run_rlcore), ("trl", run_trl)):
                 raw = run(model, str(data), tmp, f"{side}-{r}", args.steps)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -27,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from fair import chat_rows
 
 SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=4096, dtype="bfloat16")
@@ -53,18 +54,6 @@ def rlcore_step_end(trainer, step, metrics):
 '''
 
 
-def chat_rows(n: int, seed: int = 0) -> list[dict]:
-    """Synthetic conversations of mixed lengths: a question of 4-60 words, an answer of 8-600."""
-    rng = random.Random(seed)
-    words = ("the a model learns to answer questions about numbers words tables lists code and text with "
-             "care every day in many ways").split()
-    rows = []
-    for i in range(n):
-        question = " ".join(rng.choices(words, k=rng.randint(4, 60)))
-        answer = " ".join(rng.choices(words, k=rng.randint(8, 600)))
-        rows.append({"messages": [{"role": "user", "content": f"{i}: {question}?"},
-                                  {"role": "assistant", "content": answer}]})
-    return rows
 
 
 def throughput(stamps: list[dict], skip: int) -> dict:
@@ -164,7 +153,7 @@ def main() -> None:
     try:
         model = str(build_tiny_model(tmp / "qwen2-0.5b-shape", **SHAPE))
         data = tmp / "chats.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(ROWS)))
+        data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(ROWS, question=(4, 60), answer=(8, 600))))
         raw = {"trl_2gpu": run_trl(model, str(data), tmp, args.steps),
                "rlcore_2gpu": run_rlcore(model, str(data), tmp, 2, args.steps),
                "rlcore_1gpu": run_rlcore(model, str(data), tmp, 1, args.steps)}

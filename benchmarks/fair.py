@@ -1,0 +1,90 @@
+"""What the benchmarks share to make a comparison fair: the same step clock on both sides (one for an rlcore
+trainer, a plugin; one for a transformers Trainer, TRL's), the same stop tokens, the same synthetic chat
+data. The scripts import it as `fair` (they run as `python benchmarks/<name>.py`, with this folder on
+sys.path)."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from rlcore import hookimpl
+
+
+class StepClock:
+    """An rlcore plugin: `start()` just before `fit()`, then the time at every step's end (`stamps`) and the
+    step's metrics (`rows`)."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+        self.rows: list[dict[str, Any]] = []
+
+    def start(self) -> None:
+        self.stamps.append(time.perf_counter())
+
+    @hookimpl
+    def rlcore_step_end(self, trainer, step, metrics):
+        self.stamps.append(time.perf_counter())
+        self.rows.append(dict(metrics))
+
+    def step_s(self) -> list[float]:
+        """Each step's seconds."""
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+
+
+def trainer_clock(log_key: str | None = None) -> Any:
+    """A transformers TrainerCallback with the same `stamps` (train begin, then every step's end) and
+    `step_s()`, keeping each log that has `log_key` in `logs`."""
+    from transformers import TrainerCallback
+
+    class TrainerClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+            self.logs: list[dict[str, Any]] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.stamps.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.stamps.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if log_key is not None and logs and log_key in logs:
+                self.logs.append(dict(logs))
+
+        def step_s(self) -> list[float]:
+            return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+
+    return TrainerClock()
+
+
+def same_stop_tokens(model: str) -> list[int]:
+    """Make TRL stop where rlcore does: rlcore stops at the tokenizer's eos and pad tokens (and the model's
+    generation_config eos); TRL (generate and vLLM) at the model's generation_config eos ids, and masks after
+    the first. Those become the same list, written into the model directory."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    stop = sorted({i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None})
+    generation = GenerationConfig.from_pretrained(model)
+    generation.eos_token_id = stop
+    generation.save_pretrained(model)
+    return stop
+
+
+WORDS = ("the a model learns to answer questions about numbers words tables lists code and text with "
+         "care every day in many ways").split()
+
+
+def chat_rows(n: int, question: tuple[int, int], answer: tuple[int, int], seed: int = 0) -> list[dict]:
+    """Synthetic conversations of mixed lengths: a question and an answer of between `question` and `answer`
+    (low, high) words."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        asked = " ".join(rng.choices(WORDS, k=rng.randint(*question)))
+        answered = " ".join(rng.choices(WORDS, k=rng.randint(*answer)))
+        rows.append({"messages": [{"role": "user", "content": f"{i}: {asked}?"},
+                                  {"role": "assistant", "content": answered}]})
+    return rows
