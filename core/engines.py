@@ -125,16 +125,13 @@ class RolloutEngine(abc.ABC):
         """Load one bucket packed by `rlcore.weight_sync.CudaIpcSender`s: payloads[i] from the sender on the GPU
         of receiver i (`weight_receiver_gpus`). By default one receiver, this process, through `update_weights`;
         an engine whose weights live in other processes loads each payload there."""
-        import torch
-
         from .weight_sync import IpcReceiver
 
         if len(payloads) != 1:
             raise RlcoreError(f"{type(self).__name__} holds its weights in one process but got {len(payloads)} IPC payloads")
         if getattr(self, "_ipc_receiver", None) is None:
             self._ipc_receiver = IpcReceiver()  # keeps the sender's buffers mapped from sync to sync
-        self.update_weights(self._ipc_receiver.receive(payloads[0]))
-        torch.cuda.current_stream().synchronize()  # loaded before the sender reuses its buffer
+        self._ipc_receiver.load(payloads[0], self.update_weights)
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         """Join the broadcast group through which train rank 0 sends new weights (ranks rank.. rank+receivers-1),

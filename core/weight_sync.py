@@ -335,6 +335,12 @@ class IpcReceiver:
             self._mapped[slot] = (key, rebuild(*args))
         return self._views.views((payload["slot"], payload["index"]), self._mapped[slot][1], payload["meta"])
 
+    def load(self, payload: dict[str, Any], load: Callable[[NamedTensors], Any]) -> None:
+        """Hand the bucket to `load` (an engine's loader) and return once the copies are done: the sender
+        may refill its buffer after that."""
+        load(self.receive(payload))
+        torch.cuda.current_stream().synchronize()
+
     def close(self) -> None:
         self._mapped.clear()
         self._views.clear()

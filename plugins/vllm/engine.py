@@ -116,14 +116,11 @@ def _gpu_on_worker(worker: Any) -> tuple[int, str]:
 def _load_ipc_on_worker(worker: Any, payloads: dict[int, dict[str, Any]], replay: bool = True) -> None:
     """Inside each vLLM worker: load the bucket whose CUDA IPC handle is this worker's (by rank): packed on
     its own GPU by a trainer rank there, or on a peer GPU by a trainer in the engine's process."""
-    import torch
-
     from rlcore.weight_sync import IpcReceiver
 
     if getattr(worker, "rlcore_ipc", None) is None:
         worker.rlcore_ipc = IpcReceiver()  # keeps the sender's buffers mapped from sync to sync
-    _loader(worker, worker.model_runner.model, replay)(worker.rlcore_ipc.receive(payloads[worker.rank]))
-    torch.cuda.current_stream().synchronize()  # loaded before the sender reuses its buffer
+    worker.rlcore_ipc.load(payloads[worker.rank], _loader(worker, worker.model_runner.model, replay))
 
 
 def _receive_on_worker(worker: Any, replay: bool = True) -> None:
