@@ -49,6 +49,17 @@ def test_generate_shapes_order_and_text(rollout):
     assert len({tuple(g.token_ids) for g in generations}) > 3  # n samples of one prompt differ
 
 
+def test_generate_passes_the_kv_cache_by_the_installed_transformers_name(rollout):
+    """transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name goes in 5.40): the engine
+    must not use a name the installed version has deprecated."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rollout.generate(PROMPTS[:1], SamplingParams(n=2, max_tokens=4, seed=0))
+    assert not [str(w.message) for w in caught if "past_key_values" in str(w.message)]
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_the_train_engine(rollout, trainer, temperature):
     generations = rollout.generate(PROMPTS, SamplingParams(n=2, max_tokens=12, temperature=temperature, seed=1))
