@@ -121,6 +121,41 @@ def _no_head_extras() -> Iterator[None]:
             setattr(Node, name, method)
 
 
+@contextlib.contextmanager
+def _own_process_groups() -> Iterator[None]:
+    """While a local Ray starts: its processes (GCS, raylet, and through the raylet the workers) each lead a
+    process group of their own. A signal to the driver's group (Ctrl-C in a terminal, `kill -TERM -PGID`)
+    then reaches the driver alone, which finishes its step, saves and stops Ray itself; before, the SIGTERM
+    also ended GCS and the raylet mid-step, and the driver's wait for that step's result could hang. Ray
+    does the same on Windows, and on Linux blocks SIGINT (not SIGTERM) in these processes for this reason.
+    Only where Ray ties its processes to the driver's life (PR_SET_PDEATHSIG): otherwise its reaper ends
+    them by signalling its own process group."""
+    from ray._private import services, utils
+
+    if not sys.platform.startswith("linux") or not utils.detect_fate_sharing_support():
+        yield
+        return
+    popen = services.ConsolePopen
+
+    class GroupLeader(popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            inner = kwargs.get("preexec_fn")
+
+            def preexec() -> None:
+                os.setpgid(0, 0)
+                if inner is not None:
+                    inner()
+
+            kwargs["preexec_fn"] = preexec
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = GroupLeader
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
+
+
 def _is_loopback(address: str) -> bool:
     host = address.rpartition(":")[0].strip("[]") if ":" in address else address
     if host == "localhost":
@@ -141,7 +176,7 @@ def _start_local(**options: Any) -> None:
                  if key not in os.environ}
     os.environ.update(inherited)
     try:
-        with _loopback_kept(), _no_head_extras():
+        with _loopback_kept(), _no_head_extras(), _own_process_groups():
             ray.init(
                 address="local",  # a new Ray here, never a cluster some other process left running
                 _node_ip_address="127.0.0.1",

@@ -153,7 +153,7 @@ class Trainer:
             self.hook.rlcore_train_start(trainer=self)
             last: dict[str, Any] = {}
             saved = self.step
-            with self.progress() as bar:
+            with stop.failing(), self.progress() as bar:
                 while self.step < self.max_steps and not stop.signal:
                     last = self.train_step()
                     self.step += 1
@@ -319,6 +319,20 @@ class _Deferred:
         if self.EXIT[sig] is None:
             raise KeyboardInterrupt
         raise SystemExit(self.EXIT[sig])
+
+    @contextlib.contextmanager
+    def failing(self, grace_s: float = 15.0) -> Iterator[None]:
+        """A step that fails after the signal (a scheduler may signal every process, the roles' too) leaves
+        with its error, and the teardown of roles whose processes are gone gets `grace_s` seconds."""
+        try:
+            yield
+        except Exception:
+            if self.signal is not None:
+                name = signal.Signals(self.signal).name
+                code = 130 if self.EXIT[self.signal] is None else self.EXIT[self.signal]
+                exit_deadline(code, f"shutting the roles down took over {grace_s:.0f} s after {name} and a failed "
+                              f"step", grace_s, self._done)
+            raise
 
     def exit(self, message: str, grace_s: float = 15.0) -> None:
         """Say where the run stopped, then leave; the checkpoint is on disk, so a teardown of the roles that

@@ -116,3 +116,51 @@ def test_what_a_sigkilled_driver_left_is_ended_by_the_next_init():
         assert f"of the local Ray of a driver that died (pid {driver.pid}," in nxt.stderr, nxt.stderr[-3000:]
     assert gone(started, 5) == []
     assert not os.path.exists(started["record"])
+
+
+GROUP_DRIVER = """
+import os, signal, sys, threading, time
+import psutil
+from rlcore import cluster
+cluster.init(num_cpus=1, num_gpus=0)
+import ray
+
+@ray.remote(num_cpus=0)
+class Actor:
+    def pid(self):
+        return os.getpid()
+
+    def weights(self, n):
+        return bytes(n)  # over Ray's inline limit: through the object store, which the raylet serves
+
+actor = Actor.remote()
+ray.get(actor.pid.remote())
+got = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: got.set())  # as the trainer does: note it, finish the step
+ray_processes = {p: p.name() for p in psutil.Process().children(recursive=True)}
+print("ready", flush=True)
+got.wait(60)
+time.sleep(2)  # the rest of the step: what the signal ended is gone by now
+ended = [name for p, name in ray_processes.items() if not p.is_running() or p.status() == psutil.STATUS_ZOMBIE]
+print("ended", ended, flush=True)
+if ended:  # the call below would wait for them
+    os._exit(1)
+print("answered", len(ray.get(actor.weights.remote(8 << 20), timeout=20)), flush=True)
+cluster.shutdown()
+"""
+
+
+def test_a_sigterm_to_the_drivers_process_group_leaves_its_ray_working():
+    """Ctrl-C in a terminal or `kill -TERM -PGID` signals the driver's whole process group: the local Ray's
+    processes lead groups of their own, so the driver can still finish its step (and save) through them."""
+    driver = subprocess.Popen([sys.executable, "-c", GROUP_DRIVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env(), start_new_session=True)
+    try:
+        assert driver.stdout.readline().strip() == "ready", driver.stderr.read()[-3000:] if driver.poll() else ""
+        os.killpg(driver.pid, signal.SIGTERM)
+        out, err = driver.communicate(timeout=60)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert out.splitlines() == ["ended []", f"answered {8 << 20}"], err[-3000:]
+    assert driver.returncode == 0, err[-3000:]
