@@ -8,6 +8,8 @@ executor sees the node's address as Ray does. No dashboard process, no autoscale
 metrics endpoints run (Ray 2.60 starts the first two even with include_dashboard=False), and usage stats
 are off. torch.distributed stores that rlcore makes (`tcp_store`) listen on the group's address only.
 
+Each process of the local Ray leads a process group of its own, so a signal to the driver's group (Ctrl-C,
+`kill -TERM -PGID`) reaches the driver alone: it finishes its step and saves through a Ray still whole.
 The local Ray stops on every exit Python sees: atexit, and SIGTERM made a `SystemExit(143)` unless the
 program set a SIGTERM handler of its own (which is kept), so `finally` blocks run. What a SIGKILL of the
 driver leaves (Ray's agents outlive their raylet) is ended by the next `init` on this machine, from a
