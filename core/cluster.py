@@ -422,6 +422,18 @@ def shutdown() -> None:
         _previous_sigterm = None
 
 
+def gcs_answers(timeout_s: float = 2.0) -> bool:
+    """Whether the cluster's GCS answers within `timeout_s`. Ray's calls that need it (removing a placement
+    group) wait 60 s for a dead GCS, then end the process; a teardown asks this first."""
+    import ray
+
+    try:
+        ray._private.worker.global_worker.gcs_client.internal_kv_get(b"rlcore-ping", None, timeout=timeout_s)
+    except ray.exceptions.RpcError:
+        return False
+    return True
+
+
 def is_initialized() -> bool:
     """Whether this process is connected to Ray (without importing Ray when it is not loaded)."""
     ray = sys.modules.get("ray")

@@ -9,6 +9,7 @@ bundle r % nproc_per_node of node r // nproc_per_node. Ray is imported only insi
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -215,9 +216,16 @@ def _slots(plan: ResourcePlan, node_groups: dict[int, Any], cpu_groups: dict[str
 
 
 def release_groups(groups: list[Any]) -> None:
-    """Remove placement groups (ignoring ones already gone)."""
+    """Remove placement groups (ignoring ones already gone). With the cluster's GCS gone (killed, or out of
+    memory) there is nothing to remove them from: a warning, instead of Ray's 60 s wait and exit."""
     from ray.util.placement_group import remove_placement_group
 
+    from . import cluster
+
+    if groups and not cluster.gcs_answers():
+        print(f"rlcore: warning: Ray's GCS does not answer; {len(groups)} placement group(s) not removed (they "
+              f"end with the cluster)", file=sys.stderr, flush=True)
+        return
     for pg in groups:
         try:
             remove_placement_group(pg)

@@ -546,6 +546,40 @@ def kill_worker(role: str, method: str, how: signal.Signals = signal.SIGKILL, af
 SLOW_CALL_S = 0.5
 
 
+def kill_ray_process(name: str, after_step: int = 2) -> Callable[[Scene], None]:
+    """SIGKILL of one of the local Ray's own processes (`raylet` or `gcs_server`: the OOM killer's choice,
+    a crash) after `after_step` steps: either the driver stops with one clear error within EXIT_TIMEOUT
+    (exit 1) and --resume continues from the last checkpoint, or the run needs no more of that process
+    (calls to actors go straight to them, without the GCS) and finishes, every step once, and exits."""
+
+    def scenario(scene: Scene) -> None:
+        run = scene.run("first", ray=True, plugin_with=write_hook(scene.work, step_sleep=0.5))
+        wait_for(lambda: len(metrics_steps(scene.out)) >= after_step, run, RUN_TIMEOUT[True], f"step {after_step}")
+        found = [p for p in run.members() if _title(p.pid).split(" ")[0].endswith(name)]
+        if not found:
+            raise Broken(f"no {name} process among the run's: {[_title(p.pid)[:40] for p in run.members()]}")
+        found[0].kill()
+        injected = time.monotonic()
+        rc = run.wait(RUN_TIMEOUT[True])
+        took = time.monotonic() - injected
+        if rc == 0:
+            if metrics_steps(scene.out) != list(range(1, MAX_STEPS + 1)) or "Traceback" in run.stderr or \
+                    not (scene.out / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").is_file():
+                raise Broken(f"exit 0 after the SIGKILL of {name}, but metrics.jsonl holds steps "
+                             f"{metrics_steps(scene.out)}{traced(run.stderr)}: {tail(run.stderr)}")
+            scene.notes.append(f"SIGKILL of {name} after step {after_step}: the run finished in {took:.1f}s")
+            scene.settled(run)
+            return
+        if took > EXIT_TIMEOUT:
+            raise Hang(f"{run.name} took {took:.0f}s to stop after the SIGKILL of {name}: {tail(run.stderr)}")
+        line = clear_error(run, 1, 0, match=None)
+        scene.notes.append(f"SIGKILL of {name} after step {after_step}, run stopped in {took:.1f}s: {line[:160]}")
+        scene.settled(run)
+        scene.resume(ray=True)
+
+    return scenario
+
+
 def kill_driver_in_checkpoint(ray: bool) -> Callable[[Scene], None]:
     """SIGKILL of the driver while checkpoint-3 is written (one safetensors file torn): --resume takes the
     dead run's lock over and continues from checkpoint-2; on Ray it ends the Ray the dead driver left."""
@@ -664,7 +698,7 @@ def bad_config(*args: str, match: str, resume: bool = False, existing_dir: bool 
         if config is not None:
             (scene.work / "config.yaml").write_text(config)
         run = scene.run("run", *args, resume=resume)
-        line = clear_error(run, 2, RUN_TIMEOUT[False], match=match)
+        clear_error(run, 2, RUN_TIMEOUT[False], match=match)
         took = time.monotonic() - run.started
         lines = [x for x in run.stderr.splitlines() if x.strip()]
         start = next(i for i, x in enumerate(lines) if x.startswith("rlcore: error:"))
@@ -760,6 +794,8 @@ bad_config(HUGE, match="ranks")),
              in_tests=False),
     Scenario("SIGKILL of the train worker in export_weights()", kill_worker("train", "export_weights", after_step=2),
              ray=True, in_tests=False),
+    Scenario("SIGKILL of the raylet, Ray", kill_ray_process("raylet"), ray=True, in_tests=False),
+    Scenario("SIGKILL of the GCS, Ray", kill_ray_process("gcs_server"), ray=True),
     Scenario("SIGKILL of the driver in a checkpoint write, Ray", kill_driver_in_checkpoint(ray=True), ray=True,
              in_tests=False),
 ]
