@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -55,10 +56,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _leaving(code: int) -> None:
-    """Stopped by a signal: what is left is the exit (the local Ray's shutdown at exit); it gets 15 s."""
+    """Stopped by a signal: what is left is the exit (the local Ray's shutdown at exit); it gets 15 s, and
+    another Ctrl-C or SIGTERM meanwhile ends it at once, with the same status (instead of a
+    KeyboardInterrupt in the interpreter's shutdown, which dies of SIGINT)."""
     from .trainer import exit_deadline
 
     exit_deadline(code, "stopping the local Ray took over 15 s after the signal")
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: os._exit(code))
 
 
 OWN_OPTIONS = {

@@ -33,6 +33,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -177,6 +178,7 @@ def _start_local(**options: Any) -> None:
     inherited = {key: value for key, value in (("VLLM_HOST_IP", "127.0.0.1"), ("RAY_enable_metrics_collection", "0"))
                  if key not in os.environ}
     os.environ.update(inherited)
+    started = time.time()
     try:
         with _loopback_kept(), _no_head_extras(), _own_process_groups():
             ray.init(
@@ -186,6 +188,9 @@ def _start_local(**options: Any) -> None:
                 dashboard_host="127.0.0.1",
                 **options,
             )
+    except BaseException:  # SIGTERM mid-start (Ray's handler: SystemExit), a failed start: not yet recorded
+        _end(_ray_children_since(started))
+        raise
     finally:
         for key in inherited:
             os.environ.pop(key, None)
@@ -281,6 +286,21 @@ def _leftovers(record: dict[str, Any]) -> list[Any]:
             except psutil.Error:
                 continue
     return [p for p in found.values() if _running(p)]
+
+
+def _ray_children_since(started: float) -> list[Any]:
+    """This process's descendants started since `started` (time.time()) that are Ray's: what a local Ray
+    whose start was cut short had started (its agents outlive the raylet that Ray's shutdown ends)."""
+    import psutil
+
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.create_time() >= started - 0.05 and "ray" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _running(process: Any) -> bool:

@@ -23,6 +23,10 @@ OBSERVER = textwrap.dedent(
 
     class Interrupted(Trainer):
         def fit(self):
+            if os.environ.get("CTRL_C_AGAIN"):  # a second Ctrl-C while the process exits
+                import signal, threading, time
+                again = lambda: (time.sleep(0.5), os.kill(os.getpid(), signal.SIGINT))
+                threading.Thread(target=again).start()  # not a daemon: the exit waits for it
             raise KeyboardInterrupt
 
     @hookimpl
@@ -125,6 +129,12 @@ def test_a_runtime_failure_exits_1_with_a_traceback_only_when_debugging(rlcore_c
 def test_interrupt_exits_130(observed):
     done = observed("run", "--plugin", "interrupted")
     assert done.returncode == 130 and "interrupted" in done.stderr
+
+
+def test_a_second_ctrl_c_while_exiting_ends_it_with_130(observed):
+    done = observed("run", "--plugin", "interrupted", CTRL_C_AGAIN="1")
+    assert done.returncode == 130, done.stderr  # not -2 (killed by SIGINT) from a KeyboardInterrupt at exit
+    assert "Traceback" not in done.stderr
 
 
 def test_resume_continues_a_run(rlcore_cli, tmp_path):

@@ -318,11 +318,12 @@ class Scene:
         self.notes.append(f"resumed ({resume_line(run.stderr)})")
 
     def settled(self, run: Run) -> None:
-        """Note Ray processes that outlive their driver (a clean exit stops its local Ray)."""
+        """Ray processes that outlive their driver (an exit that the driver saw stops its local Ray) are
+        Broken."""
         if run.ray:
             left = run.leftovers()
             if left:
-                self.notes.append(f"{left} Ray process(es) of {run.name} outlived it by 10 s")
+                raise Broken(f"{left} Ray process(es) of {run.name} outlived it by 10 s")
 
     def close(self) -> None:
         for run in self.runs:
@@ -774,7 +775,7 @@ bad_config(HUGE, match="ranks")),
              ray=True, in_tests=False),
     Scenario("SIGINT to the process group (Ctrl-C), Ray",
              signal_driver(signal.SIGINT, ray=True, group=True, save_steps=2), ray=True, in_tests=False),
-    Scenario("SIGTERM at startup, before step 1, Ray", signal_at_startup(ray=True), ray=True, in_tests=False),
+    Scenario("SIGTERM at startup, before step 1, Ray", signal_at_startup(ray=True), ray=True),
     Scenario("SIGTERM to the process group (scancel), Ray",
              signal_driver(signal.SIGTERM, ray=True, group=True, save_steps=0), ray=True),
     Scenario("SIGKILL of the rollout worker in generate()", kill_worker("rollout", "generate", after_step=2), ray=True,

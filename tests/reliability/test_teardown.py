@@ -17,8 +17,8 @@ from rlcore import cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
-DRIVER = """
-import json, os, sys, time
+STARTED = """
+import json, os, signal, sys, threading, time
 import psutil
 from rlcore import cluster
 cluster.init(num_cpus=1, num_gpus=0)
@@ -29,8 +29,14 @@ class Actor:
     def pid(self):
         return os.getpid()
 
+    def weights(self, n):
+        return bytes(n)  # over Ray's inline limit: through the object store, which the raylet serves
+
 actor = Actor.remote()
 ray.get(actor.pid.remote())
+"""
+
+DRIVER = STARTED + """
 node = ray._private.worker._global_node
 pids = [p.pid for p in psutil.Process().children(recursive=True)]
 try:
@@ -118,23 +124,7 @@ def test_what_a_sigkilled_driver_left_is_ended_by_the_next_init():
     assert not os.path.exists(started["record"])
 
 
-GROUP_DRIVER = """
-import os, signal, sys, threading, time
-import psutil
-from rlcore import cluster
-cluster.init(num_cpus=1, num_gpus=0)
-import ray
-
-@ray.remote(num_cpus=0)
-class Actor:
-    def pid(self):
-        return os.getpid()
-
-    def weights(self, n):
-        return bytes(n)  # over Ray's inline limit: through the object store, which the raylet serves
-
-actor = Actor.remote()
-ray.get(actor.pid.remote())
+GROUP_DRIVER = STARTED + """
 got = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: got.set())  # as the trainer does: note it, finish the step
 ray_processes = {p: p.name() for p in psutil.Process().children(recursive=True)}
