@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,17 +153,26 @@ class Trainer:
             self.hook.rlcore_train_start(trainer=self)
             last: dict[str, Any] = {}
             saved = self.step
-            with stop.failing(), self.progress() as bar:
-                while self.step < self.max_steps and not stop.signal:
-                    last = self.train_step()
-                    self.step += 1
-                    self.log(last, bar)
-                    if save_steps and self.step % save_steps == 0:
-                        self.save()
-                        saved = self.step
-            where = None  # the checkpoint written now, if any
-            if self.step > saved or (not save_steps and self.step and not stop.signal):
-                where = self.save()
+
+            def held() -> str:  # what the output_dir holds if the run stops now
+                if not saved:
+                    return "nothing was saved (run again, without --resume)"
+                lost = "" if self.step == saved else f"; step {self.step} was not saved" if self.step == saved + 1 \
+                    else f"; steps {saved + 1}-{self.step} were not saved"
+                return f"checkpoint-{saved} holds step {saved}{lost} (continue with --resume)"
+
+            where = None  # the checkpoint written after the loop, if any
+            with stop.failing(held):
+                with self.progress() as bar:
+                    while self.step < self.max_steps and not stop.signal:
+                        last = self.train_step()
+                        self.step += 1
+                        self.log(last, bar)
+                        if save_steps and self.step % save_steps == 0:
+                            self.save()
+                            saved = self.step
+                if self.step > saved or (not save_steps and self.step and not stop.signal):
+                    where = self.save()
             if stop.signal:
                 if where is not None:
                     stop.exit(f"after step {self.step}; saved {where} (continue with --resume)")
@@ -321,18 +330,26 @@ class _Deferred:
         raise SystemExit(self.EXIT[sig])
 
     @contextlib.contextmanager
-    def failing(self, grace_s: float = 15.0) -> Iterator[None]:
-        """A step that fails after the signal (a scheduler may signal every process, the roles' too) leaves
-        with its error, and the teardown of roles whose processes are gone gets `grace_s` seconds."""
+    def failing(self, held: Callable[[], str], grace_s: float = 15.0) -> Iterator[None]:
+        """A step (or save) that fails after the signal failed because of it, most likely: a scheduler
+        signals every process of a job, the roles' workers and Ray's own too. The run then stops as the
+        signal asked (SystemExit 143 / KeyboardInterrupt), saying so, why, and what `held()` says the
+        output_dir holds; the teardown of roles whose processes are gone gets `grace_s` seconds."""
         try:
             yield
-        except Exception:
-            if self.signal is not None:
-                name = signal.Signals(self.signal).name
-                code = 130 if self.EXIT[self.signal] is None else self.EXIT[self.signal]
-                exit_deadline(code, f"shutting the roles down took over {grace_s:.0f} s after {name} and a failed "
-                              f"step", grace_s, self._done)
-            raise
+        except Exception as exc:
+            if self.signal is None:
+                raise
+            name = signal.Signals(self.signal).name
+            why = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            print(f"rlcore: stopped by {name} during a step that then failed ({why[:200]}); {held()}",
+                  file=sys.stderr, flush=True)
+            code = 130 if self.EXIT[self.signal] is None else self.EXIT[self.signal]
+            exit_deadline(code, f"shutting the roles down took over {grace_s:.0f} s after {name}", grace_s, self._done)
+            try:
+                self._raise(self.signal)
+            except BaseException as stop:
+                raise stop from exc
 
     def exit(self, message: str, grace_s: float = 15.0) -> None:
         """Say where the run stopped, then leave; the checkpoint is on disk, so a teardown of the roles that

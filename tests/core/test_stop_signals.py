@@ -1,5 +1,6 @@
-"""A step that fails after SIGTERM (a scheduler can signal every process of a job, the roles' too) must not
-leave the driver hanging in the teardown of roles whose processes are gone."""
+"""A step that fails after SIGTERM (a scheduler can signal every process of a job, the roles' too) stops the
+run as the signal asked, saying why and what the output_dir holds, and never leaves the driver hanging in
+the teardown of roles whose processes are gone."""
 
 from __future__ import annotations
 
@@ -7,21 +8,22 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 DRIVER = """
 import os, signal, sys, time
 from rlcore.trainer import _Deferred
 
 with _Deferred() as stop:
-    if sys.argv[1] == "signal":
-        os.kill(os.getpid(), signal.SIGTERM)  # noted: the step goes on
+    if sys.argv[1] != "none":
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))  # noted: the step goes on
     try:
-        with stop.failing(grace_s=1):
-            raise RuntimeError("the rollout worker died")
+        with stop.failing(lambda: "checkpoint-2 holds step 2 (continue with --resume)", grace_s=1):
+            raise RuntimeError("role 'rollout' died during generate()")
     finally:
         time.sleep(float(sys.argv[2]))  # the teardown of the roles
 """
+STOPPED = ("rlcore: stopped by {} during a step that then failed (role 'rollout' died during generate()); "
+           "checkpoint-2 holds step 2 (continue with --resume)")
 
 
 def run(*args: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -30,16 +32,23 @@ def run(*args: str) -> tuple[subprocess.CompletedProcess, float]:
     return done, time.monotonic() - started
 
 
-def test_a_step_failing_after_sigterm_ends_a_hanging_teardown():
-    done, seconds = run("signal", "40")
+def test_a_step_failing_after_sigterm_stops_with_143_and_ends_a_hanging_teardown():
+    done, seconds = run("SIGTERM", "40")
     assert done.returncode == 143, done.stderr[-2000:]
-    assert "rlcore: shutting the roles down took over 1 s after SIGTERM and a failed step; exiting" in done.stderr
+    assert STOPPED.format("SIGTERM") in done.stderr
+    assert "rlcore: shutting the roles down took over 1 s after SIGTERM; exiting" in done.stderr
     assert seconds < 30
 
 
-@pytest.mark.parametrize("sig, teardown_s", [("signal", "0"), ("none", "3")])
-def test_a_teardown_that_ends_or_no_signal_keeps_the_steps_error(sig, teardown_s):
-    done, _ = run(sig, teardown_s)  # with no signal, a slow teardown is waited for
-    assert done.returncode == 1, done.stderr[-2000:]
-    assert "RuntimeError: the rollout worker died" in done.stderr
+def test_a_step_failing_after_sigint_is_an_interrupt():
+    done, _ = run("SIGINT", "0")
+    assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr, done.stderr[-2000:]
+    assert STOPPED.format("SIGINT") in done.stderr
     assert "shutting the roles down" not in done.stderr
+
+
+def test_without_a_signal_the_steps_error_stays_and_a_slow_teardown_is_waited_for():
+    done, _ = run("none", "3")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "RuntimeError: role 'rollout' died during generate()" in done.stderr
+    assert "rlcore: stopped" not in done.stderr and "shutting the roles down" not in done.stderr

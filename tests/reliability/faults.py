@@ -400,6 +400,27 @@ def signal_driver(sig: signal.Signals, ray: bool, group: bool, save_steps: int) 
     return scenario
 
 
+def sigterm_every_process(scene: Scene) -> None:
+    """SIGTERM to every process of the run, Ray's and its workers' too, as Slurm's scancel or a preemption
+    does (the job's cgroup, not a process group): the driver exits 143 within EXIT_TIMEOUT saying which
+    checkpoint holds its last step, with no traceback, and --resume continues with every step once."""
+    run = scene.run("first", "save_steps=1", ray=True, plugin_with=write_hook(scene.work, step_sleep=0.5))
+    wait_for(lambda: len(metrics_steps(scene.out)) >= 2, run, RUN_TIMEOUT[True], "step 2")
+    for process in run.members():
+        try:
+            process.terminate()
+        except psutil.Error:
+            pass
+    rc = run.wait(EXIT_TIMEOUT)
+    err = run.stderr
+    said = [line for line in err.splitlines() if line.startswith(("rlcore: stopped", "rlcore: error"))]
+    if rc != 143 or not said or "Traceback" in err:
+        raise Broken(f"exit {rc} (expected 143), {len(said)} rlcore line(s){traced(err)}: {tail(err)}")
+    scene.notes.append(f"exit {rc}: {' / '.join(said)[:200]}")
+    scene.settled(run)
+    scene.resume("save_steps=1", ray=True)
+
+
 def signal_twice(scene: Scene) -> None:
     """Ctrl-C twice: the second stops at once (exit 130) wherever it lands; --resume continues from the
     newest intact checkpoint."""
@@ -778,6 +799,8 @@ bad_config(HUGE, match="ranks")),
     Scenario("SIGTERM at startup, before step 1, Ray", signal_at_startup(ray=True), ray=True),
     Scenario("SIGTERM to the process group (scancel), Ray",
              signal_driver(signal.SIGTERM, ray=True, group=True, save_steps=0), ray=True),
+    Scenario("SIGTERM to every process of the run (Slurm's scancel), Ray", sigterm_every_process, ray=True,
+             in_tests=False),
     Scenario("SIGKILL of the rollout worker in generate()", kill_worker("rollout", "generate", after_step=2), ray=True,
              in_tests=False),
     Scenario("SIGKILL of the rollout worker in update_weights()", kill_worker("rollout", "update_weights"),
