@@ -74,8 +74,6 @@ def rss_mib() -> float:
 # -- the shared inputs ------------------------------------------------------------------------------
 
 
-
-
 def answer_of_length(model: str) -> tuple[str, int]:
     """The dataset's assistant answer, sized so that TRL's collator labels TOKENS completion tokens per row.
 

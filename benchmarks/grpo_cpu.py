@@ -55,8 +55,6 @@ def lookup(obj: Any, path: str) -> Any:
     return obj.value if isinstance(obj, enum.Enum) else obj  # TRL keeps some choices as enums
 
 
-
-
 def rlcore_step_times(model: str, out: Path, steps: int) -> tuple[list[float], list[float], dict[str, Any]]:
     from fair import StepClock
 

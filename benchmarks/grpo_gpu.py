@@ -73,8 +73,6 @@ def lookup(obj: Any, path: str) -> Any:
     return obj.value if isinstance(obj, enum.Enum) else obj  # TRL keeps some choices as enums
 
 
-
-
 # -- the runs, each in its own process ------------------------------------------------------------
 
 

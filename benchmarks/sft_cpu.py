@@ -63,8 +63,6 @@ SHOWN = ("max_length", "packing", "packing_strategy", "padding_free", "per_devic
          "dataloader_num_workers", "completion_only_loss", "assistant_only_loss", "loss_type")
 
 
-
-
 def hf_arguments(same: dict[str, Any]) -> dict[str, Any]:
     """`same` as TRL's SFTConfig takes it: transformers 5 calls gradient checkpointing activation_checkpointing
     (rlcore renames it the same way, plugins/sft/build.py)."""

@@ -54,8 +54,6 @@ def rlcore_step_end(trainer, step, metrics):
 '''
 
 
-
-
 def throughput(stamps: list[dict], skip: int) -> dict:
     """Tokens per second between step `skip` and the last step, and the median step time."""
     first, last = stamps[skip - 1], stamps[-1]
