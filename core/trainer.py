@@ -340,14 +340,9 @@ class _Deferred:
         except Exception as exc:
             if self.signal is None:
                 raise
-            name = signal.Signals(self.signal).name
             why = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-            print(f"rlcore: stopped by {name} during a step that then failed ({why[:200]}); {held()}",
-                  file=sys.stderr, flush=True)
-            code = 130 if self.EXIT[self.signal] is None else self.EXIT[self.signal]
-            exit_deadline(code, f"shutting the roles down took over {grace_s:.0f} s after {name}", grace_s, self._done)
             try:
-                self._raise(self.signal)
+                self.exit(f"during a step that then failed ({why[:200]}); {held()}", grace_s)
             except BaseException as stop:
                 raise stop from exc
 
