@@ -5,7 +5,10 @@
     python benchmarks/megatron_gpu.py --part two   # two H200s: a Qwen2.5-7B-shaped random model, GRPO colocated on Ray
                                                    # (tensor parallel 2 on both sides) with megatron, and the hf engine
                                                    # on one GPU for the same model (expected: out of memory)
-    python benchmarks/megatron_gpu.py              # both parts (needs two GPUs)
+    python benchmarks/megatron_gpu.py --part train # one H200, no vLLM: the train phase alone (GRPO's loss on 64 rows of
+                                                   # 64 + up to 256 tokens, micro-batches of 16), hf vs megatron with
+                                                   # SDPA core attention vs megatron with the local spec's attention
+    python benchmarks/megatron_gpu.py              # parts one and two (needs two GPUs)
 
 Each engine runs in a subprocess of its own (one vLLM per process). The table gives median step time, median
 `time/train`, completion tokens per second and the peak GPU memory (nvidia-smi, every GPU, sampled every 0.2 s);
@@ -89,6 +92,85 @@ class PeakMemory:
         self.thread.join()
 
 
+TRAIN_ROWS, TRAIN_PROMPT, TRAIN_MICRO, TRAIN_STEPS = 64, 64, 16, 7
+
+
+def run_train_phase(model: str, variant: str) -> dict:
+    """`TRAIN_STEPS` optimizer steps of one engine on the same right-padded batch: seconds each, peak memory."""
+    import torch
+
+    from rlcore import Batch
+
+    if variant == "megatron-local":  # megatron-core's own local spec: [B, heads, T, T] scores
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        from rlcore.plugins.megatron import attention
+
+        attention.layer_spec = lambda: get_gpt_layer_local_spec(normalization="RMSNorm")  # the engine adds the mask
+    if variant == "hf":
+        from rlcore.plugins.hf import make_train_engine
+    else:
+        from rlcore.plugins.megatron import make_train_engine
+    engine = make_train_engine(model=model, device="cuda", dtype="bfloat16", learning_rate=1e-6, seed=0)
+    g = torch.Generator().manual_seed(0)
+    width = TRAIN_PROMPT + TOKENS
+    ids = torch.randint(0, SMALL["vocab_size"] - 1, (TRAIN_ROWS, width), generator=g)
+    lengths = TRAIN_PROMPT + torch.randint(TOKENS // 4, TOKENS + 1, (TRAIN_ROWS,), generator=g)
+    mask = (torch.arange(width)[None] < lengths[:, None]).long()
+    completion = mask.clone()
+    completion[:, :TRAIN_PROMPT] = 0
+    advantages = torch.randn(TRAIN_ROWS, generator=g)
+    batch = Batch({"input_ids": ids * mask, "attention_mask": mask, "completion_mask": completion,
+                   "advantages": advantages})
+    tokens = float(completion.sum())
+
+    def loss_fn(outputs, micro):
+        logprobs = outputs.logprobs()
+        ratio = torch.exp(logprobs - logprobs.detach())
+        loss = -(ratio * micro["advantages"][:, None] * micro["completion_mask"]).sum() / tokens
+        return loss, {}
+
+    seconds = []
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(TRAIN_STEPS):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        engine.train_step(batch, loss_fn, TRAIN_MICRO)
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    return {"train_s": seconds, "peak_allocated_mib": torch.cuda.max_memory_allocated() >> 20,
+            "tokens": int(mask.sum())}
+
+
+def train_phase_part(tmp: Path) -> dict:
+    model = build({**SMALL}, "qwen2-0.5b-shape-gpu", device="cuda")
+    rows = []
+    for variant in ("hf", "megatron", "megatron-local"):
+        out = tmp / f"train-{variant}.json"
+        cmd = [sys.executable, __file__, "--train-variant", variant, "--model", model, "--out", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        row: dict[str, Any] = {"engine": variant}
+        if done.returncode:
+            row["failed"] = f"exit {done.returncode}: {(done.stderr or done.stdout)[-1500:]}"
+        else:
+            raw = json.loads(out.read_text())
+            step = statistics.median(raw["train_s"][SKIP:])
+            row.update(train_s=round(step, 3), peak_allocated_mib=raw["peak_allocated_mib"],
+                       tokens_per_s=round(raw["tokens"] / step), steps=raw["train_s"])
+        rows.append(row)
+    hf = rows[0].get("train_s", float("nan"))
+    print(f"\none H200, train phase alone (Qwen2-0.5B shape, bf16, {TRAIN_ROWS} rows x {TRAIN_PROMPT}+<= {TOKENS} "
+          f"tokens, micro-batch {TRAIN_MICRO}); hf: bf16 AdamW, megatron: fp32 main params and grads")
+    print(f"{'engine':16} {'train s':>8} {'x hf':>6} {'tok/s':>9} {'peak alloc MiB':>15}  note")
+    for r in rows:
+        ratio = r.get("train_s", float("nan")) / hf
+        print(f"{r['engine']:16} {r.get('train_s', '-'):>8} {ratio:6.2f} {r.get('tokens_per_s', '-'):>9} "
+              f"{r.get('peak_allocated_mib', '-'):>15}  {r.get('failed', '')[:300]}")
+    ratio = rows[1].get("train_s", float("nan")) / hf
+    return {"runs": rows, "train_ratio_megatron_over_hf": round(ratio, 3), "target": "<= 1.0 (stretch 0.8)",
+            "met": ratio <= 1.0}
+
+
 def subprocess_run(model: str, engine: str, part: str, tmp: Path) -> dict:
     out = tmp / f"{part}-{engine}.json"
     cmd = [sys.executable, __file__, "--run", engine, "--part", part, "--model", model, "--out", str(out)]
@@ -113,10 +195,11 @@ def subprocess_run(model: str, engine: str, part: str, tmp: Path) -> dict:
     return result
 
 
-def build(shape: dict, name: str) -> str:
+def build(shape: dict, name: str, device: str = "cuda") -> str:
+    """A random model of `shape`, its weights drawn on the GPU (a 1.5B shape takes minutes on the CPU)."""
     from rlcore.plugins.hf.tiny import build_tiny_model
 
-    return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-bench" / name, **shape))
+    return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-bench" / name, **shape, device=device))
 
 
 def print_table(title: str, rows: list[dict]) -> None:
@@ -130,19 +213,25 @@ def print_table(title: str, rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["one", "two", "both"], default="both")
+    parser.add_argument("--part", choices=["one", "two", "both", "train"], default="both")
+    parser.add_argument("--train-variant", choices=["hf", "megatron", "megatron-local"], help=argparse.SUPPRESS)
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200-x2"))
     parser.add_argument("--json", default=str(RESULTS))
     parser.add_argument("--run", choices=["hf", "megatron"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.train_variant:  # a child: one engine's train phase
+        Path(args.out).write_text(json.dumps(run_train_phase(args.model, args.train_variant)))
+        return
     if args.run:  # a child: one engine's run
         Path(args.out).write_text(json.dumps(run_grpo(args.model, Path(args.out).with_suffix(""), args.run, args.part)))
         return
     record: dict[str, Any] = {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "steps": STEPS, "skip": SKIP,
                               "prompts": PROMPTS, "generations": GENERATIONS, "completion_tokens": TOKENS}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.part == "train":
+            record["one_gpu_train_phase"] = train_phase_part(Path(tmp))
         if args.part in ("one", "both"):
             model = build(SMALL, "qwen2-0.5b-shape")
             rows = [subprocess_run(model, engine, "one", Path(tmp)) for engine in ("megatron", "hf")]

@@ -44,12 +44,15 @@ def build_tiny_model(
     num_labels: int | None = None,
     vocab_size: int | None = None,
     dtype: str = "float32",
+    device: str = "cpu",
 ) -> Path:
     """Write a tiny `arch` model with random weights and a byte-level tokenizer to `path`; return it.
 
     `num_labels` builds a sequence-classification model (an outcome reward model) instead of a causal LM.
     `vocab_size` grows the tokenizer with synthetic merges to that many ids (a model shaped like a real
     one, e.g. Qwen2-0.5B's for the GPU benchmark); `dtype` is the dtype the weights are saved in.
+    `device="cuda"` draws the random weights on the GPU: seconds for a 1.5B shape that takes minutes on the
+    CPU (other random numbers, so another model; the directory records the device).
     Calling again with the same arguments returns the existing directory without rebuilding it.
     """
     args = dict(
@@ -58,6 +61,8 @@ def build_tiny_model(
         max_position_embeddings=max_position_embeddings, seed=seed, num_labels=num_labels,
         vocab_size=vocab_size, dtype=dtype,
     )
+    if device != "cpu":  # recorded only off the CPU, so directories built before this key still match
+        args["device"] = device
     _check(args)
     path = Path(path)
     marker = path / MARKER
@@ -178,7 +183,8 @@ def _build_model(tokenizer: Any, args: dict[str, Any]) -> Any:
     if args["num_labels"] is not None:
         config.num_labels = args["num_labels"]
         return AutoModelForSequenceClassification.from_config(config)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args["dtype"]))
+    with torch.device(args.get("device", "cpu")):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args["dtype"]))
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )

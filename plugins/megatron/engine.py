@@ -1,5 +1,5 @@
-"""`MegatronTrainEngine`: megatron-core's GPTModel (local layer spec: no Transformer Engine, no Apex) built
-from a Hugging Face Qwen2 or Llama checkpoint, trained with tensor, pipeline and data parallelism.
+"""`MegatronTrainEngine`: megatron-core's GPTModel (its local layer spec with torch SDPA as the core attention,
+`attention.py`: no Transformer Engine, no Apex) built from a Hugging Face Qwen2 or Llama checkpoint, trained with tensor, pipeline and data parallelism.
 
 The group's workers (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the worker runtime) form one
 torch.distributed world; megatron's parallel state cuts it as rlcore's `Mesh` orders ranks (tensor
@@ -27,12 +27,12 @@ from rlcore.plugins.hf.common import check_temperature, common_problems, raise_p
 from . import mapping
 from .support import (
     DECAY_STYLES,
+    HostOffload,
     SafetensorsReader,
     copy_model_files,
     hf_config,
     model_dir,
     move_optimizer,
-    move_tensors,
     option_problems,
     shared_tmp,
     torch_dtype,
@@ -102,8 +102,7 @@ class MegatronTrainEngine(TrainEngine):
         self.dtype = torch_dtype(dtype, self.cuda)
         self.logprob_micro_batch_size = logprob_micro_batch_size
         self.global_step = 0
-        self._offloaded: set[str] = set()
-        self._cpu_copies: dict[int, Any] = {}
+        self._host = HostOffload()
         torch.manual_seed(seed)
         self.rank, self.world_size = join_torch_world(self.device, dist_timeout_s, alone=True)
         self._init_parallel_state(tp, pp, seed)
@@ -166,11 +165,15 @@ class MegatronTrainEngine(TrainEngine):
 
     def _build_model(self) -> Any:
         from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        from .attention import SdpaAttention, layer_spec
 
         theta = self.spec.rope_theta
+        spec = layer_spec()
+        # causal SDPA needs no mask; another core attention (megatron's local one) takes the [T, T] mask
+        self.causal_mask = spec.submodules.self_attention.submodules.core_attention is not SdpaAttention
         return GPTModel(
-            self.config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=self.padded_vocab,
+            self.config, spec, vocab_size=self.padded_vocab,
             max_sequence_length=self.spec.max_position_embeddings, pre_process=self.first_stage,
             post_process=self.last_stage, share_embeddings_and_output_weights=self.spec.tied,
             position_embedding_type="rope", rotary_percent=1.0,
@@ -261,8 +264,9 @@ class MegatronTrainEngine(TrainEngine):
             ids = micro["input_ids"]
             T = ids.shape[1]
             positions = torch.arange(T, device=ids.device)[None].expand_as(ids)
-            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).triu(1)[None, None]
-            return model(ids, positions, causal), lambda logits: loss_func_of(logits, micro)
+            # rows are right-padded, so causal is the whole mask (`attention.py`); SDPA builds none
+            mask = torch.ones(T, T, dtype=torch.bool, device=ids.device).triu(1)[None, None] if self.causal_mask else None
+            return model(ids, positions, mask), lambda logits: loss_func_of(logits, micro)
 
         width = micros[0]["input_ids"].shape[1]
         return self._schedule()(
@@ -461,61 +465,47 @@ class MegatronTrainEngine(TrainEngine):
             return []
         return [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
 
+    def _optimizer_tensors(self) -> list[Any]:
+        """The inner optimizers' params (megatron's fp32 main params) and state tensors (Adam moments)."""
+        tensors: list[Any] = []
+        for inner in self._inner_optimizers():
+            tensors += [p for group in inner.param_groups for p in group["params"]]
+            tensors += [v for state in inner.state.values() for v in state.values() if hasattr(v, "untyped_storage")]
+        return tensors
+
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
-        """Params (megatron's contiguous buffers) and optimizer state (fp32 main params, Adam moments) to CPU
-        memory; grads freed. On a CPU engine only the grads are dropped."""
+        """Params (megatron's contiguous DDP buffers, or each parameter of a forward-only model) and optimizer
+        state (fp32 main params, Adam moments) to pinned host memory, grads dropped: the GPU memory the engine
+        holds falls to what nothing else can free (see `HostOffload`). On a CPU engine only the grads are zeroed.
+
+        Grads go first and the optimizer before the params: an fp32 param is its own main param (a view into
+        the param buffer), and what a storage of the params holds moves with the params, once."""
         import torch
 
         if grads and self.optimizer is not None:
             self._zero_grad()
         if not self.cuda:
             return
+        buffers = self._ddp_buffers()
+        model_tensors = [b.param_data for b in buffers] or [*self.model.parameters(), *self.model.buffers()]
         if grads:
-            for buffer in self._ddp_buffers():
-                buffer.grad_data.untyped_storage().resize_(0)
-            self._offloaded.add("grads")
-        if params:
-            buffers = self._ddp_buffers()
-            if buffers:
-                for buffer in buffers:
-                    self._cpu_copies[id(buffer)] = buffer.param_data.to("cpu")
-                    buffer.param_data.untyped_storage().resize_(0)
-            else:
-                move_tensors([*self.model.parameters(), *self.model.buffers()], torch.device("cpu"))
-            self._offloaded.add("params")
+            self._host.offload("grads", [b.grad_data for b in buffers], keep=False)
         if optimizer and self.optimizer is not None:
-            for inner in self._inner_optimizers():
-                move_optimizer(inner, torch.device("cpu"))
-            self._offloaded.add("optimizer")
+            self._host.offload("optimizer", self._optimizer_tensors(), skip=model_tensors)
+        if params:
+            self._host.offload("params", model_tensors)
         torch.cuda.empty_cache()
 
     def reload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
-        """Bring offloaded state back to the GPU (grads as zeros)."""
-        if params and "params" in self._offloaded:
-            buffers = self._ddp_buffers()
-            if buffers:
-                for buffer in buffers:
-                    data = buffer.param_data
-                    data.untyped_storage().resize_(data.numel() * data.element_size())
-                    data.copy_(self._cpu_copies.pop(id(buffer)), non_blocking=True)
-            else:
-                move_tensors([*self.model.parameters(), *self.model.buffers()], self.device)
-            self._offloaded.discard("params")
-        if grads and "grads" in self._offloaded:
-            for buffer in self._ddp_buffers():
-                data = buffer.grad_data
-                data.untyped_storage().resize_(data.numel() * data.element_size())
-                data.zero_()
-            self._offloaded.discard("grads")
-        if optimizer and "optimizer" in self._offloaded:
-            for inner in self._inner_optimizers():
-                move_optimizer(inner, self.device)
-            self._offloaded.discard("optimizer")
+        """Bring offloaded state back to the GPU, bitwise (grads as zeros)."""
+        for what, wanted in (("params", params), ("grads", grads), ("optimizer", optimizer)):
+            if wanted:
+                self._host.reload(what)
 
     def _ensure_loaded(self) -> None:
-        if "params" in self._offloaded:
+        if "params" in self._host:
             raise RlcoreError("the megatron engine's params are offloaded; call reload(params=True) first")
-        if "grads" in self._offloaded and not self.forward_only:
+        if "grads" in self._host and not self.forward_only:
             self.reload(params=False, grads=True, optimizer=False)
 
     # ------------------------------------------------------------------ checkpoints

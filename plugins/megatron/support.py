@@ -91,9 +91,85 @@ class SafetensorsReader:
         return self.where[name].get_tensor(name)
 
 
-def move_tensors(tensors: list[Any], device: Any) -> None:
-    for tensor in tensors:
-        tensor.data = tensor.data.to(device, non_blocking=True)
+class HostOffload:
+    """Device memory moved to (pinned) host memory and back, a storage at a time.
+
+    Every tensor (a parameter, one of megatron's views into its contiguous DDP buffers, an fp32 main param or an
+    Adam moment) keeps its identity: the storage under it is copied to host memory and resized to zero bytes,
+    later resized back and refilled. Views into a storage (megatron's `main_grad`, the distributed optimizer's
+    shards of the param buffer, an fp32 param that is also its own main param) need no care of their own, and
+    a storage two holders share is moved once. Host copies are kept for the next offload (pinning is slow).
+    `device_type="cpu"` moves CPU storages into plain host buffers: the same bookkeeping, for tests.
+    """
+
+    def __init__(self, device_type: str = "cuda") -> None:
+        self.device_type = device_type
+        self.host: dict[int, Any] = {}  # StorageImpl address -> its host copy
+        self.away: dict[str, list[tuple[Any, int, Any]]] = {}  # what -> (storage, bytes, host copy or None)
+
+    def _storages(self, tensors: Any) -> dict[int, Any]:
+        found: dict[int, Any] = {}
+        for t in tensors:
+            if t is not None and t.device.type == self.device_type:
+                storage = t.untyped_storage()
+                if storage.nbytes():
+                    found.setdefault(storage._cdata, storage)  # one StorageImpl, however many views
+        return found
+
+    def offload(self, what: str, tensors: Any, keep: bool = True, skip: Any = ()) -> None:
+        """The storages under `tensors`, except those under `skip` or already away, to host memory (`keep=False`:
+        dropped, to come back as zeros), freeing their device memory."""
+        if what in self.away:
+            return
+        taken = {key for entries in self.away.values() for key in (s._cdata for s, _, _ in entries)}
+        taken |= self._storages(skip).keys()
+        storages = {k: s for k, s in self._storages(tensors).items() if k not in taken}
+        entries = []
+        for key, storage in storages.items():
+            host = None
+            if keep:
+                host = self.host.get(key)
+                if host is None or host.numel() != storage.nbytes():
+                    host = self.host[key] = torch_empty_host(storage.nbytes(), pin=self.device_type == "cuda")
+                host.copy_(_bytes(storage), non_blocking=True)
+            entries.append((storage, storage.nbytes(), host))
+        self._synchronize()  # the copies are done before the memory is handed back
+        for storage, _, _ in entries:
+            storage.resize_(0)
+        self.away[what] = entries
+
+    def reload(self, what: str) -> None:
+        """What `offload(what, ...)` emptied, back in place: bitwise, or zeros where it was dropped."""
+        entries = self.away.pop(what, [])
+        for storage, nbytes, host in entries:
+            storage.resize_(nbytes)
+            if host is None:
+                _bytes(storage).zero_()
+            else:
+                _bytes(storage).copy_(host, non_blocking=True)
+        self._synchronize()
+
+    def _synchronize(self) -> None:
+        if self.device_type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def __contains__(self, what: str) -> bool:
+        return what in self.away
+
+
+def torch_empty_host(nbytes: int, pin: bool) -> Any:
+    import torch
+
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+
+
+def _bytes(storage: Any) -> Any:
+    """A uint8 tensor over the whole of `storage`."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 def move_optimizer(optimizer: Any, device: Any) -> None:
