@@ -133,7 +133,8 @@ class HostOffload:
                     host = self.host[key] = torch_empty_host(storage.nbytes(), pin=self.device_type == "cuda")
                 host.copy_(_bytes(storage), non_blocking=True)
             entries.append((storage, storage.nbytes(), host))
-        self._synchronize()  # the copies are done before the memory is handed back
+        if entries:
+            self._synchronize()  # the copies are done before the memory is handed back
         for storage, _, _ in entries:
             storage.resize_(0)
         self.away[what] = entries
@@ -147,7 +148,8 @@ class HostOffload:
                 _bytes(storage).zero_()
             else:
                 _bytes(storage).copy_(host, non_blocking=True)
-        self._synchronize()
+        if entries:
+            self._synchronize()
 
     def _synchronize(self) -> None:
         if self.device_type == "cuda":
