@@ -108,7 +108,8 @@ class MegatronTrainEngine(TrainEngine):
         self._init_parallel_state(tp, pp, seed)
         self.padded_vocab = mapping.padded_vocab_size(spec.vocab_size, tp, make_vocab_size_divisible_by)
         self.config = self._transformer_config(gradient_checkpointing)
-        self.module = self._build_model()
+        # megatron puts its parallel layers on the GPU, torch's norms stay where torch.nn makes them (the CPU)
+        self.module = self._build_model().to(self.device)
         self._load_hf(self.model_name)
         self._wrap_and_optimize(options)
 
@@ -487,7 +488,8 @@ class MegatronTrainEngine(TrainEngine):
         if not self.cuda:
             return
         buffers = self._ddp_buffers()
-        model_tensors = [b.param_data for b in buffers] or [*self.model.parameters(), *self.model.buffers()]
+        # with the distributed optimizer the params are views into DDP's param buffers (one storage each)
+        model_tensors = [*self.model.parameters(), *self.model.buffers()]
         if grads:
             self._host.offload("grads", [b.grad_data for b in buffers], keep=False)
         if optimizer and self.optimizer is not None:
