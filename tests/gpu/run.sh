@@ -43,6 +43,7 @@ fi
 for module in gkd sft sampling megatron; do
     if [ "$what" = all ] || [ "$what" = "$module" ]; then
         each "tests/gpu/test_${module}_gpu.py"
+        [ "$module" = megatron ] && each tests/gpu/test_megatron_cli.py
     fi
 done
 exit $status

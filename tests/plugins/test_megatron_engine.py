@@ -109,6 +109,7 @@ def test_train_steps_lower_the_loss_like_the_hf_engine(tiny_model):
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.05
     for mine, theirs in zip(megatron, hf):
         assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-4)
+        assert mine["jsd"] == pytest.approx(theirs["jsd"], abs=1e-4)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-3)
         assert mine["lr"] == pytest.approx(theirs["lr"], abs=1e-12)  # megatron's scheduler, HF's schedule
         assert mine["tokens"] == theirs["tokens"]
@@ -211,10 +212,11 @@ def test_parallel_sizes_that_do_not_fit_are_reported_together(tiny_model):
         make_train_engine(model=str(tiny_model), tensor_parallel_size=2)
 
 
-def test_gkd_on_the_megatron_engine_runs_like_the_hf_engine(tiny_model, tmp_path):
-    """GKD with a colocated teacher over the full vocabulary (the student's `full_logprobs`), on- and off-policy
-    steps: per-step losses and grad norms of the megatron student equal the hf student's (same tolerance
-    argument as the train-step test)."""
+@pytest.mark.parametrize("topk", [None, 8], ids=["full-vocabulary", "top-8"])
+def test_gkd_on_the_megatron_engine_runs_like_the_hf_engine(tiny_model, tmp_path, topk):
+    """GKD with a colocated megatron teacher over the full vocabulary (the student's `full_logprobs`) or its
+    top-k (vocab-parallel `topk`), on- and off-policy steps: per-step losses, JSD and grad norms of the megatron
+    student equal the hf student's (same tolerance argument as the train-step test)."""
     from rlcore import load_config
     from rlcore.plugins.gkd.config import GKDConfig
     from rlcore.plugins.gkd.trainer import GKDTrainer
@@ -228,6 +230,7 @@ def test_gkd_on_the_megatron_engine_runs_like_the_hf_engine(tiny_model, tmp_path
             f"model={tiny_model}", f"teacher_model={teacher}", f"dataset={data}", f"output_dir={tmp_path / engine}",
             f"train.engine={engine}", "lmbda=0.5", "sft_alpha=0.5", "max_steps=3", "max_completion_length=6",
             "per_device_train_batch_size=4", "eval_size=4", "eval_steps=3", "learning_rate=1e-3",
+            *([f"gkd_logits_topk={topk}"] if topk else []),
         ])
         GKDTrainer(config, load_plugins()).fit()
         rows[engine] = [json.loads(line) for line in (tmp_path / engine / "metrics.jsonl").read_text().splitlines()]
@@ -235,4 +238,5 @@ def test_gkd_on_the_megatron_engine_runs_like_the_hf_engine(tiny_model, tmp_path
     for mine, theirs in zip(rows["megatron"], rows["hf"], strict=True):
         assert mine["on_policy"] == theirs["on_policy"]
         assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-4)
+        assert mine["jsd"] == pytest.approx(theirs["jsd"], abs=1e-4)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-3)
