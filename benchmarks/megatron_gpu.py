@@ -227,7 +227,9 @@ def main() -> None:
     if args.run:  # a child: one engine's run
         Path(args.out).write_text(json.dumps(run_grpo(args.model, Path(args.out).with_suffix(""), args.run, args.part)))
         return
-    record: dict[str, Any] = {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "steps": STEPS, "skip": SKIP,
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    record: dict[str, Any] = {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": commit.stdout.strip() or None,
+                              "steps": STEPS, "skip": SKIP,
                               "prompts": PROMPTS, "generations": GENERATIONS, "completion_tokens": TOKENS}
     with tempfile.TemporaryDirectory() as tmp:
         if args.part == "train":
