@@ -2,7 +2,7 @@
 TRL 1.16's GKDTrainer (`trl.experimental.gkd`).
 
 The same work on both sides: a tiny random-weight student (hidden 128, 4 layers) distils a different, larger
-tiny teacher (hidden 256, 4 layers), both from `rlcore.plugins.hf.tiny.build_tiny_model` with one tokenizer
+tiny teacher (hidden 256, 4 layers), both from `rlcore.testing.build_tiny_model` with one tokenizer
 (vocabulary 4,096), float32; every step on-policy (lmbda 1: the student generates on the CPU), beta 0.5,
 temperature 1, the full vocabulary; 16 completions of up to 32 tokens a step (micro-batches of 8, 2
 accumulation steps, one optimizer step), torch AdamW lr 1e-4 with a constant schedule, max_grad_norm 1,
@@ -301,7 +301,7 @@ def main() -> None:
         child(args)
         return
 
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     sides = args.only or list(SIDES)
     started = time.perf_counter()

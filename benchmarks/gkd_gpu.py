@@ -186,7 +186,7 @@ def main() -> None:
         out.write_text(json.dumps(result))
         return
 
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)

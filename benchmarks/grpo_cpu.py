@@ -1,6 +1,6 @@
 """GRPO step time on the CPU: rlcore (local, Hugging Face engines) against TRL's GRPOTrainer (use_vllm=False).
 
-Same tiny model (rlcore.plugins.hf.tiny), same toy task and reward, same batch: 8 prompts x 8 generations,
+Same tiny model (rlcore.testing), same toy task and reward, same batch: 8 prompts x 8 generations,
 32 completion tokens, micro-batches of 32 with 2 accumulation steps (one optimizer step per generation),
 one torch thread count for both. Both sides get the same settings wherever TRL has one (`SAME`): loss,
 clipping, beta, sampling, stop tokens, optimizer (torch AdamW, lr 1e-3, constant schedule), gradient
@@ -85,7 +85,7 @@ def trl_step_times(model: str, out: Path, steps: int) -> tuple[list[float], list
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlcore.plugins.grpo.toy import toy_dataset, toy_reward
+    from rlcore.testing import toy_dataset, toy_reward
 
     clock = trainer_clock("completions/mean_length")
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]} for r in toy_dataset()]
@@ -111,7 +111,7 @@ def main() -> None:
                         help="runs per framework, alternating rlcore and TRL (a shared machine's load hits both)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     runs: dict[str, list[tuple[float, float]]] = {"rlcore": [], "trl": []}  # (median step s, median length) per run
     settings: dict[str, dict[str, Any]] = {}  # what each side ran with

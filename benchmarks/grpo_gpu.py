@@ -126,7 +126,7 @@ def run_trl(model: str, out: Path, processes: int) -> dict:
     from transformers import GenerationConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlcore.plugins.grpo.toy import toy_dataset, toy_reward
+    from rlcore.testing import toy_dataset, toy_reward
 
     clock = trainer_clock("completions/mean_length")
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]} for r in toy_dataset()]
@@ -235,7 +235,7 @@ def main() -> None:
             Path(args.out).write_text(json.dumps(result))
         return
 
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     completions = PROMPTS * GENERATIONS
     with tempfile.TemporaryDirectory() as tmp_dir:

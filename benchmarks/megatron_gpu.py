@@ -197,7 +197,7 @@ def subprocess_run(model: str, engine: str, part: str, tmp: Path) -> dict:
 
 def build(shape: dict, name: str, device: str = "cuda") -> str:
     """A random model of `shape`, its weights drawn on the GPU (a 1.5B shape takes minutes on the CPU)."""
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-bench" / name, **shape, device=device))
 

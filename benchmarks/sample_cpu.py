@@ -42,7 +42,7 @@ TEMPERATURE, TOP_P, TOP_K, SEED = 1.0, 0.95, 0, 0
 
 
 def prompts_file(tmp: Path, n: int) -> Path:
-    from rlcore.plugins.grpo.toy import toy_dataset
+    from rlcore.testing import toy_dataset
 
     path = tmp / "prompts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in toy_dataset(n, seed=0)))
@@ -138,7 +138,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import transformers
 
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     load_before = os.getloadavg()  # other work on the machine shows here
     sides = ("raw", "rlcore_batched", "rlcore_seed_per_prompt", "raw_per_prompt")

@@ -31,7 +31,7 @@ GPU_MEMORY, MAX_MODEL_LEN = 0.85, 1024
 
 
 def prompts_file(tmp: Path) -> Path:
-    from rlcore.plugins.grpo.toy import toy_dataset
+    from rlcore.testing import toy_dataset
 
     rows = toy_dataset(WARMUP + PROMPTS, seed=0)
     path = tmp / "prompts.jsonl"
@@ -105,7 +105,7 @@ def main() -> None:
         out.write_text(json.dumps(result))
         return
 
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)

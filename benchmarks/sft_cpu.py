@@ -3,7 +3,7 @@
 rlcore's `sft` runs TRL's SFTTrainer itself (plugins/sft/build.py), paused after every optimizer step by a callback
 so that rlcore's driver moves it one step at a time (plugins/sft/worker.py: the trainer's loop in a thread, two
 queues), with rlcore's metrics.jsonl, hooks and progress bar around it. This measures what that plumbing costs:
-the same tiny random-weight Qwen2-style model (rlcore.plugins.hf.tiny, `SHAPE`), the same synthetic chat rows of
+the same tiny random-weight Qwen2-style model (rlcore.testing, `SHAPE`), the same synthetic chat rows of
 mixed lengths (one JSONL file), and the same arguments wherever both spell them (`SAME`: global batch, max_length,
 packing, optimizer, schedule, gradient checkpointing off, bf16 off, seed), one torch thread count for both. The
 TRL side is built as its documentation builds it, with the arguments rlcore sets itself copied (log every step,
@@ -182,7 +182,7 @@ def main() -> None:
     import transformers
     import trl
 
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     load_before = os.getloadavg()  # other work on the machine shows here
     runs: dict[str, list[dict]] = {"rlcore": [], "trl": []}

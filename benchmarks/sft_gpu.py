@@ -145,7 +145,7 @@ def main() -> None:
 
     if torch.cuda.device_count() < 2:
         raise SystemExit(f"benchmarks/sft_gpu.py needs 2 GPUs; this machine has {torch.cuda.device_count()}")
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     tmp = Path(tempfile.mkdtemp(prefix="rlcore-sft-bench-"))
     try:

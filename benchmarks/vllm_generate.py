@@ -31,7 +31,7 @@ def run_child(model: str, in_process: bool) -> list[dict]:
     from transformers import AutoTokenizer
 
     from rlcore import SamplingParams
-    from rlcore.plugins.grpo.toy import toy_dataset
+    from rlcore.testing import toy_dataset
     from rlcore.plugins.vllm import VLLMRolloutEngine
 
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -90,7 +90,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(run_child(args.model, args.child == "in_process")))
         return
 
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp_dir:

@@ -225,7 +225,7 @@ def bench_vllm_load(shape: str, syncs: int) -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
     from rlcore.weight_replay import ReplayLoader
     from rlcore.weight_sync import flatten_bucket, iter_buckets, unflatten_bucket
 
@@ -327,7 +327,7 @@ def bench_session(shape: str, syncs: int, layout: str, device: str) -> dict:
 
     from rlcore import RoleSession, RoleSetup, load_plugins
     from rlcore.cluster import init
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
     from rlcore.resources import plan_from_config
     from rlcore.roles import GenerateWorker, TrainWorker
 

@@ -5,15 +5,32 @@ plugins pay for what they use.
 """
 
 from .batch import Batch
-from .config import BaseConfig, ConfigProblems, RoleConfig, RunConfig, load_config, render_config
-from .engines import Generation, ModelOutputs, RolloutEngine, SamplingParams, TopK, TrainEngine
-from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed
+from .config import (
+    BaseConfig, ConfigProblems, RoleConfig, RunConfig, config_error, load_config, problems_of, render_config,
+)
+from .data import PromptEncoder, PromptSampler, completion_text, load_prompts, load_rows, prompt_view
+from .engines import (
+    Generation, ModelOutputs, OptimizerOptions, RolloutEngine, SamplingParams, TopK, TrainEngine, build_engine,
+)
+from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed, did_you_mean
 from .hookspecs import hookimpl, hookspec
 from .manager import Plugins, Registered, load_plugins
 from .registry import Registry
 from .resources import plan_from_config
-from .roles import GenerateWorker, ScoreWorker, TrainWorker
-from .session import RoleSession, RoleSetup
+from .role_trainer import RoleTrainer
+from .roles import GenerateWorker, ScoreWorker, TrainWorker, make_engine
+from .sections import (
+    CheckpointKeys,
+    LoggingKeys,
+    OptimizerKeys,
+    RolloutRoleConfig,
+    TrainingConfig,
+    TrainRoleConfig,
+    default_of,
+    rollout_options,
+    train_options,
+)
+from .session import RoleSession, RoleSetup, announce
 from .specs import (
     AlgorithmSpec,
     CollectorSpec,
@@ -35,6 +52,7 @@ __all__ = [
     "AlgorithmSpec",
     "BaseConfig",
     "Batch",
+    "CheckpointKeys",
     "CollectorSpec",
     "ConfigError",
     "ConfigProblems",
@@ -42,13 +60,18 @@ __all__ = [
     "EngineSpec",
     "GenerateWorker",
     "Generation",
+    "LoggingKeys",
     "ModelOutputs",
     "NotRegistered",
+    "OptimizerKeys",
+    "OptimizerOptions",
     "PhaseTimer",
     "PlacementRequest",
     "PlacementSpec",
     "PluginError",
     "Plugins",
+    "PromptEncoder",
+    "PromptSampler",
     "Registered",
     "Registry",
     "ResourceError",
@@ -59,7 +82,9 @@ __all__ = [
     "RoleSession",
     "RoleSetup",
     "RoleSpec",
+    "RoleTrainer",
     "RolloutEngine",
+    "RolloutRoleConfig",
     "RunConfig",
     "SamplingParams",
     "ScoreWorker",
@@ -67,16 +92,31 @@ __all__ = [
     "Slot",
     "TopK",
     "TrainEngine",
+    "TrainRoleConfig",
     "TrainWorker",
     "Trainer",
+    "TrainingConfig",
     "__version__",
+    "announce",
     "bind",
+    "build_engine",
+    "completion_text",
+    "config_error",
+    "default_of",
+    "did_you_mean",
     "function",
     "hookimpl",
     "hookspec",
     "load_config",
     "load_plugins",
+    "load_prompts",
+    "load_rows",
+    "make_engine",
     "plan_from_config",
+    "problems_of",
+    "prompt_view",
     "render_config",
+    "rollout_options",
+    "train_options",
     "worker",
 ]

@@ -9,6 +9,7 @@ and the order a run draws them in.
 - `conversation_view(rows)` (SFT, distillation): a row's whole conversation in `messages`, assistant turn
   kept, from a `messages` column or a `prompt` with a `completion` (TRL's prompt-completion form).
 - `PromptEncoder`: a model's tokenizer turning prompts into token ids (chat template, length cut).
+- `completion_text(completion)`: a completion's text, whether a string or a conversation.
 
 Mistakes in the file are `ConfigError`s naming the file, the row (1-based; the line for JSONL) and the
 column, all at once.
@@ -23,10 +24,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, RlcoreError
 
 FORMATS = (".jsonl", ".json", ".parquet")
 MAX_REPORTED = 10
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: the string itself, or the content of the last message of a conversation."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content") or "")
+    raise RlcoreError(f"a completion must be a string or a list of messages; got {type(completion).__name__}")
 
 
 def _read_jsonl(path: Path, problems: list[tuple[str, str]]) -> list[tuple[int, Any]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from .errors import RlcoreError
@@ -28,6 +28,97 @@ if TYPE_CHECKING:
     from .batch import Batch
 
 NamedTensors = list[tuple[str, "torch.Tensor"]]
+
+
+SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")  # lr_scheduler_type, as transformers names them
+
+
+@dataclass(frozen=True)
+class OptimizerOptions:
+    """What every train engine's optimizer and learning-rate schedule take (AdamW; TRL's names).
+
+    One object, built from the run's keys (`from_config`) and handed to the engine as `optimizer=`, so an
+    optimizer key added here and in `rlcore.sections.OptimizerKeys` reaches every engine and algorithm.
+    `max_steps` is the schedule's length (0: none, for a constant schedule).
+    """
+
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    max_steps: int = 0
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_config(cls, config: Any) -> OptimizerOptions:
+        """The options from a run config's keys of the same names (those it has)."""
+        return cls(**{key: getattr(config, key) for key in cls.keys() if getattr(config, key, None) is not None})
+
+    @classmethod
+    def of(cls, optimizer: OptimizerOptions | dict[str, Any] | None = None, **keys: Any) -> OptimizerOptions:
+        """`optimizer` (an object or a mapping) with flat `keys` (`learning_rate=1e-3`, e.g. from a role's
+        `engine_kwargs`) winning; a key that is not an optimizer option is a ConfigError naming the known ones."""
+        base = dict(optimizer) if isinstance(optimizer, dict) else {} if optimizer is None else asdict(optimizer)
+        unknown = sorted((set(base) | set(keys)) - set(cls.keys()))
+        if unknown:
+            from .errors import ConfigError, did_you_mean
+
+            raise ConfigError(
+                f"unknown engine option(s) {', '.join(unknown)}.{did_you_mean(unknown[0], cls.keys())} "
+                f"Optimizer options: {', '.join(cls.keys())}", [(key, "is not an engine option") for key in unknown])
+        return cls(**{**base, **keys})
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, message) for every bad option, found before any weight is read."""
+        problems: list[tuple[str, str]] = []
+
+        def need(ok: bool, key: str, rule: str) -> None:
+            if not ok:
+                problems.append((key, f"{key}={getattr(self, key)!r} {rule}"))
+
+        need(self.learning_rate >= 0, "learning_rate", "must be >= 0")
+        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        need(0 <= self.adam_beta1 < 1, "adam_beta1", "must be in [0, 1)")
+        need(0 <= self.adam_beta2 < 1, "adam_beta2", "must be in [0, 1)")
+        need(self.adam_epsilon > 0, "adam_epsilon", "must be > 0")
+        need(self.max_grad_norm is None or self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0: no clipping)")
+        need(self.lr_scheduler_type in SCHEDULERS, "lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
+        need(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "warmup_steps", "must be an int >= 0")
+        need(isinstance(self.max_steps, int) and self.max_steps >= 0, "max_steps", "must be an int >= 0")
+        if self.lr_scheduler_type in ("cosine", "linear"):
+            need(self.max_steps > 0, "max_steps", f"must be > 0 for lr_scheduler_type={self.lr_scheduler_type!r}")
+        return problems
+
+
+def build_engine(cls: type, name: str, options: dict[str, Any], known: tuple[str, ...] = (),
+                 hidden: tuple[str, ...] = (), **fixed: Any) -> Any:
+    """`cls(**options, **fixed)` after checking `options` against what it takes (`known`, or its constructor's
+    parameters but `hidden`, where `**optimizer_keys` stands for the `OptimizerOptions` keys): an unknown
+    option is a ConfigError naming the closest known one. `name` ("hf train engine") starts the message."""
+    import inspect
+
+    from .errors import ConfigError, did_you_mean
+
+    if not known:
+        params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self" and p.name not in hidden]
+        known = tuple(p.name for p in params if p.kind is not p.VAR_KEYWORD)
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            known += OptimizerOptions.keys()
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        raise ConfigError(
+            "; ".join(f"{name} has no option '{k}'.{did_you_mean(k, known)}" for k in unknown)
+            + f" Options: {', '.join(known)}.",
+            [(k, "unknown option") for k in unknown],
+        )
+    return cls(**options, **fixed)
 
 
 @dataclass

@@ -1,17 +1,68 @@
-"""The role sections every algorithm with a trained policy shares (`train:`, `rollout:`, and a served
-`teacher:` is a rollout section too), and the engine options built from them and the run's keys.
+"""The config sections algorithms share: the run's optimizer, checkpoint and logging keys (`TrainingConfig`
+holds them all), the role sections of a trained policy (`train:`, `rollout:`, and a served `teacher:` is a
+rollout section too), and the engine options built from them.
 
-GRPO and GKD both read these; an algorithm with a role of its own subclasses them (adding keys) and keeps
-the option builders.
+A key every training algorithm has is written once, here: an optimizer key added to `OptimizerKeys` (and
+`rlcore.OptimizerOptions`) reaches every algorithm's config and every train engine. An algorithm whose
+default differs says so with `default_of` (`learning_rate: float = default_of(OptimizerKeys, "learning_rate",
+2e-5)`); an algorithm with a role of its own subclasses the role sections (adding keys) and keeps the option
+builders.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, BaseModel, Field
+from pydantic.fields import FieldInfo
 
-from .config import RoleConfig
+from .config import BaseConfig, RoleConfig, RunConfig
+from .engines import OptimizerOptions
+
+
+def default_of(section: type[BaseModel], key: str, default: Any) -> Any:
+    """`section`'s field `key` (its checks, aliases and description) with another default."""
+    return FieldInfo.merge_field_infos(section.model_fields[key], default=default)
+
+
+class OptimizerKeys(BaseConfig):
+    """The optimizer and learning-rate schedule (AdamW; TRL's names), read into `OptimizerOptions`."""
+
+    learning_rate: float = Field(
+        1e-6, gt=0, validation_alias=AliasChoices("learning_rate", "lr"), description="AdamW learning rate (alias: lr)"
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2")
+    adam_epsilon: float = Field(1e-8, gt=0, description="AdamW epsilon")
+    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0: off)")
+    lr_scheduler_type: Literal["constant", "cosine", "linear"] = Field("constant", description="learning-rate schedule")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
+
+
+class CheckpointKeys(BaseConfig):
+    """When checkpoints are written and kept, and where a run continues from."""
+
+    save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: only at the end")
+    save_total_limit: int | None = Field(None, ge=1, description="keep the newest N checkpoints")
+    resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
+
+
+class LoggingKeys(BaseConfig):
+    """How often a step's metrics are printed (metrics.jsonl has every step)."""
+
+    logging_steps: int = Field(
+        10, ge=1, description="print a line of the step's metrics every N steps (TRL's default); metrics.jsonl has every step"
+    )
+
+
+class TrainingConfig(LoggingKeys, CheckpointKeys, OptimizerKeys, RunConfig):
+    """A `RunConfig` for an algorithm that trains: the run's keys plus the optimizer, checkpoint and logging
+    keys `rlcore.Trainer` and the train engines read."""
+
+    def optimizer_options(self) -> OptimizerOptions:
+        """The train engines' optimizer options from this config's keys (with `max_steps`, if it has one)."""
+        return OptimizerOptions.from_config(self)
 
 
 class TrainRoleConfig(RoleConfig):
@@ -56,14 +107,12 @@ class RolloutRoleConfig(RoleConfig):
 
 
 def train_options(config: Any, model: str) -> dict[str, Any]:
-    """The train engine's options: the model, `config.train`'s keys and the run's optimizer keys
-    (`learning_rate`, `weight_decay`, `max_grad_norm`, `lr_scheduler_type`, `warmup_steps`, `max_steps`)."""
+    """The train engine's options: the model, `config.train`'s keys and the run's optimizer keys as one
+    `OptimizerOptions` (`optimizer`)."""
     train: TrainRoleConfig = config.train
     return {
-        "model": model, "dtype": train.dtype, "seed": config.seed, "learning_rate": config.learning_rate,
-        "weight_decay": config.weight_decay, "max_grad_norm": config.max_grad_norm,
-        "lr_scheduler_type": config.lr_scheduler_type, "warmup_steps": config.warmup_steps,
-        "max_steps": config.max_steps, "gradient_checkpointing": train.gradient_checkpointing,
+        "model": model, "dtype": train.dtype, "seed": config.seed, "optimizer": OptimizerOptions.from_config(config),
+        "gradient_checkpointing": train.gradient_checkpointing,
         "lora_rank": train.lora_rank, "lora_alpha": train.lora_alpha, "lora_target_modules": train.lora_target_modules,
         **train.parallel_options(), **train.engine_kwargs,
     }
@@ -79,4 +128,7 @@ def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any
     return {**options, **section.engine_kwargs}
 
 
-__all__ = ["RolloutRoleConfig", "TrainRoleConfig", "rollout_options", "train_options"]
+__all__ = [
+    "CheckpointKeys", "LoggingKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
+    "default_of", "rollout_options", "train_options",
+]

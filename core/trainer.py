@@ -84,8 +84,7 @@ class Trainer:
         self.plugins = plugins
         self.use_ray = use_ray
         self.output_dir = Path(getattr(config, "output_dir", "output"))
-        resume = getattr(config, "resume", None) or "no"
-        self.resume_from = resolve_resume(self.output_dir, resume)  # refuses to overwrite a run
+        self.resume_from = self.resume_point()  # refuses to overwrite a run
         self.timer = PhaseTimer()
         self.step = 0
         self._metrics: MetricsWriter | None = None
@@ -103,6 +102,11 @@ class Trainer:
     @property
     def max_steps(self) -> int:
         return int(self.config.max_steps)
+
+    @property
+    def save_steps(self) -> int:
+        """A checkpoint every this many steps (0: at the end only)."""
+        return getattr(self.config, "save_steps", 0) or 0
 
     # -- what an algorithm writes ---------------------------------------------------------------------
 
@@ -136,6 +140,15 @@ class Trainer:
     def load_model(self, path: Path) -> None:
         """Read what `save_model` wrote."""
 
+    def on_end(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Once the loop reached `max_steps` (not after a signal): what `fit()` returns and
+        `rlcore_train_end` gets; the last step's metrics unless the algorithm sums up otherwise."""
+        return metrics
+
+    def resume_point(self) -> Path | None:
+        """The checkpoint `resume` names (None for a fresh run, which may not overwrite another's outputs)."""
+        return resolve_resume(self.output_dir, getattr(self.config, "resume", None) or "no")
+
     # -- the loop -------------------------------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
@@ -145,7 +158,7 @@ class Trainer:
         checkpoint and exits (KeyboardInterrupt, or SystemExit 143), saying where it saved; a second one
         stops at once. `output_dir` is locked for the run's life.
         """
-        save_steps = getattr(self.config, "save_steps", 0) or 0
+        save_steps = self.save_steps
         with RunLock(self.output_dir), _Deferred() as stop, self.start():
             stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
             self.restore()
@@ -179,6 +192,7 @@ class Trainer:
                 elif self.step:
                     stop.exit(f"after step {self.step}, which checkpoint-{self.step} holds (continue with --resume)")
                 stop.exit("before step 1; nothing was trained or saved (run again, without --resume)")
+            last = self.on_end(last)
             self.hook.rlcore_train_end(trainer=self, metrics=last)
         return last
 
@@ -190,8 +204,12 @@ class Trainer:
             self.hook.rlcore_step_end(trainer=self, step=self.step, metrics=metrics)
         finally:  # after the hooks, with what they added (also when one of them raises)
             self.metrics.write(metrics)
-        if bar is None:
-            return
+        if bar is not None:
+            self.show(bar, metrics)
+
+    def show(self, bar: Any, metrics: dict[str, Any]) -> None:
+        """Move the progress bar one step, showing `progress_keys`; every `logging_steps` steps, print them
+        on a line of their own."""
         shown = {k: metrics[k] for k in self.progress_keys if isinstance(metrics.get(k), (int, float))}
         bar.update(1)
         bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import Field, model_validator
 
-from rlcore import BaseConfig, ConfigProblems, RoleConfig, RunConfig
+from rlcore import BaseConfig, ConfigProblems, RoleConfig
 from rlcore.resources import parse_ranks
-from rlcore.sections import RolloutRoleConfig, TrainRoleConfig
+from rlcore.sections import OptimizerKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig, default_of
 
 
 class TeacherRoleConfig(RoleConfig):
@@ -42,7 +42,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
 }
 
 
-class GKDConfig(RunConfig):
+class GKDConfig(TrainingConfig):
     """Generalized Knowledge Distillation (Agarwal et al., 2024; TRL's GKDTrainer): on-policy distillation."""
 
     # models and data
@@ -68,13 +68,7 @@ class GKDConfig(RunConfig):
 
     # schedule
     max_steps: int = Field(100, ge=1, description="optimizer steps to run")
-    learning_rate: float = Field(
-        5e-7, gt=0, validation_alias=AliasChoices("learning_rate", "lr"), description="AdamW learning rate (alias: lr)"
-    )
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
-    lr_scheduler_type: Literal["constant", "cosine", "linear"] = Field("constant", description="learning-rate schedule")
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
+    learning_rate: float = default_of(OptimizerKeys, "learning_rate", 5e-7)
     per_device_train_batch_size: int = Field(8, ge=1, description="sequences per micro-batch per train worker")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
 
@@ -95,10 +89,6 @@ class GKDConfig(RunConfig):
     eval_steps: int = Field(10, ge=1, description="eval/jsd every eval_steps steps (and after the last one)")
 
     # outputs
-    save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: only at the end")
-    save_total_limit: int | None = Field(None, ge=1, description="keep the newest N checkpoints")
-    resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
-    logging_steps: int = Field(10, ge=1, description="print a line of the step's metrics every N steps")
     weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")
     weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto", description="how train weights reach the rollout role on Ray (see GRPO's key of the same name)"

@@ -33,7 +33,7 @@ def demo_models(output_dir: str, seed: int) -> tuple[str, str]:
     """(student, teacher): two tiny random models with the same tokenizer and different weights and widths;
     the teacher's final norm is scaled up, so its distributions are peaked (a near-uniform random model would
     leave nothing to learn)."""
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     root = Path(output_dir)
     student = build_tiny_model(root / "tiny-student", seed=seed)

@@ -9,18 +9,14 @@ replicas, which travel with the batch ([B, T, k], never [B, T, V]).
 
 from __future__ import annotations
 
-import contextlib
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, SamplingParams, Trainer
+from rlcore import ConfigError, GenerateWorker, RoleSetup, RoleTrainer, SamplingParams
 from rlcore.batch import pad_width
-from rlcore.resources import plan_from_config
-from rlcore.roles import GenerateWorker
+from rlcore.config import problems_of
 from rlcore.sections import rollout_options, train_options
-from rlcore.session import RoleSession, RoleSetup, announce
 
 from .config import GKDConfig
 from .data import DistillData, demo_models
@@ -28,7 +24,7 @@ from .objective import DistillObjective
 from .workers import DistillWorker, TeacherWorker
 
 
-class GKDTrainer(Trainer):
+class GKDTrainer(RoleTrainer):
     """Runs GKD locally (every role in this process) or on Ray, the teacher colocated or served."""
 
     config: GKDConfig
@@ -39,11 +35,11 @@ class GKDTrainer(Trainer):
         "gradient_accumulation_steps", "device_groups", "train.gpus", "train.cpus", "train.lora_rank",
         "max_prompt_length", "eval_size",
     )
+    checkpointed = "train"
 
     def __init__(self, config: GKDConfig, plugins: Any, *, use_ray: bool = False):
-        super().__init__(config.for_run(), plugins, use_ray=use_ray)
+        super().__init__(config, plugins, use_ray=use_ray)  # the resource plan is checked before any model is built
         cfg = self.config
-        self.session = self.make_session()  # validates the resource plan before any model is built
         self.batch_rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.train_workers
         self.data = DistillData(cfg, self.batch_rows, self.student)
         self.heldout = self.data.heldout_batch()
@@ -52,42 +48,38 @@ class GKDTrainer(Trainer):
         self.on_policy_steps = 0
         self.start_jsd: float | None = None
 
-    @staticmethod
-    def roles_of(cfg: GKDConfig) -> list[str]:
+    # -- the roles ------------------------------------------------------------------------------------
+
+    @classmethod
+    def roles(cls, cfg: GKDConfig) -> list[str]:
         return ["train"] + (["rollout"] if cfg.lmbda > 0 else []) + (["teacher"] if cfg.served_teacher else [])
 
     @classmethod
-    def check(cls, config: GKDConfig, plugins: Any) -> None:
-        """The resource plan, the dataset, the models' tokenizers and vocabularies, all at once; builds nothing."""
-        from rlcore.config import config_error, problems_of
+    def problems(cls, config: GKDConfig, plugins: Any) -> list[tuple[str, str]]:
+        """The dataset, the models' tokenizers and vocabularies; builds nothing."""
         from rlcore.data import PromptEncoder
 
-        config = config.for_run()
         teacher = config.teacher.model or config.teacher_model
         problems = problems_of([
-            ("(resource plan)", lambda: plan_from_config(config, roles=cls.roles_of(config), policy=config.placement,
-                                                         plugins=plugins)),
             ("dataset", lambda: DistillData.rows_of(config)),
             ("model", lambda: config.model and PromptEncoder(config.model, config.use_chat_template)),
         ])
         if not any(k == "model" for k, _ in problems):  # else the student's vocabulary cannot be compared
             problems += problems_of([("teacher_model", lambda: teacher and config.model
                                       and _same_vocabulary(config.model, teacher, config))])
-        if problems:
-            raise config_error(problems)
+        return problems
 
-    # -- the roles ------------------------------------------------------------------------------------
-
-    def make_session(self) -> RoleSession:
+    def prepare(self) -> None:
         cfg = self.config
-        roles = self.roles_of(cfg)
-        plan = plan_from_config(cfg, roles=roles, policy=cfg.placement, plugins=self.plugins)  # before any model
         if cfg.is_demo:
             self.student, self.teacher_path = demo_models(cfg.output_dir, cfg.seed)
         else:
             self.student, self.teacher_path = cfg.model, cfg.teacher.model or cfg.teacher_model
         if not self.student:
             raise ConfigError("model is unset; name the student model", [("model", "is unset")])
+
+    def setups(self) -> dict[str, RoleSetup]:
+        cfg, roles = self.config, self.roles(self.config)
         train = train_options(cfg, self.student)
         if not cfg.served_teacher:  # colocated: a forward-only engine inside each train worker, with its parallelism
             teacher = {"model": self.teacher_path, "dtype": cfg.train.dtype, "seed": cfg.seed}
@@ -107,14 +99,10 @@ class GKDTrainer(Trainer):
                 kwargs["max_logprobs"] = max(int(kwargs.get("max_logprobs", 0)), cfg.gkd_logits_topk or 0)
                 teacher["vllm_engine_kwargs"] = kwargs
             setups["teacher"] = RoleSetup(TeacherWorker, cfg.teacher.engine, teacher, kind="teacher")
-        return RoleSession.from_config(cfg, plan, setups, use_ray=self.use_ray, plugins=self.plugins,
-                                       syncs=(("train", "rollout"),) if "rollout" in roles else ())
+        return setups
 
-    @contextlib.contextmanager
-    def start(self) -> Iterator[None]:
-        announce(self.session.describe())
-        with self.session.start():
-            yield
+    def session_options(self) -> dict[str, Any]:
+        return {"syncs": (("train", "rollout"),) if "rollout" in self.roles(self.config) else ()}
 
     def on_start(self) -> None:
         if "rollout" in self.session.roles:
@@ -189,10 +177,7 @@ class GKDTrainer(Trainer):
             return self.session["train"].heldout_jsd(batch, objective)
 
     def sync_weights(self, check: bool = False) -> dict[str, float]:
-        with self.timer("sync"):
-            stats = self.session.sync_weights("train", "rollout", self.config.weight_sync_bucket_mb << 20)
-        if check:
-            self.session.check_weight_sync("train", "rollout", self.data.probe_sequence())
+        stats = super().sync_weights("train", "rollout", self.data.probe_sequence() if check else None)
         self.stale = False
         return stats
 
@@ -205,11 +190,8 @@ class GKDTrainer(Trainer):
         self.data.sampler.load_state_dict(state["data"])
         self.on_policy_steps = int(state.get("on_policy_steps", 0))
 
-    def save_model(self, path: Path) -> None:
-        self.session["train"].save(str(path / "model"))
-
     def load_model(self, path: Path) -> None:
-        self.session["train"].load(str(path / "model"))
+        super().load_model(path)
         self.stale = "rollout" in self.session.roles
 
 

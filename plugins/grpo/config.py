@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, model_validator
 
-from rlcore import BaseConfig, ConfigProblems, RoleConfig, RunConfig
+from rlcore import BaseConfig, ConfigProblems, RoleConfig
 from rlcore.resources import parse_ranks
-from rlcore.sections import RolloutRoleConfig, TrainRoleConfig
+from rlcore.sections import RolloutRoleConfig, TrainingConfig, TrainRoleConfig
 
 
 class ReferenceRoleConfig(RoleConfig):
@@ -19,7 +19,7 @@ class ReferenceRoleConfig(RoleConfig):
 
 
 # With no `model` and no `dataset`, a run is the embedded demo: the tiny random model learns the toy task
-# (rlcore.plugins.grpo.toy) on the CPU in about two minutes. The demo's run takes these settings for the keys
+# (rlcore.testing) on the CPU in about two minutes. The demo's run takes these settings for the keys
 # the user did not set (`GRPOConfig.for_run`); the config itself, and so `rlcore config show`, keeps the real
 # defaults (TRL's), so that a config file written from it and given a model trains with them.
 DEMO_DEFAULTS: dict[str, Any] = {
@@ -42,7 +42,7 @@ class OrmRoleConfig(RoleConfig):
     batch_size: int = Field(16, ge=1, description="pairs scored per forward pass")
 
 
-class GRPOConfig(RunConfig):
+class GRPOConfig(TrainingConfig):
     """Group Relative Policy Optimization (DeepSeekMath; TRL's GRPOTrainer)."""
 
     # model and data
@@ -58,13 +58,6 @@ class GRPOConfig(RunConfig):
 
     # schedule
     max_steps: int = Field(30, ge=1, description="optimizer steps to run")
-    learning_rate: float = Field(
-        1e-6, gt=0, validation_alias=AliasChoices("learning_rate", "lr"), description="AdamW learning rate (alias: lr)"
-    )
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
-    lr_scheduler_type: Literal["constant", "cosine", "linear"] = Field("constant", description="learning-rate schedule")
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
     per_device_train_batch_size: int = Field(8, ge=1, description="completions per micro-batch per train worker")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     steps_per_generation: int | None = Field(
@@ -132,10 +125,6 @@ class GRPOConfig(RunConfig):
     strict_rewards: bool = Field(False, description="a raising reward function stops the run")
 
     # outputs
-    save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: only at the end")
-    save_total_limit: int | None = Field(None, ge=1, description="keep the newest N checkpoints")
-    resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
-    logging_steps: int = Field(10, ge=1, description="print a line of the step's metrics every N steps (TRL's default); metrics.jsonl has every step")
     weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")
     weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto",

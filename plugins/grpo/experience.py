@@ -98,7 +98,7 @@ class ExperienceMaker:
     def _model_path(self) -> str:
         if self.config.model:
             return self.config.model
-        from rlcore.plugins.hf.tiny import build_tiny_model
+        from rlcore.testing import build_tiny_model
 
         return str(build_tiny_model(Path(self.config.output_dir) / "tiny-model", seed=self.config.seed))
 

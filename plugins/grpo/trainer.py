@@ -1,28 +1,24 @@
 """The GRPO driver: generate -> reward -> advantages -> log-probs -> train -> sync, one screen per step.
 
-The plumbing lives in core: the roles and their placement in `rlcore.session` (built from the resource
-plan, in process or on Ray), the loop, metrics and checkpoints in `rlcore.Trainer`. Experience building
+The plumbing lives in core: `rlcore.RoleTrainer` builds the roles from the resource plan (in process or
+on Ray) and runs the loop, metrics and checkpoints; this module says which roles, how to build them and
+what one step does. Experience building
 is in `experience.py`; losses and advantages are pure functions.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore import Trainer
-from rlcore.resources import plan_from_config
-from rlcore.roles import GenerateWorker, ScoreWorker, TrainWorker
+from rlcore import GenerateWorker, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
 from rlcore.sections import rollout_options, train_options
-from rlcore.session import RoleSession, RoleSetup, announce
 
 from .config import GRPOConfig
 from .experience import ExperienceMaker
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(RoleTrainer):
     """Runs GRPO locally (every role in this process) or on Ray (`use_ray=True`), colocated or separate."""
 
     config: GRPOConfig
@@ -32,35 +28,28 @@ class GRPOTrainer(Trainer):
         "model", "dataset", "seed", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
         "steps_per_generation", "device_groups", "train.gpus", "train.cpus", "train.lora_rank", "max_prompt_length",
     )
+    checkpointed = "train"
 
     def __init__(self, config: GRPOConfig, plugins: Any, *, use_ray: bool = False):
-        super().__init__(config.for_run(), plugins, use_ray=use_ray)  # the embedded demo takes its own settings
-        self.session = self.make_session()  # validates the resource plan; allocates nothing yet
+        super().__init__(config, plugins, use_ray=use_ray)  # the embedded demo takes its own settings
         self.experience = ExperienceMaker(self.config, plugins, dp_size=self.session.dp_size("train"))
         self.queue: list[Any] = []  # mini-batches left from the last generation
         self.pending: Any = None  # async_generate: the next round, generating while this one trains
         self.pending_data: dict[str, int] | None = None  # the data position before that round
 
-    @staticmethod
-    def roles_of(cfg: GRPOConfig) -> list[str]:
+    # -- the roles --------------------------------------------------------------------------------------
+
+    @classmethod
+    def roles(cls, cfg: GRPOConfig) -> list[str]:
         return ["train", "rollout"] + (["reference"] if cfg.beta > 0 else []) + (["orm"] if "orm" in cfg.reward_funcs else [])
 
     @classmethod
-    def check(cls, config: GRPOConfig, plugins: Any) -> None:
-        """The resource plan, reward names and options, the dataset and the model's tokenizer, all at once."""
-        from rlcore.config import config_error, problems_of
+    def problems(cls, config: GRPOConfig, plugins: Any) -> list[tuple[str, str]]:
+        """Reward names and options, the dataset and the model's tokenizer."""
+        return ExperienceMaker.check(config, plugins)
 
-        config = config.for_run()
-        problems = problems_of([("(resource plan)", lambda: plan_from_config(
-            config, roles=cls.roles_of(config), policy=config.placement, plugins=plugins))])
-        problems.extend(ExperienceMaker.check(config, plugins))
-        if problems:
-            raise config_error(problems)
-
-    def make_session(self) -> RoleSession:
-        cfg = self.config
-        roles = self.roles_of(cfg)
-        plan = plan_from_config(cfg, roles=roles, policy=cfg.placement, plugins=self.plugins)
+    def setups(self) -> dict[str, RoleSetup]:
+        cfg, roles = self.config, self.roles(self.config)
         model = cfg.model or str(Path(cfg.output_dir) / "tiny-model")  # the demo's model is built before start
         setups = {
             "train": RoleSetup(TrainWorker, cfg.train.engine, train_options(cfg, model)),
@@ -74,17 +63,13 @@ class GRPOTrainer(Trainer):
 
             orm = {"model_path": cfg.orm.model, "dtype": cfg.orm.dtype, "batch_size": cfg.orm.batch_size}
             setups["orm"] = RoleSetup(ScoreWorker, OrmScorer, orm)
-        return RoleSession.from_config(cfg, plan, setups, use_ray=self.use_ray, plugins=self.plugins,
-                                       syncs=(("train", "rollout"),))
+        return setups
 
-    @contextlib.contextmanager
-    def start(self) -> Iterator[None]:
-        announce(self.session.describe())
-        with self.session.start():
-            self.experience.bind_orm(self.session.get("orm"))
-            yield
+    def session_options(self) -> dict[str, Any]:
+        return {"syncs": (("train", "rollout"),)}
 
     def on_start(self) -> None:
+        self.experience.bind_orm(self.session.get("orm"))
         self.sync_weights(check=self.config.check_weight_sync)
         self.timer.pop()  # the first sync is not a step's
 
@@ -128,11 +113,7 @@ class GRPOTrainer(Trainer):
         return maker.mini_batches(batch, scored.metrics)
 
     def sync_weights(self, check: bool = False) -> dict[str, float]:
-        with self.timer("sync"):
-            stats = self.session.sync_weights("train", "rollout", self.config.weight_sync_bucket_mb << 20)
-        if check:
-            self.session.check_weight_sync("train", "rollout", self.experience.probe_sequence())
-        return stats
+        return super().sync_weights("train", "rollout", self.experience.probe_sequence() if check else None)
 
     # -- checkpoints: the model and optimizer, the data position, the rest of the current round ----------
 
@@ -145,7 +126,7 @@ class GRPOTrainer(Trainer):
         self.experience.sampler.load_state_dict(state["data"])
 
     def save_model(self, path: Path) -> None:
-        self.session["train"].save(str(path / "model"))
+        super().save_model(path)
         if self.queue:  # the rest of this round: a resumed run continues mid-round exactly
             import dataclasses
 
@@ -156,7 +137,7 @@ class GRPOTrainer(Trainer):
             torch.save(rest, path / "round.pt")  # tensors, numbers and strings: loaded with weights_only
 
     def load_model(self, path: Path) -> None:
-        self.session["train"].load(str(path / "model"))
+        super().load_model(path)
         if (path / "round.pt").is_file():
             import torch
 

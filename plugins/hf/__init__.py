@@ -6,13 +6,11 @@ this module imports neither torch nor transformers; the factories do.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
-from rlcore import EngineSpec, hookimpl
-from rlcore.errors import ConfigError, did_you_mean
+from rlcore import EngineSpec, build_engine, hookimpl
 
-from .tiny import build_tiny_model
+from rlcore.testing import build_tiny_model
 
 __all__ = ["build_tiny_model", "make_forward_engine", "make_rollout_engine", "make_train_engine"]
 
@@ -21,15 +19,7 @@ FORWARD_OPTIONS = ("model", "dtype", "device", "logprob_micro_batch_size", "seed
 
 
 def _build(cls: type, kind: str, options: dict[str, Any], known: tuple[str, ...] = (), **fixed: Any) -> Any:
-    known = known or tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
-    unknown = [k for k in options if k not in known]
-    if unknown:
-        raise ConfigError(
-            "; ".join(f"hf {kind} engine has no option '{k}'.{did_you_mean(k, known)}" for k in unknown)
-            + f" Options: {', '.join(known)}.",
-            [(k, "unknown option") for k in unknown],
-        )
-    return cls(**options, **fixed)
+    return build_engine(cls, f"hf {kind} engine", options, known, **fixed)
 
 
 def make_train_engine(**options: Any) -> Any:

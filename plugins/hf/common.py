@@ -35,31 +35,6 @@ def common_problems(model: str, dtype: str, device: str) -> list[tuple[str, str]
     return problems
 
 
-SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")  # lr_scheduler_type, as transformers names them
-
-
-def optimizer_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, message) for every bad optimizer or schedule option of a train engine (TRL's names)."""
-    problems: list[tuple[str, str]] = []
-
-    def need(ok: bool, key: str, rule: str) -> None:
-        if not ok:
-            problems.append((key, f"{key}={o[key]!r} {rule}"))
-
-    need(o["learning_rate"] >= 0, "learning_rate", "must be >= 0")
-    need(o["weight_decay"] >= 0, "weight_decay", "must be >= 0")
-    need(0 <= o["adam_beta1"] < 1, "adam_beta1", "must be in [0, 1)")
-    need(0 <= o["adam_beta2"] < 1, "adam_beta2", "must be in [0, 1)")
-    need(o["adam_epsilon"] > 0, "adam_epsilon", "must be > 0")
-    need(o["max_grad_norm"] is None or o["max_grad_norm"] >= 0, "max_grad_norm", "must be >= 0 (0: no clipping)")
-    need(o["lr_scheduler_type"] in SCHEDULERS, "lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
-    need(isinstance(o["warmup_steps"], int) and o["warmup_steps"] >= 0, "warmup_steps", "must be an int >= 0")
-    need(isinstance(o["max_steps"], int) and o["max_steps"] >= 0, "max_steps", "must be an int >= 0")
-    if o["lr_scheduler_type"] in ("cosine", "linear"):
-        need(o["max_steps"] > 0, "max_steps", f"must be > 0 for lr_scheduler_type={o['lr_scheduler_type']!r}")
-    return problems
-
-
 def raise_problems(engine: str, problems: list[tuple[str, str]]) -> None:
     """One ConfigError listing every problem, each with its option name."""
     if problems:

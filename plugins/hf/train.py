@@ -1,6 +1,7 @@
 """`HFTrainEngine`: a transformers causal LM with AdamW on one worker; a group's workers form one DDP world.
 
-Build one with `HFTrainEngine(model="path/or/hub-id", learning_rate=1e-5, ...)` or through the registry
+Build one with `HFTrainEngine(model="path/or/hub-id", optimizer=OptimizerOptions(learning_rate=1e-5), ...)`
+(flat optimizer keys, `learning_rate=1e-5`, work too) or through the registry
 (`plugins.engines.get("hf", kind="train").factory(**options)`). When the worker runtime sets WORLD_SIZE > 1
 (with RANK, MASTER_ADDR, MASTER_PORT), the engine joins that torch.distributed world (gloo on the CPU, NCCL
 on CUDA) and wraps the model in DistributedDataParallel; gradients are then averaged over the workers.
@@ -23,11 +24,11 @@ from typing import Any
 from rlcore.batch import Batch, token_columns, trim_padding
 from rlcore.checkpoint import replace_dir
 from rlcore.cluster import join_torch_world
-from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
-from rlcore.errors import RlcoreError
+from rlcore.engines import LossFn, NamedTensors, OptimizerOptions, TopK, TrainEngine
+from rlcore.errors import ConfigError, RlcoreError
 
 from .common import (
-    check_temperature, common_problems, load_causal_lm, model_outputs, optimizer_problems, raise_problems, torch_device,
+    check_temperature, common_problems, load_causal_lm, model_outputs, raise_problems, torch_device,
 )
 from .lora import lora_merged_tensors
 
@@ -49,15 +50,7 @@ class HFTrainEngine(TrainEngine):
         model: str,
         dtype: str = "float32",
         device: str = "cpu",
-        learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
-        adam_beta1: float = 0.9,
-        adam_beta2: float = 0.999,
-        adam_epsilon: float = 1e-8,
-        max_grad_norm: float = 1.0,
-        lr_scheduler_type: str = "constant",
-        warmup_steps: int = 0,
-        max_steps: int = 0,
+        optimizer: OptimizerOptions | dict[str, Any] | None = None,
         gradient_checkpointing: bool = False,
         lora_rank: int = 0,
         lora_alpha: int = 32,
@@ -67,16 +60,22 @@ class HFTrainEngine(TrainEngine):
         seed: int = 42,
         dist_timeout_s: float = 600.0,
         forward_only: bool = False,
+        **optimizer_keys: Any,
     ):
         kind = "forward" if forward_only else "train"
-        raise_problems(f"hf {kind} engine", common_problems(model, dtype, device) + _train_problems(locals()))
+        try:
+            opt = OptimizerOptions.of(optimizer, **optimizer_keys)
+        except ConfigError as exc:
+            raise_problems(f"hf {kind} engine", exc.problems)
+        problems = opt.problems() + _train_problems(locals())
+        raise_problems(f"hf {kind} engine", common_problems(model, dtype, device) + problems)
         import torch
 
         self.model_name = str(model)
         self.device = torch_device(device)
         if self.device.type == "cuda":  # for NCCL, and for tensors made for "cuda" elsewhere in this process
             torch.cuda.set_device(self.device)
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = opt.max_grad_norm
         self.logprob_micro_batch_size = logprob_micro_batch_size
         self.lora = lora_rank > 0
         self.forward_only = forward_only
@@ -111,14 +110,14 @@ class HFTrainEngine(TrainEngine):
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
         self.optimizer = torch.optim.AdamW(
-            self.trainable, lr=learning_rate, betas=(adam_beta1, adam_beta2), eps=adam_epsilon,
-            weight_decay=weight_decay,
+            self.trainable, lr=opt.learning_rate, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_epsilon,
+            weight_decay=opt.weight_decay,
         )
         from transformers import get_scheduler
 
         self.scheduler = get_scheduler(
-            lr_scheduler_type, self.optimizer, num_warmup_steps=warmup_steps,
-            num_training_steps=max_steps or None,
+            opt.lr_scheduler_type, self.optimizer, num_warmup_steps=opt.warmup_steps,
+            num_training_steps=opt.max_steps or None,
         )
 
     # ------------------------------------------------------------------ forward-only passes
@@ -367,7 +366,6 @@ def _train_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
         if not ok:
             problems.append((key, f"{key}={o[key]!r} {rule}"))
 
-    problems += optimizer_problems(o)
     need(isinstance(o["lora_rank"], int) and o["lora_rank"] >= 0, "lora_rank", "must be an int >= 0 (0: no LoRA)")
     need(o["lora_alpha"] > 0, "lora_alpha", "must be > 0")
     need(0 <= o["lora_dropout"] < 1, "lora_dropout", "must be in [0, 1)")

@@ -6,11 +6,10 @@ neither torch nor megatron-core; the factories do (`pip install 'rlcore[megatron
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
-from rlcore import EngineSpec, hookimpl
-from rlcore.errors import ConfigError, did_you_mean
+from rlcore import EngineSpec, build_engine, hookimpl
+from rlcore.errors import ConfigError
 
 __all__ = ["make_forward_engine", "make_train_engine"]
 
@@ -33,16 +32,7 @@ def _engine_class() -> type:
 
 
 def _build(kind: str, options: dict[str, Any], known: tuple[str, ...] = (), **fixed: Any) -> Any:
-    cls = _engine_class()
-    known = known or tuple(p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "forward_only"))
-    unknown = [k for k in options if k not in known]
-    if unknown:
-        raise ConfigError(
-            "; ".join(f"megatron {kind} engine has no option '{k}'.{did_you_mean(k, known)}" for k in unknown)
-            + f" Options: {', '.join(known)}.",
-            [(k, "unknown option") for k in unknown],
-        )
-    return cls(**options, **fixed)
+    return build_engine(_engine_class(), f"megatron {kind} engine", options, known, hidden=("forward_only",), **fixed)
 
 
 def make_train_engine(**options: Any) -> Any:

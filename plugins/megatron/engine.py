@@ -10,6 +10,7 @@ schedule. Without CUDA (tests, CI): one worker, float32, and the named stand-ins
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,7 +21,7 @@ from typing import Any
 from rlcore.batch import Batch, token_columns, trim_padding
 from rlcore.checkpoint import replace_dir
 from rlcore.cluster import join_torch_world
-from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
+from rlcore.engines import LossFn, NamedTensors, OptimizerOptions, TopK, TrainEngine
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.plugins.hf.common import check_temperature, common_problems, raise_problems, torch_device
 
@@ -55,15 +56,7 @@ class MegatronTrainEngine(TrainEngine):
         model: str,
         dtype: str = "float32",
         device: str = "cpu",
-        learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
-        adam_beta1: float = 0.9,
-        adam_beta2: float = 0.999,
-        adam_epsilon: float = 1e-8,
-        max_grad_norm: float = 1.0,
-        lr_scheduler_type: str = "constant",
-        warmup_steps: int = 0,
-        max_steps: int = 0,
+        optimizer: OptimizerOptions | dict[str, Any] | None = None,
         gradient_checkpointing: bool = False,
         lora_rank: int = 0,
         lora_alpha: int = 32,
@@ -76,9 +69,15 @@ class MegatronTrainEngine(TrainEngine):
         make_vocab_size_divisible_by: int = 128,
         use_distributed_optimizer: bool = True,
         forward_only: bool = False,
+        **optimizer_keys: Any,
     ):
-        options = dict(locals())
         kind = "forward" if forward_only else "train"
+        try:
+            opt = OptimizerOptions.of(optimizer, **optimizer_keys)
+        except ConfigError as exc:
+            raise_problems(f"megatron {kind} engine", exc.problems)
+        options = {**{k: v for k, v in locals().items() if k not in ("optimizer", "optimizer_keys", "opt", "self")},
+                   **dataclasses.asdict(opt)}
         tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
         problems = common_problems(model, dtype, device) + option_problems(options)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.plugins.hf.common import optimizer_problems
+from rlcore.engines import OptimizerOptions
 
 DECAY_STYLES = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine", "linear": "linear"}
 
@@ -26,7 +26,7 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
                 "make_vocab_size_divisible_by"):
         need(isinstance(o[key], int) and o[key] >= 1, key, "must be a positive int")
     need(o["lora_rank"] == 0, "lora_rank", "must be 0: the megatron engine trains every weight (use engine hf for LoRA)")
-    problems += optimizer_problems(o)
+    problems += OptimizerOptions(**{k: o[k] for k in OptimizerOptions.keys()}).problems()
     need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
     if isinstance(o["device"], str) and o["device"].startswith("cpu"):
         world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -33,7 +33,7 @@ __all__ = [
 
 @hookimpl
 def rlcore_rewards():
-    from rlcore.plugins.grpo.toy import toy_reward
+    from rlcore.testing import toy_reward
 
     yield RewardSpec("accuracy", fn=accuracy_reward, description="math_verify: completion's answer == `solution`")
     yield RewardSpec("format", fn=format_reward, description="<think>...</think><answer>...</answer>")

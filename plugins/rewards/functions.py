@@ -16,17 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcore import ConfigError, RlcoreError
+from rlcore.data import completion_text
 
 FORMAT_PATTERN = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>$", re.DOTALL)
-
-
-def completion_text(completion: Any) -> str:
-    """The text of a completion: the string itself, or the content of the last message of a conversation."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content") or "")
-    raise RlcoreError(f"a completion must be a string or a list of messages; got {type(completion).__name__}")
 
 
 def _column(columns: dict[str, Any], name: str, reward: str, n: int) -> list[Any]:

@@ -8,9 +8,9 @@ for batch in rows[next_row:] (batch_size prompts):
     lines  = best_of_n(every candidate of a prompt)   # here, on the driver: never per worker
     output.commit(lines, next_row)                    # fsync, then the state file: resumable at any moment
 ```
-It is not a training loop, so it keeps `Trainer`'s metrics JSONL, hooks, progress and run lock but not its
-checkpoints: the position of a run is the output's state file, and `--resume` continues after its last
-complete batch.
+One batch is one step of `rlcore.RoleTrainer`'s loop (metrics JSONL, hooks, signals, run lock), but there are
+no checkpoints: each step commits its batch, the position of a run is the output's state file, and
+`--resume` continues after its last complete batch.
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, PhaseTimer, SamplingParams, Trainer
-from rlcore.checkpoint import RunLock
-from rlcore.resources import plan_from_config
-from rlcore.session import RoleSession, RoleSetup, announce
+from rlcore import ConfigError, RoleSetup, RoleTrainer, SamplingParams
+from rlcore.config import problems_of
 from rlcore.sections import rollout_options
 
 from .config import SampleConfig
@@ -49,8 +47,9 @@ def shard(rows: list[Any], i: int, n: int) -> tuple[int, list[Any]]:
     return start, rows[start : start + size + (1 if i < extra else 0)]
 
 
-class SampleTrainer(Trainer):
-    """Runs sampling locally (every role in this process) or on Ray, roles placed by the resource plan."""
+class SampleTrainer(RoleTrainer):
+    """Runs sampling locally (every role in this process) or on Ray, roles placed by the resource plan; one
+    step is one batch of prompts, committed to the output before the next."""
 
     config: SampleConfig
     name = "sample"
@@ -60,56 +59,24 @@ class SampleTrainer(Trainer):
         "orm_kwargs", "prm_model", "prm_step_separator", "prm_step_token", "prm_aggregation", "orm_threshold",
         "prm_threshold", "easy_query_threshold", "n_best_to_keep", "output_file", "output_format", "api_base",
     )
-
-    def __init__(self, config: SampleConfig, plugins: Any, *, use_ray: bool = False):
-        # Trainer.__init__ is not called: the run's position is the output's state file, not a checkpoint.
-        self.config = cfg = config.for_run()
-        self.plugins, self.use_ray = plugins, use_ray
-        self.output_dir = Path(cfg.output_dir)
-        self.timer, self.step, self._metrics = PhaseTimer(), 0, None
-        self.output = ResumableJsonl(self.output_dir, cfg.output_file)
-        problems = self.name_problems(cfg, plugins)
-        if problems:  # before a model is built or a worker started
-            from rlcore.config import config_error
-
-            raise config_error(problems)
-        self.first_row, self.rows = self.load_rows(cfg)
-        self.ids = [row_id(r) for r in self.rows]
-        self.model_path = self._model_path()
-        self.encoder = None
-        if cfg.uses_local_sampler:
-            from rlcore.data import PromptEncoder
-
-            self.encoder = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
-        self.teacher = None if cfg.uses_local_sampler else ApiTeacher(
-            cfg.api_base, cfg.model, cfg.api_key, cfg.max_concurrency, cfg.max_retries, cfg.retry_backoff_s,
-            cfg.request_timeout_s)
-        self.session = self.make_session()
-        self.written = 0
+    save_steps = 1  # every batch is committed by its step: the run's position is the output's state file
 
     # -- what runs where -----------------------------------------------------------------------------
 
-    @staticmethod
-    def roles_of(cfg: SampleConfig) -> list[str]:
+    @classmethod
+    def roles(cls, cfg: SampleConfig) -> list[str]:
         return (["sampler"] if cfg.uses_local_sampler else []) + (["prm"] if cfg.prm_model else []) + (
             ["orm"] if cfg.orm_model else [])
 
     @classmethod
-    def check(cls, config: SampleConfig, plugins: Any) -> None:
-        """The resource plan, the orm reward function and its options, the dataset and the model's tokenizer."""
-        from rlcore.config import config_error, problems_of
+    def problems(cls, cfg: SampleConfig, plugins: Any) -> list[tuple[str, str]]:
+        """The engines, the orm reward function and its options, the dataset and the model's tokenizer."""
         from rlcore.data import PromptEncoder
 
-        cfg = config.for_run()
-        problems = cls.name_problems(cfg, plugins)
-        checks = [("(resource plan)", lambda: plan_from_config(cfg, roles=cls.roles_of(cfg), policy=cfg.placement,
-                                                               plugins=plugins)),
-                  ("dataset", lambda: cls.load_rows(cfg))]
+        checks = [("dataset", lambda: cls.load_rows(cfg))]
         if cfg.model and cfg.uses_local_sampler:
             checks.append(("model", lambda: PromptEncoder(cfg.model, cfg.use_chat_template)))
-        problems += problems_of(checks)
-        if problems:
-            raise config_error(problems)
+        return cls.name_problems(cfg, plugins) + problems_of(checks)
 
     @staticmethod
     def name_problems(cfg: SampleConfig, plugins: Any) -> list[tuple[str, str]]:
@@ -153,25 +120,35 @@ class SampleTrainer(Trainer):
             rows = load_rows(cfg.dataset)
             prompt_view(rows, cfg.dataset)  # every row has a prompt: all problems of the file at once
         else:
-            from rlcore.plugins.grpo.toy import toy_dataset
+            from rlcore.testing import toy_dataset
 
             rows = toy_dataset(seed=cfg.seed)
         return shard(rows, *cfg.data_range) if cfg.data_range else (0, rows)
 
-    def _model_path(self) -> str:
+    def prepare(self) -> None:
+        """The rows, the model (the demo's is built here), the prompt encoder or the API teacher."""
         cfg = self.config
-        if cfg.model or not cfg.uses_local_sampler:
-            return cfg.model
-        from rlcore.plugins.hf.tiny import build_tiny_model
+        self.output = ResumableJsonl(self.output_dir, cfg.output_file)
+        self.first_row, self.rows = self.load_rows(cfg)
+        self.ids = [row_id(r) for r in self.rows]
+        self.model_path = cfg.model
+        if not cfg.model and cfg.uses_local_sampler:
+            from rlcore.testing import build_tiny_model
 
-        return str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed))
+            self.model_path = str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed))
+        self.encoder = None
+        if cfg.uses_local_sampler:
+            from rlcore.data import PromptEncoder
 
-    def make_session(self) -> RoleSession | None:
-        cfg = self.config
-        roles = self.roles_of(cfg)
-        if not roles:
-            return None
-        plan = plan_from_config(cfg, roles=roles, policy=cfg.placement, plugins=self.plugins)
+            self.encoder = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
+        self.teacher = None if cfg.uses_local_sampler else ApiTeacher(
+            cfg.api_base, cfg.model, cfg.api_key, cfg.max_concurrency, cfg.max_retries, cfg.retry_backoff_s,
+            cfg.request_timeout_s)
+        self.written = 0
+        self.done_before = False  # --resume of an output that was already complete
+
+    def setups(self) -> dict[str, RoleSetup]:
+        cfg, roles = self.config, self.roles(self.config)
         setups = {}
         if "sampler" in roles:
             sampler = rollout_options(cfg.sampler, self.model_path, cfg.seed)
@@ -188,78 +165,76 @@ class SampleTrainer(Trainer):
                 else:
                     options["options"] = {"step_separator": cfg.prm_step_separator, "step_token": cfg.prm_step_token}
                 setups[kind] = RoleSetup(ScoreRows, scorer, {**options, **section.engine_kwargs})
-        return RoleSession.from_config(cfg, plan, setups, use_ray=self.use_ray, plugins=self.plugins, sleep_level=0)
+        return setups
 
-    @contextlib.contextmanager
-    def start(self) -> Iterator[None]:
-        if self.session is None:
-            yield
-            return
-        announce(self.session.describe())
-        with self.session.start():
-            yield
+    def session_options(self) -> dict[str, Any]:
+        return {"sleep_level": 0}
 
-    # -- the loop ------------------------------------------------------------------------------------
+    # -- the loop: one batch a step, its position the output's state file ----------------------------
 
-    def fit(self) -> dict[str, Any]:
-        """Sample every row of the shard (after the last complete batch, with --resume); return a summary."""
+    @property
+    def max_steps(self) -> int:
+        return -(-len(self.rows) // self.config.batch_size)
+
+    def resume_point(self) -> None:
+        """No checkpoints: `restore` continues the output's state file."""
+        return None
+
+    def restore(self) -> None:
+        """Continue after the last complete batch (`--resume`), or start a fresh output that overwrites none."""
         cfg = self.config
-        with RunLock(self.output_dir):
-            if cfg.resume == "auto":
-                state = self.output.resume()
-                self._check_changes(self.output.state_path, state.get("config"))
-                if state.get("done"):
-                    print(f"rlcore: {self.output.final} is already complete; nothing to resume", file=sys.stderr)
-                    return self.summary(state)
-            else:
-                self.output.refuse_existing()
-                metrics = self.output_dir / "metrics.jsonl"
-                if metrics.is_file() and metrics.stat().st_size:
-                    raise ConfigError(f"output_dir '{self.output_dir}' holds the metrics.jsonl of another run; choose "
-                                      "another output_dir, or continue that run with --resume")
-                self.output.start({"config": cfg.model_dump(mode="json"), "rows": len(self.rows), "written": 0})
-                state = self.output.state
-            self.step, self.written = state["batches"], state["written"]
-            self.metrics.resume_at(self.step)
-            with self.start():
-                self.hook.rlcore_train_start(trainer=self)
-                with self.progress() as bar, self._say_where_on_interrupt():
-                    bar.update(state["next_row"])
-                    for start in range(state["next_row"], len(self.rows), cfg.batch_size):
-                        began = time.perf_counter()
-                        lines, metrics = self.sample_batch(start, self.rows[start : start + cfg.batch_size])
-                        self.written += len(lines)
-                        self.output.state["written"] = self.written
-                        with self.timer("write"):
-                            self.output.commit(lines, start + metrics["prompts"])
-                        self.step += 1
-                        metrics["prompts_per_s"] = metrics["prompts"] / (time.perf_counter() - began)
-                        self.log(metrics)
-                        bar.update(metrics["prompts"])
-                        bar.set_postfix({"pass_rate": f"{metrics['pass_rate']:.3g}", "kept": self.written}, refresh=False)
-                path = self.output.finish()
-                summary = self.summary(self.output.state)
-                self.hook.rlcore_train_end(trainer=self, metrics=summary)
-        print(f"rlcore: wrote {self.written} rows to {path}", file=sys.stderr, flush=True)
-        return summary
-
-    @contextlib.contextmanager
-    def _say_where_on_interrupt(self) -> Iterator[None]:
-        """Ctrl-C (or a signal the CLI turns into an exit) mid-batch: the committed batches stay; say so."""
-        try:
-            yield
-        except (KeyboardInterrupt, SystemExit):
+        if cfg.resume == "auto":
+            state = self.output.resume()
+            self._check_changes(self.output.state_path, state.get("config"))
+            self.done_before = bool(state.get("done"))
+            if self.done_before:
+                print(f"rlcore: {self.output.final} is already complete; nothing to resume", file=sys.stderr)
+        else:
+            self.output.refuse_existing()
+            metrics = self.output_dir / "metrics.jsonl"
+            if metrics.is_file() and metrics.stat().st_size:
+                raise ConfigError(f"output_dir '{self.output_dir}' holds the metrics.jsonl of another run; choose "
+                                  "another output_dir, or continue that run with --resume")
+            self.output.start({"config": cfg.model_dump(mode="json"), "rows": len(self.rows), "written": 0})
             state = self.output.state
-            print(f"\nrlcore: stopped after {state['batches']} complete batches ({state['next_row']} of {len(self.rows)} "
-                  f"prompts, {state['written']} rows); continue with --resume", file=sys.stderr, flush=True)
-            raise
+        self.step, self.written = state["batches"], state["written"]
+        if self.done_before:
+            self.step = max(self.step, self.max_steps)
+        self.metrics.resume_at(self.step)
+
+    def train_step(self) -> dict[str, Any]:
+        """Sample, score and select one batch of prompts, then commit its lines."""
+        began, start = time.perf_counter(), self.output.state["next_row"]
+        lines, metrics = self.sample_batch(start, self.rows[start : start + self.config.batch_size])
+        self.written += len(lines)
+        self.output.state["written"] = self.written
+        with self.timer("write"):
+            self.output.commit(lines, start + metrics["prompts"])
+        metrics["prompts_per_s"] = metrics["prompts"] / (time.perf_counter() - began)
+        return metrics
+
+    def save(self) -> Path:
+        """Each step committed its batch; the state file says where the run is."""
+        return self.output.state_path
+
+    def on_end(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Publish the output under its final name; return a summary."""
+        if not self.done_before:
+            path = self.output.finish()
+            print(f"rlcore: wrote {self.written} rows to {path}", file=sys.stderr, flush=True)
+        return self.summary(self.output.state)
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[Any]:
         from tqdm.auto import tqdm
 
-        with tqdm(total=len(self.rows), desc=self.name, unit="prompt", dynamic_ncols=True) as bar:
+        with tqdm(total=len(self.rows), initial=self.output.state.get("next_row", 0), desc=self.name, unit="prompt",
+                  dynamic_ncols=True) as bar:
             yield bar
+
+    def show(self, bar: Any, metrics: dict[str, Any]) -> None:
+        bar.update(metrics["prompts"])
+        bar.set_postfix({"pass_rate": f"{metrics['pass_rate']:.3g}", "kept": self.written}, refresh=False)
 
     def summary(self, state: dict[str, Any]) -> dict[str, Any]:
         return {"output": str(self.output.final), "prompts": state["next_row"], "rows": state["written"],

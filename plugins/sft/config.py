@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import Field, model_validator
 
-from rlcore import BaseConfig, ConfigProblems, RunConfig
+from rlcore import BaseConfig, ConfigProblems
+from rlcore.sections import OptimizerKeys, TrainingConfig, default_of
+
 
 class DefaultRoleConfig(BaseConfig):
     """The `default:` section (the per-role resource form): every worker of this role trains."""
@@ -16,7 +18,7 @@ class DefaultRoleConfig(BaseConfig):
     cpus: int = Field(1, ge=1, description="CPU workers when gpus is 0 (Ray only; gloo)")
 
 
-class LMConfig(RunConfig):
+class LMConfig(TrainingConfig):
     """Keys SFT and pre-training share."""
 
     # model and data
@@ -33,13 +35,7 @@ class LMConfig(RunConfig):
     # schedule
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; unset: num_train_epochs over the data")
     num_train_epochs: float = Field(3.0, gt=0, description="passes over the data when max_steps is unset")
-    learning_rate: float = Field(
-        2e-5, gt=0, validation_alias=AliasChoices("learning_rate", "lr"), description="AdamW learning rate (alias: lr)"
-    )
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
-    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2")
-    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0: off)")
+    learning_rate: float = default_of(OptimizerKeys, "learning_rate", 2e-5)
     lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = Field(
         "linear", description="learning-rate schedule (transformers' names)"
     )
@@ -58,10 +54,6 @@ class LMConfig(RunConfig):
     lora_target_modules: list[str] | str = Field("all-linear", description="modules LoRA adapts")
 
     # outputs
-    save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: only at the end")
-    save_total_limit: int | None = Field(None, ge=1, description="keep the newest N checkpoints")
-    resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
-    logging_steps: int = Field(10, ge=1, description="print a line of the step's metrics every N steps; metrics.jsonl has every step")
     trainer_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="further keys of the Hugging Face trainer's arguments (TRL's SFTConfig for sft, transformers' "

@@ -146,7 +146,7 @@ def demo_paths(output_dir: str | os.PathLike, kind: str) -> tuple[str, list[str]
 
 def write_demo(output_dir: str | os.PathLike, kind: str, seed: int) -> None:
     """The demo's model and data, built in `output_dir` (once)."""
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     model, (data,) = demo_paths(output_dir, kind)
     build_tiny_model(model, seed=seed)

@@ -2,7 +2,7 @@
 data-parallel world, and one rlcore step is one optimizer step of the Hugging Face trainer in each worker.
 
 Placement (either YAML form, or one process without Ray), the world, the config, metrics JSONL and hooks,
-signals and checkpoints are rlcore's (`rlcore.Trainer`, `rlcore.session`); chat templates, packing, loss
+signals and checkpoints are rlcore's (`rlcore.RoleTrainer`); chat templates, packing, loss
 masks, LoRA, gradient checkpointing, schedulers and mixed precision are the Hugging Face trainer's
 (`build.py`); `worker.py` joins the two loops.
 """
@@ -15,10 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, Trainer
+from rlcore import ConfigError, RoleSetup, RoleTrainer
 from rlcore.checkpoint import load_state
-from rlcore.resources import plan_from_config
-from rlcore.session import RoleSession, RoleSetup, announce
+from rlcore.session import announce
 
 from .build import build_pt, build_sft, trainer_kwargs_problems
 from .config import LMConfig, PretrainConfig, SFTConfig
@@ -28,14 +27,14 @@ from .worker import CHECKPOINT, LMWorker
 ROLE = "default"
 # config key -> the Hugging Face trainer's argument of the same meaning (most share the name)
 PASSED = (
-    "seed", "num_train_epochs", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm",
+    "seed", "num_train_epochs", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
     "lr_scheduler_type", "warmup_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
     "gradient_checkpointing", "bf16", "fp16", "dataloader_num_workers",
 )
 SFT_PASSED = ("max_length", "packing", "completion_only_loss", "assistant_only_loss", "padding_free")
 
 
-class LMTrainer(Trainer):
+class LMTrainer(RoleTrainer):
     """The `default` role trains with a Hugging Face trainer per worker; `kind` picks which (sft, pt)."""
 
     config: LMConfig
@@ -48,9 +47,7 @@ class LMTrainer(Trainer):
     )
 
     def __init__(self, config: LMConfig, plugins: Any, *, use_ray: bool = False):
-        super().__init__(config.for_run(), plugins, use_ray=use_ray)  # the embedded demo takes its own settings
-        self.check(self.config, plugins)
-        self.session = self.make_session()  # the resource plan, validated; nothing is allocated yet
+        super().__init__(config, plugins, use_ray=use_ray)  # the embedded demo takes its own settings
         if not use_ray and self.session.device(ROLE) == "cuda":
             import torch
 
@@ -64,25 +61,19 @@ class LMTrainer(Trainer):
         self.begun = False
 
     @classmethod
-    def check(cls, config: LMConfig, plugins: Any) -> None:
-        """The resource plan, the trainer's extra arguments and the data files, all at once, before anything
-        is allocated."""
-        from rlcore.config import config_error, problems_of
+    def roles(cls, config: LMConfig) -> list[str]:
+        return [ROLE]
 
-        config = config.for_run()
-        problems = problems_of([("(resource plan)", lambda: plan_from_config(
-            config, roles=[ROLE], policy=config.placement, plugins=plugins))])
-        problems.extend(trainer_kwargs_problems(cls.kind, config.trainer_kwargs, set(type(config).model_fields)))
+    @classmethod
+    def problems(cls, config: LMConfig, plugins: Any) -> list[tuple[str, str]]:
+        """The trainer's extra arguments and the data files, before anything is allocated."""
+        problems = trainer_kwargs_problems(cls.kind, config.trainer_kwargs, set(type(config).model_fields))
         if config.dataset:
             problems.extend(check_files(config.datasets, cls.kind))
-        if problems:
-            raise config_error(problems)
+        return problems
 
-    def make_session(self) -> RoleSession:
-        cfg = self.config
-        plan = plan_from_config(cfg, roles=[ROLE], policy=cfg.placement, plugins=self.plugins)
-        return RoleSession.from_config(cfg, plan, {ROLE: RoleSetup(LMWorker, type(self).build, self.options())},
-                                       use_ray=self.use_ray, plugins=self.plugins)
+    def setups(self) -> dict[str, RoleSetup]:
+        return {ROLE: RoleSetup(LMWorker, type(self).build, self.options())}
 
     def options(self) -> dict[str, Any]:
         """What each worker builds its trainer from (paths absolute: a worker's directory is not the driver's)."""
@@ -118,8 +109,7 @@ class LMTrainer(Trainer):
     def start(self) -> Iterator[None]:
         if not self.config.model:
             write_demo(self.config.output_dir, self.kind, self.config.seed)
-        announce(self.session.describe())
-        with self.session.start():
+        with super().start():
             self.shape = self.session[ROLE].plan()
             announce([f"{self.kind}: {self.shape['world_size']} data-parallel rank(s), global batch "
                       f"{self.shape['global_batch']}, {self.shape['train_rows']} training rows, "

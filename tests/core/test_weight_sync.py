@@ -160,7 +160,7 @@ def test_an_engine_without_a_broadcast_receiver_says_so():
 
 
 def test_check_weight_sync_compares_the_shared_top_k_layout(tmp_path):
-    from rlcore.plugins.hf import build_tiny_model
+    from rlcore.testing import build_tiny_model
     from rlcore.plugins.hf.rollout import HFRolloutEngine
     from rlcore.plugins.hf.train import HFTrainEngine
     from rlcore.weight_sync import check_weight_sync

@@ -15,7 +15,7 @@ SEQUENCES = [[10, 200, 33, 4, 150, 77], [5, 6], [260, 1, 99, 42]]
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     root = tmp_path_factory.mktemp("gkd-gpu")
     shape = dict(num_heads=4, num_kv_heads=2, dtype="bfloat16")
@@ -79,7 +79,7 @@ def test_vllm_prompt_top_k_is_aligned_with_the_student(tmp_path):
     from rlcore.batch import pad_tokens
     from rlcore.plugins.gkd.objective import DistillObjective
     from rlcore.plugins.hf.common import model_outputs
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
     from rlcore.plugins.vllm.engine import VLLMRolloutEngine
 
     # the GRPO GPU tests' shape: vLLM 0.26's warm-up hit an illegal memory access on the default tiny model

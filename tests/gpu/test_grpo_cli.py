@@ -121,7 +121,7 @@ PROBE = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     # a fixed place, so the pytest processes of tests/gpu/run.sh build it once (same arguments: reused)
     return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-gpu-tests" / "qwen2-0.5b-shape-4l", **SHAPE))

@@ -15,7 +15,7 @@ from rlcore import hookimpl
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("grpo-gpu") / "tiny", hidden_size=256, num_heads=4,
                                 num_kv_heads=2, intermediate_size=512, dtype="bfloat16"))

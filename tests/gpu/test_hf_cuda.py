@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rlcore import Batch, SamplingParams
-from rlcore.plugins.hf import build_tiny_model
+from rlcore.testing import build_tiny_model
 from rlcore.plugins.hf.rollout import HFRolloutEngine
 from rlcore.plugins.hf.train import HFTrainEngine
 

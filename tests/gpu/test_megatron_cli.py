@@ -30,7 +30,7 @@ GROUP_OF_ONE = ["device_groups.nproc_per_node=1", "device_groups.{group}.ranks=[
 @pytest.fixture(scope="module")
 def models():
     """A student and a bigger teacher, their random weights drawn on the GPU, and the two data sets."""
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     root = Path(tempfile.gettempdir()) / "rlcore-gpu-tests" / "megatron-cli"
     shape = dict(num_heads=8, num_kv_heads=2, num_layers=4, dtype="bfloat16", device="cuda")

@@ -66,7 +66,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-gpu-tests" / "megatron-qwen2-4l", **SHAPE))
 

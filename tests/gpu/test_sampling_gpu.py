@@ -32,7 +32,7 @@ TIMEOUT_S = 600
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     root = tmp_path_factory.mktemp("models")
     return {"policy": str(build_tiny_model(root / "policy", **SHAPE)),

@@ -60,7 +60,7 @@ def chat_rows(n: int, seed: int = 0) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def model_and_data(tmp_path_factory):
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     root = tmp_path_factory.mktemp("sft-gpu")
     model = build_tiny_model(root / "qwen2-0.5b-shape-4-layers", **SHAPE)

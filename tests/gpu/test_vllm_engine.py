@@ -22,7 +22,7 @@ def model_dir(tmp_path_factory):
     """A Qwen2 model vLLM accepts (head_dim 64), with peaked next-token distributions, in bf16."""
     from transformers import AutoModelForCausalLM
 
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     path = build_tiny_model(
         tmp_path_factory.mktemp("qwen2") / "model", hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512

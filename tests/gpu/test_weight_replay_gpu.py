@@ -18,7 +18,7 @@ BUCKET_BYTES = 1 << 20  # several buckets for this model, as a real sync has
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     return build_tiny_model(
         tmp_path_factory.mktemp("qwen2") / "model", hidden_size=256, num_heads=4, num_kv_heads=2,

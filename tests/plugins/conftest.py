@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlcore.plugins.hf.tiny import build_tiny_model
+from rlcore.testing import build_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import pytest
 from rlcore import ConfigError, load_config, load_plugins
 from rlcore.plugins.gkd.config import GKDConfig
 from rlcore.plugins.gkd.trainer import GKDTrainer
-from rlcore.plugins.hf.tiny import build_tiny_model
+from rlcore.testing import build_tiny_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray" / "gkd"
 
@@ -73,4 +73,4 @@ def test_the_examples_validate_once_models_and_data_are_set(models, example):
     config = load_config(GKDConfig, path, keys)
     GKDTrainer.check(config, load_plugins())
     assert config.served_teacher == (example != "teacher_colocated")
-    assert GKDTrainer.roles_of(config) == ["train", "rollout"] + (["teacher"] if config.served_teacher else [])
+    assert GKDTrainer.roles(config) == ["train", "rollout"] + (["teacher"] if config.served_teacher else [])

@@ -16,7 +16,7 @@ from rlcore.batch import pad_tokens
 from rlcore.plugins.gkd.objective import DistillObjective
 from rlcore.plugins.gkd.workers import TeacherWorker
 from rlcore.plugins.hf.common import model_outputs
-from rlcore.plugins.hf.tiny import build_tiny_model
+from rlcore.testing import build_tiny_model
 
 SEQUENCES = [[10, 200, 33, 4, 150, 77], [5, 6], [260, 1, 99, 42]]
 

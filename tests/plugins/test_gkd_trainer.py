@@ -11,7 +11,7 @@ import pytest
 from rlcore import load_config, load_plugins
 from rlcore.plugins.gkd.config import GKDConfig
 from rlcore.plugins.gkd.trainer import GKDTrainer
-from rlcore.plugins.hf.tiny import build_tiny_model
+from rlcore.testing import build_tiny_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray" / "gkd"
 QUICK = ["max_steps=2", "max_completion_length=4", "per_device_train_batch_size=2", "learning_rate=1e-3",

@@ -9,7 +9,7 @@ import pytest
 from rlcore import ConfigError, NotRegistered, RewardSpec, hookimpl, load_config, load_plugins
 from rlcore.plugins.grpo.config import GRPOConfig
 from rlcore.plugins.grpo.trainer import GRPOTrainer
-from rlcore.plugins.hf.tiny import build_tiny_model
+from rlcore.testing import build_tiny_model
 
 QUICK = {
     "learning_rate": 1e-3,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlcore import ConfigError
-from rlcore.plugins.hf import build_tiny_model
+from rlcore.testing import build_tiny_model
 
 
 @pytest.fixture(scope="session")

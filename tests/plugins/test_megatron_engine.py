@@ -11,7 +11,7 @@ import torch
 
 from rlcore import ConfigError, RlcoreError, load_plugins
 from rlcore.batch import Batch
-from rlcore.plugins.hf import build_tiny_model
+from rlcore.testing import build_tiny_model
 from rlcore.plugins.hf import make_train_engine as make_hf_engine
 from rlcore.plugins.megatron import make_forward_engine, make_train_engine
 

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from rlcore import ConfigError, NotRegistered, RewardSpec, RlcoreError, hookimpl, load_plugins
-from rlcore.plugins.grpo.toy import PROMPTS, RANDOM_POLICY_REWARD, chance_reward, toy_dataset, toy_reward
+from rlcore.testing import PROMPTS, RANDOM_POLICY_REWARD, chance_reward, toy_dataset, toy_reward
 from rlcore.plugins.rewards import (
     CosineReward,
     RepetitionPenalty,
@@ -113,7 +113,7 @@ def test_toy_reward_and_its_chance_level():
     texts = [bytes(rng.randrange(256) for _ in range(20)).decode("utf-8", errors="replace") for _ in range(3000)]
     mean = sum(toy_reward(prompts=[""] * len(texts), completions=texts)) / len(texts)
     assert mean == pytest.approx(RANDOM_POLICY_REWARD, rel=0.2)
-    from rlcore.plugins.hf.tiny import build_tokenizer
+    from rlcore.testing import build_tokenizer
 
     tiny_chance = chance_reward(build_tokenizer(), samples=300)
     assert tiny_chance == chance_reward(build_tokenizer(), samples=300)  # seeded
@@ -340,7 +340,7 @@ def test_nan_none_and_numpy_values_are_normalised():
 
 @pytest.fixture(scope="module")
 def orm_path(tmp_path_factory):
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("orm") / "model", num_labels=1)
 
@@ -369,7 +369,7 @@ def test_orm_scores_pairs_like_an_unpadded_forward(orm_path):
 
 
 def test_orm_refuses_a_model_with_several_labels(tmp_path):
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
     from rlcore.plugins.rewards.orm import OrmScorer
 
     path = build_tiny_model(tmp_path / "two", num_labels=2)

@@ -272,13 +272,13 @@ def test_distill_keys_are_distills_own():
 def test_examples_load_and_place():
     plugins = load_plugins()
     sampling = load_config(SampleConfig, EXAMPLES / "sampling.yaml")
-    roles = SampleTrainer.roles_of(sampling)
+    roles = SampleTrainer.roles(sampling)
     assert roles == ["sampler", "prm", "orm"] and sampling.sampler.engine == "vllm"
     plan = plan_from_config(sampling, roles=roles, plugins=plugins)
     assert plan.ranks_of("sampler") == (0, 1) and plan.ranks_of("prm") == plan.ranks_of("orm") == (2, 3)
     assert plan.roles_on(2) == ("prm", "orm")
     distill = load_config(DistillConfig, EXAMPLES / "distill.yaml", ["model=Qwen/Qwen3-8B"])
-    assert distill.api_base == "http://127.0.0.1:8000/v1" and SampleTrainer.roles_of(distill) == []
+    assert distill.api_base == "http://127.0.0.1:8000/v1" and SampleTrainer.roles(distill) == []
 
 
 # -- worker-count independence ------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ def test_examples_load_and_place():
 
 @pytest.fixture(scope="module")
 def prm_model(tmp_path_factory):
-    from rlcore.plugins.hf.tiny import build_tiny_model
+    from rlcore.testing import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "prm", num_labels=2, seed=5)
 
@@ -296,7 +296,7 @@ def test_the_output_does_not_depend_on_the_number_of_workers(ray_local, plugins,
     """One in-process sampler, then two Ray sampler workers and a Ray group holding prm and orm (ms-swift's
     device_groups form): a real tiny model samples, a real tiny PRM and the toy reward score, and the files are
     byte for byte the same, because candidates are drawn per prompt and normalised over all of a prompt's."""
-    from rlcore.plugins.grpo.toy import toy_dataset
+    from rlcore.testing import toy_dataset
 
     keys = dict(rows=toy_dataset(12, seed=1), num_return_sequences=3, max_new_tokens=6, batch_size=6,
                 orm_model="toy", prm_model=str(prm_model), prm={"batch_size": 1}, prm_threshold=0.0, n_best_to_keep=1)

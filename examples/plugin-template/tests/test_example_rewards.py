@@ -11,7 +11,7 @@ import pytest
 import rlcore
 from rlcore import ConfigError, RewardSpec, hookimpl
 from rlcore.plugins.grpo import GRPOConfig, GRPOTrainer
-from rlcore.plugins.hf.tiny import build_tiny_model
+from rlcore.testing import build_tiny_model
 from rlcore_example.rewards import letter_ratio
 
 

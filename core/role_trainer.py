@@ -1,0 +1,132 @@
+"""`RoleTrainer`: an algorithm as its roles, its step and its own state; the base does the rest.
+
+```python
+class MyTrainer(RoleTrainer):
+    @classmethod
+    def roles(cls, config):                          # the roles this run has
+        return ["train", "rollout"]
+
+    def setups(self):                                # how to build each one
+        return {"train": RoleSetup(TrainWorker, "hf", train_options(self.config, model)),
+                "rollout": RoleSetup(GenerateWorker, "hf", {"model": model})}
+
+    def train_step(self):                            # one optimizer step, its metrics
+        with self.timer("generate"), self.session.active("rollout"):
+            ...
+```
+The base builds the resource plan once, with every other check the algorithm names (`problems`), and
+reports all problems at once before anything is allocated (`rlcore config validate` runs the same checks);
+it makes the `RoleSession` from the plan, prints the placement and starts the roles around the loop;
+`rlcore.Trainer` runs the loop, the metrics, the hooks, signals, checkpoints and `--resume`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .config import config_error, problems_of
+from .resources import ResourcePlan, plan_from_config
+from .session import RoleSession, RoleSetup, announce
+from .trainer import Trainer
+
+
+def for_run(config: Any) -> Any:
+    """The config a run uses: `config.for_run()` where the algorithm has one (an embedded demo's settings
+    for the keys the user did not set), else the config itself."""
+    return config.for_run() if hasattr(config, "for_run") else config
+
+
+class RoleTrainer(Trainer):
+    """An algorithm that runs roles. Write `roles()` (a classmethod of the config: which roles this run has),
+    `setups()` (a `RoleSetup` per role), `train_step()`, and where needed `problems()` (the algorithm's own
+    checks), `prepare()` (what the setups need, built once the checks pass), `session_options()` (e.g.
+    `syncs`), and its state (`state_dict`, `load_state_dict`; `checkpointed` names the role whose engine a
+    checkpoint holds, or override `save_model` / `load_model`). `self.plan` and `self.session` are the run's.
+    """
+
+    checkpointed: str | None = None  # the role whose engine state a checkpoint holds (in its folder `model`)
+
+    def __init__(self, config: Any, plugins: Any, *, use_ray: bool = False):
+        super().__init__(for_run(config), plugins, use_ray=use_ray)
+        self.plan: ResourcePlan | None = self.checked(self.config, plugins)
+        self.prepare()
+        self.session: RoleSession | None = None
+        if self.plan is not None:
+            self.session = RoleSession.from_config(self.config, self.plan, self.setups(), use_ray=use_ray,
+                                                   plugins=plugins, **self.session_options())
+
+    # -- what an algorithm writes ---------------------------------------------------------------------
+
+    @classmethod
+    def roles(cls, config: Any) -> list[str]:
+        """The roles a run of `config` has (e.g. `reference` only when a KL term needs it)."""
+        raise NotImplementedError(f"{cls.__name__} must implement roles(config)")
+
+    @classmethod
+    def problems(cls, config: Any, plugins: Any) -> list[tuple[str, str]]:
+        """The algorithm's own checks beside the resource plan's (names, data, tokenizer), as (key, message)
+        pairs; builds nothing. `rlcore.config.problems_of` turns raising checks into such pairs."""
+        return []
+
+    def prepare(self) -> None:
+        """What the roles' setups need, once every check passed (a demo's model written to disk)."""
+
+    def setups(self) -> dict[str, RoleSetup]:
+        """How to build each of `roles(config)`: a worker class, an engine, its options."""
+        raise NotImplementedError(f"{type(self).__name__} must implement setups()")
+
+    def session_options(self) -> dict[str, Any]:
+        """Further `RoleSession` options: `syncs` (the role pairs `sync_weights` moves weights between),
+        `sleep_level`, ...; the config's own session keys are read already."""
+        return {}
+
+    # -- what the base does ---------------------------------------------------------------------------
+
+    @classmethod
+    def check(cls, config: Any, plugins: Any) -> None:
+        """Every check a run makes before it allocates anything; raises one ConfigError listing all."""
+        cls.checked(for_run(config), plugins)
+
+    @classmethod
+    def checked(cls, config: Any, plugins: Any) -> ResourcePlan | None:
+        """The resource plan of `roles(config)` (None without roles), once the plan and `problems` are clean."""
+        roles, plans = cls.roles(config), []
+
+        def plan() -> None:
+            plans.append(plan_from_config(config, roles=roles, policy=config.placement, plugins=plugins))
+
+        problems = problems_of([("(resource plan)", plan)] if roles else []) + cls.problems(config, plugins)
+        if problems:
+            raise config_error(problems)
+        return plans[0] if plans else None
+
+    @contextlib.contextmanager
+    def start(self) -> Iterator[None]:
+        """Print the placement, then run the roles for the loop's life."""
+        if self.session is None:
+            yield
+            return
+        announce(self.session.describe())
+        with self.session.start():
+            yield
+
+    def sync_weights(self, src: str = "train", dst: str = "rollout", probe: list[int] | None = None) -> dict[str, float]:
+        """`src`'s weights into `dst` (timed as the `sync` phase), in buckets of `weight_sync_bucket_mb`; with a
+        `probe` sequence, `dst` must then score it as `src` does."""
+        bucket_mb = getattr(self.config, "weight_sync_bucket_mb", 512)
+        with self.timer("sync"):
+            stats = self.session.sync_weights(src, dst, bucket_mb << 20)
+        if probe is not None:
+            self.session.check_weight_sync(src, dst, probe)
+        return stats
+
+    def save_model(self, path: Path) -> None:
+        if self.checkpointed:
+            self.session[self.checkpointed].save(str(path / "model"))
+
+    def load_model(self, path: Path) -> None:
+        if self.checkpointed:
+            self.session[self.checkpointed].load(str(path / "model"))
