@@ -1,0 +1,84 @@
+"""`bandit`, two roles on `rlcore`'s public names only: rollout draws arms from a softmax policy, train takes a
+REINFORCE step on its logits; `RoleTrainer` does the plan, the session (local or Ray), loop and checkpoints."""
+
+import math
+import random
+
+from pydantic import Field
+
+from rlcore import CheckpointKeys, RoleConfig, RoleSetup, RoleTrainer, RunConfig, function, worker
+
+
+def softmax(logits: list[float]) -> list[float]:
+    weights = [math.exp(v - max(logits)) for v in logits]
+    return [w / sum(weights) for w in weights]
+
+
+@worker(group="rollout")
+class Sampler:
+    def __init__(self, engine: object, options: dict):
+        self.logits = [0.0] * options["arms"]
+
+    @function(dispatch="all")
+    def load(self, logits: list[float]) -> None:  # this algorithm's weight sync: a few floats
+        self.logits = list(logits)
+
+    @function(dispatch="slice", collect="flatten")
+    def sample(self, seeds: list[int]) -> list[int]:  # one arm per seed of this worker's shard
+        return [random.Random(seed).choices(range(len(self.logits)), softmax(self.logits))[0] for seed in seeds]
+
+
+@worker(group="train")
+class Learner:
+    def __init__(self, engine: object, options: dict):
+        self.lr = options["lr"]
+
+    @function(collect="first")
+    def step(self, logits: list[float], arms: list[int], rewards: list[float]) -> list[float]:
+        probs, baseline, new = softmax(logits), sum(rewards) / len(rewards), list(logits)
+        for arm, reward in zip(arms, rewards):  # REINFORCE, the mean reward as baseline
+            for a in range(len(new)):
+                new[a] += self.lr * (reward - baseline) * ((a == arm) - probs[a]) / len(arms)
+        return new
+
+
+class BanditConfig(RunConfig, CheckpointKeys):
+    """Learn which of `arms` arms pays (arm `best_arm`), with a rollout and a train role."""
+
+    max_steps: int = Field(30, ge=1, description="policy-gradient steps")
+    arms: int = Field(4, ge=2, description="arms of the bandit")
+    best_arm: int = Field(3, ge=0, description="the arm that pays 1 (the others pay 0)")
+    samples: int = Field(32, ge=1, description="arms drawn per step, split over the rollout workers")
+    lr: float = Field(2.0, gt=0, description="learning rate of the logits")
+    train: RoleConfig = Field(default_factory=RoleConfig, description="the learner's workers")
+    rollout: RoleConfig = Field(default_factory=RoleConfig, description="the samplers' workers")
+
+
+class BanditTrainer(RoleTrainer):
+    config: BanditConfig
+    name, progress_keys = "bandit", ("reward", "p_best")
+
+    @classmethod
+    def roles(cls, config: BanditConfig) -> list[str]:
+        return ["train", "rollout"]
+
+    def setups(self) -> dict[str, RoleSetup]:
+        options, self.logits = {"arms": self.config.arms, "lr": self.config.lr}, [0.0] * self.config.arms
+        return {"train": RoleSetup(Learner, "python", options), "rollout": RoleSetup(Sampler, "python", options)}
+
+    def train_step(self) -> dict:
+        cfg, session, first = self.config, self.session, self.config.seed * 100003 + self.step * self.config.samples
+        with self.timer("generate"):
+            arms = session["rollout"].sample(list(range(first, first + cfg.samples)))
+        rewards = [float(arm == cfg.best_arm) for arm in arms]
+        with self.timer("train"):
+            self.logits = session["train"].step(self.logits, arms, rewards)
+        session["rollout"].load(self.logits)
+        return {"reward": sum(rewards) / len(rewards), "p_best": softmax(self.logits)[cfg.best_arm]}
+
+    def state_dict(self) -> dict:
+        return {"logits": self.logits}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.logits = state["logits"]
+        self.session["rollout"].load(self.logits)
