@@ -21,6 +21,7 @@ from .role_trainer import RoleTrainer
 from .roles import GenerateWorker, ScoreWorker, TrainWorker, make_engine
 from .sections import (
     CheckpointKeys,
+    GenerateRoleConfig,
     LoggingKeys,
     OptimizerKeys,
     RolloutRoleConfig,
@@ -59,6 +60,7 @@ __all__ = [
     "DispatcherSpec",
     "EngineSpec",
     "GenerateWorker",
+    "GenerateRoleConfig",
     "Generation",
     "LoggingKeys",
     "ModelOutputs",

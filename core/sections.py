@@ -85,14 +85,21 @@ class TrainRoleConfig(RoleConfig):
         return {}
 
 
-class RolloutRoleConfig(RoleConfig):
-    """The `rollout:` section: the engine that generates completions."""
+class GenerateRoleConfig(RoleConfig):
+    """The section of a role a rollout engine serves: `rollout:`, a sampler, a served teacher."""
 
     dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
-    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per rollout engine")
+    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per engine (worker)")
     vllm_gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of GPU memory vLLM takes")
     vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")
     vllm_enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
+    vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
+
+
+class RolloutRoleConfig(GenerateRoleConfig):
+    """The `rollout:` section: the engine that generates completions."""
+
     vllm_in_process: bool = Field(
         True, description="vLLM's engine core in the worker's process (weights load in place); false: its own processes"
     )
@@ -102,8 +109,6 @@ class RolloutRoleConfig(RoleConfig):
     vllm_weight_replay: bool = Field(
         True, description="replay vLLM's weight loading as one batched copy after a bucket layout's first, traced load"
     )
-    vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 
 
 def train_options(config: Any, model: str) -> dict[str, Any]:
@@ -129,6 +134,6 @@ def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any
 
 
 __all__ = [
-    "CheckpointKeys", "LoggingKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
+    "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
     "default_of", "rollout_options", "train_options",
 ]

@@ -17,9 +17,7 @@ __all__ = ["GKDConfig", "GKDTrainer"]
 @hookimpl
 def rlcore_algorithms():
     yield AlgorithmSpec(
-        "gkd",
-        config=GKDConfig,
-        trainer=GKDTrainer,
+        "gkd", config=GKDConfig, trainer=GKDTrainer,
         description="GKD on-policy distillation (generalized JSD, full vocabulary or top-k); teacher colocated or served",
         roles=("train", "rollout", "teacher"),
     )

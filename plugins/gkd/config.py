@@ -6,39 +6,25 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlcore import BaseConfig, ConfigProblems, RoleConfig
+from rlcore import BaseConfig, ConfigProblems, GenerateRoleConfig
 from rlcore.resources import parse_ranks
 from rlcore.sections import OptimizerKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig, default_of
 
 
-class TeacherRoleConfig(RoleConfig):
+class TeacherRoleConfig(GenerateRoleConfig):
     """The `teacher:` section. With `gpus` (or `model`, or a device group listing `teacher`) the teacher is a
     group of its own, served by a rollout engine (vllm on GPUs, hf on the CPU) that returns top-k log-probs;
     without, the teacher is `teacher_model`, colocated in the train workers."""
 
     model: str | None = Field(None, description="the served teacher's model (a separate group); unset: teacher_model")
-    dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
-    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per teacher replica")
-    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory the vLLM teacher takes")
-    vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")
-    vllm_enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start)")
-    vllm_engine_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="passed to vllm.LLM as is; max_logprobs is raised to gkd_logits_topk"
-    )
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
+    vllm_gpu_memory_utilization: float = default_of(GenerateRoleConfig, "vllm_gpu_memory_utilization", 0.9)
 
 
 # With no model, teacher and dataset, a run is the embedded demo: a tiny student learns a different tiny teacher on
 # short prompts on the CPU. The demo's run takes these settings for keys the user did not set (`GKDConfig.for_run`).
 DEMO_DEFAULTS: dict[str, Any] = {
-    "learning_rate": 5e-3,
-    "max_steps": 30,
-    "max_completion_length": 12,
-    "per_device_train_batch_size": 16,
-    "temperature": 1.0,
-    "eval_size": 16,
-    "eval_steps": 10,
-    "output_dir": "output/gkd-demo",
+    "learning_rate": 5e-3, "max_steps": 30, "max_completion_length": 12, "per_device_train_batch_size": 16,
+    "temperature": 1.0, "eval_size": 16, "eval_steps": 10, "output_dir": "output/gkd-demo",
 }
 
 

@@ -16,9 +16,7 @@ __all__ = ["GRPOConfig", "GRPOTrainer"]
 @hookimpl
 def rlcore_algorithms():
     yield AlgorithmSpec(
-        "grpo",
-        config=GRPOConfig,
-        trainer=GRPOTrainer,
+        "grpo", config=GRPOConfig, trainer=GRPOTrainer,
         description="GRPO (and DAPO, Dr. GRPO, GSPO variants) with HF or vLLM rollout, locally or on Ray",
         roles=("train", "rollout", "reference"),
     )

@@ -23,13 +23,8 @@ class ReferenceRoleConfig(RoleConfig):
 # the user did not set (`GRPOConfig.for_run`); the config itself, and so `rlcore config show`, keeps the real
 # defaults (TRL's), so that a config file written from it and given a model trains with them.
 DEMO_DEFAULTS: dict[str, Any] = {
-    "learning_rate": 1e-3,
-    "max_steps": 40,
-    "max_completion_length": 20,
-    "per_device_train_batch_size": 32,
-    "gradient_accumulation_steps": 2,
-    "num_generations": 8,
-    "output_dir": "output/grpo-demo",
+    "learning_rate": 1e-3, "max_steps": 40, "max_completion_length": 20, "per_device_train_batch_size": 32,
+    "gradient_accumulation_steps": 2, "num_generations": 8, "output_dir": "output/grpo-demo",
 }
 
 

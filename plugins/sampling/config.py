@@ -6,21 +6,15 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlcore import ConfigProblems, RoleConfig, RunConfig
+from rlcore import ConfigProblems, GenerateRoleConfig, RoleConfig, RunConfig, default_of
 
 from .select import AGGREGATIONS
 
 
-class SamplerRoleConfig(RoleConfig):
+class SamplerRoleConfig(GenerateRoleConfig):
     """The `sampler:` section: the engine that generates candidates (a local teacher, for distill)."""
 
-    dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
-    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per sampler worker")
-    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory vLLM takes")
-    vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")
-    vllm_enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
-    vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
+    vllm_gpu_memory_utilization: float = default_of(GenerateRoleConfig, "vllm_gpu_memory_utilization", 0.9)
 
 
 class ScorerRoleConfig(RoleConfig):

@@ -10,22 +10,14 @@ import threading
 import time
 from typing import Any
 
-from rlcore import RlcoreError, SamplingParams, function, worker
-from rlcore.roles import make_engine
+from rlcore import GenerateWorker, RlcoreError, SamplingParams, function, worker
 
 
 @worker(group="sampler")
-class SampleWorker:
-    """A rollout engine per worker. `generate(prompts, seeds, params)` -> `params.n` texts per prompt,
-    prompt-major; with `seeds`, each prompt is drawn with its own seed in a call of its own, so its
-    candidates do not depend on which worker, or which other prompts, it came with."""
-
-    def __init__(self, engine: Any, options: dict[str, Any], kind: str = "rollout"):
-        self.setup(engine, options, kind)
-
-    @function()
-    def setup(self, engine: Any, options: dict[str, Any], kind: str) -> None:
-        self.engine = make_engine(kind, engine, options)
+class SampleWorker(GenerateWorker):
+    """A rollout engine per worker (rlcore's `GenerateWorker`). `generate(prompts, seeds, params)` ->
+    `params.n` texts per prompt, prompt-major; with `seeds`, each prompt is drawn with its own seed in a call
+    of its own, so its candidates do not depend on which worker, or which other prompts, it came with."""
 
     @function(dispatch="slice", collect="flatten")
     def generate(self, prompts: list[list[int]], seeds: list[int] | None, params: SamplingParams) -> list[tuple]:

@@ -64,6 +64,7 @@ EXPECTED = [
     "LoggingKeys",
     "TrainRoleConfig",
     "RolloutRoleConfig",
+    "GenerateRoleConfig",
     "default_of",
     "train_options",
     "rollout_options",

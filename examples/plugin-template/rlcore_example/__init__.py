@@ -6,7 +6,6 @@ from collections.abc import Iterator
 
 from rlcore import AlgorithmSpec, CollectorSpec, DispatcherSpec, PlacementSpec, RewardSpec, RoleSpec, hookimpl
 
-from .bandit import BanditConfig, BanditTrainer
 from .policies import reverse_placement, reverse_slice, sum_results
 from .rewards import letter_ratio
 from .scorer import Scorer
@@ -44,7 +43,4 @@ def rlcore_rewards() -> Iterator[RewardSpec]:
 def rlcore_algorithms() -> Iterator[AlgorithmSpec]:
     yield AlgorithmSpec(
         "example", config=LineFitConfig, trainer=LineFitTrainer, description="fit a line by SGD (no torch)"
-    )
-    yield AlgorithmSpec(
-        "bandit", config=BanditConfig, trainer=BanditTrainer, description="a rollout and a train role (no torch)"
     )

@@ -6,7 +6,9 @@ import random
 
 from pydantic import Field
 
-from rlcore import CheckpointKeys, RoleConfig, RoleSetup, RoleTrainer, RunConfig, function, worker
+from rlcore import (
+    AlgorithmSpec, CheckpointKeys, RoleConfig, RoleSetup, RoleTrainer, RunConfig, function, hookimpl, worker,
+)
 
 
 def softmax(logits: list[float]) -> list[float]:
@@ -82,3 +84,8 @@ class BanditTrainer(RoleTrainer):
     def load_state_dict(self, state: dict) -> None:
         self.logits = state["logits"]
         self.session["rollout"].load(self.logits)
+
+
+@hookimpl
+def rlcore_algorithms():  # a plugin of its own (entry point `bandit`): `rlcore run --plugin bandit`
+    yield AlgorithmSpec("bandit", config=BanditConfig, trainer=BanditTrainer, description="a rollout and a train role")
