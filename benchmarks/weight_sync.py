@@ -277,7 +277,7 @@ def nccl_receiver(port: int, shape: str, syncs: int, queue) -> None:
 
 
 def bench_nccl(shape: str, syncs: int) -> dict:
-    from rlcore.cluster import find_free_port
+    from rlcore.rendezvous import find_free_port
     from rlcore.weight_sync import BroadcastGroup, iter_buckets
 
     torch.cuda.set_device(0)

@@ -17,6 +17,7 @@ from .hookspecs import hookimpl, hookspec
 from .manager import Plugins, Registered, load_plugins
 from .registry import Registry
 from .resources import plan_from_config
+from .rewards import RewardFailed, call_reward, resolve_reward
 from .role_trainer import RoleTrainer
 from .roles import GenerateWorker, ScoreWorker, TrainWorker, make_engine
 from .sections import (
@@ -59,8 +60,8 @@ __all__ = [
     "ConfigProblems",
     "DispatcherSpec",
     "EngineSpec",
-    "GenerateWorker",
     "GenerateRoleConfig",
+    "GenerateWorker",
     "Generation",
     "LoggingKeys",
     "ModelOutputs",
@@ -77,6 +78,7 @@ __all__ = [
     "Registered",
     "Registry",
     "ResourceError",
+    "RewardFailed",
     "RewardSpec",
     "RlcoreError",
     "RoleConfig",
@@ -102,6 +104,7 @@ __all__ = [
     "announce",
     "bind",
     "build_engine",
+    "call_reward",
     "completion_text",
     "config_error",
     "default_of",
@@ -118,6 +121,7 @@ __all__ = [
     "problems_of",
     "prompt_view",
     "render_config",
+    "resolve_reward",
     "rollout_options",
     "train_options",
     "worker",

@@ -3,7 +3,7 @@ actor that hosts one instance, and the driver's view of a group of them.
 
 `rlcore.workers` (the decorators) decides when a group runs on Ray and starts it here
 (`RemoteGroup.start`, then `setup`); a group call splits its arguments, sends each worker its shard
-through the transport in `rlcore.cluster`, and collects the results. This module does not import
+through the transport in `rlcore.transport`, and collects the results. This module does not import
 `rlcore.workers`; Ray is imported only when a group starts.
 """
 
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import cluster
-from .cluster import decode, encode
+from .rendezvous import find_free_port
+from .transport import decode, encode
 from .dispatch import Mesh
 from .errors import ResourceError, RlcoreError, RoleFailed
 from .manager import EXTRA_PLUGINS_ENV, plugins
@@ -99,7 +100,7 @@ class WorkerActor:
         return {"pid": os.getpid(), "ip": ip, "node_id": ray.get_runtime_context().get_node_id()}
 
     def _rlcore_free_port(self, ip: str) -> int:
-        return cluster.find_free_port(ip)
+        return find_free_port(ip)
 
     def _rlcore_setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
         os.environ.update(env)

@@ -1,4 +1,5 @@
-"""Ray: start a local one or attach to a running cluster, shut it down, and map actor failures.
+"""Ray's lifecycle: start a local one or attach to a running cluster, shut it down, and map actor failures.
+(torch.distributed rendezvous is `rendezvous.py`; arguments on their way to actors, `transport.py`.)
 
 A local Ray that rlcore starts listens on 127.0.0.1 only. Ray 2.60 on Linux replaces a 127.0.0.1 node
 address by the host's unless its switch for Windows and macOS (`ray_constants.ENABLE_RAY_CLUSTER`) is
@@ -6,7 +7,7 @@ off, so `init` turns that off while the local Ray starts; GCS, raylet, workers, 
 endpoints then bind loopback. Its processes get VLLM_HOST_IP=127.0.0.1 (unless set), so vLLM's Ray
 executor sees the node's address as Ray does. No dashboard process, no autoscaler monitor and no
 metrics endpoints run (Ray 2.60 starts the first two even with include_dashboard=False), and usage stats
-are off. torch.distributed stores that rlcore makes (`tcp_store`) listen on the group's address only.
+are off. torch.distributed stores that rlcore makes (`rendezvous.tcp_store`) listen on the group's address only.
 
 Each process of the local Ray leads a process group of its own, so a signal to the driver's group (Ctrl-C,
 `kill -TERM -PGID`) reaches the driver alone: it finishes its step and saves through a Ray still whole.
@@ -18,8 +19,7 @@ record of each local Ray in the temp dir.
 `address="auto"`, an explicit address, or the RLCORE_RAY_ADDRESS environment variable attaches to a
 running cluster instead, with that cluster's settings (a loopback address is kept as given, so a Ray on
 127.0.0.1 can be reached); rlcore never stops a cluster it did not start. Ray is imported only when one
-of these functions runs, so `import rlcore` stays light. The transport at the end moves tensors as numpy
-buffers, which Ray reads without copying.
+of these functions runs, so `import rlcore` stays light.
 """
 
 from __future__ import annotations
@@ -34,13 +34,11 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .batch import Batch
-from .errors import ConfigError, RlcoreError, RoleFailed
+from .errors import RlcoreError, RoleFailed
 
 ADDRESS_ENV = "RLCORE_RAY_ADDRESS"
 
@@ -364,65 +362,6 @@ def reap() -> list[int]:
     return ended
 
 
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now (a process group's store or rendezvous)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def tcp_store(host: str, port: int, world_size: int, is_master: bool, timeout: Any) -> Any:
-    """A torch.distributed TCPStore whose server (on the master) listens on `host` only, not on every
-    interface as torch's own does: the socket is bound here and handed to the store."""
-    import socket
-
-    import torch.distributed as dist
-
-    fd = None
-    if is_master:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(max(128, world_size))
-        except OSError:
-            sock.close()
-            raise
-        fd = sock.detach()  # the store owns it now
-    return dist.TCPStore(host, port, world_size, is_master=is_master, timeout=timeout, wait_for_workers=False,
-                         master_listen_fd=fd)
-
-
-def join_torch_world(device: Any, timeout_s: float, *, alone: bool = False) -> tuple[int, int]:
-    """Join this worker group's torch.distributed world (NCCL on CUDA, else gloo) from the RANK, WORLD_SIZE,
-    MASTER_ADDR and MASTER_PORT the worker runtime set, its store on the master's address only; returns
-    (rank, world_size). A worker alone (WORLD_SIZE 1) joins nothing, or with `alone=True` makes a
-    one-process world on an in-memory store (for libraries that need one, e.g. megatron-core)."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1 and not alone:
-        return 0, 1
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    backend = "nccl" if getattr(device, "type", device) == "cuda" else "gloo"
-    if world_size <= 1:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        return 0, 1
-    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-    if missing:
-        raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; the worker runtime sets them")
-    rank, timeout = int(os.environ["RANK"]), timedelta(seconds=timeout_s)
-    store = tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0, timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-    return dist.get_rank(), dist.get_world_size()
-
-
 def shutdown() -> None:
     """Disconnect from Ray; a local Ray started here stops with it, to its last agent."""
     global _record_path, _previous_sigterm
@@ -502,111 +441,3 @@ def role_error(
     else:
         message = f"{where} failed in {method}(): {exc!r}"
     return RoleFailed(message, role=role, rank=rank, node=node)
-
-
-# -------------------------------------------------------------------------
-# transport: tensors as numpy buffers (zero-copy reads), shared arguments put once
-# -------------------------------------------------------------------------
-
-_ATOMS = frozenset({int, float, bool, str, bytes, type(None), complex})
-LARGE_BYTES = 100 * 1024  # Ray stores task arguments above this size in the object store
-LARGE_ITEMS = 1024
-
-
-class _Tensor:
-    """A CPU tensor as a numpy array (or an ObjectRef to one); `dtype` is set where numpy has none."""
-
-    __slots__ = ("data", "dtype")
-
-    def __init__(self, data: Any, dtype: str | None):
-        self.data, self.dtype = data, dtype
-
-
-class _Put:
-    """An argument stored once in the object store, for every worker that receives it."""
-
-    __slots__ = ("ref",)
-
-    def __init__(self, ref: Any):
-        self.ref = ref
-
-
-class _Columns(dict):
-    """A Batch's columns in transit."""
-
-
-_VIEW = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
-
-
-def _tensor_to_box(x: Any, shared: bool) -> Any:
-    torch = sys.modules["torch"]
-    if x.device.type != "cpu" or x.layout is not torch.strided or x.is_quantized:
-        return x
-    x = x.detach()
-    try:
-        box = _Tensor(x.numpy(), None)
-    except (TypeError, RuntimeError):  # bfloat16, float8, ...: no numpy dtype; send the bits
-        try:
-            box = _Tensor(x.contiguous().view(getattr(torch, _VIEW[x.element_size()])).numpy(), str(x.dtype)[6:])
-        except (KeyError, TypeError, RuntimeError):
-            return x  # Ray's own pickling still works, with a copy per reader
-    if shared and box.data.nbytes >= LARGE_BYTES:
-        box.data = _put(box.data)
-    return box
-
-
-def encode(x: Any, shared: bool) -> Any:
-    """`x` ready for a Ray call; with `shared` (every worker gets it), large parts are put once."""
-    t = type(x)
-    if t in _ATOMS:
-        return _Put(_put(x)) if shared and t in (str, bytes) and len(x) >= LARGE_BYTES else x
-    if t is list or t is tuple:
-        if set(map(type, x)) <= _ATOMS:
-            return _Put(_put(x)) if shared and len(x) >= LARGE_ITEMS else x
-        return t(encode(v, shared) for v in x)
-    if t is dict:
-        return {k: encode(v, shared) for k, v in x.items()}
-    if t is Batch:
-        return _Columns({k: encode(v, shared) for k, v in x.items()})
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        return _tensor_to_box(x, shared)
-    if shared and type(x).__module__ == "numpy" and getattr(x, "nbytes", 0) >= LARGE_BYTES:
-        return _Put(_put(x))
-    return x
-
-
-def decode(x: Any) -> Any:
-    """The inverse of `encode`: tensors rebuilt on the numpy buffers Ray hands out."""
-    t = type(x)
-    if t in _ATOMS:
-        return x
-    if t is list or t is tuple:
-        return x if set(map(type, x)) <= _ATOMS else t(decode(v) for v in x)
-    if t is dict:
-        return {k: decode(v) for k, v in x.items()}
-    if t is _Tensor:
-        import torch
-
-        data = x.data if type(x.data).__module__ == "numpy" else _fetch(x.data)
-        with warnings.catch_warnings():  # the object store's buffers are read-only (see rlcore.workers)
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            tensor = torch.from_numpy(data)
-        return tensor.view(getattr(torch, x.dtype)) if x.dtype else tensor
-    if t is _Put:
-        return decode(_fetch(x.ref))
-    if t is _Columns:
-        return Batch({k: decode(v) for k, v in x.items()})
-    return x
-
-
-def _fetch(ref: Any) -> Any:
-    import ray
-
-    return ray.get(ref)
-
-
-def _put(value: Any) -> Any:
-    import ray
-
-    return ray.put(value)

@@ -76,7 +76,7 @@ class TrainWorker:
     @function(execute="first", collect="first")
     def weight_group_address(self) -> tuple[str, int]:
         """Where rank 0 hosts a broadcast group's store: its node's address and a free port."""
-        from .cluster import find_free_port
+        from .rendezvous import find_free_port
 
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")  # rank 0 is its group's master: this node
         return host, find_free_port(host)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .cluster import tcp_store
+from .rendezvous import tcp_store
 from .errors import ConfigError, RlcoreError
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import actors as _actors
 from .actors import Handle, wait
-from .cluster import encode
+from .transport import encode
 from .dispatch import Collect, Mesh, Split, resolve_collector, resolve_dispatcher
 from .errors import ConfigError, NotRegistered, RlcoreError
 from .specs import Slot

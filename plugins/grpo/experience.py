@@ -66,7 +66,7 @@ class ExperienceMaker:
     @classmethod
     def reward_functions(cls, config: GRPOConfig, plugins: Any) -> list[Any]:
         """The config's reward functions with their options (None for `orm`, the reward-model role)."""
-        from rlcore.plugins.rewards import resolve_reward
+        from rlcore.rewards import resolve_reward
 
         return [None if name == "orm" else resolve_reward(name, plugins, cls._reward_options(config, name))
                 for name in config.reward_funcs]
@@ -174,7 +174,7 @@ class ExperienceMaker:
         failing on all of them (or on any, with strict_rewards) stops the run: `RewardFailed`."""
         import torch
 
-        from rlcore.plugins.rewards import call_reward
+        from rlcore.rewards import call_reward
 
         G = self.config.num_generations
         expanded = [r for r in rows for _ in range(G)]

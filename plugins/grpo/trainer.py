@@ -58,11 +58,9 @@ class GRPOTrainer(RoleTrainer):
         if "reference" in roles:
             reference = dict(model=model, dtype=cfg.reference.dtype, seed=cfg.seed)
             setups["reference"] = RoleSetup(TrainWorker, cfg.reference.engine, {**reference, **cfg.reference.engine_kwargs}, kind="forward")
-        if "orm" in roles:
-            from rlcore.plugins.rewards.orm import OrmScorer
-
+        if "orm" in roles:  # the reward-model engine (`hf`: the rewards plugin's), of kind `reward`
             orm = {"model_path": cfg.orm.model, "dtype": cfg.orm.dtype, "batch_size": cfg.orm.batch_size}
-            setups["orm"] = RoleSetup(ScoreWorker, OrmScorer, orm)
+            setups["orm"] = RoleSetup(ScoreWorker, cfg.orm.engine, orm)
         return setups
 
     def session_options(self) -> dict[str, Any]:

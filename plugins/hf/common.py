@@ -1,86 +1,17 @@
-"""What both Hugging Face engines share: option checks, the device, model loading, and the model outputs
-a loss reads (per-token, at given ids, full vocabulary, top-k)."""
+"""What both Hugging Face engines share: model loading and the model outputs a loss reads (per-token, at given
+ids, full vocabulary, top-k). The option and device checks every engine shares are `rlcore.engine_checks`'."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlcore.engine_checks import aligned_rows, check_ids
 from rlcore.engines import ModelOutputs, TopK
-from rlcore.errors import ConfigError, RlcoreError
+from rlcore.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
-
-DTYPES = ("float32", "bfloat16", "float16", "auto")
-
-
-def common_problems(model: str, dtype: str, device: str) -> list[tuple[str, str]]:
-    """(key, message) for every bad model/dtype/device option, found before any weight is read."""
-    problems = []
-    if not isinstance(model, (str, os.PathLike)) or not str(model):
-        problems.append(("model", f"model={model!r} must be a local directory or a Hugging Face hub id"))
-    elif _looks_like_path(str(model)) and not Path(model).expanduser().is_dir():
-        problems.append(("model", f"model={str(model)!r} is not a directory; build one with build_tiny_model"))
-    if dtype not in DTYPES:
-        problems.append(("dtype", f"dtype={dtype!r} is not one of {', '.join(DTYPES)}"))
-    if not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda"):
-        problems.append(("device", f"device={device!r} must be 'cpu' or 'cuda' (optionally 'cuda:N')"))
-    elif device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            problems.append(("device", f"device={device!r} was asked but CUDA is not available; use device='cpu'"))
-    return problems
-
-
-def raise_problems(engine: str, problems: list[tuple[str, str]]) -> None:
-    """One ConfigError listing every problem, each with its option name."""
-    if problems:
-        raise ConfigError(f"{engine}: " + "; ".join(m for _, m in problems), problems)
-
-
-def _looks_like_path(model: str) -> bool:
-    """A hub id is `name` or `org/name`; anything else is meant as a local directory."""
-    return model.startswith((".", "/", "~")) or model.count("/") > 1 or Path(model).exists()
-
-
-def resolve_device(device: str, visible: int, local_rank: str | int | None) -> str:
-    """The device `device` names, with an explicit index for CUDA ("cuda" -> "cuda:N"), given how many GPUs
-    this process sees and its LOCAL_RANK.
-
-    "cuda" is this worker's GPU: the only one it sees (Ray gives each actor its own GPU through
-    CUDA_VISIBLE_DEVICES, so that is index 0 whatever LOCAL_RANK is), or LOCAL_RANK's when it sees several
-    (torchrun: one process per GPU of the node). torch needs the index: `set_device("cuda")` raises.
-    """
-    kind, _, index = device.partition(":")
-    if kind != "cuda":
-        return device
-    if visible < 1:
-        raise ConfigError(f"device={device!r}: no CUDA device is visible to this process; use device='cpu'", [("device", "no CUDA device")])
-    if index:
-        if int(index) >= visible:
-            raise ConfigError(f"device={device!r}: this process sees {visible} GPU(s), cuda:0..cuda:{visible - 1}", [("device", "no such GPU")])
-        return device
-    rank = int(local_rank) if local_rank not in (None, "") else 0
-    if visible == 1:
-        return "cuda:0"
-    if not 0 <= rank < visible:
-        raise ConfigError(
-            f"device='cuda' with LOCAL_RANK={rank}, but this process sees {visible} GPUs (cuda:0..cuda:{visible - 1}); "
-            "give each worker its own GPU (CUDA_VISIBLE_DEVICES) or name one, e.g. device='cuda:0'",
-            [("device", "ambiguous GPU")],
-        )
-    return f"cuda:{rank}"
-
-
-def torch_device(device: str) -> torch.device:
-    """`device` as a torch.device, a CUDA one always with its index (see `resolve_device`)."""
-    import torch
-
-    visible = torch.cuda.device_count() if device.startswith("cuda") else 0
-    return torch.device(resolve_device(device, visible, os.environ.get("LOCAL_RANK")))
 
 
 def load_causal_lm(model: str, dtype: str, device: torch.device) -> Any:
@@ -92,23 +23,6 @@ def load_causal_lm(model: str, dtype: str, device: torch.device) -> Any:
     except OSError as exc:
         raise ConfigError(f"model={str(model)!r} could not be loaded: {exc}", [("model", str(exc))]) from exc
     return lm.to(device).eval()
-
-
-def aligned_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """[B, T-1, ...] values (position t-1 predicts token t) as [B, T, ...] rows aligned with input_ids, 0 where
-    `valid` [B, T] is False (row 0, padding); one copy: for full-vocabulary log-probs each copy is [B, T, V]."""
-    out = values.new_zeros(values.shape[0], values.shape[1] + 1, *values.shape[2:])
-    out[:, 1:] = values
-    return out.masked_fill_(~valid.view(*valid.shape, *(1,) * (values.dim() - 2)), 0)
-
-
-def check_ids(ids: torch.Tensor, input_ids: torch.Tensor) -> None:
-    """`ModelOutputs.logprobs_at`'s argument must be [B, T, k] over the micro-batch's [B, T]."""
-    if ids.dim() != 3 or tuple(ids.shape[:2]) != tuple(input_ids.shape):
-        raise RlcoreError(
-            f"logprobs_at: ids must be [B, T, k] with [B, T] = {list(input_ids.shape)} (the micro-batch's "
-            f"input_ids), got {list(ids.shape)}"
-        )
 
 
 class HFModelOutputs(ModelOutputs):
@@ -170,7 +84,3 @@ def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     return HFModelOutputs(logits, input_ids, attention_mask, temperature)
 
 
-def check_temperature(temperature: float) -> None:
-    """Reject a temperature the logits cannot be divided by (0, negative or NaN)."""
-    if not temperature > 0:
-        raise RlcoreError(f"temperature={temperature!r} must be > 0")

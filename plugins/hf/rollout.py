@@ -15,10 +15,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from rlcore.batch import pad_tokens
+from rlcore.engine_checks import common_problems, raise_problems, torch_device
 from rlcore.engines import Generation, RolloutEngine, SamplingParams, TopK
 from rlcore.errors import RlcoreError, did_you_mean
 
-from .common import common_problems, load_causal_lm, model_outputs, raise_problems, torch_device
+from .common import load_causal_lm, model_outputs
 
 TAGS = ("weights", "kv_cache")
 TOPK_ROWS = 16  # sequences per forward pass in prompt_topk_logprobs

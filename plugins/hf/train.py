@@ -23,13 +23,12 @@ from typing import Any
 
 from rlcore.batch import Batch, token_columns, trim_padding
 from rlcore.checkpoint import replace_dir
-from rlcore.cluster import join_torch_world
+from rlcore.rendezvous import join_torch_world
+from rlcore.engine_checks import check_temperature, common_problems, raise_problems, torch_device
 from rlcore.engines import LossFn, NamedTensors, OptimizerOptions, TopK, TrainEngine
-from rlcore.errors import ConfigError, RlcoreError
+from rlcore.errors import RlcoreError
 
-from .common import (
-    check_temperature, common_problems, load_causal_lm, model_outputs, raise_problems, torch_device,
-)
+from .common import load_causal_lm, model_outputs
 from .lora import lora_merged_tensors
 
 STATE_FILE = "engine_state.pt"
@@ -63,10 +62,7 @@ class HFTrainEngine(TrainEngine):
         **optimizer_keys: Any,
     ):
         kind = "forward" if forward_only else "train"
-        try:
-            opt = OptimizerOptions.of(optimizer, **optimizer_keys)
-        except ConfigError as exc:
-            raise_problems(f"hf {kind} engine", exc.problems)
+        opt = OptimizerOptions.of(optimizer, **optimizer_keys)
         problems = opt.problems() + _train_problems(locals())
         raise_problems(f"hf {kind} engine", common_problems(model, dtype, device) + problems)
         import torch

@@ -20,10 +20,10 @@ from typing import Any
 
 from rlcore.batch import Batch, token_columns, trim_padding
 from rlcore.checkpoint import replace_dir
-from rlcore.cluster import join_torch_world
+from rlcore.rendezvous import join_torch_world
+from rlcore.engine_checks import check_temperature, common_problems, raise_problems, torch_device
 from rlcore.engines import LossFn, NamedTensors, OptimizerOptions, TopK, TrainEngine
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.plugins.hf.common import check_temperature, common_problems, raise_problems, torch_device
 
 from . import mapping
 from .support import (
@@ -72,10 +72,7 @@ class MegatronTrainEngine(TrainEngine):
         **optimizer_keys: Any,
     ):
         kind = "forward" if forward_only else "train"
-        try:
-            opt = OptimizerOptions.of(optimizer, **optimizer_keys)
-        except ConfigError as exc:
-            raise_problems(f"megatron {kind} engine", exc.problems)
+        opt = OptimizerOptions.of(optimizer, **optimizer_keys)
         options = {**{k: v for k, v in locals().items() if k not in ("optimizer", "optimizer_keys", "opt", "self")},
                    **dataclasses.asdict(opt)}
         tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size

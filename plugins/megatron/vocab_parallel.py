@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rlcore.engine_checks import aligned_rows, check_ids
 from rlcore.engines import ModelOutputs, TopK
-from rlcore.plugins.hf.common import aligned_rows, check_ids
 
 
 def _group_size(group: Any) -> int:

@@ -4,17 +4,18 @@ All have TRL's signature `fn(prompts, completions, completion_ids, **columns)`, 
 works here unchanged and these work in TRL. `resolve_reward` finds one by name (or `module:function`) and
 gives it the config's options (`reward_options`: a dataclass's fields, a function's keyword arguments);
 `call_reward` calls it without letting one bad completion end a run (a function failing on all of them does:
-`RewardFailed`). `OrmScorer` (rlcore.plugins.rewards.orm)
-is what an `orm` role runs: a sequence-classification reward model.
+`RewardFailed`); both live in core (`rlcore.rewards`) and are re-exported here. `OrmScorer`
+(rlcore.plugins.rewards.orm) is what an `orm` role runs, registered as the engine `hf` of kind `reward`: a
+sequence-classification reward model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from rlcore import RewardSpec, hookimpl
+from rlcore import EngineSpec, RewardSpec, hookimpl
+from rlcore.rewards import RewardFailed, call_reward, resolve_reward, reward_options
 
-from .calling import RewardFailed, call_reward, resolve_reward, reward_options
 from .functions import CosineReward, RepetitionPenalty, SoftOverlong, accuracy_reward, completion_text, format_reward
 
 __all__ = [
@@ -44,3 +45,16 @@ def rlcore_rewards():
         ("soft_overlong", SoftOverlong(), "DAPO's soft overlong punishment"),
     ):
         yield RewardSpec(name, fn=fn, description=description, options=dataclasses.asdict(fn))
+
+
+def make_orm_scorer(**options):
+    """An `OrmScorer(model_path, device, dtype, batch_size)`; transformers is imported when it is built."""
+    from .orm import OrmScorer
+
+    return OrmScorer(**options)
+
+
+@hookimpl
+def rlcore_engines():
+    yield EngineSpec("hf", kind="reward", factory=make_orm_scorer,
+                     description="a sequence-classification reward model (one label) scoring (prompt, completion) pairs")

@@ -40,7 +40,7 @@ class OrmScorer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        from rlcore.plugins.hf.common import torch_device
+        from rlcore.engine_checks import torch_device
 
         self.device, self.batch_size = torch_device(device), batch_size  # 'cuda' gets this worker's GPU index
         self.model.to(self.device).eval()

@@ -5,8 +5,9 @@ shares the candidates (dispatch `slice`), each with its dataset row, so a reward
 row's columns (`solution` for `accuracy`). What a worker runs is built by `scorer`:
 
 - `orm_model` naming a registered reward function (or `module:function`): that function, called as GRPO
-  calls it (`rlcore.plugins.rewards.call_reward`);
-- `orm_model` naming a model: `OrmScorer`, a sequence-classification reward model (one label);
+  calls it (`rlcore.rewards.call_reward`);
+- `orm_model` naming a model: the registered `reward` engine `hf` (the rewards plugin's `OrmScorer`), a
+  sequence-classification reward model (one label);
 - `prm_model`: `PrmScorer`, a token-classification process reward model scoring each step;
 - a role's `engine` other than `hf`: a registered engine of kind `reward`, built with the same options.
 
@@ -34,13 +35,9 @@ def scorer(kind: str, model: str, engine: str = "hf", device: str = "cpu", dtype
     options = dict(options or {})
     if kind == "orm" and is_reward_function(model, plugins()):
         return FunctionScorer(model, options, strict)
-    if engine != "hf":
+    if engine != "hf" or kind == "orm":  # an ORM on hf: the rewards plugin's reward-model engine
         factory = plugins().engines.get(engine, kind="reward").factory
         return factory(model_path=model, device=device, dtype=dtype, batch_size=batch_size, **options, **engine_kwargs)
-    if kind == "orm":
-        from rlcore.plugins.rewards.orm import OrmScorer
-
-        return OrmScorer(model, device=device, dtype=dtype, batch_size=batch_size, **engine_kwargs)
     return PrmScorer(model, device=device, dtype=dtype, batch_size=batch_size, **options, **engine_kwargs)
 
 
@@ -69,14 +66,14 @@ class FunctionScorer:
 
     def __init__(self, name: str, options: dict[str, Any], strict: bool = False):
         from rlcore.manager import plugins
-        from rlcore.plugins.rewards import resolve_reward
+        from rlcore.rewards import resolve_reward
 
         self.name, self.strict = name, strict
         self.fn = resolve_reward(name, plugins(), options or None)
 
     def score(self, prompts: list, completions: list, rows: list[dict[str, Any]],
               completion_ids: list[list[int]] | None = None) -> list[float]:
-        from rlcore.plugins.rewards import call_reward
+        from rlcore.rewards import call_reward
 
         columns = {k: [r.get(k) for r in rows] for k in (rows[0] if rows else {}) if k not in ("prompt", "messages")}
         values, _ = call_reward(self.fn, self.name, prompts, completions, completion_ids, columns, strict=self.strict)
@@ -96,7 +93,7 @@ class PrmScorer:
         import torch
         from transformers import AutoTokenizer
 
-        from rlcore.plugins.hf.common import torch_device
+        from rlcore.engine_checks import torch_device
 
         try:
             torch_dtype = getattr(torch, dtype)
@@ -126,7 +123,7 @@ class PrmScorer:
 
     def _encode(self, prompt: Any, completion: Any) -> tuple[list[int], list[int]]:
         """Token ids of prompt + steps, and the position scored for each step."""
-        from rlcore.plugins.rewards import completion_text
+        from rlcore.data import completion_text
 
         tok = self.tokenizer
         if isinstance(prompt, list):

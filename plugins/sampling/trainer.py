@@ -95,7 +95,7 @@ class SampleTrainer(RoleTrainer):
             except NotRegistered as exc:  # it lists the known ones
                 problems.append((key, str(exc)))
         if cfg.orm_model and is_reward_function(cfg.orm_model, plugins):
-            from rlcore.plugins.rewards import resolve_reward
+            from rlcore.rewards import resolve_reward
 
             try:
                 resolve_reward(cfg.orm_model, plugins, cfg.orm_kwargs or None)

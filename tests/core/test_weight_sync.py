@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlcore import ConfigError, RlcoreError
-from rlcore.cluster import find_free_port
+from rlcore.rendezvous import find_free_port
 from rlcore.weight_sync import (
     ALIGN,
     BroadcastGroup,

@@ -168,13 +168,13 @@ def test_non_blocking_calls_return_handles(ray_runtime):
 
 @pytest.mark.ray
 def test_a_large_argument_is_stored_once_for_all_workers_and_keeps_its_dtype(ray_runtime, monkeypatch):
-    from rlcore import cluster
+    from rlcore import transport
 
     ray_runtime(cpu_slots(calc=3))
     calc = Calc(1)
     puts = []
-    real_put = cluster._put
-    monkeypatch.setattr(cluster, "_put", lambda value: puts.append(value) or real_put(value))
+    real_put = transport._put
+    monkeypatch.setattr(transport, "_put", lambda value: puts.append(value) or real_put(value))
     big = torch.randn(300_000).to(torch.bfloat16)  # 600 KB, no numpy dtype: sent as int16 bits
     assert calc.metrics(3) == {"x": 3.0, "rank": 0.0} and puts == []  # small arguments go inline
     assert calc.where.__wrapped__(calc) == os.getpid()

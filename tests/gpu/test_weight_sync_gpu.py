@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.cluster import find_free_port
+from rlcore.rendezvous import find_free_port
 from rlcore.weight_sync import BroadcastGroup, iter_buckets
 
 TIMEOUT_S = 120

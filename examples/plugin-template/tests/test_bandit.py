@@ -10,7 +10,7 @@ import pytest
 
 import rlcore
 from rlcore_example import bandit
-from rlcore_example.bandit import BanditConfig, BanditTrainer
+from rlcore_example.bandit import BanditConfig
 
 
 def run(tmp_path: Path, name: str, *overrides: str, use_ray: bool = False) -> dict:

@@ -1,4 +1,4 @@
-"""The hf engines' device: "cuda" always gets an explicit index, from what the process sees and LOCAL_RANK.
+"""An engine's device (rlcore.engine_checks): "cuda" always gets an explicit index, from what the process sees and LOCAL_RANK.
 
 Regression: under Ray each actor sees only its own GPU, so `torch.cuda.device_count()` is 1 and the engine
 kept torch.device("cuda") without an index; `torch.cuda.set_device` then raised "Expected a torch.device
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlcore import ConfigError
-from rlcore.plugins.hf.common import resolve_device, torch_device
+from rlcore.engine_checks import resolve_device, torch_device
 
 
 @pytest.mark.parametrize(

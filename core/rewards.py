@@ -1,4 +1,5 @@
-"""Finding a reward function by name or `module:function`, and calling it safely.
+"""Finding a reward function by name or `module:function`, and calling it safely: what every algorithm that
+scores completions (GRPO, sampling, a plugin's) shares, whichever plugin registered the function.
 
 A reward function that fails on some completions must not end a long run by default: when a call over the
 batch fails, each completion is scored on its own, the ones that still fail get None (left out of the
@@ -22,11 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlcore import ConfigError, RlcoreError
-from rlcore.errors import did_you_mean
+from .errors import ConfigError, RlcoreError, did_you_mean
 
 if TYPE_CHECKING:
-    from rlcore import Plugins
+    from .manager import Plugins
 
 logger = logging.getLogger("rlcore.rewards")
 _logged: set[str] = set()
