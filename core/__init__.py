@@ -46,7 +46,7 @@ from .specs import (
     Slot,
 )
 from .trainer import PhaseTimer, Trainer
-from .workers import bind, function, worker
+from .workers import bind, function, worker, worker_rank
 
 __version__ = "0.1.0"
 
@@ -125,4 +125,5 @@ __all__ = [
     "rollout_options",
     "train_options",
     "worker",
+    "worker_rank",
 ]

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from .workers import function, worker
+from .workers import function, worker, worker_rank
 
 
 def make_engine(kind: str, engine: Any, options: dict[str, Any]) -> Any:
@@ -46,7 +46,7 @@ class TrainWorker:
         """Whether this worker runs a rank-0 call (forward_topk, export_weights): rank 0 does; the others do
         only when the engine's passes are collectives over the group (`engine.collective`: megatron with
         tensor or pipeline parallelism), and then rank 0's result is the one collected."""
-        return int(os.environ.get("RANK", "0")) == 0 or bool(getattr(self.engine, "collective", False))
+        return worker_rank() == 0 or bool(getattr(self.engine, "collective", False))
 
     @function(dispatch="dp", collect="concat")
     def forward_logprobs(self, batch, temperature: float = 1.0):
@@ -57,7 +57,7 @@ class TrainWorker:
         if not self._takes_part():
             return None
         out = self.engine.forward_topk(batch, k, temperature)
-        return out if int(os.environ.get("RANK", "0")) == 0 else None
+        return out if worker_rank() == 0 else None
 
     @function(dispatch="dp", collect="mean")
     def train_step(self, batch, loss_fn, micro_batch_size: int, temperature: float = 1.0) -> dict[str, float]:
@@ -71,7 +71,7 @@ class TrainWorker:
         if not self._takes_part():
             return []
         buckets = list(self.engine.export_weights(bucket_bytes))
-        return buckets if int(os.environ.get("RANK", "0")) == 0 else []
+        return buckets if worker_rank() == 0 else []
 
     @function(execute="first", collect="first")
     def weight_group_address(self) -> tuple[str, int]:
@@ -90,7 +90,7 @@ class TrainWorker:
     @function(collect="first", blocking=False)
     def send_weights(self, bucket_bytes: int) -> dict[str, float] | None:
         """Rank 0 broadcasts; with a collective engine the other ranks take part in the export."""
-        if int(os.environ.get("RANK", "0")) == 0:
+        if worker_rank() == 0:
             return self.weight_group.send(self.engine.export_weights(bucket_bytes))
         if self._takes_part():
             for _ in self.engine.export_weights(bucket_bytes):
@@ -171,7 +171,7 @@ class GenerateWorker:
     @function(blocking=False)
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
         receivers = self.engine.weight_receivers()
-        rank = 1 + int(os.environ.get("RANK", "0")) * receivers  # the sender is the group's rank 0
+        rank = 1 + worker_rank() * receivers  # the sender is the group's rank 0
         self.engine.join_weight_group(host, port, rank, world_size, backend)
 
     @function(blocking=False)

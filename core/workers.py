@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import actors as _actors
 from .actors import Handle, wait
-from .transport import encode
 from .dispatch import Collect, Mesh, Split, resolve_collector, resolve_dispatcher
 from .errors import ConfigError, NotRegistered, RlcoreError
 from .specs import Slot
+from .transport import encode
 
 if TYPE_CHECKING:
     from .actors import RemoteGroup
@@ -347,6 +347,13 @@ def runtime(
         raise RlcoreError("a worker runtime is already running; stop it (runtime.stop()) before starting another")
     _runtime = Runtime(slots, use_ray, meshes, start_timeout, call_timeout)
     return _runtime
+
+
+def worker_rank() -> int:
+    """This worker's rank in its group, from the context the runtime gave the worker (a Ray actor's rank);
+    0 for an in-process worker and on the driver. A worker asks this, not the environment's RANK."""
+    actor = _actors._actor
+    return 0 if actor is None else actor.rank
 
 
 def current_runtime() -> Runtime | None:

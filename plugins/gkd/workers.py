@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from rlcore import Batch, GenerateWorker, TopK, TrainWorker, function, worker
+from rlcore import Batch, GenerateWorker, TopK, TrainWorker, function, worker, worker_rank
 from rlcore.batch import pad_width
 from rlcore.roles import make_engine
 
@@ -104,7 +103,7 @@ class DistillWorker(TrainWorker):
                 full = self.engine.forward_topk(rows, None, objective.temperature)
                 s, n = objective.divergence(GivenOutputs(full, rows["input_ids"]), rows, teacher)
             total, tokens = total + float(s), tokens + float(n)
-        return total / max(tokens, 1.0) if int(os.environ.get("RANK", "0")) == 0 else None
+        return total / max(tokens, 1.0) if worker_rank() == 0 else None
 
     @function()
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:

@@ -86,6 +86,7 @@ EXPECTED = [
     "load_prompts",
     "load_rows",
     "prompt_view",
+    "worker_rank",
 ]
 
 HEAVY = ["torch", "transformers", "ray", "vllm"]
