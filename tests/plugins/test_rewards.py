@@ -25,7 +25,7 @@ from rlcore.plugins.rewards import (
     resolve_reward,
     reward_options,
 )
-from rlcore.plugins.rewards import calling as calling_module
+from rlcore import rewards as calling_module
 
 SOLUTIONS = [r"\frac{1}{3}", r"\frac{1}{3}", "no math here"]
 ANSWERS = [r"So it is \boxed{\frac{1}{3}}", r"I think \boxed{\frac{1}{2}}", r"\boxed{1}"]
