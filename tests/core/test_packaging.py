@@ -53,7 +53,7 @@ def test_ci_runs_the_readme_test_command():
 def test_the_example_plugin_declares_its_entry_point():
     project = tomllib.loads((ROOT / "examples" / "plugin-template" / "pyproject.toml").read_text())["project"]
     assert project["name"] == "rlcore-example-plugin"
-    assert project["entry-points"]["rlcore.plugins"] == {"example": "rlcore_example"}
+    assert project["entry-points"]["rlcore.plugins"] == {"example": "rlcore_example", "bandit": "rlcore_example.bandit"}
     assert "rlcore" in project["dependencies"]
 
 
