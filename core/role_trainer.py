@@ -48,10 +48,13 @@ class RoleTrainer(Trainer):
     """
 
     checkpointed: str | None = None  # the role whose engine state a checkpoint holds (in its folder `model`)
+    # A run checks `problems()` with the plan, before anything is built; False: a run checks the plan, and the
+    # algorithm's own objects report a bad model or dataset as they are built (`config validate` checks all).
+    check_on_run = True
 
     def __init__(self, config: Any, plugins: Any, *, use_ray: bool = False):
         super().__init__(for_run(config), plugins, use_ray=use_ray)
-        self.plan: ResourcePlan | None = self.checked(self.config, plugins)
+        self.plan: ResourcePlan | None = self.checked(self.config, plugins, own=self.check_on_run)
         self.prepare()
         self.session: RoleSession | None = None
         if self.plan is not None:
@@ -91,14 +94,16 @@ class RoleTrainer(Trainer):
         cls.checked(for_run(config), plugins)
 
     @classmethod
-    def checked(cls, config: Any, plugins: Any) -> ResourcePlan | None:
-        """The resource plan of `roles(config)` (None without roles), once the plan and `problems` are clean."""
+    def checked(cls, config: Any, plugins: Any, own: bool = True) -> ResourcePlan | None:
+        """The resource plan of `roles(config)` (None without roles), once the plan and (with `own`) the
+        algorithm's `problems` are clean."""
         roles, plans = cls.roles(config), []
 
         def plan() -> None:
             plans.append(plan_from_config(config, roles=roles, policy=config.placement, plugins=plugins))
 
-        problems = problems_of([("(resource plan)", plan)] if roles else []) + cls.problems(config, plugins)
+        problems = problems_of([("(resource plan)", plan)] if roles else [])
+        problems += cls.problems(config, plugins) if own else []
         if problems:
             raise config_error(problems)
         return plans[0] if plans else None

@@ -36,6 +36,7 @@ class GKDTrainer(RoleTrainer):
         "max_prompt_length", "eval_size",
     )
     checkpointed = "train"
+    check_on_run = False  # a run reports a bad model or dataset as it loads them, one line each
 
     def __init__(self, config: GKDConfig, plugins: Any, *, use_ray: bool = False):
         super().__init__(config, plugins, use_ray=use_ray)  # the resource plan is checked before any model is built

@@ -29,6 +29,7 @@ class GRPOTrainer(RoleTrainer):
         "steps_per_generation", "device_groups", "train.gpus", "train.cpus", "train.lora_rank", "max_prompt_length",
     )
     checkpointed = "train"
+    check_on_run = False  # a run reports a bad model or dataset as it loads them, one line each
 
     def __init__(self, config: GRPOConfig, plugins: Any, *, use_ray: bool = False):
         super().__init__(config, plugins, use_ray=use_ray)  # the embedded demo takes its own settings
