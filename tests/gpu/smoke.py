@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -396,6 +397,21 @@ def run_row(row: Row, work: Path, out: Path, student: str, gpu: bool) -> Result:
     return Result(row.name, status, time.monotonic() - start, detail, cmd)
 
 
+def build(models: dict[str, str], shapes: dict[str, dict], device: str, out: Path) -> Result:
+    """The models, built in a process of its own (so that this one holds no CUDA context while the rows run);
+    a failure's traceback goes to out/models.log."""
+    start = time.monotonic()
+    root = str(Path(next(iter(models.values()))).parent)
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            built = pool.submit(build_models, root, device, shapes).result()
+        expect(built == models, f"built {built}, expected {models}")
+    except Exception as exc:  # noqa: BLE001 - reported as the first row; nothing else can run
+        (out / "models.log").write_text(traceback.format_exc())
+        return Result("models", "FAIL", time.monotonic() - start, f"{type(exc).__name__}: {exc}")
+    return Result("models", "PASS", time.monotonic() - start, f"{', '.join(models)} built on {device}")
+
+
 def tail(path: Path, n: int = TAIL_LINES) -> str:
     lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
     return "\n".join("    | " + line[:240] for line in lines[-n:])
@@ -422,31 +438,26 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             parser.error("no CUDA device; run on the GPU machine, or pass --cpu for the rows that run on the CPU")
+    work = Path(tempfile.mkdtemp(prefix="rlcore-smoke-"))
+    shapes = GPU_SHAPES if gpu else CPU_SHAPES
+    models = {name: str(work / "models" / name) for name in shapes}  # where build_models writes them
+    rows = make_rows(models, write_data(work), gpu)
+    unknown = set(args.rows) - {r.name for r in rows}
+    if unknown:
+        shutil.rmtree(work)
+        parser.error(f"unknown rows {sorted(unknown)}; known: {', '.join(r.name for r in rows)}")
     out = Path(args.out or tempfile.mkdtemp(prefix="rlcore-smoke-out-")).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="rlcore-smoke-"))
     began = time.monotonic()
     print(f"rlcore smoke on {'the GPU' if gpu else 'the CPU'}: logs in {out}", flush=True)
     try:
-        start = time.monotonic()
-        # in a process of its own, so that this one holds no CUDA context while the rows run
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            models = pool.submit(build_models, str(work / "models"), "cuda" if gpu else "cpu",
-                                 GPU_SHAPES if gpu else CPU_SHAPES).result()
-        data = write_data(work)
-        print(f"{'models':14s} {'done':4s} {time.monotonic() - start:6.1f}s  built on {'cuda' if gpu else 'cpu'}: "
-              f"{', '.join(models)}", flush=True)
-        rows = make_rows(models, data, gpu)
-        unknown = set(args.rows) - {r.name for r in rows}
-        if unknown:
-            parser.error(f"unknown rows {sorted(unknown)}; known: {', '.join(r.name for r in rows)}")
-        results = []
-        for row in rows:
-            if args.rows and row.name not in args.rows:
-                continue
-            row.timeout_s *= args.timeout_scale
-            results.append(run_row(row, work, out, models["student"], gpu))
-            report(results[-1], out)
+        results = [build(models, shapes, "cuda" if gpu else "cpu", out)]
+        report(results[0], out)
+        if results[0].status == "PASS":
+            for row in (r for r in rows if not args.rows or r.name in args.rows):
+                row.timeout_s *= args.timeout_scale
+                results.append(run_row(row, work, out, models["student"], gpu))
+                report(results[-1], out)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
