@@ -17,9 +17,10 @@ The models are tiny random Qwen2s (a student and a wider teacher) with the tiny 
 have produced beyond its exit status: the steps in metrics.jsonl with a finite loss and the number that
 should move (reward, JSD, loss) logged every step, or the rows of samples.jsonl.
 
-Prints one line per row (name, PASS or FAIL, seconds, what it saw or the log's last lines) and writes
-DIR/<row>.log (the run's stdout and stderr), DIR/<row>.metrics.jsonl and DIR/summary.json; DIR is --out,
-else $OUT, else a new temp dir.
+Prints one line per row (name, PASS or FAIL, seconds, what it saw or the log's last lines; the model build is
+the first row) and writes DIR/<row>.log (the run's stdout and stderr), DIR/<row>.metrics.jsonl (and
+.samples.jsonl) and DIR/summary.json; DIR is --out, else $OUT, else a new temp dir. `--timeout-scale 2` doubles
+every row's timeout, for a slower machine.
 """
 
 from __future__ import annotations
@@ -230,8 +231,9 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
     sft = [f"model={student}", f"max_steps={STEPS}", "learning_rate=1e-3", "lr_scheduler_type=constant",
            "warmup_steps=0", "per_device_train_batch_size=4", "gradient_accumulation_steps=1", "save_steps=0",
            "max_length=256", *sft_gpu]
+    # the toy reward as the ORM: spread scores from a random model (accuracy gives it all zeros), no math-verify
     sample = ["--plugin", "sample", *ray, "--config", str(EXAMPLES / "sample" / "sampling.yaml"),
-              f"model={student}", f"dataset={data['sums16']}", "prm_model=null", "orm_model=accuracy",
+              f"model={student}", f"dataset={data['sums16']}", "prm_model=null", "orm_model=toy",
               "orm_threshold=-1", "num_return_sequences=4", "n_best_to_keep=1", "max_new_tokens=32", "batch_size=8",
               "device_groups.nproc_per_node=1", "device_groups.sample_group.ranks=[0]",
               "device_groups.rm_group.device=CPU", "device_groups.rm_group.ranks=1",
