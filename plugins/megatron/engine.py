@@ -489,7 +489,7 @@ class MegatronTrainEngine(TrainEngine):
             return
         buffers = self._ddp_buffers()
         # with the distributed optimizer the params are views into DDP's param buffers (one storage each)
-        model_tensors = [*self.model.parameters(), *self.model.buffers()]
+        model_tensors = [*self.module.parameters(), *self.module.buffers()]  # DDP's `buffers` is a list
         if grads:
             self._host.offload("grads", [b.grad_data for b in buffers], keep=False)
         if optimizer and self.optimizer is not None:
