@@ -474,6 +474,13 @@ class MegatronTrainEngine(TrainEngine):
             tensors += [v for state in inner.state.values() for v in state.values() if hasattr(v, "untyped_storage")]
         return tensors
 
+    def gpu_bytes(self) -> int:
+        """Bytes of GPU memory under the engine's own tensors (params, DDP buffers, optimizer state), each
+        storage once; what `offload()` frees."""
+        tensors = [*self.module.parameters(), *self.module.buffers(), *self._optimizer_tensors()]
+        tensors += [t for b in self._ddp_buffers() for t in (b.param_data, b.grad_data) if t is not None]
+        return sum(s.nbytes() for s in HostOffload()._storages(tensors).values())
+
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
         """Params (megatron's contiguous DDP buffers, or each parameter of a forward-only model) and optimizer
         state (fp32 main params, Adam moments) to pinned host memory, grads dropped: the GPU memory the engine
