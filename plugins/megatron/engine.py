@@ -10,6 +10,7 @@ schedule. Without CUDA (tests, CI): one worker, float32, and the named stand-ins
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -490,8 +491,8 @@ class MegatronTrainEngine(TrainEngine):
         the param buffer), and what a storage of the params holds moves with the params, once."""
         import torch
 
-        if grads and self.optimizer is not None:
-            self._zero_grad()
+        if grads and self.optimizer is not None and "grads" not in self._host:
+            self._zero_grad()  # not once the grad buffers are away: zeroing them then writes to freed memory
         if not self.cuda:
             return
         buffers = self._ddp_buffers()
@@ -531,7 +532,25 @@ class MegatronTrainEngine(TrainEngine):
 
         if self.forward_only:
             raise RlcoreError(f"save: a forward-only megatron engine holds the fixed model {self.model_name}; nothing to save")
-        path = Path(path)
+        with self._all_loaded():
+            self._save(Path(path))
+
+    @contextlib.contextmanager
+    def _all_loaded(self) -> Iterator[None]:
+        """Everything on the GPU for the block (a checkpoint reads and writes every tensor; an offloaded one has
+        no memory under it), then offloaded again as it was."""
+        away = {what: what in self._host for what in ("params", "grads", "optimizer")}
+        self.reload()
+        try:
+            yield
+        finally:
+            if any(away.values()):
+                self.offload(**away)
+
+    def _save(self, path: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
         tmp = shared_tmp(path, self.rank, self.world_size)
         weights = {name: t.detach().cpu().contiguous() for name, t in self.hf_tensors()}  # every rank takes part
         if self.rank == 0:
@@ -563,6 +582,13 @@ class MegatronTrainEngine(TrainEngine):
         saved = {k: meta.get(k) for k in self._layout()}
         if saved != self._layout():
             raise RlcoreError(f"checkpoint '{path}' was written with {saved}; this engine runs {self._layout()}: resume with the same sizes")
+        with self._all_loaded():
+            self._load(path, meta, shard)
+
+    def _load(self, path: Path, meta: dict[str, Any], shard: Path) -> None:
+        import torch
+
+        self._host.host.clear()  # the optimizer state is new tensors now: their host copies are made anew
         self._load_hf(str(path / "model"))
         try:  # tensors, numbers and strings only: a checkpoint is data, never code
             state = torch.load(shard, map_location="cpu", weights_only=True)
