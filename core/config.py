@@ -237,7 +237,7 @@ def _unknown_key_hint(name: str, model: type[BaseModel], section: tuple, algorit
     if algorithm:
         return f" `rlcore config show --plugin {algorithm}` lists every key{where}."
     if section in listed:
-        return " (the known keys are listed above)"
+        return " The known keys here are listed above."
     listed.add(section)
     return f" Known keys here: {', '.join(known) or '(none)'}."
 
