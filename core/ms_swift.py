@@ -171,14 +171,14 @@ class _Translator:
             for key in (k for k in TUNING if k != "torch_dtype" and self.foreign(k)):
                 self.data.setdefault(where, {}).setdefault(key, self.take(key))
                 self.out.mapped.append(f"{key} -> {where}.{key}")
-        for alias in ("train_type",):  # ms-swift's older name of tuner_type
-            if self.foreign(alias, where):
-                self.node(where).setdefault("tuner_type", self.take(alias, where))
+        if self.foreign("train_type", where):  # ms-swift's older name of tuner_type
+            self.node(where).setdefault("tuner_type", self.take("train_type", where))
         if self.foreign("tuner_type", where):
             tuner = self.take("tuner_type", where)
             node = self.node(where) or {}
             if tuner in ("lora", "lora_llm"):
-                self.put(f"tuner_type: {tuner}", "lora_rank", node.get("lora_rank", 8), where)  # ms-swift's default rank
+                rank = node.get("lora_rank", 8)  # ms-swift's default rank
+                self.put(f"tuner_type: {tuner}", "lora_rank", rank, where)
             elif tuner == "full":
                 self.put("tuner_type: full", "lora_rank", 0, where)
             else:
@@ -354,7 +354,8 @@ class _Translator:
             for name in engines:
                 self.put("use_vllm", "engine", "vllm" if use else "hf", name)
             teacher = self.data.get("teacher")
-            if "teacher" in self.sections and isinstance(teacher, dict) and (teacher.get("gpus") or teacher.get("model")):
+            served = isinstance(teacher, dict) and (teacher.get("gpus") or teacher.get("model"))
+            if "teacher" in self.sections and served:
                 self.put("use_vllm", "engine", "vllm" if use else "hf", "teacher")  # ms-swift's served teacher is vLLM
         for key in [k for k in self.data if k.startswith("vllm_") and self.foreign(k)]:
             if engines:
@@ -375,7 +376,8 @@ class _Translator:
                         self.refuse(f"{name}.vllm_mode", f"'{value}': rlcore places vLLM as a role of the run (no "
                                     "external server); drop it")
                 elif key.startswith("vllm_server"):
-                    self.refuse(f"{name}.{key}", "rlcore places vLLM as a role of the run (no external server); drop it")
+                    self.refuse(f"{name}.{key}", "rlcore places vLLM as a role of the run (no external server); "
+                                "drop it")
                 else:
                     kwargs = section.setdefault("vllm_engine_kwargs", {})
                     kwargs.setdefault(key.removeprefix("vllm_"), value)
