@@ -154,13 +154,37 @@ def _names_and_aliases(model: type[BaseModel]) -> set[str]:
 
 
 def load_config(
-    model: type[BaseModel], path: str | os.PathLike | None = None, overrides: Iterable[str] = ()
+    model: type[BaseModel],
+    path: str | os.PathLike | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    algorithm: str = "",
 ) -> BaseModel:
     """Load `path` (YAML) with `overrides` (`key.sub=value`, values parsed as YAML) on top, into `model`.
 
-    The command line wins over the file. Every problem is reported at once in one `ConfigError` whose
-    `problems` lists `(dotted key path, message)`; an unknown key suggests the closest known one.
+    The command line wins over the file. ms-swift's keys are read as rlcore's (`rlcore.ms_swift`). Every
+    problem is reported at once in one `ConfigError` whose `problems` lists `(dotted key path, message)`; an
+    unknown key suggests the closest known one, or points to `rlcore config show --plugin ALGORITHM`.
     """
+    from .ms_swift import translate
+
+    data, problems, from_cli = read_config_data(path, overrides)
+    translation = translate(data, model)
+    problems.extend(translation.problems)
+    try:
+        config = model.model_validate(translation.data)
+    except ValidationError as exc:
+        problems.extend(validation_problems(exc, model, from_cli, algorithm))
+        config = None
+    if problems:
+        raise config_error(problems, source=str(path) if path is not None else "")
+    return config
+
+
+def read_config_data(
+    path: str | os.PathLike | None, overrides: Iterable[str] = ()
+) -> tuple[dict[str, Any], list[tuple[str, str]], set[str]]:
+    """(the file's keys with the overrides set, the overrides' problems, the keys set on the command line)."""
     data = _read_yaml(path) if path is not None else {}
     problems: list[tuple[str, str]] = []
     from_cli: set[str] = set()
@@ -173,22 +197,18 @@ def load_config(
         if problem:
             problems.append((key, problem))
         from_cli.add(key)
-    try:
-        config = model.model_validate(data)
-    except ValidationError as exc:
-        problems.extend(validation_problems(exc, model, from_cli))
-        config = None
-    if problems:
-        raise config_error(problems, source=str(path) if path is not None else "")
-    return config
+    return data, problems, from_cli
 
 
 def validation_problems(
-    exc: ValidationError, model: type[BaseModel], from_cli: Iterable[str] = ()
+    exc: ValidationError, model: type[BaseModel], from_cli: Iterable[str] = (), algorithm: str = ""
 ) -> list[tuple[str, str]]:
-    """Pydantic's errors as `(dotted key path, message)` pairs; unknown keys get a suggestion."""
+    """Pydantic's errors as `(dotted key path, message)` pairs. An unknown key gets the closest known one,
+    else a pointer to `rlcore config show --plugin ALGORITHM` (without `algorithm`, the keys known there,
+    listed once)."""
     from_cli = tuple(from_cli)
     problems = []
+    listed: set[tuple] = set()
     for error in exc.errors():
         loc = tuple(error["loc"])
         raised = (error.get("ctx") or {}).get("error")
@@ -198,9 +218,7 @@ def validation_problems(
             continue
         path = ".".join(str(part) for part in loc) or "(top level)"
         if error["type"] == "extra_forbidden":
-            known = _known_keys(model, loc[:-1])
-            hint = did_you_mean(str(loc[-1]), known) or f" Known keys here: {', '.join(known) or '(none)'}."
-            message = f"unknown key '{loc[-1]}'.{hint}"
+            message = f"unknown key '{loc[-1]}'." + _unknown_key_hint(str(loc[-1]), model, loc[:-1], algorithm, listed)
         else:
             msg = error["msg"].removeprefix("Value error, ")
             message = f"{msg} (got {error['input']!r})" if "input" in error else msg
@@ -208,6 +226,20 @@ def validation_problems(
             message += " [set on the command line]"
         problems.append((path, message))
     return problems
+
+
+def _unknown_key_hint(name: str, model: type[BaseModel], section: tuple, algorithm: str, listed: set[tuple]) -> str:
+    known = _known_keys(model, section)
+    close = did_you_mean(name, known)
+    if close:
+        return close
+    where = " under " + ".".join(map(str, section)) if section else ""
+    if algorithm:
+        return f" `rlcore config show --plugin {algorithm}` lists every key{where}."
+    if section in listed:
+        return " The known keys here are listed above."
+    listed.add(section)
+    return f" Known keys here: {', '.join(known) or '(none)'}."
 
 
 def config_error(problems: list[tuple[str, str]], source: str = "") -> ConfigError:

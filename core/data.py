@@ -1,7 +1,8 @@
 """Datasets: local JSONL, JSON or Parquet rows, loaded once, seen through the view an algorithm needs,
 and the order a run draws them in.
 
-- `load_rows(path)`: the file's rows as they are.
+- `load_rows(path)`: the file's rows as they are. A path ending in `#N` (ms-swift's `dataset: NAME#N`) is
+  the first N rows of the file before it, unless a file of that very name exists.
 - `prompt_view(rows)` (RL, sampling): a row needs a `prompt` (a string, or a conversation: a list of
   `{"role", "content"}` messages) or a `messages` column (a conversation; a final assistant message, the
   reference answer, is dropped from the prompt). Every other column (`solution`, ...) travels with the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,16 @@ from .errors import ConfigError
 
 FORMATS = (".jsonl", ".json", ".parquet")
 MAX_REPORTED = 10
+_FIRST_ROWS = re.compile(r"^(?P<file>.+)#(?P<rows>[0-9]+)$")
+
+
+def dataset_file(path: str | os.PathLike) -> tuple[Path, int | None]:
+    """(the file, how many of its first rows to take, or None for all) of a dataset path: `data.jsonl#100`
+    is the first 100 rows of data.jsonl (ms-swift's spelling), unless a file named `data.jsonl#100` exists."""
+    match = _FIRST_ROWS.match(str(path))
+    if match is None or Path(path).is_file():
+        return Path(path), None
+    return Path(match["file"]), int(match["rows"])
 
 
 def _read_jsonl(path: Path, problems: list[tuple[str, str]]) -> list[tuple[int, Any]]:
@@ -98,8 +110,9 @@ def _prompt_of(row: dict[str, Any]) -> tuple[str, Any, str | None]:
 
 
 def _numbered_rows(path: str | os.PathLike, problems: list[tuple[str, str]]) -> list[tuple[int, dict[str, Any]]]:
-    """(row number in the file, row) of every object row; other rows become problems."""
-    file = Path(path)
+    """(row number in the file, row) of every object row (the first N of them for `FILE#N`); other rows
+    become problems."""
+    file, first = dataset_file(path)
     if not file.is_file():
         raise ConfigError(
             f"dataset '{path}' is not a file; rlcore reads local {', '.join(FORMATS)} files",
@@ -115,7 +128,7 @@ def _numbered_rows(path: str | os.PathLike, problems: list[tuple[str, str]]) -> 
     else:
         raise ConfigError(f"dataset '{path}' has suffix '{suffix}'; rlcore reads {', '.join(FORMATS)}")
     rows = []
-    for number, row in raw:
+    for number, row in raw[:first]:
         if isinstance(row, dict):
             rows.append((number, row))
         else:
@@ -203,7 +216,10 @@ class PromptEncoder:
     generation prompt), plain text too when `use_chat_template` and the tokenizer has one; the ids are
     cut to their last `max_prompt_length`. `stop_ids` are the tokens that end a completion."""
 
-    def __init__(self, model_path: str, use_chat_template: bool = True, max_prompt_length: int | None = None):
+    def __init__(
+        self, model_path: str, use_chat_template: bool = True, max_prompt_length: int | None = None,
+        system: str | None = None,
+    ):
         from transformers import AutoTokenizer
 
         try:
@@ -217,7 +233,7 @@ class PromptEncoder:
             ) from None
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.use_chat_template, self.max_prompt_length = use_chat_template, max_prompt_length
+        self.use_chat_template, self.max_prompt_length, self.system = use_chat_template, max_prompt_length, system
         ids = (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         self.stop_ids = sorted({i for i in ids if i is not None})
 
@@ -226,7 +242,14 @@ class PromptEncoder:
         return self.tokenizer.pad_token_id
 
     def encode(self, prompt: Any) -> list[int]:
+        """The prompt's ids; `system`, when set, opens a prompt that has no system message of its own."""
         tok = self.tokenizer
+        if self.system is not None and (isinstance(prompt, list) or (self.use_chat_template and tok.chat_template)):
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            if not any(m.get("role") == "system" for m in messages):
+                prompt = [{"role": "system", "content": self.system}, *messages]
+        elif self.system is not None:
+            prompt = f"{self.system}\n\n{prompt}"
         if isinstance(prompt, list):
             ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
         elif self.use_chat_template and tok.chat_template:

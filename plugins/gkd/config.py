@@ -63,6 +63,9 @@ class GKDConfig(RunConfig):
         None, description="JSONL/JSON/Parquet with messages (ending in the assistant's turn) or prompt + completion"
     )
     use_chat_template: bool = Field(True, description="wrap prompts with the tokenizer's chat template")
+    system: str | None = Field(
+        None, description="a system message opening every prompt that has none of its own (the row's wins, as in ms-swift)"
+    )
     max_prompt_length: int = Field(512, ge=1, description="prompts are cut to their last max_prompt_length tokens")
     max_completion_length: int = Field(128, ge=1, description="tokens of a completion at most, generated or from the data")
 

@@ -70,7 +70,7 @@ class DistillData:
                               "lower it", [("eval_size", f"must be below the dataset's {len(rows)} rows")])
         cut = len(rows) - cfg.eval_size
         self.train_rows, self.heldout_rows = rows[:cut], rows[cut:]
-        self.prompts = PromptEncoder(model_path, cfg.use_chat_template, cfg.max_prompt_length)
+        self.prompts = PromptEncoder(model_path, cfg.use_chat_template, cfg.max_prompt_length, cfg.system)
         self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
         self.sampler = PromptSampler(self.train_rows, batch_rows, seed=cfg.seed)
 

@@ -54,6 +54,9 @@ class GRPOConfig(RunConfig):
     )
     dataset: str | None = Field(None, description="JSONL/JSON/Parquet with a prompt or messages column; unset: the toy task")
     use_chat_template: bool = Field(True, description="wrap prompts with the tokenizer's chat template")
+    system: str | None = Field(
+        None, description="a system message opening every prompt that has none of its own (the row's wins, as in ms-swift)"
+    )
     max_prompt_length: int = Field(512, ge=1, description="prompts are cut to their last max_prompt_length tokens")
 
     # schedule

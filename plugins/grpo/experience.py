@@ -40,7 +40,7 @@ class ExperienceMaker:
         self.reward_weights = cfg.reward_weights or [1.0] * len(self.reward_fns)
         self.sampler = PromptSampler(self.prompt_rows(cfg), self.prompts_per_round, seed=cfg.seed)
         self.model_path = self._model_path()
-        self.prompts = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
+        self.prompts = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length, cfg.system)
         self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
 
     @classmethod
