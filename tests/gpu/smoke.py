@@ -248,7 +248,7 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
 
     return [
         Row("grpo-hf", [*grpo, "--config", str(EXAMPLES / "grpo" / "colocate.yaml"), *per_role],
-            check_grpo(placed("hf")), 120),
+            check_grpo(placed("hf")), 180),  # the first row: Ray's and vLLM's first start on the machine (cold)
         Row("grpo-megatron", [*grpo, "--config", str(EXAMPLES / "grpo" / "colocate_device_groups.yaml"), *one_group,
                               "train.engine=megatron"], check_grpo(placed("megatron")), 150),
         Row("gkd-hf", gkd, check_gkd(placed("hf")), 120),
