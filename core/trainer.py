@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import watchdog
 from .checkpoint import RunLock, checkpoints, load_state, resolve_resume, save_checkpoint
 from .errors import ConfigError, RlcoreError
 from .metrics import MetricsWriter
@@ -283,12 +284,15 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Event | None = None) -> threading.Event:
     """End the process with `code` if it is still here `grace_s` seconds from now, saying `why`, unless
-    `done` (returned) is set first. For a process that is leaving anyway: a signal was honoured."""
+    `done` (returned) is set first; the local Ray it started ends first. For a process that is leaving
+    anyway: a signal was honoured."""
     done = done or threading.Event()
 
     def deadline() -> None:
         if not done.wait(grace_s):
             print(f"rlcore: {why}; exiting", file=sys.stderr, flush=True)
+            if "rlcore.cluster" in sys.modules:  # its processes would outlive an os._exit
+                sys.modules["rlcore.cluster"].end_local()
             os._exit(code)
 
     threading.Thread(target=deadline, daemon=True, name="rlcore-exit-deadline").start()
@@ -296,8 +300,9 @@ def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Ev
 
 
 class _Deferred:
-    """SIGINT and SIGTERM while the loop runs: the first is noted (the loop stops after its step), a second
-    one interrupts at once. Outside the main thread, signals are left as they are."""
+    """SIGINT and SIGTERM while the loop runs: the first is noted (the loop stops after its step; Ray's own
+    work gets `watchdog.STOP_GRACE_S`), a second one interrupts at once, and the process ends within the exit
+    deadline whatever the teardown waits on. Outside the main thread, signals are left as they are."""
 
     EXIT = {signal.SIGINT: None, signal.SIGTERM: 143}  # None: KeyboardInterrupt (the CLI exits 130)
 
@@ -305,6 +310,7 @@ class _Deferred:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
         self._done = threading.Event()  # set when the `with` block is left: the exit deadline is off
+        self._held: Callable[[], str] | None = None  # what the output_dir holds, once the loop runs (`failing`)
 
     def __enter__(self) -> _Deferred:
         if threading.current_thread() is threading.main_thread():
@@ -319,8 +325,14 @@ class _Deferred:
 
     def _note(self, sig: int, frame: Any) -> None:
         if self.signal is not None:  # the second one: stop now
+            name = signal.Signals(sig).name
+            held = f"; {self._held()}" if self._held is not None else ""
+            print(f"\nrlcore: stopped by a second {name}, at once{held}", file=sys.stderr, flush=True)
+            code = 130 if self.EXIT[sig] is None else self.EXIT[sig]
+            exit_deadline(code, f"shutting the roles down took over 15 s after a second {name}", done=self._done)
             self._raise(sig)
         self.signal = sig
+        watchdog.stopping()
         print(f"\nrlcore: {signal.Signals(sig).name}: finishing this step, then saving a checkpoint "
               f"(again to stop at once)", file=sys.stderr, flush=True)
 
@@ -335,6 +347,7 @@ class _Deferred:
         signals every process of a job, the roles' workers and Ray's own too. The run then stops as the
         signal asked (SystemExit 143 / KeyboardInterrupt), saying so, why, and what `held()` says the
         output_dir holds; the teardown of roles whose processes are gone gets `grace_s` seconds."""
+        self._held = held
         try:
             yield
         except Exception as exc:
@@ -358,6 +371,7 @@ class _Deferred:
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
+        watchdog.stopping(False)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()

@@ -602,6 +602,44 @@ def kill_ray_process(name: str, after_step: int = 2) -> Callable[[Scene], None]:
     return scenario
 
 
+def stop_raylet(timeout_s: float = 0, signals: int = 0) -> Callable[[Scene], None]:
+    """SIGSTOP of the local Ray's raylet (and its object store) after step 1: calls into Ray then block in
+    C++, where no signal handler runs. The driver must still stop: with no signal, one clear error within
+    `timeout_s` (worker_timeout_s) + EXIT_TIMEOUT (exit 1); with `signals` SIGTERMs to it (2 s apart), exit
+    143 within EXIT_TIMEOUT (one signal lets the step go on: plus `timeout_s`), saying it stopped. Its local
+    Ray ends with it (the stopped raylet too), and --resume continues from the last checkpoint."""
+
+    def scenario(scene: Scene) -> None:
+        run = scene.run("first", *([f"worker_timeout_s={timeout_s:g}"] if timeout_s else []), ray=True,
+                        plugin_with=write_hook(scene.work, step_sleep=0.5))
+        wait_for(lambda: len(metrics_steps(scene.out)) >= 1, run, RUN_TIMEOUT[True], "step 1")
+        found = [p for p in run.members() if _title(p.pid).split(" ")[0].endswith("raylet")]
+        if not found:
+            raise Broken(f"no raylet among the run's processes: {[_title(p.pid)[:40] for p in run.members()]}")
+        found[0].suspend()
+        injected = time.monotonic()
+        for _ in range(signals):
+            time.sleep(2.0)
+            if run.proc.poll() is None:
+                os.kill(run.pid, signal.SIGTERM)
+        limit = EXIT_TIMEOUT + (timeout_s if signals < 2 else 0)
+        rc = run.wait(limit - (time.monotonic() - injected))
+        took, err = time.monotonic() - injected, run.stderr
+        if signals:
+            said = [line for line in err.splitlines() if line.startswith(("rlcore: stopped", "rlcore: error"))]
+            if rc != 143 or not said or "Traceback" in err:
+                raise Broken(f"exit {rc} (expected 143), {len(said)} rlcore line(s){traced(err)}: {tail(err)}")
+            line = " / ".join(said)
+        else:
+            line = clear_error(run, 1, 0)
+        scene.notes.append(f"raylet stopped after step 1, {signals} SIGTERM(s), run stopped in {took:.1f}s: "
+                           f"{line[:200]}")
+        scene.settled(run)
+        scene.resume(ray=True)
+
+    return scenario
+
+
 def kill_driver_in_checkpoint(ray: bool) -> Callable[[Scene], None]:
     """SIGKILL of the driver while checkpoint-3 is written (one safetensors file torn): --resume takes the
     dead run's lock over and continues from checkpoint-2; on Ray it ends the Ray the dead driver left."""
@@ -820,6 +858,10 @@ bad_config(HUGE, match="ranks")),
              ray=True, in_tests=False),
     Scenario("SIGKILL of the raylet, Ray", kill_ray_process("raylet"), ray=True, in_tests=False),
     Scenario("SIGKILL of the GCS, Ray", kill_ray_process("gcs_server"), ray=True),
+    Scenario("SIGSTOP of the raylet, worker_timeout_s=20, Ray", stop_raylet(timeout_s=20), ray=True),
+    Scenario("SIGSTOP of the raylet, then SIGTERM, worker_timeout_s=20, Ray", stop_raylet(timeout_s=20, signals=1),
+             ray=True, in_tests=False),
+    Scenario("SIGSTOP of the raylet, then SIGTERM twice, Ray", stop_raylet(signals=2), ray=True, in_tests=False),
     Scenario("SIGKILL of the driver in a checkpoint write, Ray", kill_driver_in_checkpoint(ray=True), ray=True,
              in_tests=False),
 ]
