@@ -345,6 +345,19 @@ class HFTrainEngine(TrainEngine):
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])
+        self._keep_own_hyperparameters()
+
+    def _keep_own_hyperparameters(self) -> None:
+        """After a checkpoint's optimizer and schedule are loaded: the moments and the schedule's position are
+        the checkpoint's, the learning rate, betas, eps and weight decay this engine's (a resumed run's config,
+        which the resume message reports as changed), at the schedule's current factor."""
+        own = self.optimizer.defaults
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = group["lr"] * own["lr"] / base if base else own["lr"]
+            group["initial_lr"] = own["lr"]
+            group.update({key: own[key] for key in ("betas", "eps", "weight_decay")})
+        self.scheduler.base_lrs = [own["lr"]] * len(self.optimizer.param_groups)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def state(self) -> dict[str, Any]:
         return {

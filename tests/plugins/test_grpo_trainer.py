@@ -473,8 +473,14 @@ def test_resume_says_what_changed_and_refuses_what_breaks_the_run(tmp_path, tiny
         make(load_plugins(), tmp_path / "empty", tiny, resume="auto")
     with pytest.raises(ConfigError, match=r"num_generations \(4 -> 8\) differ from checkpoint-1's config"):
         make(load_plugins(), tmp_path, tiny, max_steps=2, resume="auto", num_generations=8).fit()
-    make(load_plugins(), tmp_path, tiny, max_steps=2, resume="auto", learning_rate=5e-4).fit()
+    resumed = make(load_plugins(), tmp_path, tiny, max_steps=2, resume="auto", learning_rate=5e-4)
+    resumed.fit()
     assert "rlcore: resume: changed since checkpoint-1: learning_rate 0.001 -> 0.0005, max_steps 1 -> 2" in capfd.readouterr().err
+    assert [r["lr"] for r in metrics_of(tmp_path)] == [1e-3, pytest.approx(5e-4)]  # what it says is what it does
+    import torch
+
+    state = torch.load(tmp_path / "run" / "checkpoint-2" / "model" / "engine_state.pt", weights_only=True)
+    assert [g["lr"] for g in state["optimizer"]["param_groups"]] == [pytest.approx(5e-4)]
 
 
 def test_one_run_at_a_time_in_an_output_dir(tmp_path, tiny, capfd):

@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import resource
@@ -530,6 +531,24 @@ def changed_on_resume(scene: Scene) -> None:
         raise Broken("the refused resume changed the run's metrics or left its lock")
 
 
+def changed_learning_rate(scene: Scene) -> None:
+    """--resume with learning_rate=5e-4 after a run at 1e-3 (the demo's): the resume says it changed, and the
+    resumed steps train at it (their metrics' lr, the optimizer state in the last checkpoint)."""
+    import torch
+
+    scene.finished_run()
+    scene.resume("learning_rate=5e-4", expect=r"learning_rate 0\.001 -> 0\.0005")
+    rates = {row["step"]: row.get("lr") for row in map(json.loads, (scene.out / "metrics.jsonl").read_text().splitlines())}
+    state = torch.load(next((scene.out / f"checkpoint-{MAX_STEPS}").rglob("engine_state.pt")), weights_only=True)
+    saved = [group["lr"] for group in state["optimizer"]["param_groups"]]
+    expected = {step: 1e-3 if step <= BASE_STEPS else 5e-4 for step in range(1, MAX_STEPS + 1)}
+    if any(not math.isclose(rates.get(step) or 0.0, lr) for step, lr in expected.items()) or \
+            not all(math.isclose(lr, 5e-4) for lr in saved):
+        raise Broken(f"said learning_rate 0.001 -> 0.0005, but trained at {rates} (lr per step); the optimizer state "
+                     f"of checkpoint-{MAX_STEPS} holds {saved}")
+    scene.notes.append(f"lr per step {rates}")
+
+
 def kill_worker(role: str, method: str, how: signal.Signals = signal.SIGKILL, after_step: int = 1,
                 timeout_s: float = 0) -> Callable[[Scene], None]:
     """On Ray, SIGKILL (or SIGSTOP) `role`'s worker while it runs `method()` after `after_step` steps (the
@@ -807,6 +826,7 @@ SCENARIOS = [
     Scenario("torn last line of metrics.jsonl", damaged(torn_metrics, r"torn")),
     Scenario("every checkpoint damaged", every_checkpoint_damaged, in_tests=False),
     Scenario("--resume with a changed num_generations", changed_on_resume, in_tests=False),
+    Scenario("--resume with a changed learning_rate (applied)", changed_learning_rate),
     Scenario("stale lock, its pid reused by another process", stale_lock("other"), in_tests=False),
     Scenario("stale lock, its pid is the new driver's (restarted container)", stale_lock("self")),
     Scenario("stale lock of another host (a node that died)", stale_lock("host")),
