@@ -13,6 +13,8 @@ class MyTrainer(Trainer):
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import os
 import signal
 import sys
@@ -71,7 +73,9 @@ class Trainer:
     of its own, `state_dict()` / `load_state_dict()` (JSON: data position, counters) and `save_model()` /
     `load_model()` (engine state into a checkpoint folder); `start()` is the context its roles run in
     and `on_start()` what happens once they do. The config keys read: `output_dir`, `max_steps`,
-    `save_steps`, `save_total_limit`, `resume`, `logging_steps`, each optional but `max_steps`.
+    `save_steps`, `save_total_limit`, `resume`, `logging_steps`, `on_nonfinite`, each optional but `max_steps`.
+    A step whose `loss` or `grad_norm` is NaN or infinite stops the run before it is counted or saved; with
+    `on_nonfinite: skip` it is skipped instead, where the engine says it skipped the update (`update_skipped`).
     Lifecycle hooks go through `self.hook`: `rlcore_train_start(trainer)`,
     `rlcore_step_end(trainer, step, metrics)`, `rlcore_train_end(trainer, metrics)`.
     """
@@ -167,6 +171,7 @@ class Trainer:
                 with self.progress() as bar:
                     while self.step < self.max_steps and not stop.signal:
                         last = self.train_step()
+                        self._check_finite(last, held)
                         self.step += 1
                         self.log(last, bar)
                         if save_steps and self.step % save_steps == 0:
@@ -182,6 +187,25 @@ class Trainer:
                 stop.exit("before step 1; nothing was trained or saved (run again, without --resume)")
             self.hook.rlcore_train_end(trainer=self, metrics=last)
         return last
+
+    def _check_finite(self, metrics: dict[str, Any], held: Callable[[], str]) -> None:
+        """A step whose loss or gradient norm is not finite stops the run (nothing of it is counted or saved),
+        or, with `on_nonfinite: skip` and an engine that skipped its update, goes on with a warning."""
+        bad = {k: metrics[k] for k in NONFINITE_KEYS if isinstance(metrics.get(k), numbers.Real)
+               and not math.isfinite(metrics[k])}
+        if not bad:
+            return
+        what = ", ".join(f"{k} {v}" for k, v in bad.items())
+        step = self.step + 1
+        skip = getattr(self.config, "on_nonfinite", "stop") == "skip"
+        if skip and metrics.get("update_skipped"):
+            print(f"rlcore: warning: step {step}: {what}; the engine skipped its update (on_nonfinite: skip)",
+                  file=sys.stderr, flush=True)
+            return
+        why = " and the engine applied its update, so it cannot be skipped" if skip else ""
+        fix = " or set on_nonfinite=skip to skip such steps" if hasattr(self.config, "on_nonfinite") and not skip else ""
+        raise RlcoreError(f"step {step}: {what} is not finite{why}; the run stopped before counting or saving it: "
+                          f"{held()}. Lower learning_rate, check that step's data{fix}")
 
     def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
         """Phase times and the step into `metrics`; append it to metrics.jsonl; call the step-end hook;
@@ -269,6 +293,9 @@ class Trainer:
         self.resume_from = path
         self.step = state["step"]
         self.metrics.resume_at(self.step)
+
+
+NONFINITE_KEYS = ("loss", "grad_norm")  # a step with one of these NaN or infinite did not train
 
 
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -186,7 +186,8 @@ class HFTrainEngine(TrainEngine):
 
         `loss_fn(outputs, micro)` sees each micro-batch with its per-token columns ([B, T] and [B, T, k] alike)
         trimmed to the micro-batch's longest row (right padding only), and `HFModelOutputs` of the forward
-        pass at `temperature`, as GRPO's importance ratio needs.
+        pass at `temperature`, as GRPO's importance ratio needs. Gradients whose norm is NaN or infinite are
+        dropped: weights, optimizer and schedule stay as they were, and the metrics say `update_skipped`.
         """
         import torch
 
@@ -225,15 +226,19 @@ class HFTrainEngine(TrainEngine):
             for key, value in metrics.items():
                 sums[key] += float(value)
         module.eval()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.max_grad_norm or math.inf)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, self.max_grad_norm or math.inf))
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
+        skipped = not math.isfinite(grad_norm)  # NaN or infinite gradients would make every weight NaN
+        if not skipped:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.global_step += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
         out = {"loss": total_loss}
         out.update({key: value / num_micro for key, value in sums.items()})
-        out.update(grad_norm=float(grad_norm), lr=float(lr))
+        out.update(grad_norm=grad_norm, lr=float(lr))
+        if skipped:
+            out["update_skipped"] = 1.0
         return out
 
     # ------------------------------------------------------------------ weights and state

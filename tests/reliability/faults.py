@@ -70,6 +70,7 @@ from rlcore import hookimpl
 
 STEP_SLEEP = {step_sleep!r}
 KILL_IN_SAVE_AT = {kill_in_save_at!r}
+NAN_AT = {nan_at!r}  # the train engine's train_step call (1-based) whose loss is made NaN; 0: none
 SLOW = {slow!r}  # "role.method": seconds that engine method waits first, where it runs (Ray workers load
                  # --with files too), so that a signal to the worker lands in that call
 
@@ -89,6 +90,22 @@ if SLOW:
     for key, seconds in SLOW.items():
         role, name = key.split(".")
         _slowed({{"rollout": HFRolloutEngine, "train": HFTrainEngine}}[role], name, seconds)
+
+if NAN_AT:  # a loss gone NaN (as a too-high learning rate or a bad batch makes it), in that step alone
+    from rlcore.plugins.hf.train import HFTrainEngine
+
+    _train_step, _calls = HFTrainEngine.train_step, [0]
+
+    def poisoned(self, batch, loss_fn, *args, **kwargs):
+        _calls[0] += 1
+        if _calls[0] == NAN_AT:
+            inner = loss_fn
+            def loss_fn(outputs, micro):
+                loss, metrics = inner(outputs, micro)
+                return loss * float("nan"), metrics
+        return _train_step(self, batch, loss_fn, *args, **kwargs)
+
+    HFTrainEngine.train_step = poisoned
 
 @hookimpl
 def rlcore_train_start(trainer):
@@ -114,9 +131,10 @@ def rlcore_step_end(trainer, step, metrics):
 
 
 def write_hook(work: Path, *, step_sleep: float = 0.0, kill_in_save_at: int = 0,
-               slow: dict[str, float] | None = None) -> str:
+               slow: dict[str, float] | None = None, nan_at: int = 0) -> str:
     """A hook-only plugin file for `--with`; returns its path relative to `work`."""
-    (work / "hook.py").write_text(HOOK.format(step_sleep=step_sleep, kill_in_save_at=kill_in_save_at, slow=slow or {}))
+    (work / "hook.py").write_text(HOOK.format(step_sleep=step_sleep, kill_in_save_at=kill_in_save_at, slow=slow or {},
+                                              nan_at=nan_at))
     return "./hook.py"
 
 
@@ -549,6 +567,46 @@ def changed_learning_rate(scene: Scene) -> None:
     scene.notes.append(f"lr per step {rates}")
 
 
+def finite_weights(checkpoint: Path) -> bool:
+    from safetensors.torch import load_file
+
+    files = sorted(checkpoint.rglob("*.safetensors"))
+    return bool(files) and all(bool(t.isfinite().all()) for f in files for t in load_file(f).values())
+
+
+def nonfinite_step(skip: bool) -> Callable[[Scene], None]:
+    """Step 3's loss is NaN (its gradients too). By default the run stops with one clear error naming step
+    3 and checkpoint-2 (exit 1), which --resume continues from; with on_nonfinite=skip the run says it
+    skipped step 3, whose update is dropped (checkpoint-3 holds checkpoint-2's weights), and finishes. No
+    checkpoint ever holds a NaN weight."""
+
+    def scenario(scene: Scene) -> None:
+        run = scene.run("first", *(["on_nonfinite=skip"] if skip else []), plugin_with=write_hook(scene.work, nan_at=3))
+        if skip:
+            scene.resumed = True  # this run's metrics are what is counted
+            rc = run.wait(RUN_TIMEOUT[False])
+            said = [line for line in run.stderr.splitlines() if line.startswith("rlcore: warning: step 3")]
+            if rc != 0 or not said or "Traceback" in run.stderr:
+                raise Broken(f"exit {rc}, {len(said)} warning(s) naming step 3{traced(run.stderr)}: {tail(run.stderr)}")
+            from safetensors.torch import load_file
+
+            before, after = (load_file(next((scene.out / f"checkpoint-{n}").rglob("*.safetensors"))) for n in (2, 3))
+            if any(not before[k].equal(after[k]) for k in before):
+                raise Broken("step 3 was said to be skipped, but its checkpoint's weights differ from step 2's")
+            scene.notes.append(said[0][len("rlcore: "):][:200])
+        else:
+            line = clear_error(run, 1, RUN_TIMEOUT[False], match=r"step 3: loss nan.*checkpoint-2 holds step 2")
+            if (scene.out / "checkpoint-3").exists():
+                raise Broken("the run that stopped at step 3's NaN loss saved checkpoint-3")
+            scene.notes.append(line[:200])
+            scene.resume()
+        bad = [c.name for c in sorted(scene.out.glob("checkpoint-*")) if not finite_weights(c)]
+        if bad:
+            raise Broken(f"{', '.join(bad)} hold NaN or infinite weights")
+
+    return scenario
+
+
 def kill_worker(role: str, method: str, how: signal.Signals = signal.SIGKILL, after_step: int = 1,
                 timeout_s: float = 0) -> Callable[[Scene], None]:
     """On Ray, SIGKILL (or SIGSTOP) `role`'s worker while it runs `method()` after `after_step` steps (the
@@ -827,12 +885,17 @@ SCENARIOS = [
     Scenario("every checkpoint damaged", every_checkpoint_damaged, in_tests=False),
     Scenario("--resume with a changed num_generations", changed_on_resume, in_tests=False),
     Scenario("--resume with a changed learning_rate (applied)", changed_learning_rate),
+    Scenario("a NaN loss in step 3 (the run stops)", nonfinite_step(skip=False)),
+    Scenario("a NaN loss in step 3, on_nonfinite=skip", nonfinite_step(skip=True), in_tests=False),
     Scenario("stale lock, its pid reused by another process", stale_lock("other"), in_tests=False),
     Scenario("stale lock, its pid is the new driver's (restarted container)", stale_lock("self")),
     Scenario("stale lock of another host (a node that died)", stale_lock("host")),
     Scenario("disk full in a checkpoint write", disk_full),
     Scenario("two concurrent runs into one output_dir", concurrent_runs),
     Scenario("bad config: beta=true", bad_config("beta=true", match="beta")),
+    Scenario("bad config: learning_rate=.inf", bad_config("learning_rate=.inf", match="learning_rate")),
+    Scenario("bad config: a NaN in train.engine_kwargs",
+             bad_config("train.engine_kwargs={adam_epsilon: .nan}", match="engine_kwargs"), in_tests=False),
     Scenario("bad config: ranks range(0, 200000000)",
 bad_config(HUGE, match="ranks")),
     Scenario("bad config: overlapping ranks", bad_config(OVERLAPPING, match="both claim")),
