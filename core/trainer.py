@@ -203,7 +203,8 @@ class Trainer:
                   file=sys.stderr, flush=True)
             return
         why = " and the engine applied its update, so it cannot be skipped" if skip else ""
-        fix = " or set on_nonfinite=skip to skip such steps" if hasattr(self.config, "on_nonfinite") and not skip else ""
+        offered = hasattr(self.config, "on_nonfinite") and not skip
+        fix = " or set on_nonfinite=skip to skip such steps" if offered else ""
         raise RlcoreError(f"step {step}: {what} is not finite{why}; the run stopped before counting or saving it: "
                           f"{held()}. Lower learning_rate, check that step's data{fix}")
 

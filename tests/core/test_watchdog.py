@@ -33,7 +33,8 @@ def test_a_result_and_an_error_come_back_from_the_call():
 def test_a_call_that_never_returns_is_ray_stuck_and_later_calls_fail_at_once():
     never = threading.Event()
     started = time.monotonic()
-    with pytest.raises(RayStuck, match=r"Ray did not answer submitting train_step\(\) to role 'train' within 1s") as info:
+    said = r"Ray did not answer submitting train_step\(\) to role 'train' within 1s"
+    with pytest.raises(RayStuck, match=said) as info:
         bounded(never.wait, "submitting train_step() to role 'train'", 1.0, role="train")
     assert time.monotonic() - started < 10 and info.value.role == "train"
     assert watchdog.stuck() == "submitting train_step() to role 'train'"
