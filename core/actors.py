@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import cluster
 from .cluster import decode, encode
-from .watchdog import RayStuck, bounded
 from .dispatch import Mesh
 from .errors import ResourceError, RlcoreError, RoleFailed
 from .manager import EXTRA_PLUGINS_ENV, plugins
 from .specs import Slot
+from .watchdog import RayStuck, bounded
 
 if TYPE_CHECKING:
     from .workers import FunctionSpec
