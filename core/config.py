@@ -6,6 +6,7 @@ validated into an algorithm's pydantic model with every problem reported at once
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -57,7 +58,7 @@ class BaseConfig(BaseModel):
     """Every config section forbids unknown keys, so a typo is an error, never silently ignored, and a
     number is never given as a boolean (`beta: true` would otherwise be 1.0)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -65,6 +66,16 @@ class BaseConfig(BaseModel):
         if isinstance(value, bool) and info.field_name in cls.model_fields:
             if _takes_number_not_bool(cls.model_fields[info.field_name].annotation):
                 raise ValueError("is a number, not a boolean; write a number, e.g. 0.1")
+        return value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _finite_numbers(cls, value: Any) -> Any:
+        """NaN and infinities nowhere, also inside free-form options (engine_kwargs, device_groups): a run
+        given one trains NaN weights."""
+        where = _nonfinite_at(value)
+        if where is not None:
+            raise ValueError(f"holds {where}: not a finite number; write a finite one")
         return value
 
 
@@ -334,6 +345,20 @@ def _takes_number_not_bool(annotation: Any) -> bool:
     if get_origin(annotation) is Literal:
         return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in get_args(annotation))
     return annotation in (int, float)
+
+
+def _nonfinite_at(value: Any, path: str = "") -> str | None:
+    """Where in `value` (lists and mappings, not config sections) a NaN or infinite float is, as
+    "a.x = inf" ("inf" for `value` itself); None when there is none."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} = {value}" if path else str(value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _nonfinite_at(item, f"{path}.{key}" if isinstance(value, dict) and path else
+                              str(key) if isinstance(value, dict) else f"{path}[{key}]")
+        if found is not None:
+            return found
+    return None
 
 
 def _unwrap_optional(annotation: Any) -> Any:

@@ -102,6 +102,10 @@ class GKDConfig(RunConfig):
     save_total_limit: int | None = Field(None, ge=1, description="keep the newest N checkpoints")
     resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
     logging_steps: int = Field(10, ge=1, description="print a line of the step's metrics every N steps")
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop", description="a step whose loss or grad_norm is NaN or infinite: stop the run (its checkpoints stay the "
+        "last good ones), or skip it (its update is dropped) and go on",
+    )
     weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")
     weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto", description="how train weights reach the rollout role on Ray (see GRPO's key of the same name)"

@@ -133,6 +133,10 @@ class GRPOConfig(RunConfig):
     reward_weights: list[float] | None = Field(None, description="one weight per reward function; unset: all 1")
     reward_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict, description="options per reward function")
     strict_rewards: bool = Field(False, description="a raising reward function stops the run")
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop", description="a step whose loss or grad_norm is NaN or infinite: stop the run (its checkpoints stay the "
+        "last good ones), or skip it (its update is dropped) and go on",
+    )
 
     # outputs
     save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: only at the end")

@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import resource
@@ -69,6 +70,7 @@ from rlcore import hookimpl
 
 STEP_SLEEP = {step_sleep!r}
 KILL_IN_SAVE_AT = {kill_in_save_at!r}
+NAN_AT = {nan_at!r}  # the train engine's train_step call (1-based) whose loss is made NaN; 0: none
 SLOW = {slow!r}  # "role.method": seconds that engine method waits first, where it runs (Ray workers load
                  # --with files too), so that a signal to the worker lands in that call
 
@@ -88,6 +90,22 @@ if SLOW:
     for key, seconds in SLOW.items():
         role, name = key.split(".")
         _slowed({{"rollout": HFRolloutEngine, "train": HFTrainEngine}}[role], name, seconds)
+
+if NAN_AT:  # a loss gone NaN (as a too-high learning rate or a bad batch makes it), in that step alone
+    from rlcore.plugins.hf.train import HFTrainEngine
+
+    _train_step, _calls = HFTrainEngine.train_step, [0]
+
+    def poisoned(self, batch, loss_fn, *args, **kwargs):
+        _calls[0] += 1
+        if _calls[0] == NAN_AT:
+            inner = loss_fn
+            def loss_fn(outputs, micro):
+                loss, metrics = inner(outputs, micro)
+                return loss * float("nan"), metrics
+        return _train_step(self, batch, loss_fn, *args, **kwargs)
+
+    HFTrainEngine.train_step = poisoned
 
 @hookimpl
 def rlcore_train_start(trainer):
@@ -113,9 +131,10 @@ def rlcore_step_end(trainer, step, metrics):
 
 
 def write_hook(work: Path, *, step_sleep: float = 0.0, kill_in_save_at: int = 0,
-               slow: dict[str, float] | None = None) -> str:
+               slow: dict[str, float] | None = None, nan_at: int = 0) -> str:
     """A hook-only plugin file for `--with`; returns its path relative to `work`."""
-    (work / "hook.py").write_text(HOOK.format(step_sleep=step_sleep, kill_in_save_at=kill_in_save_at, slow=slow or {}))
+    (work / "hook.py").write_text(HOOK.format(step_sleep=step_sleep, kill_in_save_at=kill_in_save_at, slow=slow or {},
+                                              nan_at=nan_at))
     return "./hook.py"
 
 
@@ -530,6 +549,65 @@ def changed_on_resume(scene: Scene) -> None:
         raise Broken("the refused resume changed the run's metrics or left its lock")
 
 
+def changed_learning_rate(scene: Scene) -> None:
+    """--resume with learning_rate=5e-4 after a run at 1e-3 (the demo's): the resume says it changed, and the
+    resumed steps train at it (their metrics' lr, the optimizer state in the last checkpoint)."""
+    import torch
+
+    scene.finished_run()
+    scene.resume("learning_rate=5e-4", expect=r"learning_rate 0\.001 -> 0\.0005")
+    rows = map(json.loads, (scene.out / "metrics.jsonl").read_text().splitlines())
+    rates = {row["step"]: row.get("lr") for row in rows}
+    state = torch.load(next((scene.out / f"checkpoint-{MAX_STEPS}").rglob("engine_state.pt")), weights_only=True)
+    saved = [group["lr"] for group in state["optimizer"]["param_groups"]]
+    expected = {step: 1e-3 if step <= BASE_STEPS else 5e-4 for step in range(1, MAX_STEPS + 1)}
+    if any(not math.isclose(rates.get(step) or 0.0, lr) for step, lr in expected.items()) or \
+            not all(math.isclose(lr, 5e-4) for lr in saved):
+        raise Broken(f"said learning_rate 0.001 -> 0.0005, but trained at {rates} (lr per step); the optimizer state "
+                     f"of checkpoint-{MAX_STEPS} holds {saved}")
+    scene.notes.append(f"lr per step {rates}")
+
+
+def finite_weights(checkpoint: Path) -> bool:
+    from safetensors.torch import load_file
+
+    files = sorted(checkpoint.rglob("*.safetensors"))
+    return bool(files) and all(bool(t.isfinite().all()) for f in files for t in load_file(f).values())
+
+
+def nonfinite_step(skip: bool) -> Callable[[Scene], None]:
+    """Step 3's loss is NaN (its gradients too). By default the run stops with one clear error naming step
+    3 and checkpoint-2 (exit 1), which --resume continues from; with on_nonfinite=skip the run says it
+    skipped step 3, whose update is dropped (checkpoint-3 holds checkpoint-2's weights), and finishes. No
+    checkpoint ever holds a NaN weight."""
+
+    def scenario(scene: Scene) -> None:
+        run = scene.run("first", *(["on_nonfinite=skip"] if skip else []), plugin_with=write_hook(scene.work, nan_at=3))
+        if skip:
+            scene.resumed = True  # this run's metrics are what is counted
+            rc = run.wait(RUN_TIMEOUT[False])
+            said = [line for line in run.stderr.splitlines() if line.startswith("rlcore: warning: step 3")]
+            if rc != 0 or not said or "Traceback" in run.stderr:
+                raise Broken(f"exit {rc}, {len(said)} warning(s) naming step 3{traced(run.stderr)}: {tail(run.stderr)}")
+            from safetensors.torch import load_file
+
+            before, after = (load_file(next((scene.out / f"checkpoint-{n}").rglob("*.safetensors"))) for n in (2, 3))
+            if any(not before[k].equal(after[k]) for k in before):
+                raise Broken("step 3 was said to be skipped, but its checkpoint's weights differ from step 2's")
+            scene.notes.append(said[0][len("rlcore: "):][:200])
+        else:
+            line = clear_error(run, 1, RUN_TIMEOUT[False], match=r"step 3: loss nan.*checkpoint-2 holds step 2")
+            if (scene.out / "checkpoint-3").exists():
+                raise Broken("the run that stopped at step 3's NaN loss saved checkpoint-3")
+            scene.notes.append(line[:200])
+            scene.resume()
+        bad = [c.name for c in sorted(scene.out.glob("checkpoint-*")) if not finite_weights(c)]
+        if bad:
+            raise Broken(f"{', '.join(bad)} hold NaN or infinite weights")
+
+    return scenario
+
+
 def kill_worker(role: str, method: str, how: signal.Signals = signal.SIGKILL, after_step: int = 1,
                 timeout_s: float = 0) -> Callable[[Scene], None]:
     """On Ray, SIGKILL (or SIGSTOP) `role`'s worker while it runs `method()` after `after_step` steps (the
@@ -596,6 +674,44 @@ def kill_ray_process(name: str, after_step: int = 2) -> Callable[[Scene], None]:
             raise Hang(f"{run.name} took {took:.0f}s to stop after the SIGKILL of {name}: {tail(run.stderr)}")
         line = clear_error(run, 1, 0, match=None)
         scene.notes.append(f"SIGKILL of {name} after step {after_step}, run stopped in {took:.1f}s: {line[:160]}")
+        scene.settled(run)
+        scene.resume(ray=True)
+
+    return scenario
+
+
+def stop_raylet(timeout_s: float = 0, signals: int = 0) -> Callable[[Scene], None]:
+    """SIGSTOP of the local Ray's raylet (and its object store) after step 1: calls into Ray then block in
+    C++, where no signal handler runs. The driver must still stop: with no signal, one clear error within
+    `timeout_s` (worker_timeout_s) + EXIT_TIMEOUT (exit 1); with `signals` SIGTERMs to it (2 s apart), exit
+    143 within EXIT_TIMEOUT (one signal lets the step go on: plus `timeout_s`), saying it stopped. Its local
+    Ray ends with it (the stopped raylet too), and --resume continues from the last checkpoint."""
+
+    def scenario(scene: Scene) -> None:
+        run = scene.run("first", *([f"worker_timeout_s={timeout_s:g}"] if timeout_s else []), ray=True,
+                        plugin_with=write_hook(scene.work, step_sleep=0.5))
+        wait_for(lambda: len(metrics_steps(scene.out)) >= 1, run, RUN_TIMEOUT[True], "step 1")
+        found = [p for p in run.members() if _title(p.pid).split(" ")[0].endswith("raylet")]
+        if not found:
+            raise Broken(f"no raylet among the run's processes: {[_title(p.pid)[:40] for p in run.members()]}")
+        found[0].suspend()
+        injected = time.monotonic()
+        for _ in range(signals):
+            time.sleep(2.0)
+            if run.proc.poll() is None:
+                os.kill(run.pid, signal.SIGTERM)
+        limit = EXIT_TIMEOUT + (timeout_s if signals < 2 else 0)
+        rc = run.wait(limit - (time.monotonic() - injected))
+        took, err = time.monotonic() - injected, run.stderr
+        if signals:
+            said = [line for line in err.splitlines() if line.startswith(("rlcore: stopped", "rlcore: error"))]
+            if rc != 143 or not said or "Traceback" in err:
+                raise Broken(f"exit {rc} (expected 143), {len(said)} rlcore line(s){traced(err)}: {tail(err)}")
+            line = " / ".join(said)
+        else:
+            line = clear_error(run, 1, 0)
+        scene.notes.append(f"raylet stopped after step 1, {signals} SIGTERM(s), run stopped in {took:.1f}s: "
+                           f"{line[:200]}")
         scene.settled(run)
         scene.resume(ray=True)
 
@@ -769,12 +885,18 @@ SCENARIOS = [
     Scenario("torn last line of metrics.jsonl", damaged(torn_metrics, r"torn")),
     Scenario("every checkpoint damaged", every_checkpoint_damaged, in_tests=False),
     Scenario("--resume with a changed num_generations", changed_on_resume, in_tests=False),
+    Scenario("--resume with a changed learning_rate (applied)", changed_learning_rate),
+    Scenario("a NaN loss in step 3 (the run stops)", nonfinite_step(skip=False)),
+    Scenario("a NaN loss in step 3, on_nonfinite=skip", nonfinite_step(skip=True), in_tests=False),
     Scenario("stale lock, its pid reused by another process", stale_lock("other"), in_tests=False),
     Scenario("stale lock, its pid is the new driver's (restarted container)", stale_lock("self")),
     Scenario("stale lock of another host (a node that died)", stale_lock("host")),
     Scenario("disk full in a checkpoint write", disk_full),
     Scenario("two concurrent runs into one output_dir", concurrent_runs),
     Scenario("bad config: beta=true", bad_config("beta=true", match="beta")),
+    Scenario("bad config: learning_rate=.inf", bad_config("learning_rate=.inf", match="learning_rate")),
+    Scenario("bad config: a NaN in train.engine_kwargs",
+             bad_config("train.engine_kwargs={adam_epsilon: .nan}", match="engine_kwargs"), in_tests=False),
     Scenario("bad config: ranks range(0, 200000000)",
 bad_config(HUGE, match="ranks")),
     Scenario("bad config: overlapping ranks", bad_config(OVERLAPPING, match="both claim")),
@@ -820,6 +942,10 @@ bad_config(HUGE, match="ranks")),
              ray=True, in_tests=False),
     Scenario("SIGKILL of the raylet, Ray", kill_ray_process("raylet"), ray=True, in_tests=False),
     Scenario("SIGKILL of the GCS, Ray", kill_ray_process("gcs_server"), ray=True),
+    Scenario("SIGSTOP of the raylet, worker_timeout_s=20, Ray", stop_raylet(timeout_s=20), ray=True),
+    Scenario("SIGSTOP of the raylet, then SIGTERM, worker_timeout_s=20, Ray", stop_raylet(timeout_s=20, signals=1),
+             ray=True, in_tests=False),
+    Scenario("SIGSTOP of the raylet, then SIGTERM twice, Ray", stop_raylet(signals=2), ray=True, in_tests=False),
     Scenario("SIGKILL of the driver in a checkpoint write, Ray", kill_driver_in_checkpoint(ray=True), ray=True,
              in_tests=False),
 ]
