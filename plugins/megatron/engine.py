@@ -244,7 +244,7 @@ class MegatronTrainEngine(TrainEngine):
             lr_decay_steps=max(o["max_steps"], warmup + 1), lr_decay_style=DECAY_STYLES[o["lr_scheduler_type"]],
             start_wd=o["weight_decay"], end_wd=o["weight_decay"], wd_incr_steps=max(o["max_steps"], 1),
             wd_incr_style="constant",
-            override_opt_param_scheduler=True,  # on load, this run's learning rate and schedule, not the checkpoint's
+            override_opt_param_scheduler=True, use_checkpoint_opt_param_scheduler=False,  # on load: this run's lr and schedule
         )
 
     # ------------------------------------------------------------------ passes
