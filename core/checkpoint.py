@@ -28,6 +28,25 @@ def replace_dir(src: Path, dst: Path) -> None:
         os.replace(src, dst)
 
 
+def check_output_dir(output_dir: str | os.PathLike) -> None:
+    """`output_dir` is a directory this process can write in, or one it can make: a ConfigError naming the
+    fix otherwise (before anything is built in it)."""
+    path = Path(output_dir).expanduser()
+    if os.path.lexists(path) and not path.is_dir():
+        raise ConfigError(f"output_dir '{output_dir}' is a file, not a directory; choose another output_dir",
+                          [("output_dir", f"'{output_dir}' is a file")])
+    existing = path
+    while not existing.is_dir():
+        if os.path.lexists(existing):
+            raise ConfigError(f"output_dir '{output_dir}' cannot be made: '{existing}' is a file, not a directory; "
+                              f"choose another output_dir", [("output_dir", f"'{existing}' is a file")])
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        which = "it is" if existing == path else f"'{existing}' is"
+        raise ConfigError(f"output_dir '{output_dir}' is not writable ({which} read-only for this user); "
+                          f"choose another output_dir", [("output_dir", f"'{existing}' is read-only")])
+
+
 def checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """Complete checkpoints (those with a trainer state), oldest first."""
     root = Path(output_dir)
@@ -137,7 +156,11 @@ class RunLock:
         import socket
         import sys
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"output_dir '{self.path.parent}' cannot be made ({exc.strerror or exc}); choose "
+                              f"another output_dir") from None
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid())}
         for _ in range(2):
             try:

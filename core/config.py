@@ -234,8 +234,15 @@ def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise config_error([("(file)", f"config file '{path}' does not exist")])
+    raw = file.read_bytes()
     try:
-        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_Loader)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        problem = f"not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; save the file as UTF-8"
+        raise config_error([("(file)", problem)], source=str(path)) from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

@@ -31,8 +31,14 @@ MAX_REPORTED = 10
 
 def _read_jsonl(path: Path, problems: list[tuple[str, str]]) -> list[tuple[int, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                problems.append((f"row {line_no}", f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                 f"{exc.start + 1}); save the file as UTF-8"))
+                continue
             if not line.strip():
                 continue
             try:
@@ -43,8 +49,15 @@ def _read_jsonl(path: Path, problems: list[tuple[str, str]]) -> list[tuple[int, 
 
 
 def _read_json(path: Path) -> list[tuple[int, Any]]:
+    raw = path.read_bytes()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"dataset '{path}' is not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; "
+                          "save the file as UTF-8") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"dataset '{path}' is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     if isinstance(data, dict) and isinstance(data.get("data"), list):

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint import RunLock, checkpoints, load_state, resolve_resume, save_checkpoint
+from .checkpoint import RunLock, check_output_dir, checkpoints, load_state, resolve_resume, save_checkpoint
 from .errors import ConfigError, RlcoreError
 from .metrics import MetricsWriter
 
@@ -85,6 +85,7 @@ class Trainer:
         self.use_ray = use_ray
         self.output_dir = Path(getattr(config, "output_dir", "output"))
         resume = getattr(config, "resume", None) or "no"
+        check_output_dir(self.output_dir)
         self.resume_from = resolve_resume(self.output_dir, resume)  # refuses to overwrite a run
         self.timer = PhaseTimer()
         self.step = 0

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore import ConfigError, PhaseTimer, SamplingParams, Trainer
-from rlcore.checkpoint import RunLock
+from rlcore.checkpoint import RunLock, check_output_dir
 from rlcore.resources import plan_from_config
 from rlcore.session import RoleSession, RoleSetup, announce
 from rlcore.sections import rollout_options
@@ -66,6 +66,7 @@ class SampleTrainer(Trainer):
         self.config = cfg = config.for_run()
         self.plugins, self.use_ray = plugins, use_ray
         self.output_dir = Path(cfg.output_dir)
+        check_output_dir(self.output_dir)
         self.timer, self.step, self._metrics = PhaseTimer(), 0, None
         self.output = ResumableJsonl(self.output_dir, cfg.output_file)
         problems = self.name_problems(cfg, plugins)

@@ -24,7 +24,11 @@ MANAGED = {
 
 def arguments_class(kind: str) -> type:
     if kind == "sft":
-        from trl import SFTConfig
+        try:
+            from trl import SFTConfig
+        except ModuleNotFoundError as exc:  # the sft extra is not installed
+            raise ConfigError(f"algorithm 'sft' needs TRL, which is not installed here ({exc}); install it with "
+                              f"pip install 'rlcore[sft]'") from None
 
         return SFTConfig
     from transformers import TrainingArguments
