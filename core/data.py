@@ -217,10 +217,8 @@ class PromptEncoder:
     cut to their last `max_prompt_length`. `stop_ids` are the tokens that end a completion."""
 
     def __init__(self, model_path: str, use_chat_template: bool = True, max_prompt_length: int | None = None):
-        from transformers import AutoTokenizer
-
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+            self.tokenizer = _tokenizer(model_path)
         except (OSError, ValueError) as exc:  # transformers chains several tracebacks: one line says it
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
@@ -304,3 +302,50 @@ class PromptSampler:
             raise ConfigError(f"the checkpoint's data position {state} is out of range for {len(self.rows)} rows")
         self.epoch, self.index = state["epoch"], state["index"]
         self._order = self._shuffled(self.epoch)
+
+
+def _tokenizer(model_path: str) -> Any:
+    """The tokenizer of a model directory, or of a hub id: from the local cache, else from the Hub once
+    `_hub_reachable` found it can be asked (so a machine without network fails at once, not after the hub
+    client's retries)."""
+    from transformers import AutoTokenizer
+
+    if not os.path.exists(os.path.expanduser(model_path)) and _is_repo_id(model_path):
+        try:
+            return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        except (OSError, ValueError):
+            _hub_reachable(model_path)
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _is_repo_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _hub_reachable(model_id: str) -> None:
+    """A ConfigError naming the fix when the model `model_id`, in no local cache, cannot come from the Hub
+    now: HF_HUB_OFFLINE is set, or one request to the Hub does not connect."""
+    from huggingface_hub import constants, model_info
+    from huggingface_hub.errors import HfHubHTTPError
+
+    fix = (f"download it where there is a network (`hf download {model_id}`) into this machine's Hugging Face cache, "
+           f"or give a local model directory")
+    if constants.HF_HUB_OFFLINE:
+        why = f"'{model_id}' is neither a local directory nor in the local Hugging Face cache, and HF_HUB_OFFLINE is set"
+        raise ConfigError(f"model {why}: {fix}", [("model", f"{why}: {fix}")])
+    try:
+        model_info(model_id, timeout=10)
+    except HfHubHTTPError:  # the Hub answered (no such model, gated): loading it says what it said
+        return
+    except Exception as exc:  # no connection: no DNS, refused, timed out, a proxy that fails
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        why = (f"'{model_id}' is neither a local directory nor in the local Hugging Face cache, and the Hub "
+               f"({constants.ENDPOINT}) cannot be reached ({reason})")
+        fix += "; with HF_HUB_OFFLINE=1 only the cache is asked"
+        raise ConfigError(f"model {why}: {fix}", [("model", f"{why}: {fix}")]) from None
