@@ -102,7 +102,7 @@ class SampleTrainer(Trainer):
         from rlcore.data import PromptEncoder
 
         cfg = config.for_run()
-        problems = cls.name_problems(cfg, plugins)
+        problems = cls.name_problems(cfg, plugins, run_code=False)
         checks = [("(resource plan)", lambda: plan_from_config(cfg, roles=cls.roles_of(cfg), policy=cfg.placement,
                                                                plugins=plugins)),
                   ("dataset", lambda: cls.load_rows(cfg))]
@@ -113,9 +113,10 @@ class SampleTrainer(Trainer):
             raise config_error(problems)
 
     @staticmethod
-    def name_problems(cfg: SampleConfig, plugins: Any) -> list[tuple[str, str]]:
+    def name_problems(cfg: SampleConfig, plugins: Any, run_code: bool = True) -> list[tuple[str, str]]:
         """The names a run resolves, checked without building anything: the engines, and orm_model as a reward
-        function (with orm_kwargs) or a model (a directory, or a hub id `org/name`)."""
+        function (with orm_kwargs) or a model (a directory, or a hub id `org/name`). Without `run_code` (config
+        validate), a `file.py:function` orm_model is parsed, not imported."""
         from rlcore import NotRegistered, RlcoreError
         from rlcore.errors import did_you_mean
 
@@ -129,10 +130,10 @@ class SampleTrainer(Trainer):
             except NotRegistered as exc:  # it lists the known ones
                 problems.append((key, str(exc)))
         if cfg.orm_model and is_reward_function(cfg.orm_model, plugins):
-            from rlcore.plugins.rewards import resolve_reward
+            from rlcore.plugins.rewards import check_reward, resolve_reward
 
             try:
-                resolve_reward(cfg.orm_model, plugins, cfg.orm_kwargs or None)
+                (resolve_reward if run_code else check_reward)(cfg.orm_model, plugins, cfg.orm_kwargs or None)
             except RlcoreError as exc:  # GRPO's key for these options is reward_kwargs.NAME; here it is orm_kwargs
                 grpo_key = f"reward_kwargs.{cfg.orm_model}"
                 problems.extend((k.replace(grpo_key, "orm_kwargs"), m.replace(grpo_key, "orm_kwargs"))
