@@ -80,6 +80,10 @@ class RunConfig(BaseConfig):
     """Keys every algorithm has: where outputs go, seeding, and how roles are placed on devices."""
 
     output_dir: str = Field("output", description="metrics.jsonl, checkpoints and samples go here")
+    overwrite_output_dir: bool = Field(
+        False, description="let this run replace folders in output_dir named like its checkpoints (checkpoint-N) "
+        "that rlcore did not write; without it such an output_dir is refused, and rlcore removes only what it wrote"
+    )
     seed: int = Field(42, description="seed for data order, sampling and initialisation")
     nnodes: int | None = Field(
         None, ge=1, description="nodes of the Ray cluster the plan spans (default: 1, or in device_groups what the ranks need)"

@@ -86,7 +86,8 @@ class Trainer:
         self.output_dir = Path(getattr(config, "output_dir", "output"))
         resume = getattr(config, "resume", None) or "no"
         check_output_dir(self.output_dir)
-        self.resume_from = resolve_resume(self.output_dir, resume)  # refuses to overwrite a run
+        RunLock(self.output_dir).refuse_if_held()  # before a subclass builds anything there (a demo model)
+        self.resume_from = resolve_resume(self.output_dir, resume, self.overwrite)  # refuses to overwrite a run
         self.timer = PhaseTimer()
         self.step = 0
         self._metrics: MetricsWriter | None = None
@@ -104,6 +105,11 @@ class Trainer:
     @property
     def max_steps(self) -> int:
         return int(self.config.max_steps)
+
+    @property
+    def overwrite(self) -> bool:
+        """`overwrite_output_dir`: checkpoint folders rlcore did not write may be replaced."""
+        return bool(getattr(self.config, "overwrite_output_dir", False))
 
     # -- what an algorithm writes ---------------------------------------------------------------------
 
@@ -147,7 +153,7 @@ class Trainer:
         stops at once. `output_dir` is locked for the run's life.
         """
         save_steps = getattr(self.config, "save_steps", 0) or 0
-        with RunLock(self.output_dir), _Deferred() as stop, self.start():
+        with self._locked(), _Deferred() as stop, self.start():
             stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
             self.restore()
             self.on_start()
@@ -183,6 +189,15 @@ class Trainer:
             self.hook.rlcore_train_end(trainer=self, metrics=last)
         return last
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """output_dir's lock for the run; once it is held, the check that refuses to overwrite a run again: a
+        run may have finished there while this one was being built."""
+        with RunLock(self.output_dir):
+            self.resume_from = resolve_resume(self.output_dir, getattr(self.config, "resume", None) or "no",
+                                              self.overwrite)
+            yield
+
     def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
         """Phase times and the step into `metrics`; append it to metrics.jsonl; call the step-end hook;
         move the bar; every `logging_steps` steps, print the bar's metrics on a line of their own."""
@@ -215,7 +230,7 @@ class Trainer:
         config = self.config.model_dump(mode="json") if hasattr(self.config, "model_dump") else None
         state = {"step": self.step, **self.state_dict(), "config": config}
         return save_checkpoint(self.output_dir, self.step, state, self.save_model,
-                               keep=getattr(self.config, "save_total_limit", None))
+                               keep=getattr(self.config, "save_total_limit", None), overwrite=self.overwrite)
 
     def _check_changes(self, path: Path, saved: Any) -> None:
         """Say which keys differ from the checkpoint's config; refuse those in `resume_fixed`."""

@@ -109,7 +109,8 @@ class ExperienceMaker:
             return self.config.model
         from rlcore.plugins.hf.tiny import build_tiny_model
 
-        return str(build_tiny_model(Path(self.config.output_dir) / "tiny-model", seed=self.config.seed))
+        demo = Path(self.config.output_dir) / "tiny-model"
+        return str(build_tiny_model(demo, seed=self.config.seed, replace=False))  # never another run's, rebuilt
 
     # -- prompts --------------------------------------------------------------------------------
 
