@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     create_model,
@@ -354,7 +355,9 @@ def _render_section(instance: BaseModel, indent: int) -> list[str]:
 
 
 def _plain(value: Any) -> Any:
-    """Nested models inside lists/dicts become plain data YAML can write."""
+    """Nested models inside lists/dicts become plain data YAML can write; a secret is shown as '**********'."""
+    if isinstance(value, SecretStr):
+        return str(value)
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, dict):

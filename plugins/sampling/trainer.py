@@ -83,8 +83,8 @@ class SampleTrainer(Trainer):
 
             self.encoder = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
         self.teacher = None if cfg.uses_local_sampler else ApiTeacher(
-            cfg.api_base, cfg.model, cfg.api_key, cfg.max_concurrency, cfg.max_retries, cfg.retry_backoff_s,
-            cfg.request_timeout_s)
+            cfg.api_base, cfg.model, cfg.api_key and cfg.api_key.get_secret_value(), cfg.max_concurrency,
+            cfg.max_retries, cfg.retry_backoff_s, cfg.request_timeout_s)
         self.session = self.make_session()
         self.written = 0
 
@@ -166,7 +166,7 @@ class SampleTrainer(Trainer):
             return cfg.model
         from rlcore.plugins.hf.tiny import build_tiny_model
 
-        return str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed))
+        return str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed, replace=False))
 
     def make_session(self) -> RoleSession | None:
         cfg = self.config
@@ -209,7 +209,7 @@ class SampleTrainer(Trainer):
         with RunLock(self.output_dir):
             if cfg.resume == "auto":
                 state = self.output.resume()
-                self._check_changes(self.output.state_path, state.get("config"))
+                self._check_changes(self.output.state_path, _secrets_hidden(state.get("config"), cfg))
                 if state.get("done"):
                     print(f"rlcore: {self.output.final} is already complete; nothing to resume", file=sys.stderr)
                     return self.summary(state)
@@ -366,3 +366,16 @@ class SampleTrainer(Trainer):
                 out["rejected_response"] = rejected
             out["id"] = self.ids[index]
         return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def _secrets_hidden(saved: Any, config: Any) -> Any:
+    """A saved config with its secrets (`api_key`) as a dump shows them now: a state file written before they
+    were hidden holds them in clear, and a changed one must not be printed."""
+    if not isinstance(saved, dict):
+        return saved
+    from typing import get_args
+
+    from pydantic import SecretStr
+
+    secret = [k for k, f in type(config).model_fields.items() if SecretStr in (f.annotation, *get_args(f.annotation))]
+    return {**saved, **{k: str(SecretStr("hidden")) for k in secret if saved.get(k) is not None}}
