@@ -305,17 +305,25 @@ class PromptSampler:
 
 
 def _tokenizer(model_path: str) -> Any:
-    """The tokenizer of a model directory, or of a hub id: from the local cache, else from the Hub once
-    `_hub_reachable` found it can be asked (so a machine without network fails at once, not after the hub
-    client's retries)."""
+    """The tokenizer of a model directory, or of a hub id: from the Hub as transformers loads it when the Hub
+    answers; else (HF_HUB_OFFLINE, or no connection) from the local cache alone, or at once a ConfigError
+    naming the fix, instead of after the hub client's retries."""
     from transformers import AutoTokenizer
 
-    if not os.path.exists(os.path.expanduser(model_path)) and _is_repo_id(model_path):
-        try:
-            return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-        except (OSError, ValueError):
-            _hub_reachable(model_path)
-    return AutoTokenizer.from_pretrained(model_path)
+    if os.path.exists(os.path.expanduser(model_path)) or not _is_repo_id(model_path):
+        return AutoTokenizer.from_pretrained(model_path)
+    unreachable = _hub_unreachable(model_path)
+    if unreachable is None:
+        return AutoTokenizer.from_pretrained(model_path)
+    try:
+        return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    except (OSError, ValueError):
+        fix = (f"download it where there is a network (`hf download {model_path}`) into this machine's Hugging Face "
+               f"cache, or give a local model directory")
+        if "HF_HUB_OFFLINE" not in unreachable:
+            fix += "; with HF_HUB_OFFLINE=1 only the cache is asked"
+        why = f"'{model_path}' is neither a local directory nor in the local Hugging Face cache, and {unreachable}"
+        raise ConfigError(f"model {why}: {fix}", [("model", f"{why}: {fix}")]) from None
 
 
 def _is_repo_id(name: str) -> bool:
@@ -328,24 +336,19 @@ def _is_repo_id(name: str) -> bool:
     return True
 
 
-def _hub_reachable(model_id: str) -> None:
-    """A ConfigError naming the fix when the model `model_id`, in no local cache, cannot come from the Hub
-    now: HF_HUB_OFFLINE is set, or one request to the Hub does not connect."""
+def _hub_unreachable(model_id: str) -> str | None:
+    """Why the Hub cannot be asked for `model_id` now (HF_HUB_OFFLINE is set, or one request does not
+    connect), or None when it answers (also with an error of its own, which loading then reports)."""
     from huggingface_hub import constants, model_info
     from huggingface_hub.errors import HfHubHTTPError
 
-    fix = (f"download it where there is a network (`hf download {model_id}`) into this machine's Hugging Face cache, "
-           f"or give a local model directory")
     if constants.HF_HUB_OFFLINE:
-        why = f"'{model_id}' is neither a local directory nor in the local Hugging Face cache, and HF_HUB_OFFLINE is set"
-        raise ConfigError(f"model {why}: {fix}", [("model", f"{why}: {fix}")])
+        return "HF_HUB_OFFLINE is set"
     try:
         model_info(model_id, timeout=10)
-    except HfHubHTTPError:  # the Hub answered (no such model, gated): loading it says what it said
-        return
+    except HfHubHTTPError:  # the Hub answered (no such model, gated)
+        return None
     except Exception as exc:  # no connection: no DNS, refused, timed out, a proxy that fails
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        why = (f"'{model_id}' is neither a local directory nor in the local Hugging Face cache, and the Hub "
-               f"({constants.ENDPOINT}) cannot be reached ({reason})")
-        fix += "; with HF_HUB_OFFLINE=1 only the cache is asked"
-        raise ConfigError(f"model {why}: {fix}", [("model", f"{why}: {fix}")]) from None
+        return f"the Hub ({constants.ENDPOINT}) cannot be reached ({reason})"
+    return None
