@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     create_model,
@@ -91,6 +92,10 @@ class RunConfig(BaseConfig):
     """Keys every algorithm has: where outputs go, seeding, and how roles are placed on devices."""
 
     output_dir: str = Field("output", description="metrics.jsonl, checkpoints and samples go here")
+    overwrite_output_dir: bool = Field(
+        False, description="let this run replace folders in output_dir named like its checkpoints (checkpoint-N) "
+        "that rlcore did not write; without it such an output_dir is refused, and rlcore removes only what it wrote"
+    )
     seed: int = Field(42, description="seed for data order, sampling and initialisation")
     nnodes: int | None = Field(
         None, ge=1, description="nodes of the Ray cluster the plan spans (default: 1, or in device_groups what the ranks need)"
@@ -277,8 +282,15 @@ def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise config_error([("(file)", f"config file '{path}' does not exist")])
+    raw = file.read_bytes()
     try:
-        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_Loader)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        problem = f"not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; save the file as UTF-8"
+        raise config_error([("(file)", problem)], source=str(path)) from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -400,7 +412,9 @@ def _render_section(instance: BaseModel, indent: int) -> list[str]:
 
 
 def _plain(value: Any) -> Any:
-    """Nested models inside lists/dicts become plain data YAML can write."""
+    """Nested models inside lists/dicts become plain data YAML can write; a secret is shown as '**********'."""
+    if isinstance(value, SecretStr):
+        return str(value)
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, dict):

@@ -43,8 +43,14 @@ def dataset_file(path: str | os.PathLike) -> tuple[Path, int | None]:
 
 def _read_jsonl(path: Path, problems: list[tuple[str, str]]) -> list[tuple[int, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                problems.append((f"row {line_no}", f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                 f"{exc.start + 1}); save the file as UTF-8"))
+                continue
             if not line.strip():
                 continue
             try:
@@ -55,8 +61,15 @@ def _read_jsonl(path: Path, problems: list[tuple[str, str]]) -> list[tuple[int, 
 
 
 def _read_json(path: Path) -> list[tuple[int, Any]]:
+    raw = path.read_bytes()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"dataset '{path}' is not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; "
+                          "save the file as UTF-8") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"dataset '{path}' is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     if isinstance(data, dict) and isinstance(data.get("data"), list):
@@ -220,10 +233,8 @@ class PromptEncoder:
         self, model_path: str, use_chat_template: bool = True, max_prompt_length: int | None = None,
         system: str | None = None,
     ):
-        from transformers import AutoTokenizer
-
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+            self.tokenizer = _tokenizer(model_path)
         except (OSError, ValueError) as exc:  # transformers chains several tracebacks: one line says it
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
@@ -314,3 +325,53 @@ class PromptSampler:
             raise ConfigError(f"the checkpoint's data position {state} is out of range for {len(self.rows)} rows")
         self.epoch, self.index = state["epoch"], state["index"]
         self._order = self._shuffled(self.epoch)
+
+
+def _tokenizer(model_path: str) -> Any:
+    """The tokenizer of a model directory, or of a hub id: from the Hub as transformers loads it when the Hub
+    answers; else (HF_HUB_OFFLINE, or no connection) from the local cache alone, or at once a ConfigError
+    naming the fix, instead of after the hub client's retries."""
+    from transformers import AutoTokenizer
+
+    if os.path.exists(os.path.expanduser(model_path)) or not _is_repo_id(model_path):
+        return AutoTokenizer.from_pretrained(model_path)
+    unreachable = _hub_unreachable(model_path)
+    if unreachable is None:
+        return AutoTokenizer.from_pretrained(model_path)
+    try:
+        return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    except (OSError, ValueError):
+        fix = (f"download it where there is a network (`hf download {model_path}`) into this machine's Hugging Face "
+               f"cache, or give a local model directory")
+        if "HF_HUB_OFFLINE" not in unreachable:
+            fix += "; with HF_HUB_OFFLINE=1 only the cache is asked"
+        why = f"'{model_path}' is neither a local directory nor in the local Hugging Face cache, and {unreachable}"
+        raise ConfigError(f"model {why}: {fix}", [("model", f"{why}: {fix}")]) from None
+
+
+def _is_repo_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _hub_unreachable(model_id: str) -> str | None:
+    """Why the Hub cannot be asked for `model_id` now (HF_HUB_OFFLINE is set, or one request does not
+    connect), or None when it answers (also with an error of its own, which loading then reports)."""
+    from huggingface_hub import constants, model_info
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        model_info(model_id, timeout=10)
+    except HfHubHTTPError:  # the Hub answered (no such model, gated)
+        return None
+    except Exception as exc:  # no connection: no DNS, refused, timed out, a proxy that fails
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        return f"the Hub ({constants.ENDPOINT}) cannot be reached ({reason})"
+    return None

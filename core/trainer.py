@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import watchdog
-from .checkpoint import RunLock, checkpoints, load_state, resolve_resume, save_checkpoint
+from .checkpoint import RunLock, check_output_dir, checkpoints, load_state, resolve_resume, save_checkpoint
 from .errors import ConfigError, RlcoreError
 from .metrics import MetricsWriter
 
@@ -90,7 +90,9 @@ class Trainer:
         self.use_ray = use_ray
         self.output_dir = Path(getattr(config, "output_dir", "output"))
         resume = getattr(config, "resume", None) or "no"
-        self.resume_from = resolve_resume(self.output_dir, resume)  # refuses to overwrite a run
+        check_output_dir(self.output_dir)
+        RunLock(self.output_dir).refuse_if_held()  # before a subclass builds anything there (a demo model)
+        self.resume_from = resolve_resume(self.output_dir, resume, self.overwrite)  # refuses to overwrite a run
         self.timer = PhaseTimer()
         self.step = 0
         self._metrics: MetricsWriter | None = None
@@ -108,6 +110,11 @@ class Trainer:
     @property
     def max_steps(self) -> int:
         return int(self.config.max_steps)
+
+    @property
+    def overwrite(self) -> bool:
+        """`overwrite_output_dir`: checkpoint folders rlcore did not write may be replaced."""
+        return bool(getattr(self.config, "overwrite_output_dir", False))
 
     # -- what an algorithm writes ---------------------------------------------------------------------
 
@@ -151,7 +158,7 @@ class Trainer:
         stops at once. `output_dir` is locked for the run's life.
         """
         save_steps = getattr(self.config, "save_steps", 0) or 0
-        with RunLock(self.output_dir), _Deferred() as stop, self.start():
+        with self._locked(), _Deferred() as stop, self.start():
             stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
             self.restore()
             self.on_start()
@@ -208,6 +215,15 @@ class Trainer:
         raise RlcoreError(f"step {step}: {what} is not finite{why}; the run stopped before counting or saving it: "
                           f"{held()}. Lower learning_rate, check that step's data{fix}")
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """output_dir's lock for the run; once it is held, the check that refuses to overwrite a run again: a
+        run may have finished there while this one was being built."""
+        with RunLock(self.output_dir):
+            self.resume_from = resolve_resume(self.output_dir, getattr(self.config, "resume", None) or "no",
+                                              self.overwrite)
+            yield
+
     def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
         """Phase times and the step into `metrics`; append it to metrics.jsonl; call the step-end hook;
         move the bar; every `logging_steps` steps, print the bar's metrics on a line of their own."""
@@ -240,7 +256,7 @@ class Trainer:
         config = self.config.model_dump(mode="json") if hasattr(self.config, "model_dump") else None
         state = {"step": self.step, **self.state_dict(), "config": config}
         return save_checkpoint(self.output_dir, self.step, state, self.save_model,
-                               keep=getattr(self.config, "save_total_limit", None))
+                               keep=getattr(self.config, "save_total_limit", None), overwrite=self.overwrite)
 
     def _check_changes(self, path: Path, saved: Any) -> None:
         """Say which keys differ from the checkpoint's config; refuse those in `resume_fixed`."""

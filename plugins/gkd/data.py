@@ -36,10 +36,10 @@ def demo_models(output_dir: str, seed: int) -> tuple[str, str]:
     from rlcore.plugins.hf.tiny import build_tiny_model
 
     root = Path(output_dir)
-    student = build_tiny_model(root / "tiny-student", seed=seed)
+    student = build_tiny_model(root / "tiny-student", seed=seed, replace=False)
     teacher = root / "tiny-teacher"
     base = build_tiny_model(root / "tiny-teacher-base", hidden_size=96, intermediate_size=192, num_layers=2,
-                            num_heads=4, num_kv_heads=2, seed=seed + 1)
+                            num_heads=4, num_kv_heads=2, seed=seed + 1, replace=False)
     if not (teacher / "config.json").is_file():
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer

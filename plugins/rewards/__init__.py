@@ -14,7 +14,7 @@ import dataclasses
 
 from rlcore import RewardSpec, hookimpl
 
-from .calling import RewardFailed, call_reward, resolve_reward, reward_options
+from .calling import RewardFailed, call_reward, check_reward, resolve_reward, reward_options
 from .functions import CosineReward, RepetitionPenalty, SoftOverlong, accuracy_reward, completion_text, format_reward
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "SoftOverlong",
     "accuracy_reward",
     "call_reward",
+    "check_reward",
     "completion_text",
     "format_reward",
     "resolve_reward",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore import ConfigError, PhaseTimer, SamplingParams, Trainer
-from rlcore.checkpoint import RunLock
+from rlcore.checkpoint import RunLock, check_output_dir
 from rlcore.resources import plan_from_config
 from rlcore.session import RoleSession, RoleSetup, announce
 from rlcore.sections import rollout_options
@@ -66,6 +66,7 @@ class SampleTrainer(Trainer):
         self.config = cfg = config.for_run()
         self.plugins, self.use_ray = plugins, use_ray
         self.output_dir = Path(cfg.output_dir)
+        check_output_dir(self.output_dir)
         self.timer, self.step, self._metrics = PhaseTimer(), 0, None
         self.output = ResumableJsonl(self.output_dir, cfg.output_file)
         problems = self.name_problems(cfg, plugins)
@@ -82,8 +83,8 @@ class SampleTrainer(Trainer):
 
             self.encoder = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
         self.teacher = None if cfg.uses_local_sampler else ApiTeacher(
-            cfg.api_base, cfg.model, cfg.api_key, cfg.max_concurrency, cfg.max_retries, cfg.retry_backoff_s,
-            cfg.request_timeout_s)
+            cfg.api_base, cfg.model, cfg.api_key and cfg.api_key.get_secret_value(), cfg.max_concurrency,
+            cfg.max_retries, cfg.retry_backoff_s, cfg.request_timeout_s)
         self.session = self.make_session()
         self.written = 0
 
@@ -101,7 +102,7 @@ class SampleTrainer(Trainer):
         from rlcore.data import PromptEncoder
 
         cfg = config.for_run()
-        problems = cls.name_problems(cfg, plugins)
+        problems = cls.name_problems(cfg, plugins, run_code=False)
         checks = [("(resource plan)", lambda: plan_from_config(cfg, roles=cls.roles_of(cfg), policy=cfg.placement,
                                                                plugins=plugins)),
                   ("dataset", lambda: cls.load_rows(cfg))]
@@ -112,9 +113,10 @@ class SampleTrainer(Trainer):
             raise config_error(problems)
 
     @staticmethod
-    def name_problems(cfg: SampleConfig, plugins: Any) -> list[tuple[str, str]]:
+    def name_problems(cfg: SampleConfig, plugins: Any, run_code: bool = True) -> list[tuple[str, str]]:
         """The names a run resolves, checked without building anything: the engines, and orm_model as a reward
-        function (with orm_kwargs) or a model (a directory, or a hub id `org/name`)."""
+        function (with orm_kwargs) or a model (a directory, or a hub id `org/name`). Without `run_code` (config
+        validate), a `file.py:function` orm_model is parsed, not imported."""
         from rlcore import NotRegistered, RlcoreError
         from rlcore.errors import did_you_mean
 
@@ -128,10 +130,10 @@ class SampleTrainer(Trainer):
             except NotRegistered as exc:  # it lists the known ones
                 problems.append((key, str(exc)))
         if cfg.orm_model and is_reward_function(cfg.orm_model, plugins):
-            from rlcore.plugins.rewards import resolve_reward
+            from rlcore.plugins.rewards import check_reward, resolve_reward
 
             try:
-                resolve_reward(cfg.orm_model, plugins, cfg.orm_kwargs or None)
+                (resolve_reward if run_code else check_reward)(cfg.orm_model, plugins, cfg.orm_kwargs or None)
             except RlcoreError as exc:  # GRPO's key for these options is reward_kwargs.NAME; here it is orm_kwargs
                 grpo_key = f"reward_kwargs.{cfg.orm_model}"
                 problems.extend((k.replace(grpo_key, "orm_kwargs"), m.replace(grpo_key, "orm_kwargs"))
@@ -164,7 +166,7 @@ class SampleTrainer(Trainer):
             return cfg.model
         from rlcore.plugins.hf.tiny import build_tiny_model
 
-        return str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed))
+        return str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed, replace=False))
 
     def make_session(self) -> RoleSession | None:
         cfg = self.config
@@ -207,7 +209,7 @@ class SampleTrainer(Trainer):
         with RunLock(self.output_dir):
             if cfg.resume == "auto":
                 state = self.output.resume()
-                self._check_changes(self.output.state_path, state.get("config"))
+                self._check_changes(self.output.state_path, _secrets_hidden(state.get("config"), cfg))
                 if state.get("done"):
                     print(f"rlcore: {self.output.final} is already complete; nothing to resume", file=sys.stderr)
                     return self.summary(state)
@@ -364,3 +366,16 @@ class SampleTrainer(Trainer):
                 out["rejected_response"] = rejected
             out["id"] = self.ids[index]
         return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def _secrets_hidden(saved: Any, config: Any) -> Any:
+    """A saved config with its secrets (`api_key`) as a dump shows them now: a state file written before they
+    were hidden holds them in clear, and a changed one must not be printed."""
+    if not isinstance(saved, dict):
+        return saved
+    from typing import get_args
+
+    from pydantic import SecretStr
+
+    secret = [k for k, f in type(config).model_fields.items() if SecretStr in (f.annotation, *get_args(f.annotation))]
+    return {**saved, **{k: str(SecretStr("hidden")) for k in secret if saved.get(k) is not None}}

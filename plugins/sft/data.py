@@ -149,7 +149,7 @@ def write_demo(output_dir: str | os.PathLike, kind: str, seed: int) -> None:
     from rlcore.plugins.hf.tiny import build_tiny_model
 
     model, (data,) = demo_paths(output_dir, kind)
-    build_tiny_model(model, seed=seed)
+    build_tiny_model(model, seed=seed, replace=False)
     data = Path(data)
     if not data.is_file():
         tmp = data.with_suffix(".jsonl.tmp")
