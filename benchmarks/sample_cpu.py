@@ -2,7 +2,7 @@
 every candidate scored by the registered `toy` reward function) against raw transformers `model.generate` of
 the same prompts with the same settings, in the same run.
 
-The work: `--prompts` prompts of the toy task (rlcore.plugins.grpo.toy) x `CANDIDATES` candidates x up to `TOKENS`
+The work: `--prompts` prompts of the toy task (rlcore.testing) x `CANDIDATES` candidates x up to `TOKENS`
 new tokens from the tiny random-weight Qwen2-style model of sft_cpu.py (float32), temperature 1.0, top_p 0.95, no
 top-k, stopping at the tokenizer's eos and pad tokens on both sides (rlcore's stop ids). Both sides go through
 the prompts in batches of `BATCH` prompts; the first batch warms up and is not timed.

@@ -24,6 +24,7 @@ from .dispatch import Mesh
 from .errors import ResourceError, RlcoreError, RoleFailed
 from .manager import EXTRA_PLUGINS_ENV, plugins
 from .specs import Slot
+from .watchdog import RayStuck, bounded
 
 if TYPE_CHECKING:
     from .workers import FunctionSpec
@@ -128,11 +129,16 @@ def _actor_class(cls: type) -> Any:
     return ray.remote(max_restarts=0, max_task_retries=0)(actor)
 
 
+GET_MARGIN_S = 5.0  # a ray.get past its own timeout by this much is stuck in Ray itself (see rlcore.watchdog)
+
+
 class RemoteGroup:
     """The driver's side of one group: its actors, and how a call is spread over them.
 
     `call_timeout` (seconds, None for none) is how long any call may go without a result before its
     group counts as hung: the ranks that did not answer are named in a RoleFailed and the group stops.
+    Submitting a call is bounded by it too: a submission that Ray never takes (a stopped raylet) is a
+    RayStuck naming the call (see `rlcore.watchdog`).
     """
 
     def __init__(self, role: str, actors: list[Any], infos: list[dict[str, Any]], mesh: Mesh,
@@ -149,16 +155,20 @@ class RemoteGroup:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        actors = []
-        for slot in slots:
-            options: dict[str, Any] = {"num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus}
-            if slot.placement_group is not None:
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    slot.placement_group, -1 if slot.bundle_index is None else slot.bundle_index
-                )
-            actors.append(_actor_class(worker_cls).options(**options).remote())
+        actors: list[Any] = []
+
+        def started() -> list[dict[str, Any]]:
+            for slot in slots:
+                options: dict[str, Any] = {"num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus}
+                if slot.placement_group is not None:
+                    options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                        slot.placement_group, -1 if slot.bundle_index is None else slot.bundle_index
+                    )
+                actors.append(_actor_class(worker_cls).options(**options).remote())
+            return ray.get([a._rlcore_info.remote() for a in actors], timeout=timeout)
+
         try:
-            infos = ray.get([a._rlcore_info.remote() for a in actors], timeout=timeout)
+            infos = bounded(started, f"starting the workers of role '{role}'", timeout + GET_MARGIN_S, role=role)
         except ray.exceptions.GetTimeoutError:
             cluster.kill(actors)
             raise ResourceError(
@@ -174,10 +184,11 @@ class RemoteGroup:
     def setup(self, cls: type, args: tuple, kwargs: dict) -> list[Any]:
         """Give every actor its group environment and build the instance (returns the pending refs)."""
         master = self.infos[0]["ip"]
-        port = self._get([self.actors[0]._rlcore_free_port.remote(master)], [0], "setup")[0]
+        asked = self._submit(lambda: [self.actors[0]._rlcore_free_port.remote(master)], "setup")
+        port = self._get(asked, [0], "setup")[0]
         per_node = collections.Counter(info["node_id"] for info in self.infos)
         seen: collections.Counter = collections.Counter()
-        refs = []
+        calls = []
         for rank, (actor, info) in enumerate(zip(self.actors, self.infos)):
             env = {
                 "RANK": str(rank), "WORLD_SIZE": str(len(self.actors)),
@@ -187,8 +198,8 @@ class RemoteGroup:
                 EXTRA_PLUGINS_ENV: os.pathsep.join(plugins().extra),
             }
             seen[info["node_id"]] += 1
-            refs.append(actor._rlcore_setup.remote(cls, self.role, rank, env, args, kwargs))
-        return refs
+            calls.append(functools.partial(actor._rlcore_setup.remote, cls, self.role, rank, env, args, kwargs))
+        return self._submit(lambda: [call() for call in calls], "__init__")
 
     def call(self, spec: FunctionSpec, args: tuple, kwargs: dict) -> Any:
         """Split the arguments over the workers and call them; the collected result, or a Handle."""
@@ -206,14 +217,19 @@ class RemoteGroup:
                 raise RlcoreError(f"dispatch {spec.dispatch!r} returned {len(shards)} shards for {n} workers")
         ranks = [r for r, s in enumerate(shards) if s is not None]
         uses = collections.Counter(id(shards[r]) for r in ranks)
-        encoded: dict[int, tuple] = {}
-        refs = []
-        for r in ranks:
-            key = id(shards[r])
-            if key not in encoded:
-                shared = uses[key] > 1
-                encoded[key] = (encode(shards[r][0], shared), encode(shards[r][1], shared))
-            refs.append(calls[r].remote(*encoded[key][0], **encoded[key][1]))
+
+        def submit() -> list[Any]:  # large arguments go into the object store, through the raylet
+            encoded: dict[int, tuple] = {}
+            refs = []
+            for r in ranks:
+                key = id(shards[r])
+                if key not in encoded:
+                    shared = uses[key] > 1
+                    encoded[key] = (encode(shards[r][0], shared), encode(shards[r][1], shared))
+                refs.append(calls[r].remote(*encoded[key][0], **encoded[key][1]))
+            return refs
+
+        refs = self._submit(submit, spec.name)
         keep = getattr(spec._split, "collect_ranks", None) if spec.execute == "all" else None
         kept = None if keep is None else set(keep(n, self.mesh))
         handle = Handle(self, spec, ranks, refs, kept=kept)
@@ -230,10 +246,19 @@ class RemoteGroup:
         """Wait for every worker's call (`__init__` while starting); a failure raises RoleFailed."""
         self._get(refs, list(range(len(refs))), method)
 
+    def _submit(self, submit: Callable[[], list[Any]], method: str) -> list[Any]:
+        """`submit()` (which hands a call to the workers through Ray) within `call_timeout`; RayStuck past it."""
+        try:
+            return bounded(submit, f"submitting {method}() to role '{self.role}'", self.call_timeout, role=self.role)
+        except RayStuck as exc:
+            self.failure = exc
+            raise
+
     def _get(self, refs: list[Any], ranks: list[int], method: str, started: float | None = None,
              timeout: float | None = None) -> list[Any]:
         """The workers' results, within `timeout` (an RlcoreError after it) and the call's `call_timeout`
-        from `started` (a hung group: RoleFailed, and the group stops)."""
+        from `started` (a hung group: RoleFailed, and the group stops). A ray.get that outlives its own
+        timeout by GET_MARGIN_S is stuck in Ray itself: RayStuck."""
         import ray
 
         left = None
@@ -241,8 +266,13 @@ class RemoteGroup:
             elapsed = 0.0 if started is None else time.monotonic() - started
             left = max(0.0, self.call_timeout - elapsed)
         own = timeout is not None and (left is None or timeout < left)
+        wait = timeout if own else left
         try:
-            return ray.get(refs, timeout=timeout if own else left)
+            return bounded(lambda: ray.get(refs, timeout=wait), f"the results of {method}() of role '{self.role}'",
+                           None if wait is None else wait + GET_MARGIN_S, own=False, role=self.role)
+        except RayStuck as exc:
+            self.failure = exc
+            raise
         except ray.exceptions.GetTimeoutError:
             if own:
                 raise RlcoreError(
@@ -259,7 +289,11 @@ class RemoteGroup:
         lowest first) and stop the group, whose workers may be stopped, deadlocked or waiting on a peer."""
         import ray
 
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        try:
+            ready = set(bounded(lambda: ray.wait(refs, num_returns=len(refs), timeout=0)[0],
+                                f"which ranks answered {method}()", GET_MARGIN_S))
+        except RayStuck:
+            ready = set()
         silent = [r for r, ref in zip(ranks, refs) if ref not in ready] or list(ranks)
         rank, info = silent[0], self.infos[silent[0]]
         node, pid = info.get("ip", ""), info.get("pid")
@@ -279,14 +313,21 @@ class RemoteGroup:
         its whole group."""
         import ray
 
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=2.0)[0])
-        failed = []
-        for r, ref in zip(ranks, refs):  # every error is read, so Ray logs none
-            if ref in ready:
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayError as err:
-                    failed.append((r, err))
+        def errors() -> list[tuple[int, BaseException]]:
+            ready = set(ray.wait(refs, num_returns=len(refs), timeout=2.0)[0])
+            failed = []
+            for r, ref in zip(ranks, refs):  # every error is read, so Ray logs none
+                if ref in ready:
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayError as err:
+                        failed.append((r, err))
+            return failed
+
+        try:
+            failed = bounded(errors, f"the errors of {method}() of role '{self.role}'", 2.0 + GET_MARGIN_S)
+        except RayStuck:
+            failed = []
         # the lowest failed rank, a dead one first: its peers' errors (a collective cut off) follow from its death
         dead = [(r, err) for r, err in failed if cluster.is_death(err)]
         rank = None

@@ -14,7 +14,9 @@ from typing import Any
 from .errors import ConfigError, RlcoreError, RoleFailed
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+_TMP = re.compile(r"^\.checkpoint-(\d+)\.tmp$")
 STATE_FILE = "trainer_state.json"
+MARKER = "rlcore_checkpoint.json"  # written first into every checkpoint: rlcore removes only folders holding it
 
 
 def replace_dir(src: Path, dst: Path) -> None:
@@ -26,6 +28,60 @@ def replace_dir(src: Path, dst: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(src, dst)
+
+
+def check_output_dir(output_dir: str | os.PathLike) -> None:
+    """`output_dir` is a directory this process can write in, or one it can make: a ConfigError naming the
+    fix otherwise (before anything is built in it)."""
+    path = Path(output_dir).expanduser()
+    if os.path.lexists(path) and not path.is_dir():
+        raise ConfigError(f"output_dir '{output_dir}' is a file, not a directory; choose another output_dir",
+                          [("output_dir", f"'{output_dir}' is a file")])
+    existing = path
+    while not existing.is_dir():
+        if os.path.lexists(existing):
+            raise ConfigError(f"output_dir '{output_dir}' cannot be made: '{existing}' is a file, not a directory; "
+                              f"choose another output_dir", [("output_dir", f"'{existing}' is a file")])
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        which = "it is" if existing == path else f"'{existing}' is"
+        raise ConfigError(f"output_dir '{output_dir}' is not writable ({which} read-only for this user); "
+                          f"choose another output_dir", [("output_dir", f"'{existing}' is read-only")])
+
+
+def written_by_rlcore(path: Path) -> bool:
+    """`path` is a checkpoint folder rlcore wrote: it holds the marker (or, written before the marker was, a
+    trainer state with an integer step), or it is an empty folder, which holds nothing to lose."""
+    if not path.is_dir() or path.is_symlink():
+        return False
+    if (path / MARKER).is_file() or not any(path.iterdir()):
+        return True
+    try:
+        return isinstance(json.loads((path / STATE_FILE).read_text()).get("step"), int)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def foreign_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """What in `output_dir` is named like a checkpoint (or its temporary folder) but was not written by rlcore."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if (_NAME.match(p.name) or _TMP.match(p.name)) and not written_by_rlcore(p))
+
+
+def _check_removable(path: Path, overwrite: bool) -> None:
+    """An RlcoreError unless rlcore wrote `path` (or `overwrite` lets it replace what is there)."""
+    if os.path.lexists(path) and not (overwrite or written_by_rlcore(path)):
+        raise RlcoreError(f"{path} was not written by rlcore (no {MARKER} in it), so it is left as it is and "
+                          f"{path.name} is not saved; move it away, or set overwrite_output_dir=true to replace it")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -47,16 +103,21 @@ def save_checkpoint(
     state: dict[str, Any],
     write: Callable[[Path], None],
     keep: int | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Write `checkpoint-{step}`: `write(tmpdir)` fills a temporary directory, the trainer state goes last,
-    then one rename publishes it. `keep` removes all but the newest `keep` checkpoints afterwards."""
+    """Write `checkpoint-{step}`: the marker first, then `write(tmpdir)` fills a temporary directory, the
+    trainer state goes last, then one rename publishes it. `keep` removes all but the newest `keep`
+    checkpoints afterwards. Only folders rlcore wrote are replaced or removed (any, with `overwrite`)."""
     root = Path(output_dir)
     final = root / f"checkpoint-{step}"
     tmp = root / f".checkpoint-{step}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    _check_removable(tmp, overwrite)
+    _check_removable(final, overwrite)  # before anything is written
+    if os.path.lexists(tmp):
+        _remove(tmp)
     tmp.mkdir(parents=True)
     try:
+        (tmp / MARKER).write_text(json.dumps({"step": step}) + "\n")
         write(tmp)
         with open(tmp / STATE_FILE, "w") as f:
             json.dump(state, f, indent=1)
@@ -70,20 +131,33 @@ def save_checkpoint(
         kept = f"; the newest intact one is {older[-1][1]}" if older else ""
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise RlcoreError(f"cannot write {final.name} in {root}: {reason[:300]} (free disk space?){kept}") from exc
-    if final.exists():  # the same step saved again (a resumed run): replace it whole
-        shutil.rmtree(final)
+    if os.path.lexists(final):  # the same step saved again (a resumed run): replace it whole
+        _remove(final)
     os.replace(tmp, final)
     if keep:
         for _, old in checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if written_by_rlcore(old):  # another's folder named like a checkpoint is never pruned
+                shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def resolve_resume(output_dir: str | os.PathLike, resume: str) -> Path | None:
+def resolve_resume(output_dir: str | os.PathLike, resume: str, overwrite: bool = False) -> Path | None:
     """The checkpoint to resume from: 'no' gives None, 'auto' the newest one, anything else is a checkpoint
     path. A fresh run into a directory that holds checkpoints or another run's metrics is refused, and so is
-    resuming where there is nothing to resume: nothing a user trained or logged is silently overwritten."""
-    found = checkpoints(output_dir)
+    resuming where there is nothing to resume: nothing a user trained or logged is silently overwritten.
+    Folders named like checkpoints that rlcore did not write are refused unless `overwrite`
+    (`overwrite_output_dir`)."""
+    foreign = foreign_checkpoints(output_dir)
+    if foreign and not overwrite:
+        names = ", ".join(p.name for p in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        them = "it" if len(foreign) == 1 else "them"
+        raise ConfigError(
+            f"output_dir '{output_dir}' holds {names}, which rlcore did not write (no {MARKER} in {them}); a run "
+            f"would replace {them} with its checkpoints. Move {them} away, choose another output_dir, or set "
+            f"overwrite_output_dir=true to let this run replace {them}",
+            [("output_dir", f"holds {names}, not written by rlcore")],
+        )
+    found = [(step, path) for step, path in checkpoints(output_dir) if written_by_rlcore(path)]
     if resume == "no":
         if found:
             raise ConfigError(
@@ -137,7 +211,11 @@ class RunLock:
         import socket
         import sys
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"output_dir '{self.path.parent}' cannot be made ({exc.strerror or exc}); choose "
+                              f"another output_dir") from None
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid())}
         for _ in range(2):
             try:
@@ -145,12 +223,7 @@ class RunLock:
             except FileExistsError:
                 owner = self._owner()
                 if owner is not None and _alive(owner, me["host"]):
-                    elsewhere = owner.get("host") != me["host"]
-                    raise ConfigError(
-                        f"output_dir '{self.path.parent}' is in use by another run (pid {owner.get('pid')} on "
-                        f"{owner.get('host')}); wait for it, or choose another output_dir"
-                        + (f". If host {owner.get('host')} is gone, remove {self.path}" if elsewhere else "")
-                    ) from None
+                    raise self._in_use(owner, me["host"]) from None
                 print(f"rlcore: warning: {self.path} was left by a run that is gone ({owner}); taking it over",
                       file=sys.stderr, flush=True)
                 self.path.unlink(missing_ok=True)
@@ -160,6 +233,23 @@ class RunLock:
             self.held = True
             return self
         raise ConfigError(f"output_dir '{self.path.parent}': another run took {self.path} at the same moment")
+
+    def refuse_if_held(self) -> None:
+        """The ConfigError `__enter__` would raise if a live run holds the lock now, without taking it: a run
+        checks this before it builds anything in output_dir (a demo model), then takes the lock to train."""
+        import socket
+
+        owner = self._owner() if self.path.is_file() else None
+        if owner is not None and _alive(owner, socket.gethostname()):
+            raise self._in_use(owner, socket.gethostname())
+
+    def _in_use(self, owner: dict[str, Any], host: str) -> ConfigError:
+        elsewhere = owner.get("host") != host
+        return ConfigError(
+            f"output_dir '{self.path.parent}' is in use by another run (pid {owner.get('pid')} on "
+            f"{owner.get('host')}); wait for it, or choose another output_dir"
+            + (f". If host {owner.get('host')} is gone, remove {self.path}" if elsewhere else "")
+        )
 
     def _owner(self) -> dict[str, Any] | None:
         try:

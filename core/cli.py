@@ -21,10 +21,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import __version__
-from .config import config_error, load_config, render_config, validation_problems, with_settings
+from .config import config_error, load_config, read_config_data, render_config, validation_problems, with_settings
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
 from .manager import Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
+from .ms_swift import Translation, launch_options, translate
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,7 +69,8 @@ def _leaving(code: int) -> None:
 
 
 OWN_OPTIONS = {
-    "--plugin", "--with", "--config", "--use-ray", "--resume", "--json", "--keys", "--output", "--help", "--version",
+    "--plugin", "--with", "--config", "--from-ms-swift", "--use-ray", "--resume", "--json", "--keys", "--output", "--help",
+    "--version",
 }
 
 
@@ -84,7 +86,7 @@ def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[
         key, eq, value = item[2:].partition("=")
         if not item.startswith("--") or len(item) == 2 or f"--{key}" in OWN_OPTIONS:
             (overrides if "=" in item and not item.startswith("-") else head).append(item)
-            if item in ("--plugin", "--with", "--config") and i + 1 < len(argv):  # their values are theirs
+            if item in ("--plugin", "--with", "--config", "--from-ms-swift") and i + 1 < len(argv):  # their values
                 head.append(argv[i + 1])
                 i += 1
         elif eq:
@@ -128,6 +130,8 @@ def _parser() -> argparse.ArgumentParser:
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     show = config_commands.add_parser("show", help="print the full config with comments (defaults + overrides)")
     _add_plugin_and_config(show)
+    show.add_argument("--from-ms-swift", metavar="FILE", help="an ms-swift YAML: print the rlcore config it becomes, "
+                      "with what each of its keys became above it")
     show.set_defaults(func=_config_show)
     validate = config_commands.add_parser("validate", help="check a config file and overrides; exit 2 if invalid")
     _add_plugin_and_config(validate, config_required=True)
@@ -141,9 +145,9 @@ class _With(str):
 
 def _add_plugin_and_config(parser: argparse.ArgumentParser, config_required: bool = False) -> None:
     parser.add_argument(
-        "--plugin", required=True, action="append", metavar="NAME",
+        "--plugin", action="append", metavar="NAME",
         help="an installed plugin or algorithm name, a dotted module, or a path to a .py plugin file; "
-        "several may be given, one of them providing the algorithm",
+        "several may be given, one of them providing the algorithm (default: the config's rlhf_type, as ms-swift's)",
     )
     parser.add_argument(
         "--with", dest="plugin", action="append", type=_With, metavar="PLUGIN",
@@ -201,26 +205,46 @@ def _algorithm_of(plugins: Plugins, spec: str) -> str | None:
 def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins, str, Any]:
     """The loaded plugins, the algorithm's name and its validated config, after `rlcore_configure`.
 
-    The algorithm's config model gains the keys plugins add (`rlcore_settings`), validated with its own.
-    `resume` adds the override resume=auto, for algorithms whose config has a `resume` key.
+    The algorithm comes from --plugin, else from the config's `rlhf_type` (ms-swift's); `use_ray: true` in
+    the config means --use-ray. The algorithm's config model gains the keys plugins add (`rlcore_settings`),
+    validated with its own. `resume` adds the override resume=auto, for algorithms whose config has a
+    `resume` key.
     """
+    if getattr(args, "from_ms_swift", None):
+        if args.config:
+            raise ConfigError("give the file once: --config FILE or --from-ms-swift FILE")
+        args.config = args.from_ms_swift
+    kind, use_ray, problems = launch_options(read_config_data(args.config, args.overrides)[0])
+    if all(isinstance(p, _With) for p in args.plugin or ()):  # no --plugin: ms-swift's rlhf_type names it
+        if kind is None:
+            raise config_error(problems) if problems else ConfigError(
+                "no algorithm given: name it with --plugin NAME, or set rlhf_type (grpo, gkd) in the config")
+        args.plugin = [kind, *(args.plugin or ())]
     plugins, algorithm = _load(args.plugin)
+    if kind is not None and kind != algorithm:
+        raise ConfigError(f"the config's rlhf_type is '{kind}', but --plugin gives the algorithm '{algorithm}'; "
+                          "drop one of them")
+    if use_ray and hasattr(args, "use_ray"):
+        args.use_ray = True
     model = with_settings(plugins.algorithms.get(algorithm).config, plugins.settings, algorithm)
     overrides = list(args.overrides)
     if resume:
         if "resume" not in model.model_fields:
             raise ConfigError(f"--resume: algorithm '{algorithm}' has no 'resume' key, so it cannot resume a run")
         overrides.append("resume=auto")
-    config = load_config(model, args.config, overrides)
+    config = load_config(model, args.config, overrides, algorithm=algorithm)
     try:
         plugins.hook.rlcore_configure(config=config, algorithm=algorithm)
     except ValidationError as exc:  # a hook assigned a bad value
-        raise config_error(validation_problems(exc, model), source="rlcore_configure") from None
+        raise config_error(validation_problems(exc, model, algorithm=algorithm), source="rlcore_configure") from None
+    args.translation = translate(read_config_data(args.config, overrides)[0], model)
     return plugins, algorithm, config
 
 
 def _run(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args, resume=args.resume)
+    for line in args.translation.noted:
+        print(f"rlcore: ms-swift's {line}", file=sys.stderr)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
     metrics = trainer.fit()
     print(json.dumps({"algorithm": algorithm, **jsonable(metrics or {})}, default=str))
@@ -254,8 +278,18 @@ def _plugins(args: argparse.Namespace) -> int:
 
 def _config_show(args: argparse.Namespace) -> int:
     _, _, config = _configured(args)
+    if args.from_ms_swift:
+        sys.stdout.write(_translation_comment(args.from_ms_swift, args.translation))
     sys.stdout.write(render_config(config))
     return 0
+
+
+def _translation_comment(source: str, translation: Translation) -> str:
+    """What each ms-swift key of `source` became, as YAML comments."""
+    lines = [f"# from ms-swift's {source}:"] + [f"#   {line}" for line in translation.mapped or ["(no ms-swift key)"]]
+    if translation.noted:
+        lines += ["# noted, nothing for rlcore to do:"] + [f"#   {line}" for line in translation.noted]
+    return "\n".join(lines) + "\n"
 
 
 def _config_validate(args: argparse.Namespace) -> int:

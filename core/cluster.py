@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from . import watchdog
 from .errors import RlcoreError, RoleFailed
 
 ADDRESS_ENV = "RLCORE_RAY_ADDRESS"
@@ -69,6 +70,7 @@ def init(
     if ray.is_initialized():
         return ray.cluster_resources()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    watchdog.reset()
     reap()
     main = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main else None  # ray.init replaces it
@@ -362,23 +364,65 @@ def reap() -> list[int]:
     return ended
 
 
+SHUTDOWN_S = 5.0  # ray.shutdown() waits on the raylet; a stopped one would hold the exit for good
+
+
 def shutdown() -> None:
-    """Disconnect from Ray; a local Ray started here stops with it, to its last agent."""
+    """Disconnect from Ray; a local Ray started here stops with it, to its last agent. Where Ray does not
+    answer (`rlcore.watchdog`), the local Ray's processes are ended first, which ends Ray's wait on them."""
     global _record_path, _previous_sigterm
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        ray.shutdown()
+        _disconnect(ray)
     if _record_path is not None:
-        try:
-            _end(_leftovers(json.loads(_record_path.read_text())))
-            _record_path.unlink(missing_ok=True)
-        except (OSError, ValueError):
-            pass
+        end_local()
         _record_path = None
     if _previous_sigterm is not None and threading.current_thread() is threading.main_thread():
         if signal.getsignal(signal.SIGTERM) is _exit_on_sigterm:
             signal.signal(signal.SIGTERM, _previous_sigterm)
         _previous_sigterm = None
+
+
+def end_local() -> None:
+    """End the processes of the local Ray started here, found by its record, without asking Ray: for an exit
+    that cannot wait on Ray (a stopped raylet, an exit deadline)."""
+    if _record_path is None:
+        return
+    try:
+        _end(_leftovers(json.loads(_record_path.read_text())))
+        _record_path.unlink(missing_ok=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _disconnect(ray: Any) -> None:
+    """ray.shutdown(), bounded: SHUTDOWN_S, then (or at once, when Ray already did not answer a call) the
+    local Ray's processes are ended and it gets as long again. A cluster this process attached to is left to
+    itself, and Ray's own exit hook too (it would wait the same way), with a warning."""
+    done = threading.Event()
+
+    def stop() -> None:
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - what is left of Ray is ended below
+            pass
+        finally:
+            done.set()
+
+    def start() -> None:
+        threading.Thread(target=stop, daemon=True, name="rlcore-ray-shutdown").start()
+
+    if watchdog.stuck() is None:
+        start()
+        if done.wait(SHUTDOWN_S):
+            return
+    end_local()
+    if watchdog.stuck() is not None:
+        start()
+    if not done.wait(SHUTDOWN_S):
+        atexit.unregister(ray._private.worker.shutdown)
+        print(f"rlcore: warning: Ray did not shut down within {SHUTDOWN_S:g}s; this process leaves it as it is",
+              file=sys.stderr, flush=True)
 
 
 def gcs_answers(timeout_s: float = 2.0) -> bool:
@@ -399,14 +443,25 @@ def is_initialized() -> bool:
     return ray is not None and ray.is_initialized()
 
 
+KILL_S = 10.0
+
+
 def kill(actors: Iterable[Any]) -> None:
-    """Kill actors without restarting them; ones already dead are ignored."""
+    """Kill actors without restarting them; ones already dead are ignored. Where Ray does not answer
+    (`rlcore.watchdog`), nothing is asked of it: the actors end with the local Ray, or the cluster."""
     import ray
 
-    for actor in actors:
+    def each() -> None:
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - an actor that is already gone needs no killing
+                pass
+
+    if watchdog.stuck() is None:
         try:
-            ray.kill(actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - an actor that is already gone needs no killing
+            watchdog.bounded(each, "killing actors", KILL_S)
+        except watchdog.RayStuck:
             pass
 
 

@@ -6,6 +6,7 @@ validated into an algorithm's pydantic model with every problem reported at once
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -19,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     create_model,
@@ -57,7 +59,7 @@ class BaseConfig(BaseModel):
     """Every config section forbids unknown keys, so a typo is an error, never silently ignored, and a
     number is never given as a boolean (`beta: true` would otherwise be 1.0)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -65,6 +67,16 @@ class BaseConfig(BaseModel):
         if isinstance(value, bool) and info.field_name in cls.model_fields:
             if _takes_number_not_bool(cls.model_fields[info.field_name].annotation):
                 raise ValueError("is a number, not a boolean; write a number, e.g. 0.1")
+        return value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _finite_numbers(cls, value: Any) -> Any:
+        """NaN and infinities nowhere, also inside free-form options (engine_kwargs, device_groups): a run
+        given one trains NaN weights."""
+        where = _nonfinite_at(value)
+        if where is not None:
+            raise ValueError(f"holds {where}: not a finite number; write a finite one")
         return value
 
 
@@ -80,6 +92,10 @@ class RunConfig(BaseConfig):
     """Keys every algorithm has: where outputs go, seeding, and how roles are placed on devices."""
 
     output_dir: str = Field("output", description="metrics.jsonl, checkpoints and samples go here")
+    overwrite_output_dir: bool = Field(
+        False, description="let this run replace folders in output_dir named like its checkpoints (checkpoint-N) "
+        "that rlcore did not write; without it such an output_dir is refused, and rlcore removes only what it wrote"
+    )
     seed: int = Field(42, description="seed for data order, sampling and initialisation")
     nnodes: int | None = Field(
         None, ge=1, description="nodes of the Ray cluster the plan spans (default: 1, or in device_groups what the ranks need)"
@@ -154,13 +170,37 @@ def _names_and_aliases(model: type[BaseModel]) -> set[str]:
 
 
 def load_config(
-    model: type[BaseModel], path: str | os.PathLike | None = None, overrides: Iterable[str] = ()
+    model: type[BaseModel],
+    path: str | os.PathLike | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    algorithm: str = "",
 ) -> BaseModel:
     """Load `path` (YAML) with `overrides` (`key.sub=value`, values parsed as YAML) on top, into `model`.
 
-    The command line wins over the file. Every problem is reported at once in one `ConfigError` whose
-    `problems` lists `(dotted key path, message)`; an unknown key suggests the closest known one.
+    The command line wins over the file. ms-swift's keys are read as rlcore's (`rlcore.ms_swift`). Every
+    problem is reported at once in one `ConfigError` whose `problems` lists `(dotted key path, message)`; an
+    unknown key suggests the closest known one, or points to `rlcore config show --plugin ALGORITHM`.
     """
+    from .ms_swift import translate
+
+    data, problems, from_cli = read_config_data(path, overrides)
+    translation = translate(data, model)
+    problems.extend(translation.problems)
+    try:
+        config = model.model_validate(translation.data)
+    except ValidationError as exc:
+        problems.extend(validation_problems(exc, model, from_cli, algorithm))
+        config = None
+    if problems:
+        raise config_error(problems, source=str(path) if path is not None else "")
+    return config
+
+
+def read_config_data(
+    path: str | os.PathLike | None, overrides: Iterable[str] = ()
+) -> tuple[dict[str, Any], list[tuple[str, str]], set[str]]:
+    """(the file's keys with the overrides set, the overrides' problems, the keys set on the command line)."""
     data = _read_yaml(path) if path is not None else {}
     problems: list[tuple[str, str]] = []
     from_cli: set[str] = set()
@@ -173,22 +213,18 @@ def load_config(
         if problem:
             problems.append((key, problem))
         from_cli.add(key)
-    try:
-        config = model.model_validate(data)
-    except ValidationError as exc:
-        problems.extend(validation_problems(exc, model, from_cli))
-        config = None
-    if problems:
-        raise config_error(problems, source=str(path) if path is not None else "")
-    return config
+    return data, problems, from_cli
 
 
 def validation_problems(
-    exc: ValidationError, model: type[BaseModel], from_cli: Iterable[str] = ()
+    exc: ValidationError, model: type[BaseModel], from_cli: Iterable[str] = (), algorithm: str = ""
 ) -> list[tuple[str, str]]:
-    """Pydantic's errors as `(dotted key path, message)` pairs; unknown keys get a suggestion."""
+    """Pydantic's errors as `(dotted key path, message)` pairs. An unknown key gets the closest known one,
+    else a pointer to `rlcore config show --plugin ALGORITHM` (without `algorithm`, the keys known there,
+    listed once)."""
     from_cli = tuple(from_cli)
     problems = []
+    listed: set[tuple] = set()
     for error in exc.errors():
         loc = tuple(error["loc"])
         raised = (error.get("ctx") or {}).get("error")
@@ -198,9 +234,7 @@ def validation_problems(
             continue
         path = ".".join(str(part) for part in loc) or "(top level)"
         if error["type"] == "extra_forbidden":
-            known = _known_keys(model, loc[:-1])
-            hint = did_you_mean(str(loc[-1]), known) or f" Known keys here: {', '.join(known) or '(none)'}."
-            message = f"unknown key '{loc[-1]}'.{hint}"
+            message = f"unknown key '{loc[-1]}'." + _unknown_key_hint(str(loc[-1]), model, loc[:-1], algorithm, listed)
         else:
             msg = error["msg"].removeprefix("Value error, ")
             message = f"{msg} (got {error['input']!r})" if "input" in error else msg
@@ -208,6 +242,20 @@ def validation_problems(
             message += " [set on the command line]"
         problems.append((path, message))
     return problems
+
+
+def _unknown_key_hint(name: str, model: type[BaseModel], section: tuple, algorithm: str, listed: set[tuple]) -> str:
+    known = _known_keys(model, section)
+    close = did_you_mean(name, known)
+    if close:
+        return close
+    where = " under " + ".".join(map(str, section)) if section else ""
+    if algorithm:
+        return f" `rlcore config show --plugin {algorithm}` lists every key{where}."
+    if section in listed:
+        return " The known keys here are listed above."
+    listed.add(section)
+    return f" Known keys here: {', '.join(known) or '(none)'}."
 
 
 def config_error(problems: list[tuple[str, str]], source: str = "") -> ConfigError:
@@ -234,8 +282,15 @@ def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise config_error([("(file)", f"config file '{path}' does not exist")])
+    raw = file.read_bytes()
     try:
-        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_Loader)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        problem = f"not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; save the file as UTF-8"
+        raise config_error([("(file)", problem)], source=str(path)) from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -304,6 +359,20 @@ def _takes_number_not_bool(annotation: Any) -> bool:
     return annotation in (int, float)
 
 
+def _nonfinite_at(value: Any, path: str = "") -> str | None:
+    """Where in `value` (lists and mappings, not config sections) a NaN or infinite float is, as
+    "a.x = inf" ("inf" for `value` itself); None when there is none."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} = {value}" if path else str(value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _nonfinite_at(item, f"{path}.{key}" if isinstance(value, dict) and path else
+                              str(key) if isinstance(value, dict) else f"{path}[{key}]")
+        if found is not None:
+            return found
+    return None
+
+
 def _unwrap_optional(annotation: Any) -> Any:
     """`X | None` -> X; anything else unchanged."""
     if get_origin(annotation) in (Union, UnionType):
@@ -343,7 +412,9 @@ def _render_section(instance: BaseModel, indent: int) -> list[str]:
 
 
 def _plain(value: Any) -> Any:
-    """Nested models inside lists/dicts become plain data YAML can write."""
+    """Nested models inside lists/dicts become plain data YAML can write; a secret is shown as '**********'."""
+    if isinstance(value, SecretStr):
+        return str(value)
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, dict):

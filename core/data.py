@@ -1,7 +1,8 @@
 """Datasets: local JSONL, JSON or Parquet rows, loaded once, seen through the view an algorithm needs,
 and the order a run draws them in.
 
-- `load_rows(path)`: the file's rows as they are.
+- `load_rows(path)`: the file's rows as they are. A path ending in `#N` (ms-swift's `dataset: NAME#N`) is
+  the first N rows of the file before it, unless a file of that very name exists.
 - `prompt_view(rows)` (RL, sampling): a row needs a `prompt` (a string, or a conversation: a list of
   `{"role", "content"}` messages) or a `messages` column (a conversation; a final assistant message, the
   reference answer, is dropped from the prompt). Every other column (`solution`, ...) travels with the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,16 @@ from .errors import ConfigError, RlcoreError
 
 FORMATS = (".jsonl", ".json", ".parquet")
 MAX_REPORTED = 10
+_FIRST_ROWS = re.compile(r"^(?P<file>.+)#(?P<rows>[0-9]+)$")
+
+
+def dataset_file(path: str | os.PathLike) -> tuple[Path, int | None]:
+    """(the file, how many of its first rows to take, or None for all) of a dataset path: `data.jsonl#100`
+    is the first 100 rows of data.jsonl (ms-swift's spelling), unless a file named `data.jsonl#100` exists."""
+    match = _FIRST_ROWS.match(str(path))
+    if match is None or Path(path).is_file():
+        return Path(path), None
+    return Path(match["file"]), int(match["rows"])
 
 
 def completion_text(completion: Any) -> str:
@@ -41,8 +53,14 @@ def completion_text(completion: Any) -> str:
 
 def _read_jsonl(path: Path, problems: list[tuple[str, str]]) -> list[tuple[int, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                problems.append((f"row {line_no}", f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                 f"{exc.start + 1}); save the file as UTF-8"))
+                continue
             if not line.strip():
                 continue
             try:
@@ -53,8 +71,15 @@ def _read_jsonl(path: Path, problems: list[tuple[str, str]]) -> list[tuple[int, 
 
 
 def _read_json(path: Path) -> list[tuple[int, Any]]:
+    raw = path.read_bytes()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"dataset '{path}' is not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; "
+                          "save the file as UTF-8") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"dataset '{path}' is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     if isinstance(data, dict) and isinstance(data.get("data"), list):
@@ -108,8 +133,9 @@ def _prompt_of(row: dict[str, Any]) -> tuple[str, Any, str | None]:
 
 
 def _numbered_rows(path: str | os.PathLike, problems: list[tuple[str, str]]) -> list[tuple[int, dict[str, Any]]]:
-    """(row number in the file, row) of every object row; other rows become problems."""
-    file = Path(path)
+    """(row number in the file, row) of every object row (the first N of them for `FILE#N`); other rows
+    become problems."""
+    file, first = dataset_file(path)
     if not file.is_file():
         raise ConfigError(
             f"dataset '{path}' is not a file; rlcore reads local {', '.join(FORMATS)} files",
@@ -125,7 +151,7 @@ def _numbered_rows(path: str | os.PathLike, problems: list[tuple[str, str]]) -> 
     else:
         raise ConfigError(f"dataset '{path}' has suffix '{suffix}'; rlcore reads {', '.join(FORMATS)}")
     rows = []
-    for number, row in raw:
+    for number, row in raw[:first]:
         if isinstance(row, dict):
             rows.append((number, row))
         else:
@@ -213,11 +239,12 @@ class PromptEncoder:
     generation prompt), plain text too when `use_chat_template` and the tokenizer has one; the ids are
     cut to their last `max_prompt_length`. `stop_ids` are the tokens that end a completion."""
 
-    def __init__(self, model_path: str, use_chat_template: bool = True, max_prompt_length: int | None = None):
-        from transformers import AutoTokenizer
-
+    def __init__(
+        self, model_path: str, use_chat_template: bool = True, max_prompt_length: int | None = None,
+        system: str | None = None,
+    ):
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+            self.tokenizer = _tokenizer(model_path)
         except (OSError, ValueError) as exc:  # transformers chains several tracebacks: one line says it
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
@@ -227,7 +254,7 @@ class PromptEncoder:
             ) from None
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.use_chat_template, self.max_prompt_length = use_chat_template, max_prompt_length
+        self.use_chat_template, self.max_prompt_length, self.system = use_chat_template, max_prompt_length, system
         ids = (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         self.stop_ids = sorted({i for i in ids if i is not None})
 
@@ -236,7 +263,14 @@ class PromptEncoder:
         return self.tokenizer.pad_token_id
 
     def encode(self, prompt: Any) -> list[int]:
+        """The prompt's ids; `system`, when set, opens a prompt that has no system message of its own."""
         tok = self.tokenizer
+        if self.system is not None and (isinstance(prompt, list) or (self.use_chat_template and tok.chat_template)):
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            if not any(m.get("role") == "system" for m in messages):
+                prompt = [{"role": "system", "content": self.system}, *messages]
+        elif self.system is not None:
+            prompt = f"{self.system}\n\n{prompt}"
         if isinstance(prompt, list):
             ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
         elif self.use_chat_template and tok.chat_template:
@@ -301,3 +335,53 @@ class PromptSampler:
             raise ConfigError(f"the checkpoint's data position {state} is out of range for {len(self.rows)} rows")
         self.epoch, self.index = state["epoch"], state["index"]
         self._order = self._shuffled(self.epoch)
+
+
+def _tokenizer(model_path: str) -> Any:
+    """The tokenizer of a model directory, or of a hub id: from the Hub as transformers loads it when the Hub
+    answers; else (HF_HUB_OFFLINE, or no connection) from the local cache alone, or at once a ConfigError
+    naming the fix, instead of after the hub client's retries."""
+    from transformers import AutoTokenizer
+
+    if os.path.exists(os.path.expanduser(model_path)) or not _is_repo_id(model_path):
+        return AutoTokenizer.from_pretrained(model_path)
+    unreachable = _hub_unreachable(model_path)
+    if unreachable is None:
+        return AutoTokenizer.from_pretrained(model_path)
+    try:
+        return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    except (OSError, ValueError):
+        fix = (f"download it where there is a network (`hf download {model_path}`) into this machine's Hugging Face "
+               f"cache, or give a local model directory")
+        if "HF_HUB_OFFLINE" not in unreachable:
+            fix += "; with HF_HUB_OFFLINE=1 only the cache is asked"
+        why = f"'{model_path}' is neither a local directory nor in the local Hugging Face cache, and {unreachable}"
+        raise ConfigError(f"model {why}: {fix}", [("model", f"{why}: {fix}")]) from None
+
+
+def _is_repo_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _hub_unreachable(model_id: str) -> str | None:
+    """Why the Hub cannot be asked for `model_id` now (HF_HUB_OFFLINE is set, or one request does not
+    connect), or None when it answers (also with an error of its own, which loading then reports)."""
+    from huggingface_hub import constants, model_info
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        model_info(model_id, timeout=10)
+    except HfHubHTTPError:  # the Hub answered (no such model, gated)
+        return None
+    except Exception as exc:  # no connection: no DNS, refused, timed out, a proxy that fails
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        return f"the Hub ({constants.ENDPOINT}) cannot be reached ({reason})"
+    return None

@@ -220,8 +220,12 @@ def release_groups(groups: list[Any]) -> None:
     memory) there is nothing to remove them from: a warning, instead of Ray's 60 s wait and exit."""
     from ray.util.placement_group import remove_placement_group
 
-    from . import cluster
+    from . import cluster, watchdog
 
+    if groups and watchdog.stuck() is not None:
+        print(f"rlcore: warning: Ray does not answer; {len(groups)} placement group(s) not removed (they end with "
+              f"the cluster)", file=sys.stderr, flush=True)
+        return
     if groups and not cluster.gcs_answers():
         print(f"rlcore: warning: Ray's GCS does not answer; {len(groups)} placement group(s) not removed (they "
               f"end with the cluster)", file=sys.stderr, flush=True)

@@ -11,6 +11,7 @@ dataset column).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import importlib.util
@@ -147,6 +148,98 @@ def resolve_reward(name_or_path: str, plugins: Plugins, options: dict[str, Any] 
     if not callable(obj):
         raise ConfigError(f"reward function '{name_or_path}' is a {type(obj).__name__}, not a function")
     return obj
+
+
+def check_reward(name_or_path: str, plugins: Plugins, options: dict[str, Any] | None = None) -> None:
+    """What `resolve_reward` would find wrong, found without running a user's code (`rlcore config validate`):
+    a registered reward and its options; for `file.py:function` or `module:function`, that the source exists
+    and defines the function at its top level (parsed, not imported: `run` imports it)."""
+    if ":" not in name_or_path:
+        resolve_reward(name_or_path, plugins, options)  # the plugin's own code, loaded with the plugins
+        return
+    module_name, _, attr = name_or_path.rpartition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"reward function '{name_or_path}' must be a registered name or 'module:function'")
+    source = _source_of(name_or_path, module_name)
+    if source is None:  # a compiled module: there is no source to read, only code to run
+        return
+    try:
+        tree = ast.parse(source.read_bytes(), filename=str(source))
+    except SyntaxError as exc:
+        raise ConfigError(f"reward function '{name_or_path}': {source} line {exc.lineno}: {exc.msg}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"reward function '{name_or_path}': {source} cannot be read: {exc}") from None
+    defined = _top_level_names(tree)
+    if attr not in defined:
+        raise ConfigError(f"reward function '{name_or_path}': {source} defines no '{attr}' at its top level."
+                          f"{did_you_mean(attr, defined)}")
+    node = defined[attr]
+    if options and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.args.kwarg:
+        arguments = node.args
+        given = [a.arg for a in arguments.args + arguments.posonlyargs]
+        if "completions" in given:  # a reward, not a factory: its options are its keyword arguments
+            known = [a.arg for a in arguments.kwonlyargs] + given[len(given) - len(arguments.defaults):]
+            known = [k for k in known if k not in TRL_ARGUMENTS]
+            unknown = [k for k in options if k not in known]
+            if unknown:
+                problems = [(f"reward_kwargs.{name_or_path}.{k}", f"reward '{name_or_path}' has no option '{k}'; it "
+                             f"takes {', '.join(known) or 'none'}.{did_you_mean(k, known)}") for k in unknown]
+                raise ConfigError("; ".join(f"{key}: {msg}" for key, msg in problems), problems)
+
+
+def _source_of(spec: str, module_name: str) -> Path | None:
+    """The source file of `module_name` (a path ending in .py, or a dotted module), found as the import
+    system would find it, without importing it or its packages; None for a module without source."""
+    if module_name.endswith(".py"):
+        path = Path(module_name).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"reward function '{spec}': file '{module_name}' does not exist")
+        return path
+    parts = module_name.split(".")
+    found, search = None, None
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(name)
+        found = getattr(loaded, "__spec__", None) if loaded is not None else None
+        if found is None:
+            found = _find_spec(name, search)
+        if found is None:
+            raise ConfigError(f"reward function '{spec}': no module '{name}' is installed here; install it, or "
+                              f"give 'path/to/file.py:function'")
+        search = found.submodule_search_locations
+        if search is None and i + 1 < len(parts):
+            raise ConfigError(f"reward function '{spec}': '{name}' is a module, not a package holding '{module_name}'")
+    origin = found.origin if found is not None else None
+    return Path(origin) if origin and origin.endswith(".py") else None
+
+
+def _find_spec(name: str, search: Any) -> Any:
+    """The import system's spec of module `name` inside the package path `search` (None: sys.path), asked of
+    its finders directly: `importlib.util.find_spec` would import (run) the parent packages."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        found = find(name, search) if find is not None else None
+        if found is not None:
+            return found
+    return None
+
+
+def _top_level_names(tree: ast.Module) -> dict[str, ast.AST]:
+    """What a module defines at its top level (functions, classes, assignments, imports), by name."""
+    names: dict[str, ast.AST] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name):
+                        names[leaf.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names[(alias.asname or alias.name).split(".")[0]] = node
+    return names
 
 
 def _as_reward(value: Any) -> float | None:

@@ -54,7 +54,7 @@ class RoleTrainer(Trainer):
 
     def __init__(self, config: Any, plugins: Any, *, use_ray: bool = False):
         super().__init__(for_run(config), plugins, use_ray=use_ray)
-        self.plan: ResourcePlan | None = self.checked(self.config, plugins, own=self.check_on_run)
+        self.plan: ResourcePlan | None = self.checked(self.config, plugins, own=self.check_on_run, run=True)
         self.prepare()
         self.session: RoleSession | None = None
         if self.plan is not None:
@@ -69,9 +69,10 @@ class RoleTrainer(Trainer):
         raise NotImplementedError(f"{cls.__name__} must implement roles(config)")
 
     @classmethod
-    def problems(cls, config: Any, plugins: Any) -> list[tuple[str, str]]:
+    def problems(cls, config: Any, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """The algorithm's own checks beside the resource plan's (names, data, tokenizer), as (key, message)
-        pairs; builds nothing. `rlcore.config.problems_of` turns raising checks into such pairs."""
+        pairs; builds nothing. `run`: a run checks (it may import a user's `module:function`); False for
+        `rlcore config validate`, which runs no user code. `rlcore.problems_of` turns raising checks into pairs."""
         return []
 
     def prepare(self) -> None:
@@ -94,16 +95,16 @@ class RoleTrainer(Trainer):
         cls.checked(for_run(config), plugins)
 
     @classmethod
-    def checked(cls, config: Any, plugins: Any, own: bool = True) -> ResourcePlan | None:
+    def checked(cls, config: Any, plugins: Any, own: bool = True, run: bool = False) -> ResourcePlan | None:
         """The resource plan of `roles(config)` (None without roles), once the plan and (with `own`) the
-        algorithm's `problems` are clean."""
+        algorithm's `problems` (with `run`, see there) are clean."""
         roles, plans = cls.roles(config), []
 
         def plan() -> None:
             plans.append(plan_from_config(config, roles=roles, policy=config.placement, plugins=plugins))
 
         problems = problems_of([("(resource plan)", plan)] if roles else [])
-        problems += cls.problems(config, plugins) if own else []
+        problems += cls.problems(config, plugins, run=run) if own else []
         if problems:
             raise config_error(problems)
         return plans[0] if plans else None

@@ -56,6 +56,16 @@ class LoggingKeys(BaseConfig):
     )
 
 
+class NonfiniteKeys(BaseConfig):
+    """What a step whose loss or gradient norm is not finite does, for algorithms whose engines can skip an
+    update (`rlcore.Trainer` reads it)."""
+
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop", description="a step whose loss or grad_norm is NaN or infinite: stop the run (its checkpoints stay the "
+        "last good ones), or skip it (its update is dropped) and go on",
+    )
+
+
 class TrainingConfig(LoggingKeys, CheckpointKeys, OptimizerKeys, RunConfig):
     """A `RunConfig` for an algorithm that trains: the run's keys plus the optimizer, checkpoint and logging
     keys `rlcore.Trainer` and the train engines read."""
@@ -134,6 +144,6 @@ def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any
 
 
 __all__ = [
-    "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
+    "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "NonfiniteKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
     "default_of", "rollout_options", "train_options",
 ]

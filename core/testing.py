@@ -51,6 +51,7 @@ def build_tiny_model(
     vocab_size: int | None = None,
     dtype: str = "float32",
     device: str = "cpu",
+    replace: bool = True,
 ) -> Path:
     """Write a tiny `arch` model with random weights and a byte-level tokenizer to `path`; return it.
 
@@ -59,7 +60,9 @@ def build_tiny_model(
     one, e.g. Qwen2-0.5B's for the GPU benchmark); `dtype` is the dtype the weights are saved in.
     `device="cuda"` draws the random weights on the GPU: seconds for a 1.5B shape that takes minutes on the
     CPU (other random numbers, so another model; the directory records the device).
-    Calling again with the same arguments returns the existing directory without rebuilding it.
+    Calling again with the same arguments returns the existing directory without rebuilding it; with other
+    arguments it is rebuilt, unless `replace=False` (a demo's model in a run's output_dir, which another run
+    may be using): then that is a ConfigError.
     """
     args = dict(
         arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
@@ -72,7 +75,7 @@ def build_tiny_model(
     _check(args)
     path = Path(path)
     marker = path / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == args:
+    if _built_as(path, args, replace):
         return path
     if path.exists() and any(path.iterdir()) and not marker.is_file():
         raise ConfigError(
@@ -86,12 +89,28 @@ def build_tiny_model(
         tokenizer.save_pretrained(tmp)
         _build_model(tokenizer, args).save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps(args, indent=2))
-        if path.exists():
+        if path.exists() and replace:
             shutil.rmtree(path)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)  # fails where a non-empty directory is: another process built it meanwhile
+        except OSError:
+            if not _built_as(path, args, replace):
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def _built_as(path: Path, args: dict[str, Any], replace: bool) -> bool:
+    """`path` holds the tiny model of `args`; one of other arguments is a ConfigError unless `replace`."""
+    marker = path / MARKER
+    built = json.loads(marker.read_text()) if marker.is_file() else None
+    if built is not None and built != args and not replace:
+        changed = ", ".join(f"{k} {built.get(k)!r} (now {v!r})" for k, v in args.items() if built.get(k) != v)
+        raise ConfigError(f"'{path}' holds a tiny model built with other settings ({changed}), which another run "
+                          f"may be using, so it is not rebuilt; choose another output_dir, or remove {path}",
+                          [("output_dir", f"'{path}' holds a tiny model built with {changed}")])
+    return built == args
 
 
 def _synthetic_merges(vocab: dict[str, int], merges: list[tuple[str, str]], size: int) -> None:

@@ -13,6 +13,8 @@ class MyTrainer(Trainer):
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import os
 import signal
 import sys
@@ -23,7 +25,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint import RunLock, checkpoints, load_state, resolve_resume, save_checkpoint
+from . import watchdog
+from .checkpoint import RunLock, check_output_dir, checkpoints, load_state, resolve_resume, save_checkpoint
 from .errors import ConfigError, RlcoreError
 from .metrics import MetricsWriter
 
@@ -70,7 +73,9 @@ class Trainer:
     of its own, `state_dict()` / `load_state_dict()` (JSON: data position, counters) and `save_model()` /
     `load_model()` (engine state into a checkpoint folder); `start()` is the context its roles run in
     and `on_start()` what happens once they do. The config keys read: `output_dir`, `max_steps`,
-    `save_steps`, `save_total_limit`, `resume`, `logging_steps`, each optional but `max_steps`.
+    `save_steps`, `save_total_limit`, `resume`, `logging_steps`, `on_nonfinite`, each optional but `max_steps`.
+    A step whose `loss` or `grad_norm` is NaN or infinite stops the run before it is counted or saved; with
+    `on_nonfinite: skip` it is skipped instead, where the engine says it skipped the update (`update_skipped`).
     Lifecycle hooks go through `self.hook`: `rlcore_train_start(trainer)`,
     `rlcore_step_end(trainer, step, metrics)`, `rlcore_train_end(trainer, metrics)`.
     """
@@ -84,6 +89,8 @@ class Trainer:
         self.plugins = plugins
         self.use_ray = use_ray
         self.output_dir = Path(getattr(config, "output_dir", "output"))
+        check_output_dir(self.output_dir)
+        RunLock(self.output_dir).refuse_if_held()  # before a subclass builds anything there (a demo model)
         self.resume_from = self.resume_point()  # refuses to overwrite a run
         self.timer = PhaseTimer()
         self.step = 0
@@ -107,6 +114,11 @@ class Trainer:
     def save_steps(self) -> int:
         """A checkpoint every this many steps (0: at the end only)."""
         return getattr(self.config, "save_steps", 0) or 0
+
+    @property
+    def overwrite(self) -> bool:
+        """`overwrite_output_dir`: checkpoint folders rlcore did not write may be replaced."""
+        return bool(getattr(self.config, "overwrite_output_dir", False))
 
     # -- what an algorithm writes ---------------------------------------------------------------------
 
@@ -147,7 +159,7 @@ class Trainer:
 
     def resume_point(self) -> Path | None:
         """The checkpoint `resume` names (None for a fresh run, which may not overwrite another's outputs)."""
-        return resolve_resume(self.output_dir, getattr(self.config, "resume", None) or "no")
+        return resolve_resume(self.output_dir, getattr(self.config, "resume", None) or "no", self.overwrite)
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -159,7 +171,7 @@ class Trainer:
         stops at once. `output_dir` is locked for the run's life.
         """
         save_steps = self.save_steps
-        with RunLock(self.output_dir), _Deferred() as stop, self.start():
+        with self._locked(), _Deferred() as stop, self.start():
             stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
             self.restore()
             self.on_start()
@@ -179,6 +191,7 @@ class Trainer:
                 with self.progress() as bar:
                     while self.step < self.max_steps and not stop.signal:
                         last = self.train_step()
+                        self._check_finite(last, held)
                         self.step += 1
                         self.log(last, bar)
                         if save_steps and self.step % save_steps == 0:
@@ -195,6 +208,34 @@ class Trainer:
             last = self.on_end(last)
             self.hook.rlcore_train_end(trainer=self, metrics=last)
         return last
+
+    def _check_finite(self, metrics: dict[str, Any], held: Callable[[], str]) -> None:
+        """A step whose loss or gradient norm is not finite stops the run (nothing of it is counted or saved),
+        or, with `on_nonfinite: skip` and an engine that skipped its update, goes on with a warning."""
+        bad = {k: metrics[k] for k in NONFINITE_KEYS if isinstance(metrics.get(k), numbers.Real)
+               and not math.isfinite(metrics[k])}
+        if not bad:
+            return
+        what = ", ".join(f"{k} {v}" for k, v in bad.items())
+        step = self.step + 1
+        skip = getattr(self.config, "on_nonfinite", "stop") == "skip"
+        if skip and metrics.get("update_skipped"):
+            print(f"rlcore: warning: step {step}: {what}; the engine skipped its update (on_nonfinite: skip)",
+                  file=sys.stderr, flush=True)
+            return
+        why = " and the engine applied its update, so it cannot be skipped" if skip else ""
+        offered = hasattr(self.config, "on_nonfinite") and not skip
+        fix = " or set on_nonfinite=skip to skip such steps" if offered else ""
+        raise RlcoreError(f"step {step}: {what} is not finite{why}; the run stopped before counting or saving it: "
+                          f"{held()}. Lower learning_rate, check that step's data{fix}")
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """output_dir's lock for the run; once it is held, the check that refuses to overwrite a run again: a
+        run may have finished there while this one was being built."""
+        with RunLock(self.output_dir):
+            self.resume_from = self.resume_point()
+            yield
 
     def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
         """Phase times and the step into `metrics`; append it to metrics.jsonl; call the step-end hook;
@@ -232,7 +273,7 @@ class Trainer:
         config = self.config.model_dump(mode="json") if hasattr(self.config, "model_dump") else None
         state = {"step": self.step, **self.state_dict(), "config": config}
         return save_checkpoint(self.output_dir, self.step, state, self.save_model,
-                               keep=getattr(self.config, "save_total_limit", None))
+                               keep=getattr(self.config, "save_total_limit", None), overwrite=self.overwrite)
 
     def _check_changes(self, path: Path, saved: Any) -> None:
         """Say which keys differ from the checkpoint's config; refuse those in `resume_fixed`."""
@@ -288,6 +329,9 @@ class Trainer:
         self.metrics.resume_at(self.step)
 
 
+NONFINITE_KEYS = ("loss", "grad_norm")  # a step with one of these NaN or infinite did not train
+
+
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """{'train': {'gpus': 2}} -> {'train.gpus': 2}."""
     out: dict[str, Any] = {}
@@ -301,12 +345,15 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Event | None = None) -> threading.Event:
     """End the process with `code` if it is still here `grace_s` seconds from now, saying `why`, unless
-    `done` (returned) is set first. For a process that is leaving anyway: a signal was honoured."""
+    `done` (returned) is set first; the local Ray it started ends first. For a process that is leaving
+    anyway: a signal was honoured."""
     done = done or threading.Event()
 
     def deadline() -> None:
         if not done.wait(grace_s):
             print(f"rlcore: {why}; exiting", file=sys.stderr, flush=True)
+            if "rlcore.cluster" in sys.modules:  # its processes would outlive an os._exit
+                sys.modules["rlcore.cluster"].end_local()
             os._exit(code)
 
     threading.Thread(target=deadline, daemon=True, name="rlcore-exit-deadline").start()
@@ -314,8 +361,9 @@ def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Ev
 
 
 class _Deferred:
-    """SIGINT and SIGTERM while the loop runs: the first is noted (the loop stops after its step), a second
-    one interrupts at once. Outside the main thread, signals are left as they are."""
+    """SIGINT and SIGTERM while the loop runs: the first is noted (the loop stops after its step; Ray's own
+    work gets `watchdog.STOP_GRACE_S`), a second one interrupts at once, and the process ends within the exit
+    deadline whatever the teardown waits on. Outside the main thread, signals are left as they are."""
 
     EXIT = {signal.SIGINT: None, signal.SIGTERM: 143}  # None: KeyboardInterrupt (the CLI exits 130)
 
@@ -323,6 +371,7 @@ class _Deferred:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
         self._done = threading.Event()  # set when the `with` block is left: the exit deadline is off
+        self._held: Callable[[], str] | None = None  # what the output_dir holds, once the loop runs (`failing`)
 
     def __enter__(self) -> _Deferred:
         if threading.current_thread() is threading.main_thread():
@@ -337,8 +386,14 @@ class _Deferred:
 
     def _note(self, sig: int, frame: Any) -> None:
         if self.signal is not None:  # the second one: stop now
+            name = signal.Signals(sig).name
+            held = f"; {self._held()}" if self._held is not None else ""
+            print(f"\nrlcore: stopped by a second {name}, at once{held}", file=sys.stderr, flush=True)
+            code = 130 if self.EXIT[sig] is None else self.EXIT[sig]
+            exit_deadline(code, f"shutting the roles down took over 15 s after a second {name}", done=self._done)
             self._raise(sig)
         self.signal = sig
+        watchdog.stopping()
         print(f"\nrlcore: {signal.Signals(sig).name}: finishing this step, then saving a checkpoint "
               f"(again to stop at once)", file=sys.stderr, flush=True)
 
@@ -353,6 +408,7 @@ class _Deferred:
         signals every process of a job, the roles' workers and Ray's own too. The run then stops as the
         signal asked (SystemExit 143 / KeyboardInterrupt), saying so, why, and what `held()` says the
         output_dir holds; the teardown of roles whose processes are gone gets `grace_s` seconds."""
+        self._held = held
         try:
             yield
         except Exception as exc:
@@ -376,6 +432,7 @@ class _Deferred:
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
+        watchdog.stopping(False)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()

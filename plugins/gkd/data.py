@@ -36,10 +36,10 @@ def demo_models(output_dir: str, seed: int) -> tuple[str, str]:
     from rlcore.testing import build_tiny_model
 
     root = Path(output_dir)
-    student = build_tiny_model(root / "tiny-student", seed=seed)
+    student = build_tiny_model(root / "tiny-student", seed=seed, replace=False)
     teacher = root / "tiny-teacher"
     base = build_tiny_model(root / "tiny-teacher-base", hidden_size=96, intermediate_size=192, num_layers=2,
-                            num_heads=4, num_kv_heads=2, seed=seed + 1)
+                            num_heads=4, num_kv_heads=2, seed=seed + 1, replace=False)
     if not (teacher / "config.json").is_file():
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -70,7 +70,7 @@ class DistillData:
                               "lower it", [("eval_size", f"must be below the dataset's {len(rows)} rows")])
         cut = len(rows) - cfg.eval_size
         self.train_rows, self.heldout_rows = rows[:cut], rows[cut:]
-        self.prompts = PromptEncoder(model_path, cfg.use_chat_template, cfg.max_prompt_length)
+        self.prompts = PromptEncoder(model_path, cfg.use_chat_template, cfg.max_prompt_length, cfg.system)
         self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
         self.sampler = PromptSampler(self.train_rows, batch_rows, seed=cfg.seed)
 

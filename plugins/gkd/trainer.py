@@ -56,7 +56,7 @@ class GKDTrainer(RoleTrainer):
         return ["train"] + (["rollout"] if cfg.lmbda > 0 else []) + (["teacher"] if cfg.served_teacher else [])
 
     @classmethod
-    def problems(cls, config: GKDConfig, plugins: Any) -> list[tuple[str, str]]:
+    def problems(cls, config: GKDConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """The dataset, the models' tokenizers and vocabularies; builds nothing."""
         from rlcore.data import PromptEncoder
 

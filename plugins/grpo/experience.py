@@ -40,7 +40,7 @@ class ExperienceMaker:
         self.reward_weights = cfg.reward_weights or [1.0] * len(self.reward_fns)
         self.sampler = PromptSampler(self.prompt_rows(cfg), self.prompts_per_round, seed=cfg.seed)
         self.model_path = self._model_path()
-        self.prompts = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
+        self.prompts = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length, cfg.system)
         self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
 
     @classmethod
@@ -52,7 +52,7 @@ class ExperienceMaker:
 
         problems: list[tuple[str, str]] = []
         for key, check in (
-            ("reward_funcs", lambda: cls.reward_functions(config, plugins)),
+            ("reward_funcs", lambda: cls.check_rewards(config, plugins)),
             ("dataset", lambda: cls.prompt_rows(config)),
             ("model", lambda: config.model and PromptEncoder(config.model, config.use_chat_template)),
         ):
@@ -70,6 +70,15 @@ class ExperienceMaker:
 
         return [None if name == "orm" else resolve_reward(name, plugins, cls._reward_options(config, name))
                 for name in config.reward_funcs]
+
+    @classmethod
+    def check_rewards(cls, config: GRPOConfig, plugins: Any) -> None:
+        """The config's reward functions and their options, checked without running a user's file or module."""
+        from rlcore.rewards import check_reward
+
+        for name in config.reward_funcs:
+            if name != "orm":
+                check_reward(name, plugins, cls._reward_options(config, name))
 
     @staticmethod
     def prompt_rows(config: GRPOConfig) -> list[dict[str, Any]]:
@@ -100,7 +109,8 @@ class ExperienceMaker:
             return self.config.model
         from rlcore.testing import build_tiny_model
 
-        return str(build_tiny_model(Path(self.config.output_dir) / "tiny-model", seed=self.config.seed))
+        demo = Path(self.config.output_dir) / "tiny-model"
+        return str(build_tiny_model(demo, seed=self.config.seed, replace=False))  # never another run's, rebuilt
 
     # -- prompts --------------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ class GRPOTrainer(RoleTrainer):
         return ["train", "rollout"] + (["reference"] if cfg.beta > 0 else []) + (["orm"] if "orm" in cfg.reward_funcs else [])
 
     @classmethod
-    def problems(cls, config: GRPOConfig, plugins: Any) -> list[tuple[str, str]]:
+    def problems(cls, config: GRPOConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """Reward names and options, the dataset and the model's tokenizer."""
         return ExperienceMaker.check(config, plugins)
 

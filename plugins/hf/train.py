@@ -181,7 +181,8 @@ class HFTrainEngine(TrainEngine):
 
         `loss_fn(outputs, micro)` sees each micro-batch with its per-token columns ([B, T] and [B, T, k] alike)
         trimmed to the micro-batch's longest row (right padding only), and `HFModelOutputs` of the forward
-        pass at `temperature`, as GRPO's importance ratio needs.
+        pass at `temperature`, as GRPO's importance ratio needs. Gradients whose norm is NaN or infinite are
+        dropped: weights, optimizer and schedule stay as they were, and the metrics say `update_skipped`.
         """
         import torch
 
@@ -220,15 +221,19 @@ class HFTrainEngine(TrainEngine):
             for key, value in metrics.items():
                 sums[key] += float(value)
         module.eval()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.max_grad_norm or math.inf)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, self.max_grad_norm or math.inf))
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
+        skipped = not math.isfinite(grad_norm)  # NaN or infinite gradients would make every weight NaN
+        if not skipped:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.global_step += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
         out = {"loss": total_loss}
         out.update({key: value / num_micro for key, value in sums.items()})
-        out.update(grad_norm=float(grad_norm), lr=float(lr))
+        out.update(grad_norm=grad_norm, lr=float(lr))
+        if skipped:
+            out["update_skipped"] = 1.0
         return out
 
     # ------------------------------------------------------------------ weights and state
@@ -340,6 +345,19 @@ class HFTrainEngine(TrainEngine):
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])
+        self._keep_own_hyperparameters()
+
+    def _keep_own_hyperparameters(self) -> None:
+        """After a checkpoint's optimizer and schedule are loaded: the moments and the schedule's position are
+        the checkpoint's, the learning rate, betas, eps and weight decay this engine's (a resumed run's config,
+        which the resume message reports as changed), at the schedule's current factor."""
+        own = self.optimizer.defaults
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = group["lr"] * own["lr"] / base if base else own["lr"]
+            group["initial_lr"] = own["lr"]
+            group.update({key: own[key] for key in ("betas", "eps", "weight_decay")})
+        self.scheduler.base_lrs = [own["lr"]] * len(self.optimizer.param_groups)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def state(self) -> dict[str, Any]:
         return {

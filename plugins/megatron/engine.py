@@ -10,6 +10,7 @@ schedule. Without CUDA (tests, CI): one worker, float32, and the named stand-ins
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -239,6 +240,7 @@ class MegatronTrainEngine(TrainEngine):
             lr_decay_steps=max(o["max_steps"], warmup + 1), lr_decay_style=DECAY_STYLES[o["lr_scheduler_type"]],
             start_wd=o["weight_decay"], end_wd=o["weight_decay"], wd_incr_steps=max(o["max_steps"], 1),
             wd_incr_style="constant",
+            override_opt_param_scheduler=True, use_checkpoint_opt_param_scheduler=False,  # on load: this run's lr and schedule
         )
 
     # ------------------------------------------------------------------ passes
@@ -470,6 +472,13 @@ class MegatronTrainEngine(TrainEngine):
             tensors += [v for state in inner.state.values() for v in state.values() if hasattr(v, "untyped_storage")]
         return tensors
 
+    def gpu_bytes(self) -> int:
+        """Bytes of GPU memory under the engine's own tensors (params, DDP buffers, optimizer state), each
+        storage once; what `offload()` frees."""
+        tensors = [*self.module.parameters(), *self.module.buffers(), *self._optimizer_tensors()]
+        tensors += [t for b in self._ddp_buffers() for t in (b.param_data, b.grad_data) if t is not None]
+        return sum(s.nbytes() for s in HostOffload()._storages(tensors).values())
+
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
         """Params (megatron's contiguous DDP buffers, or each parameter of a forward-only model) and optimizer
         state (fp32 main params, Adam moments) to pinned host memory, grads dropped: the GPU memory the engine
@@ -479,13 +488,13 @@ class MegatronTrainEngine(TrainEngine):
         the param buffer), and what a storage of the params holds moves with the params, once."""
         import torch
 
-        if grads and self.optimizer is not None:
-            self._zero_grad()
+        if grads and self.optimizer is not None and "grads" not in self._host:
+            self._zero_grad()  # not once the grad buffers are away: zeroing them then writes to freed memory
         if not self.cuda:
             return
         buffers = self._ddp_buffers()
         # with the distributed optimizer the params are views into DDP's param buffers (one storage each)
-        model_tensors = [*self.model.parameters(), *self.model.buffers()]
+        model_tensors = [*self.module.parameters(), *self.module.buffers()]  # DDP's `buffers` is a list
         if grads:
             self._host.offload("grads", [b.grad_data for b in buffers], keep=False)
         if optimizer and self.optimizer is not None:
@@ -520,7 +529,25 @@ class MegatronTrainEngine(TrainEngine):
 
         if self.forward_only:
             raise RlcoreError(f"save: a forward-only megatron engine holds the fixed model {self.model_name}; nothing to save")
-        path = Path(path)
+        with self._all_loaded():
+            self._save(Path(path))
+
+    @contextlib.contextmanager
+    def _all_loaded(self) -> Iterator[None]:
+        """Everything on the GPU for the block (a checkpoint reads and writes every tensor; an offloaded one has
+        no memory under it), then offloaded again as it was."""
+        away = {what: what in self._host for what in ("params", "grads", "optimizer")}
+        self.reload()
+        try:
+            yield
+        finally:
+            if any(away.values()):
+                self.offload(**away)
+
+    def _save(self, path: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
         tmp = shared_tmp(path, self.rank, self.world_size)
         weights = {name: t.detach().cpu().contiguous() for name, t in self.hf_tensors()}  # every rank takes part
         if self.rank == 0:
@@ -552,6 +579,13 @@ class MegatronTrainEngine(TrainEngine):
         saved = {k: meta.get(k) for k in self._layout()}
         if saved != self._layout():
             raise RlcoreError(f"checkpoint '{path}' was written with {saved}; this engine runs {self._layout()}: resume with the same sizes")
+        with self._all_loaded():
+            self._load(path, meta, shard)
+
+    def _load(self, path: Path, meta: dict[str, Any], shard: Path) -> None:
+        import torch
+
+        self._host.host.clear()  # the optimizer state is new tensors now: their host copies are made anew
         self._load_hf(str(path / "model"))
         try:  # tensors, numbers and strings only: a checkpoint is data, never code
             state = torch.load(shard, map_location="cpu", weights_only=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlcore import EngineSpec, RewardSpec, hookimpl
-from rlcore.rewards import RewardFailed, call_reward, resolve_reward, reward_options
+from rlcore.rewards import RewardFailed, call_reward, check_reward, resolve_reward, reward_options
 
 from .functions import CosineReward, RepetitionPenalty, SoftOverlong, accuracy_reward, completion_text, format_reward
 
@@ -25,6 +25,7 @@ __all__ = [
     "SoftOverlong",
     "accuracy_reward",
     "call_reward",
+    "check_reward",
     "completion_text",
     "format_reward",
     "resolve_reward",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from rlcore import ConfigProblems, GenerateRoleConfig, RoleConfig, RunConfig, default_of
 
@@ -162,8 +162,9 @@ class DistillConfig(SampleConfig):
         None, description="the teacher: the model name the endpoint serves (with api_base), or a local model directory"
     )
     api_base: str | None = Field(None, description="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
-    api_key: str | None = Field(
-        None, description="the endpoint's key; unset: the environment's OPENAI_API_KEY (or 'EMPTY' for a local server)"
+    api_key: SecretStr | None = Field(
+        None, description="the endpoint's key; better unset, taking the environment's OPENAI_API_KEY (or 'EMPTY' for "
+        "a local server). A key given here is used, and never written or printed (shown as '**********')"
     )
     num_return_sequences: int = Field(1, ge=1, description="responses asked per prompt")
     max_concurrency: int = Field(16, ge=1, description="requests in flight at once")
@@ -174,6 +175,14 @@ class DistillConfig(SampleConfig):
     @property
     def uses_local_sampler(self) -> bool:
         return not self.api_base
+
+    @field_validator("api_key")
+    @classmethod
+    def _not_the_placeholder(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and value.get_secret_value() == str(value):
+            raise ValueError("is the placeholder `config show` prints for a key; give the key, or better set "
+                             "OPENAI_API_KEY in the environment")
+        return value
 
     @model_validator(mode="after")
     def _teacher(self) -> DistillConfig:

@@ -69,19 +69,20 @@ class SampleTrainer(RoleTrainer):
             ["orm"] if cfg.orm_model else [])
 
     @classmethod
-    def problems(cls, cfg: SampleConfig, plugins: Any) -> list[tuple[str, str]]:
+    def problems(cls, cfg: SampleConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """The engines, the orm reward function and its options, the dataset and the model's tokenizer."""
         from rlcore.data import PromptEncoder
 
         checks = [("dataset", lambda: cls.load_rows(cfg))]
         if cfg.model and cfg.uses_local_sampler:
             checks.append(("model", lambda: PromptEncoder(cfg.model, cfg.use_chat_template)))
-        return cls.name_problems(cfg, plugins) + problems_of(checks)
+        return cls.name_problems(cfg, plugins, run_code=run) + problems_of(checks)
 
     @staticmethod
-    def name_problems(cfg: SampleConfig, plugins: Any) -> list[tuple[str, str]]:
+    def name_problems(cfg: SampleConfig, plugins: Any, run_code: bool = True) -> list[tuple[str, str]]:
         """The names a run resolves, checked without building anything: the engines, and orm_model as a reward
-        function (with orm_kwargs) or a model (a directory, or a hub id `org/name`)."""
+        function (with orm_kwargs) or a model (a directory, or a hub id `org/name`). Without `run_code` (config
+        validate), a `file.py:function` orm_model is parsed, not imported."""
         from rlcore import NotRegistered, RlcoreError
         from rlcore.errors import did_you_mean
 
@@ -95,10 +96,10 @@ class SampleTrainer(RoleTrainer):
             except NotRegistered as exc:  # it lists the known ones
                 problems.append((key, str(exc)))
         if cfg.orm_model and is_reward_function(cfg.orm_model, plugins):
-            from rlcore.rewards import resolve_reward
+            from rlcore.rewards import check_reward, resolve_reward
 
             try:
-                resolve_reward(cfg.orm_model, plugins, cfg.orm_kwargs or None)
+                (resolve_reward if run_code else check_reward)(cfg.orm_model, plugins, cfg.orm_kwargs or None)
             except RlcoreError as exc:  # GRPO's key for these options is reward_kwargs.NAME; here it is orm_kwargs
                 grpo_key = f"reward_kwargs.{cfg.orm_model}"
                 problems.extend((k.replace(grpo_key, "orm_kwargs"), m.replace(grpo_key, "orm_kwargs"))
@@ -135,15 +136,15 @@ class SampleTrainer(RoleTrainer):
         if not cfg.model and cfg.uses_local_sampler:
             from rlcore.testing import build_tiny_model
 
-            self.model_path = str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed))
+            self.model_path = str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed, replace=False))  # never another run's, rebuilt
         self.encoder = None
         if cfg.uses_local_sampler:
             from rlcore.data import PromptEncoder
 
             self.encoder = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
         self.teacher = None if cfg.uses_local_sampler else ApiTeacher(
-            cfg.api_base, cfg.model, cfg.api_key, cfg.max_concurrency, cfg.max_retries, cfg.retry_backoff_s,
-            cfg.request_timeout_s)
+            cfg.api_base, cfg.model, cfg.api_key and cfg.api_key.get_secret_value(), cfg.max_concurrency,
+            cfg.max_retries, cfg.retry_backoff_s, cfg.request_timeout_s)
         self.written = 0
         self.done_before = False  # --resume of an output that was already complete
 
@@ -185,7 +186,7 @@ class SampleTrainer(RoleTrainer):
         cfg = self.config
         if cfg.resume == "auto":
             state = self.output.resume()
-            self._check_changes(self.output.state_path, state.get("config"))
+            self._check_changes(self.output.state_path, _secrets_hidden(state.get("config"), cfg))
             self.done_before = bool(state.get("done"))
             if self.done_before:
                 print(f"rlcore: {self.output.final} is already complete; nothing to resume", file=sys.stderr)
@@ -339,3 +340,16 @@ class SampleTrainer(RoleTrainer):
                 out["rejected_response"] = rejected
             out["id"] = self.ids[index]
         return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def _secrets_hidden(saved: Any, config: Any) -> Any:
+    """A saved config with its secrets (`api_key`) as a dump shows them now: a state file written before they
+    were hidden holds them in clear, and a changed one must not be printed."""
+    if not isinstance(saved, dict):
+        return saved
+    from typing import get_args
+
+    from pydantic import SecretStr
+
+    secret = [k for k, f in type(config).model_fields.items() if SecretStr in (f.annotation, *get_args(f.annotation))]
+    return {**saved, **{k: str(SecretStr("hidden")) for k in secret if saved.get(k) is not None}}

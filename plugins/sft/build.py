@@ -17,14 +17,18 @@ MANAGED = {
     "save_strategy": "save_steps (top level: rlcore writes the checkpoints)", "save_steps": "save_steps (top level)",
     "save_total_limit": "save_total_limit (top level)", "logging_steps": "logging_steps (top level)",
     "logging_strategy": "logging_steps (top level: every step is logged to metrics.jsonl)",
-    "resume_from_checkpoint": "resume (top level, or --resume)", "overwrite_output_dir": "another output_dir",
+    "resume_from_checkpoint": "resume (top level, or --resume)", "overwrite_output_dir": "overwrite_output_dir (top level)",
     "use_cpu": "default.gpus (the placement decides the device)",
 }
 
 
 def arguments_class(kind: str) -> type:
     if kind == "sft":
-        from trl import SFTConfig
+        try:
+            from trl import SFTConfig
+        except ModuleNotFoundError as exc:  # the sft extra is not installed
+            raise ConfigError(f"algorithm 'sft' needs TRL, which is not installed here ({exc}); install it with "
+                              f"pip install 'rlcore[sft]'") from None
 
         return SFTConfig
     from transformers import TrainingArguments

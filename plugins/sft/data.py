@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlcore.data import conversation_view, load_rows
+from rlcore.data import conversation_view, dataset_file, load_rows
 from rlcore.errors import ConfigError
 
 KINDS = ("sft", "pt")
@@ -95,13 +95,13 @@ def node_dataset(paths: list[str], kind: str, cache_root: str | None = None) -> 
     with the same files, unchanged, opens what the first one stored), and whether this call read the files."""
     from datasets import Dataset, load_from_disk
 
-    files = [Path(p).expanduser().resolve() for p in paths]
-    key = json.dumps([kind] + [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files])
+    files = [(dataset_file(p)[0].expanduser().resolve(), dataset_file(p)[1]) for p in paths]  # FILE#N: its first N rows
+    key = json.dumps([kind] + [[str(f), n, f.stat().st_size, f.stat().st_mtime_ns] for f, n in files])
     root = Path(cache_root or os.environ.get("RLCORE_DATA_CACHE") or Path(tempfile.gettempdir()) / "rlcore-datasets")
     folder = root / hashlib.sha256(key.encode()).hexdigest()[:20]
     read = not (folder / "dataset_info.json").is_file()
     if read:
-        rows = read_rows([str(f) for f in files], kind)
+        rows = read_rows([str(f) + (f"#{n}" if n is not None else "") for f, n in files], kind)
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
         try:
@@ -149,7 +149,7 @@ def write_demo(output_dir: str | os.PathLike, kind: str, seed: int) -> None:
     from rlcore.testing import build_tiny_model
 
     model, (data,) = demo_paths(output_dir, kind)
-    build_tiny_model(model, seed=seed)
+    build_tiny_model(model, seed=seed, replace=False)
     data = Path(data)
     if not data.is_file():
         tmp = data.with_suffix(".jsonl.tmp")

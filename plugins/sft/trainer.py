@@ -65,7 +65,7 @@ class LMTrainer(RoleTrainer):
         return [ROLE]
 
     @classmethod
-    def problems(cls, config: LMConfig, plugins: Any) -> list[tuple[str, str]]:
+    def problems(cls, config: LMConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """The trainer's extra arguments and the data files, before anything is allocated."""
         problems = trainer_kwargs_problems(cls.kind, config.trainer_kwargs, set(type(config).model_fields))
         if config.dataset:

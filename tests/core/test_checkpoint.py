@@ -113,3 +113,54 @@ def test_a_worker_that_fails_while_saving_is_reported_as_itself_not_as_a_full_di
     with pytest.raises(RoleFailed, match=r"^role 'default' rank 1 on node 10.0.0.2 \(pid 7\) died during save\(\)$"):
         save_checkpoint(tmp_path, 2, {"step": 2}, dies)
     assert [step for step, _ in checkpoints(tmp_path)] == [1] and not list(tmp_path.glob(".checkpoint-2*"))
+
+
+def test_rlcore_removes_only_the_checkpoint_folders_it_wrote(tmp_path):
+    from rlcore import RlcoreError
+    from rlcore.checkpoint import MARKER
+
+    thesis = tmp_path / "checkpoint-2" / "thesis.txt"
+    thesis.parent.mkdir()
+    thesis.write_text("mine")
+    hf = tmp_path / "checkpoint-1"  # another trainer's checkpoint, with a state file of its own
+    hf.mkdir()
+    (hf / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    with pytest.raises(ConfigError, match="checkpoint-1, checkpoint-2, which rlcore did not write.*overwrite_output_dir"):
+        resolve_resume(tmp_path, "no")
+    with pytest.raises(RlcoreError, match="checkpoint-2 was not written by rlcore"):
+        save_checkpoint(tmp_path, 2, {"step": 2}, write_model)
+    assert thesis.read_text() == "mine" and not list(tmp_path.glob(".checkpoint-*"))
+    for step in (3, 4):
+        save_checkpoint(tmp_path, step, {"step": step}, write_model, keep=1)
+    assert (hf / "trainer_state.json").is_file() and thesis.is_file()  # never pruned
+    assert (tmp_path / "checkpoint-4" / MARKER).is_file() and not (tmp_path / "checkpoint-3").exists()
+    assert resolve_resume(tmp_path, "auto", overwrite=True) == tmp_path / "checkpoint-4"  # never another's
+    save_checkpoint(tmp_path, 2, {"step": 2}, write_model, overwrite=True)  # overwrite_output_dir=true
+    assert not thesis.exists() and load_state(tmp_path / "checkpoint-2") == {"step": 2}
+
+
+def test_an_output_dir_that_cannot_be_one_is_a_config_error(tmp_path):
+    from rlcore.checkpoint import check_output_dir
+
+    (tmp_path / "a-file").write_text("notes")
+    check_output_dir(tmp_path / "new" / "run")
+    with pytest.raises(ConfigError, match="'.*a-file' is a file, not a directory"):
+        check_output_dir(tmp_path / "a-file")
+    with pytest.raises(ConfigError, match="cannot be made: '.*a-file' is a file"):
+        check_output_dir(tmp_path / "a-file" / "run")
+
+
+def test_a_run_is_refused_before_it_builds_and_checks_again_once_it_holds_the_lock(tmp_path):
+    from types import SimpleNamespace
+
+    from rlcore import Trainer
+    from rlcore.checkpoint import RunLock
+
+    config = SimpleNamespace(output_dir=str(tmp_path / "out"), max_steps=1)
+    with RunLock(config.output_dir), pytest.raises(ConfigError, match="in use by another run"):
+        Trainer(config, plugins=None)  # refused in Trainer.__init__, before a subclass builds anything
+    trainer = Trainer(config, plugins=None)  # built while output_dir held no run
+    save_checkpoint(config.output_dir, 3, {"step": 3}, write_model)  # another run finished there meanwhile
+    with pytest.raises(ConfigError, match="already holds checkpoint-3"):
+        trainer.fit()
+    assert not (tmp_path / "out" / RunLock.NAME).exists()

@@ -168,3 +168,25 @@ def test_booleans_are_not_numbers():
     assert sorted(k for k, _ in err.value.problems) == ["beta", "level", "steps"]
     assert "is a number, not a boolean" in str(err.value) and "Value error" not in str(err.value)
     assert load_config(Numbers, None, ["beta=1", "flag=true"]).beta == 1.0
+
+
+def test_nan_and_infinities_are_refused_in_every_section_and_inside_free_form_options():
+    from typing import Any
+
+    class Options(RoleConfig):
+        engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    class Numbers(RunConfig):
+        lr: float = 1e-5
+        weights: list[float] | None = None
+        train: Options = Field(default_factory=Options)
+
+    given = ["lr=.inf", "weights=[1, .nan]", "train.engine_kwargs={eps: -.inf, betas: [0.9, .nan]}",
+             "device_groups={g: {x: .inf}}", "placement_timeout_s=nan"]
+    with pytest.raises(ConfigError) as err:
+        load_config(Numbers, None, given)
+    problems = problems_of(err)
+    assert sorted(problems) == ["device_groups", "lr", "placement_timeout_s", "train.engine_kwargs", "weights.1"]
+    assert "finite number" in problems["lr"] and "holds eps = -inf" in problems["train.engine_kwargs"]
+    assert "holds g.x = inf" in problems["device_groups"]
+    assert load_config(Numbers, None, ["lr=1e300", "train.engine_kwargs={eps: 1e-8}"]).lr == 1e300

@@ -62,6 +62,7 @@ EXPECTED = [
     "OptimizerKeys",
     "CheckpointKeys",
     "LoggingKeys",
+    "NonfiniteKeys",
     "TrainRoleConfig",
     "RolloutRoleConfig",
     "GenerateRoleConfig",

@@ -113,3 +113,11 @@ def test_vocab_size_and_dtype_shape_a_real_sized_model(tmp_path):
     assert tokenizer.decode(list(range(4096)))  # synthetic merges decode like any token
     with pytest.raises(ConfigError, match="vocab_size"):
         build_tiny_model(tmp_path / "small", vocab_size=10)
+
+
+def test_a_model_of_other_settings_is_not_rebuilt_with_replace_false(tmp_path):
+    built = build_tiny_model(tmp_path / "tiny-model", seed=1)  # a demo model another run uses
+    with pytest.raises(ConfigError, match=r"other settings \(seed 1 \(now 2\)\).*not rebuilt"):
+        build_tiny_model(tmp_path / "tiny-model", seed=2, replace=False)
+    assert json.loads((built / "rlcore_tiny.json").read_text())["seed"] == 1
+    assert build_tiny_model(tmp_path / "tiny-model", seed=1, replace=False) == built

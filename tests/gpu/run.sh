@@ -7,11 +7,16 @@
 #       colocate separate colocate_device_groups separate_device_groups, or those named
 #   bash tests/gpu/run.sh gkd | sft | sampling | megatron             # one algorithm's or engine's tests, one process each
 #   bash tests/gpu/run.sh sync                                       # weight sync: transports, replayed loads, GRPO's IPC paths
+#   bash tests/gpu/run.sh smoke [--cpu] [--out DIR] [ROW ...]         # every algorithm and engine from the CLI, one GPU,
+#       one PASS/FAIL line a row in under 8 minutes (tests/gpu/smoke.py; --cpu: the rows that run without CUDA)
 set -u
 what=${1:-all}
+if [ "$what" = smoke ]; then
+    exec python3 "$(dirname "$0")/smoke.py" "${@:2}"
+fi
 case $what in
     all|grpo|cli|gkd|sft|sampling|megatron|sync) ;;
-    *) echo "usage: bash tests/gpu/run.sh [all | grpo | cli [LAYOUT ...] | gkd | sft | sampling | megatron | sync]" >&2; exit 2 ;;
+    *) echo "usage: bash tests/gpu/run.sh [all | grpo | cli [LAYOUT ...] | gkd | sft | sampling | megatron | sync | smoke [--cpu] ...]" >&2; exit 2 ;;
 esac
 layouts=${*:2}
 status=0

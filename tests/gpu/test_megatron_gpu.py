@@ -160,14 +160,16 @@ def test_bf16_step_offload_reload_save_load(model_dir, tmp_path, distributed):
     first = engine.train_step(batch, _loss, 4)
     weights = {n: t.clone() for n, t in engine.hf_tensors()}
     state = [t.clone() for t in engine._optimizer_tensors()]
-    assert len(state) == 3 * len(list(engine.module.parameters()))  # main params and both Adam moments
+    assert len(state) >= 3 * len(list(engine.module.parameters()))  # main params, both Adam moments (and steps)
     torch.cuda.synchronize()
-    held = torch.cuda.memory_allocated()
+    held, owned = torch.cuda.memory_allocated(), engine.gpu_bytes()
     engine.offload()
     torch.cuda.synchronize()
     left = torch.cuda.memory_allocated()
-    print(f"megatron engine GPU memory: {held / 2**20:.1f} MiB trained, {left / 2**20:.2f} MiB offloaded")
-    assert left <= max(0.02 * held, 4 << 20), (held, left)  # near zero: what nothing else holds is gone
+    print(f"GPU memory allocated: {held / 2**20:.1f} MiB trained (the engine's tensors {owned / 2**20:.1f} MiB), "
+          f"{left / 2**20:.2f} MiB offloaded")
+    # the engine's own memory is gone (what is left is the process's: cuBLAS workspaces, CUDA RNG state)
+    assert engine.gpu_bytes() == 0 and held - left >= 0.99 * owned, (held, owned, left)
     engine.offload()  # twice is once
     engine.reload()
     for name, tensor in engine.hf_tensors():

@@ -446,6 +446,7 @@ class SignalAt:
 def test_a_signal_finishes_the_step_saves_and_exits_then_resume_continues(tmp_path, tiny, sig, capfd):
     import signal
 
+    found = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN under nohup or a background shell
     plugins = load_plugins()
     plugins.register(SignalAt(2, getattr(signal, sig)), "signal")
     expected = KeyboardInterrupt if sig == "SIGINT" else SystemExit
@@ -455,7 +456,7 @@ def test_a_signal_finishes_the_step_saves_and_exits_then_resume_continues(tmp_pa
         assert stopped.value.code == 143
     assert f"stopped by {sig} after step 2; saved {tmp_path / 'run' / 'checkpoint-2'}" in capfd.readouterr().err
     assert [r["step"] for r in metrics_of(tmp_path)] == [1, 2]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are given back
+    assert signal.getsignal(signal.SIGINT) is found  # handlers are given back
     import threading  # and the exit deadline is off: a caller that catches the exception lives on
 
     deadlines = [t for t in threading.enumerate() if t.name == "rlcore-exit-deadline"]
@@ -472,8 +473,14 @@ def test_resume_says_what_changed_and_refuses_what_breaks_the_run(tmp_path, tiny
         make(load_plugins(), tmp_path / "empty", tiny, resume="auto")
     with pytest.raises(ConfigError, match=r"num_generations \(4 -> 8\) differ from checkpoint-1's config"):
         make(load_plugins(), tmp_path, tiny, max_steps=2, resume="auto", num_generations=8).fit()
-    make(load_plugins(), tmp_path, tiny, max_steps=2, resume="auto", learning_rate=5e-4).fit()
+    resumed = make(load_plugins(), tmp_path, tiny, max_steps=2, resume="auto", learning_rate=5e-4)
+    resumed.fit()
     assert "rlcore: resume: changed since checkpoint-1: learning_rate 0.001 -> 0.0005, max_steps 1 -> 2" in capfd.readouterr().err
+    assert [r["lr"] for r in metrics_of(tmp_path)] == [1e-3, pytest.approx(5e-4)]  # what it says is what it does
+    import torch
+
+    state = torch.load(tmp_path / "run" / "checkpoint-2" / "model" / "engine_state.pt", weights_only=True)
+    assert [g["lr"] for g in state["optimizer"]["param_groups"]] == [pytest.approx(5e-4)]
 
 
 def test_one_run_at_a_time_in_an_output_dir(tmp_path, tiny, capfd):

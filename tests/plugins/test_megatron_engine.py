@@ -109,7 +109,6 @@ def test_train_steps_lower_the_loss_like_the_hf_engine(tiny_model):
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.05
     for mine, theirs in zip(megatron, hf):
         assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-4)
-        assert mine["jsd"] == pytest.approx(theirs["jsd"], abs=1e-4)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-3)
         assert mine["lr"] == pytest.approx(theirs["lr"], abs=1e-12)  # megatron's scheduler, HF's schedule
         assert mine["tokens"] == theirs["tokens"]

@@ -377,3 +377,23 @@ def test_orm_refuses_a_model_with_several_labels(tmp_path):
         OrmScorer(str(path))
     with pytest.raises(ConfigError, match="cannot be loaded"):
         OrmScorer(str(tmp_path / "nowhere"))
+
+
+def test_check_reward_reads_a_users_code_without_running_it(tmp_path, monkeypatch):
+    from rlcore.plugins.rewards import check_reward
+
+    ran = tmp_path / "ran"
+    top = f"open({str(ran)!r}, 'a').write('ran')\n"
+    (tmp_path / "evil.py").write_text(top + "def f(prompts, completions, scale=1.0, **columns):\n    return []\n")
+    (tmp_path / "evilpkg").mkdir()
+    (tmp_path / "evilpkg" / "__init__.py").write_text(top)
+    (tmp_path / "evilpkg" / "mod.py").write_text(top + "from math import sqrt as g\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = load_plugins()
+    check_reward(f"{tmp_path}/evil.py:f", plugins, {"scale": 2.0})
+    check_reward("evilpkg.mod:g", plugins)
+    for spec, match in ((f"{tmp_path}/evil.py:h", "defines no 'h'"), ("evilpkg.mod:f", "defines no 'f'"),
+                        ("evilpkg.nope:f", "no module 'evilpkg.nope'"), (f"{tmp_path}/no.py:f", "does not exist")):
+        with pytest.raises(ConfigError, match=match):
+            check_reward(spec, plugins)
+    assert not ran.exists()

@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import resource
@@ -69,6 +70,7 @@ from rlcore import hookimpl
 
 STEP_SLEEP = {step_sleep!r}
 KILL_IN_SAVE_AT = {kill_in_save_at!r}
+NAN_AT = {nan_at!r}  # the train engine's train_step call (1-based) whose loss is made NaN; 0: none
 SLOW = {slow!r}  # "role.method": seconds that engine method waits first, where it runs (Ray workers load
                  # --with files too), so that a signal to the worker lands in that call
 
@@ -88,6 +90,22 @@ if SLOW:
     for key, seconds in SLOW.items():
         role, name = key.split(".")
         _slowed({{"rollout": HFRolloutEngine, "train": HFTrainEngine}}[role], name, seconds)
+
+if NAN_AT:  # a loss gone NaN (as a too-high learning rate or a bad batch makes it), in that step alone
+    from rlcore.plugins.hf.train import HFTrainEngine
+
+    _train_step, _calls = HFTrainEngine.train_step, [0]
+
+    def poisoned(self, batch, loss_fn, *args, **kwargs):
+        _calls[0] += 1
+        if _calls[0] == NAN_AT:
+            inner = loss_fn
+            def loss_fn(outputs, micro):
+                loss, metrics = inner(outputs, micro)
+                return loss * float("nan"), metrics
+        return _train_step(self, batch, loss_fn, *args, **kwargs)
+
+    HFTrainEngine.train_step = poisoned
 
 @hookimpl
 def rlcore_train_start(trainer):
@@ -113,9 +131,10 @@ def rlcore_step_end(trainer, step, metrics):
 
 
 def write_hook(work: Path, *, step_sleep: float = 0.0, kill_in_save_at: int = 0,
-               slow: dict[str, float] | None = None) -> str:
+               slow: dict[str, float] | None = None, nan_at: int = 0) -> str:
     """A hook-only plugin file for `--with`; returns its path relative to `work`."""
-    (work / "hook.py").write_text(HOOK.format(step_sleep=step_sleep, kill_in_save_at=kill_in_save_at, slow=slow or {}))
+    (work / "hook.py").write_text(HOOK.format(step_sleep=step_sleep, kill_in_save_at=kill_in_save_at, slow=slow or {},
+                                              nan_at=nan_at))
     return "./hook.py"
 
 
@@ -131,21 +150,27 @@ class Run:
     Ray starts share the session id (the driver's pid), so they can be found and killed after it is gone."""
 
     def __init__(self, work: Path, name: str, args: list[str], *, ray: bool = False, plugin_with: str | None = None,
-                 file_size_limit: int | None = None):
+                 file_size_limit: int | None = None, command: tuple[str, ...] = ("run", "--plugin", "grpo"),
+                 env: dict[str, str | None] | None = None):
         self.work, self.name, self.ray = work, name, ray
-        cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", "grpo"]
+        cmd = [sys.executable, "-m", "rlcore", *command]
         cmd += ["--use-ray"] if ray else []
         cmd += ["--with", plugin_with] if plugin_with else []
         self.cmd = cmd + list(args)
+        environment = {k: v for k, v in {**_env(), **(env or {})}.items() if v is not None}  # None: unset
         with open(work / f"{name}.out", "w") as out, open(work / f"{name}.err", "w") as err:
             self.proc = subprocess.Popen(self.cmd, cwd=work, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                         env=_env(), start_new_session=True, preexec_fn=_limit(file_size_limit))
+                                         env=environment, start_new_session=True, preexec_fn=_limit(file_size_limit))
         self.pid = self.proc.pid
         self.started = time.monotonic()
 
     @property
     def stderr(self) -> str:
         return (self.work / f"{self.name}.err").read_text(errors="replace")
+
+    @property
+    def stdout(self) -> str:
+        return (self.work / f"{self.name}.out").read_text(errors="replace")
 
     def members(self) -> list[psutil.Process]:
         """The live processes of this run's session (the driver, its Ray, Ray's workers and agents)."""
@@ -295,6 +320,12 @@ class Scene:
             resume: bool = False, file_size_limit: int | None = None) -> Run:
         args = [*QUICK, f"output_dir={self.out}", *extra] + (["--resume"] if resume else [])
         run = Run(self.work, name, args, ray=ray, plugin_with=plugin_with, file_size_limit=file_size_limit)
+        self.runs.append(run)
+        return run
+
+    def cli(self, name: str, *command: str, env: dict[str, str | None] | None = None) -> Run:
+        """`rlcore COMMAND...` as given (no QUICK keys, no output_dir), in the scene's dir."""
+        run = Run(self.work, name, [], command=command, env=env)
         self.runs.append(run)
         return run
 
@@ -530,6 +561,65 @@ def changed_on_resume(scene: Scene) -> None:
         raise Broken("the refused resume changed the run's metrics or left its lock")
 
 
+def changed_learning_rate(scene: Scene) -> None:
+    """--resume with learning_rate=5e-4 after a run at 1e-3 (the demo's): the resume says it changed, and the
+    resumed steps train at it (their metrics' lr, the optimizer state in the last checkpoint)."""
+    import torch
+
+    scene.finished_run()
+    scene.resume("learning_rate=5e-4", expect=r"learning_rate 0\.001 -> 0\.0005")
+    rows = map(json.loads, (scene.out / "metrics.jsonl").read_text().splitlines())
+    rates = {row["step"]: row.get("lr") for row in rows}
+    state = torch.load(next((scene.out / f"checkpoint-{MAX_STEPS}").rglob("engine_state.pt")), weights_only=True)
+    saved = [group["lr"] for group in state["optimizer"]["param_groups"]]
+    expected = {step: 1e-3 if step <= BASE_STEPS else 5e-4 for step in range(1, MAX_STEPS + 1)}
+    if any(not math.isclose(rates.get(step) or 0.0, lr) for step, lr in expected.items()) or \
+            not all(math.isclose(lr, 5e-4) for lr in saved):
+        raise Broken(f"said learning_rate 0.001 -> 0.0005, but trained at {rates} (lr per step); the optimizer state "
+                     f"of checkpoint-{MAX_STEPS} holds {saved}")
+    scene.notes.append(f"lr per step {rates}")
+
+
+def finite_weights(checkpoint: Path) -> bool:
+    from safetensors.torch import load_file
+
+    files = sorted(checkpoint.rglob("*.safetensors"))
+    return bool(files) and all(bool(t.isfinite().all()) for f in files for t in load_file(f).values())
+
+
+def nonfinite_step(skip: bool) -> Callable[[Scene], None]:
+    """Step 3's loss is NaN (its gradients too). By default the run stops with one clear error naming step
+    3 and checkpoint-2 (exit 1), which --resume continues from; with on_nonfinite=skip the run says it
+    skipped step 3, whose update is dropped (checkpoint-3 holds checkpoint-2's weights), and finishes. No
+    checkpoint ever holds a NaN weight."""
+
+    def scenario(scene: Scene) -> None:
+        run = scene.run("first", *(["on_nonfinite=skip"] if skip else []), plugin_with=write_hook(scene.work, nan_at=3))
+        if skip:
+            scene.resumed = True  # this run's metrics are what is counted
+            rc = run.wait(RUN_TIMEOUT[False])
+            said = [line for line in run.stderr.splitlines() if line.startswith("rlcore: warning: step 3")]
+            if rc != 0 or not said or "Traceback" in run.stderr:
+                raise Broken(f"exit {rc}, {len(said)} warning(s) naming step 3{traced(run.stderr)}: {tail(run.stderr)}")
+            from safetensors.torch import load_file
+
+            before, after = (load_file(next((scene.out / f"checkpoint-{n}").rglob("*.safetensors"))) for n in (2, 3))
+            if any(not before[k].equal(after[k]) for k in before):
+                raise Broken("step 3 was said to be skipped, but its checkpoint's weights differ from step 2's")
+            scene.notes.append(said[0][len("rlcore: "):][:200])
+        else:
+            line = clear_error(run, 1, RUN_TIMEOUT[False], match=r"step 3: loss nan.*checkpoint-2 holds step 2")
+            if (scene.out / "checkpoint-3").exists():
+                raise Broken("the run that stopped at step 3's NaN loss saved checkpoint-3")
+            scene.notes.append(line[:200])
+            scene.resume()
+        bad = [c.name for c in sorted(scene.out.glob("checkpoint-*")) if not finite_weights(c)]
+        if bad:
+            raise Broken(f"{', '.join(bad)} hold NaN or infinite weights")
+
+    return scenario
+
+
 def kill_worker(role: str, method: str, how: signal.Signals = signal.SIGKILL, after_step: int = 1,
                 timeout_s: float = 0) -> Callable[[Scene], None]:
     """On Ray, SIGKILL (or SIGSTOP) `role`'s worker while it runs `method()` after `after_step` steps (the
@@ -596,6 +686,44 @@ def kill_ray_process(name: str, after_step: int = 2) -> Callable[[Scene], None]:
             raise Hang(f"{run.name} took {took:.0f}s to stop after the SIGKILL of {name}: {tail(run.stderr)}")
         line = clear_error(run, 1, 0, match=None)
         scene.notes.append(f"SIGKILL of {name} after step {after_step}, run stopped in {took:.1f}s: {line[:160]}")
+        scene.settled(run)
+        scene.resume(ray=True)
+
+    return scenario
+
+
+def stop_raylet(timeout_s: float = 0, signals: int = 0) -> Callable[[Scene], None]:
+    """SIGSTOP of the local Ray's raylet (and its object store) after step 1: calls into Ray then block in
+    C++, where no signal handler runs. The driver must still stop: with no signal, one clear error within
+    `timeout_s` (worker_timeout_s) + EXIT_TIMEOUT (exit 1); with `signals` SIGTERMs to it (2 s apart), exit
+    143 within EXIT_TIMEOUT (one signal lets the step go on: plus `timeout_s`), saying it stopped. Its local
+    Ray ends with it (the stopped raylet too), and --resume continues from the last checkpoint."""
+
+    def scenario(scene: Scene) -> None:
+        run = scene.run("first", *([f"worker_timeout_s={timeout_s:g}"] if timeout_s else []), ray=True,
+                        plugin_with=write_hook(scene.work, step_sleep=0.5))
+        wait_for(lambda: len(metrics_steps(scene.out)) >= 1, run, RUN_TIMEOUT[True], "step 1")
+        found = [p for p in run.members() if _title(p.pid).split(" ")[0].endswith("raylet")]
+        if not found:
+            raise Broken(f"no raylet among the run's processes: {[_title(p.pid)[:40] for p in run.members()]}")
+        found[0].suspend()
+        injected = time.monotonic()
+        for _ in range(signals):
+            time.sleep(2.0)
+            if run.proc.poll() is None:
+                os.kill(run.pid, signal.SIGTERM)
+        limit = EXIT_TIMEOUT + (timeout_s if signals < 2 else 0)
+        rc = run.wait(limit - (time.monotonic() - injected))
+        took, err = time.monotonic() - injected, run.stderr
+        if signals:
+            said = [line for line in err.splitlines() if line.startswith(("rlcore: stopped", "rlcore: error"))]
+            if rc != 143 or not said or "Traceback" in err:
+                raise Broken(f"exit {rc} (expected 143), {len(said)} rlcore line(s){traced(err)}: {tail(err)}")
+            line = " / ".join(said)
+        else:
+            line = clear_error(run, 1, 0)
+        scene.notes.append(f"raylet stopped after step 1, {signals} SIGTERM(s), run stopped in {took:.1f}s: "
+                           f"{line[:200]}")
         scene.settled(run)
         scene.resume(ray=True)
 
@@ -710,31 +838,164 @@ def concurrent_runs(scene: Scene) -> None:
 
 
 def bad_config(*args: str, match: str, resume: bool = False, existing_dir: bool = False,
-               config: str | None = None) -> Callable[[Scene], None]:
+               config: str | bytes | None = None, files: dict[str, bytes] | None = None) -> Callable[[Scene], None]:
     """A run refused before it allocates: exit 2 within QUICK_ERROR_S, one error paragraph, no traceback,
-    and no output_dir made (an existing one left as it was). `config` is written to ./config.yaml."""
+    and no output_dir made (an existing one left as it was). `config` is written to ./config.yaml, `files`
+    (name: content) into the scene's dir."""
 
     def scenario(scene: Scene) -> None:
         if existing_dir:
             scene.out.mkdir()
-        if config is not None:
-            (scene.work / "config.yaml").write_text(config)
+        for name, content in {**(files or {}), **({"config.yaml": config} if config is not None else {})}.items():
+            (scene.work / name).write_bytes(content if isinstance(content, bytes) else content.encode())
         run = scene.run("run", *args, resume=resume)
-        clear_error(run, 2, RUN_TIMEOUT[False], match=match)
-        took = time.monotonic() - run.started
-        lines = [x for x in run.stderr.splitlines() if x.strip()]
-        start = next(i for i, x in enumerate(lines) if x.startswith("rlcore: error:"))
-        if start or any(not x.startswith(" ") for x in lines[1:]):
-            raise Broken(f"stderr is more than the error paragraph: {tail(run.stderr)}")
-        scene.notes.append(f"{took:.1f}s: " + " / ".join(x.strip() for x in lines)[:300])
-        if took > QUICK_ERROR_S:
-            raise Broken(f"refused only after {took:.0f}s")
+        quick_refusal(scene, run, match)
         if existing_dir and any(scene.out.iterdir()):
             raise Broken(f"the refused run left {sorted(p.name for p in scene.out.iterdir())} in output_dir")
         if not existing_dir and scene.out.exists():
             raise Broken("the refused run made its output_dir")
 
     return scenario
+
+
+def quick_refusal(scene: Scene, run: Run, match: str) -> None:
+    """`run` ends with exit 2 within QUICK_ERROR_S: one error paragraph matching `match`, no traceback."""
+    clear_error(run, 2, RUN_TIMEOUT[False], match=match)
+    took = time.monotonic() - run.started
+    lines = [x for x in run.stderr.splitlines() if x.strip()]
+    start = next(i for i, x in enumerate(lines) if x.startswith("rlcore: error:"))
+    if start or any(not x.startswith(" ") for x in lines[1:]):
+        raise Broken(f"stderr is more than the error paragraph: {tail(run.stderr)}")
+    scene.notes.append(f"{took:.1f}s: " + " / ".join(x.strip() for x in lines)[:300])
+    if took > QUICK_ERROR_S:
+        raise Broken(f"refused only after {took:.0f}s")
+
+
+def refused_cli(*command: str, match: str, files: dict[str, str | bytes] | None = None,
+                env: dict[str, str | None] | None = None) -> Callable[[Scene], None]:
+    """`rlcore COMMAND...` (`config validate`, a run of another algorithm) refused as `bad_config` is: exit 2
+    within QUICK_ERROR_S, one error paragraph matching `match`, no traceback. `files` are written first."""
+
+    def scenario(scene: Scene) -> None:
+        for name, content in (files or {}).items():
+            (scene.work / name).parent.mkdir(parents=True, exist_ok=True)
+            (scene.work / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+        quick_refusal(scene, scene.cli("cli", *command, env=env), match)
+
+    return scenario
+
+
+NOT_UTF8 = b'{"prompt": "caf\xe9"}\n'  # Latin-1, as an old export writes it
+NO_TRL = {"no-trl/trl.py": "raise ModuleNotFoundError(\"No module named 'trl'\", name='trl')\n"}
+OFFLINE_HUB = {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None, "HF_ENDPOINT": "http://127.0.0.1:9"}  # refused
+
+
+def read_only_output_dir(scene: Scene) -> None:
+    """output_dir in a directory this user cannot write (a 0555 one; as root, which writes anywhere, the
+    read-only /proc/sys): exit 2 naming it, no traceback."""
+    if os.geteuid():
+        parent = scene.work / "read-only"
+        parent.mkdir(mode=0o555)
+        scene.cleanup.append(lambda: parent.chmod(0o755))
+    else:
+        parent = Path("/proc/sys")
+        if os.access(parent, os.W_OK):
+            raise Broken("running as root with a writable /proc/sys: no read-only directory to try")
+    bad_config(f"output_dir={parent / 'run'}", match="not writable")(scene)
+
+
+def user_checkpoint_folder(scene: Scene) -> None:
+    """output_dir holds a folder of the user's named checkpoint-1 (a thesis in it): the run is refused (exit 2,
+    naming it and overwrite_output_dir) and the folder is left as it was."""
+    thesis = scene.out / "checkpoint-1" / "thesis.txt"
+    thesis.parent.mkdir(parents=True)
+    thesis.write_text("three years of work\n")
+    run = scene.run("run", "max_steps=2", "save_steps=1")
+    line = clear_error(run, 2, RUN_TIMEOUT[False], match=r"checkpoint-1.*overwrite_output_dir")
+    scene.notes.append(line[:200])
+    if not thesis.is_file() or sorted(p.name for p in scene.out.iterdir()) != ["checkpoint-1"]:
+        raise Broken(f"after the refused run output_dir holds {sorted(p.name for p in scene.out.rglob('*'))}")
+
+
+def late_second_run(delay_s: float) -> Callable[[Scene], None]:
+    """A second run with another seed into the output_dir of one started `delay_s` earlier (it may land in
+    the first one's setup, its steps, or after it): one of them finishes (exit 0), the other is refused (exit 2)
+    having changed nothing, and output_dir holds the finished one's steps, checkpoint and demo model only."""
+
+    def scenario(scene: Scene) -> None:
+        first = scene.run("first", "max_steps=3", "save_steps=3")
+        time.sleep(delay_s)
+        second = scene.run("second", "max_steps=3", "save_steps=3", "seed=7")
+        codes = {run.name: run.wait(RUN_TIMEOUT[False]) for run in (first, second)}
+        if sorted(codes.values()) != [0, 2]:
+            raise Broken(f"exit statuses {codes}: expected one run to finish and the other to be refused: "
+                         f"first: {tail(first.stderr, 2)}; second: {tail(second.stderr, 2)}")
+        winner, loser = (first, second) if codes["first"] == 0 else (second, first)
+        line = clear_error(loser, 2, 0)
+        seed = 7 if winner is second else 42
+        state = json.loads((scene.out / "checkpoint-3" / "trainer_state.json").read_text())
+        model = json.loads((scene.out / "tiny-model" / "rlcore_tiny.json").read_text())
+        scene.notes.append(f"{winner.name} finished, {loser.name} refused: {line[:150]}")
+        if metrics_steps(scene.out) != [1, 2, 3] or state["config"]["seed"] != seed or model["seed"] != seed:
+            raise Broken(f"output_dir holds steps {metrics_steps(scene.out)}, a checkpoint of seed "
+                         f"{state['config']['seed']} and a demo model of seed {model['seed']}; {winner.name} (seed "
+                         f"{seed}) finished")
+
+    return scenario
+
+
+SECRET = "sk-rlcore-fault-0123456789abcdef"
+
+
+def distill_api_key(scene: Scene) -> None:
+    """`api_key=sk-...` given to distill (its endpoint down), then --resume with another key: neither key is in
+    any file of output_dir, on stdout or stderr, or in `config show`."""
+    keys = [SECRET, SECRET[::-1]]
+    args = ("run", "--plugin", "distill", f"output_dir={scene.out}", "api_base=http://127.0.0.1:9/v1",
+            "model=teacher", "max_retries=0")
+    said, runs = [], []
+    for name, command in (("first", (*args, f"api_key={keys[0]}")), ("resume", (*args, f"api_key={keys[1]}", "--resume")),
+                          ("show", ("config", "show", "--plugin", "distill", f"api_key={keys[0]}"))):
+        run = scene.cli(name, *command)  # one after the other
+        runs.append(run)
+        rc = run.wait(RUN_TIMEOUT[False])
+        said.append(f"{run.name} exit {rc}")
+        if "Traceback" in run.stderr:
+            raise Broken(f"{run.name}: a traceback: {tail(run.stderr)}")
+    leaks = [str(p.relative_to(scene.work)) for p in sorted(scene.out.rglob("*")) if p.is_file()
+             and any(k.encode() in p.read_bytes() for k in keys)]
+    leaks += [f"{run.name}'s {where}" for run in runs for where, text in (("stdout", run.stdout), ("stderr", run.stderr))
+              if any(k in text for k in keys)]
+    scene.notes.append(", ".join(said))
+    if not list(scene.out.glob(".*state.json")):
+        raise Broken(f"the first run wrote no state file, so nothing was tried: {tail(runs[0].stderr)}")
+    if leaks:
+        raise Broken(f"the API key is written or printed in: {', '.join(leaks)}")
+
+
+EVIL = """from pathlib import Path
+Path(__file__).with_name("ran").write_text("validate ran this file")  # what any top level could do
+
+def f(prompts, completions, **columns):
+    return [0.0] * len(completions)
+"""
+
+
+def validate_runs_no_code(scene: Scene) -> None:
+    """`config validate` with reward_funcs naming `evil.py:f` and then `evil.py:g` (absent): valid, then exit
+    2 naming 'g'; evil.py's top level never runs."""
+    (scene.work / "x").mkdir()
+    (scene.work / "x" / "evil.py").write_text(EVIL)
+    for function in ("f", "g"):
+        (scene.work / f"{function}.yaml").write_text(f"reward_funcs: ['{scene.work / 'x' / 'evil.py'}:{function}']\n")
+    valid = scene.cli("valid", "config", "validate", "--plugin", "grpo", "--config", "f.yaml")
+    if valid.wait(RUN_TIMEOUT[False]) != 0:
+        raise Broken(f"validating a config naming evil.py:f failed: {tail(valid.stderr)}")
+    line = clear_error(scene.cli("absent", "config", "validate", "--plugin", "grpo", "--config", "g.yaml"), 2,
+                       RUN_TIMEOUT[False], match="'g'")
+    scene.notes.append(line[:200])
+    if (scene.work / "x" / "ran").exists():
+        raise Broken("config validate imported evil.py: its top level ran")
 
 
 OVERLAPPING = ("device_groups={nproc_per_node: 2, a: {device: GPU, ranks: [0, 1], workers: [train]}, "
@@ -769,12 +1030,18 @@ SCENARIOS = [
     Scenario("torn last line of metrics.jsonl", damaged(torn_metrics, r"torn")),
     Scenario("every checkpoint damaged", every_checkpoint_damaged, in_tests=False),
     Scenario("--resume with a changed num_generations", changed_on_resume, in_tests=False),
+    Scenario("--resume with a changed learning_rate (applied)", changed_learning_rate),
+    Scenario("a NaN loss in step 3 (the run stops)", nonfinite_step(skip=False)),
+    Scenario("a NaN loss in step 3, on_nonfinite=skip", nonfinite_step(skip=True), in_tests=False),
     Scenario("stale lock, its pid reused by another process", stale_lock("other"), in_tests=False),
     Scenario("stale lock, its pid is the new driver's (restarted container)", stale_lock("self")),
     Scenario("stale lock of another host (a node that died)", stale_lock("host")),
     Scenario("disk full in a checkpoint write", disk_full),
     Scenario("two concurrent runs into one output_dir", concurrent_runs),
     Scenario("bad config: beta=true", bad_config("beta=true", match="beta")),
+    Scenario("bad config: learning_rate=.inf", bad_config("learning_rate=.inf", match="learning_rate")),
+    Scenario("bad config: a NaN in train.engine_kwargs",
+             bad_config("train.engine_kwargs={adam_epsilon: .nan}", match="engine_kwargs"), in_tests=False),
     Scenario("bad config: ranks range(0, 200000000)",
 bad_config(HUGE, match="ranks")),
     Scenario("bad config: overlapping ranks", bad_config(OVERLAPPING, match="both claim")),
@@ -792,6 +1059,30 @@ bad_config(HUGE, match="ranks")),
     Scenario("bad config: --resume into an empty dir",
              bad_config(match="no checkpoint", resume=True, existing_dir=True)),
     Scenario("bad config: --resume into a missing dir", bad_config(match="no checkpoint", resume=True)),
+    Scenario("bad config: --config not UTF-8",
+             bad_config("--config", "./config.yaml", match="UTF-8", config=b"seed: 1\n# caf\xe9\n")),
+    Scenario("bad config: a .jsonl dataset not UTF-8",
+             bad_config("dataset=./data.jsonl", match="UTF-8", files={"data.jsonl": NOT_UTF8})),
+    Scenario("bad config: a .json dataset not UTF-8",
+             bad_config("dataset=./data.json", match="UTF-8", files={"data.json": b"[" + NOT_UTF8.strip() + b"]"})),
+    Scenario("bad config: output_dir is a file", bad_config("output_dir=./a-file", match="a-file",
+                                                            files={"a-file": b"notes"})),
+    Scenario("bad config: output_dir under a file", bad_config("output_dir=./a-file/run", match="a-file",
+                                                               files={"a-file": b"notes"})),
+    Scenario("bad config: output_dir read-only", read_only_output_dir),
+    Scenario("bad config: config validate --plugin sft without TRL",
+             refused_cli("config", "validate", "--plugin", "sft", "--config", "c.yaml", match=r"rlcore\[sft\]",
+                         files={"c.yaml": "seed: 1\n", **NO_TRL}, env={"PYTHONPATH": "no-trl"})),
+    Scenario("bad config: a hub model id, the Hub unreachable",
+             refused_cli("config", "validate", "--plugin", "grpo", "--config", "c.yaml", match="cannot be reached",
+                         files={"c.yaml": "model: rlcore-fault/no-such-model\n"}, env=OFFLINE_HUB)),
+    Scenario("bad config: a hub model id, HF_HUB_OFFLINE=1",
+             refused_cli("config", "validate", "--plugin", "grpo", "--config", "c.yaml", match="HF_HUB_OFFLINE",
+                         files={"c.yaml": "model: rlcore-fault/no-such-model\n"}, env={"HF_HUB_OFFLINE": "1"})),
+    Scenario("config validate of a reward file.py:function runs none of it", validate_runs_no_code),
+    Scenario("a user's folder named checkpoint-1 in output_dir", user_checkpoint_folder),
+    Scenario("a second run (another seed) into one output_dir 1.6 s later", late_second_run(1.6)),
+    Scenario("the distill api_key given on the command line, then --resume with another", distill_api_key),
     Scenario("SIGTERM to the driver, Ray", signal_driver(signal.SIGTERM, ray=True, group=False, save_steps=0),
              ray=True, in_tests=False),
     Scenario("SIGINT to the process group (Ctrl-C), Ray",
@@ -820,6 +1111,10 @@ bad_config(HUGE, match="ranks")),
              ray=True, in_tests=False),
     Scenario("SIGKILL of the raylet, Ray", kill_ray_process("raylet"), ray=True, in_tests=False),
     Scenario("SIGKILL of the GCS, Ray", kill_ray_process("gcs_server"), ray=True),
+    Scenario("SIGSTOP of the raylet, worker_timeout_s=20, Ray", stop_raylet(timeout_s=20), ray=True),
+    Scenario("SIGSTOP of the raylet, then SIGTERM, worker_timeout_s=20, Ray", stop_raylet(timeout_s=20, signals=1),
+             ray=True, in_tests=False),
+    Scenario("SIGSTOP of the raylet, then SIGTERM twice, Ray", stop_raylet(signals=2), ray=True, in_tests=False),
     Scenario("SIGKILL of the driver in a checkpoint write, Ray", kill_driver_in_checkpoint(ray=True), ray=True,
              in_tests=False),
 ]

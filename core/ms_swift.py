@@ -1,0 +1,513 @@
+"""ms-swift's configuration keys, read as rlcore's, so an ms-swift YAML (`megatron rlhf --use_ray true`,
+`swift sft`, `swift sample`) runs as it is.
+
+`translate(data, model)` rewrites a config (a YAML file with its overrides applied) for the algorithm config
+`model`. Each ms-swift key that an algorithm does not have itself is either *mapped* onto the rlcore key that
+means the same (`micro_batch_size` -> `per_device_train_batch_size`), *noted* when rlcore needs nothing for it
+(a Megatron kernel fusion, an attention kernel: the result is the same), or *refused* with a one-line reason
+(`deepspeed`: rlcore trains with DDP). None is dropped without a word: `rlcore run` prints the notes, and
+`rlcore config show --from-ms-swift FILE` prints the mapping above the config it gives. A key the algorithm
+has itself keeps rlcore's meaning, so a native config comes back unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from .resources import parse_ranks
+
+ALGORITHMS = {"grpo": "grpo", "gkd": "gkd"}  # rlhf_type -> rlcore algorithm
+# Megatron kernel fusions and similar switches: how fast, never what is computed.
+SPEED_ONLY = (
+    "cross_entropy_loss_fusion", "gradient_accumulation_fusion", "masked_softmax_fusion", "bias_dropout_fusion",
+    "bias_activation_fusion", "apply_rope_fusion",
+)
+TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout", "target_modules",
+          "recompute_granularity", "torch_dtype")
+LR_SCHEDULES = {"constant": "constant", "linear": "linear", "cosine": "cosine"}
+
+
+@dataclass
+class Translation:
+    """What `translate` made of a config: the rlcore keys, and what it did with each ms-swift key."""
+
+    data: dict[str, Any]
+    mapped: list[str] = field(default_factory=list)  # "micro_batch_size: 2 -> per_device_train_batch_size: 2"
+    noted: list[str] = field(default_factory=list)  # "attention_backend: flash (no effect here: ...)"
+    problems: list[tuple[str, str]] = field(default_factory=list)  # refused keys, with the reason
+    algorithm: str | None = None  # from rlhf_type
+    use_ray: bool | None = None  # from use_ray
+
+
+def translate(data: dict[str, Any], model: type[BaseModel]) -> Translation:
+    """`data` with ms-swift's keys rewritten for `model` (see the module docstring)."""
+    return _Translator(data, model).run()
+
+
+def launch_options(data: dict[str, Any]) -> tuple[str | None, bool | None, list[tuple[str, str]]]:
+    """(algorithm from `rlhf_type`, `use_ray`, problems) of an ms-swift config, before its model is known."""
+    problems = []
+    kind = data.get("rlhf_type")
+    algorithm = None
+    if kind is not None:
+        algorithm = ALGORITHMS.get(str(kind))
+        if algorithm is None:
+            problems.append(("rlhf_type", f"'{kind}' has no rlcore algorithm; rlcore runs rlhf_type "
+                             f"{', '.join(ALGORITHMS)} (and sft, sample with --plugin)"))
+    use_ray = data.get("use_ray")
+    if use_ray is not None and not isinstance(use_ray, bool):
+        problems.append(("use_ray", f"must be true or false; got {use_ray!r}"))
+        use_ray = None
+    return algorithm, use_ray, problems
+
+
+def _section_model(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    info = model.model_fields.get(name)
+    kind = getattr(info, "annotation", None)
+    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
+
+
+def _names(model: type[BaseModel] | None) -> set[str]:
+    from .config import _names_and_aliases
+
+    return _names_and_aliases(model) if model is not None else set()
+
+
+def _as_list(value: Any) -> list[Any]:
+    return [value] if isinstance(value, str) else list(value or ())
+
+
+class _Translator:
+    def __init__(self, data: dict[str, Any], model: type[BaseModel]):
+        self.data = copy.deepcopy(data)
+        self.model = model
+        self.own = _names(model)
+        self.sections = {n: m for n in model.model_fields if (m := _section_model(model, n)) is not None}
+        self.out = Translation(self.data)
+        self.batch_from_megatron = "global_batch_size" in self.data
+
+    # -- small verbs -------------------------------------------------------------------------------------
+
+    def foreign(self, key: str, section: str | None = None) -> bool:
+        """`key` is given (at the top or in `section`) and the algorithm does not have it there."""
+        node = self.node(section)
+        known = self.own if section is None else _names(self.sections.get(section))
+        return isinstance(node, dict) and key in node and key not in known
+
+    def node(self, section: str | None) -> Any:
+        return self.data if section is None else self.data.get(section)
+
+    def take(self, key: str, section: str | None = None) -> Any:
+        return self.node(section).pop(key)
+
+    def put(self, source: str, key: str, value: Any, section: str | None = None) -> None:
+        """Set `key` (in `section`) from the ms-swift key `source`; a different value given there already
+        is a problem naming both."""
+        node = self.data.setdefault(section, {}) if section else self.data
+        path = f"{section}.{key}" if section else key
+        if not isinstance(node, dict):
+            return
+        if key in node and node[key] != value:
+            self.refuse(source, f"means {path}: {value!r}, but {path} is {node[key]!r}; give one of them")
+            return
+        node[key] = value
+        self.out.mapped.append(f"{source} -> {path}: {value!r}")
+
+    def note(self, source: str, value: Any, why: str) -> None:
+        self.out.noted.append(f"{source}: {value!r} ({why})")
+
+    def refuse(self, source: str, why: str) -> None:
+        """`source` is refused for `why`; it leaves the config, so it is reported once."""
+        section, _, key = source.rpartition(".")
+        node = self.node(section or None)
+        if isinstance(node, dict):
+            node.pop(key, None)
+        self.out.problems.append((source, why))
+
+    # -- the families --------------------------------------------------------------------------------------
+
+    def run(self) -> Translation:
+        self.launch()
+        self.role_sections()
+        self.tuning()
+        self.parallelism()
+        self.batch()
+        self.schedule()
+        self.vllm()
+        self.dataset()
+        self.sampling()
+        self.sft()
+        self.no_effect()
+        return self.out
+
+    def launch(self) -> None:
+        algorithm, use_ray, problems = launch_options(self.data)
+        self.out.algorithm, self.out.use_ray = algorithm, use_ray
+        self.out.problems.extend(problems)
+        for key, meaning in (("rlhf_type", "picks the algorithm"), ("use_ray", "means --use-ray")):
+            if self.foreign(key):
+                self.out.mapped.append(f"{key}: {self.take(key)!r} {meaning}")
+        if self.foreign("ray_exp_name"):
+            self.note("ray_exp_name", self.take("ray_exp_name"), "ms-swift prefixes its Ray actors' names with it; "
+                      "rlcore's actors are named by role, in a Ray namespace of the run's own")
+
+    def role_sections(self) -> None:
+        """A role section's `output_dir` (ms-swift's Megatron roles have one) is the run's."""
+        for name in self.sections:
+            if self.foreign("output_dir", name):
+                self.put(f"{name}.output_dir", "output_dir", self.take("output_dir", name))
+
+    def tuning(self) -> None:
+        """LoRA, recomputation and dtype: top-level keys where the algorithm has them there (sft), else the
+        train section's (grpo, gkd), where ms-swift's Ray roles put them too."""
+        where = "train" if "lora_rank" not in self.own and "train" in self.sections else None
+        if where is not None:
+            for key in (k for k in TUNING if k != "torch_dtype" and self.foreign(k)):
+                self.data.setdefault(where, {}).setdefault(key, self.take(key))
+                self.out.mapped.append(f"{key} -> {where}.{key}")
+        if self.foreign("train_type", where):  # ms-swift's older name of tuner_type
+            self.node(where).setdefault("tuner_type", self.take("train_type", where))
+        if self.foreign("tuner_type", where):
+            tuner = self.take("tuner_type", where)
+            node = self.node(where) or {}
+            if tuner in ("lora", "lora_llm"):
+                rank = node.get("lora_rank", 8)  # ms-swift's default rank
+                self.put(f"tuner_type: {tuner}", "lora_rank", rank, where)
+            elif tuner == "full":
+                self.put("tuner_type: full", "lora_rank", 0, where)
+            else:
+                self.refuse("tuner_type", f"'{tuner}' is not built in rlcore; use lora (lora_rank) or full")
+        if self.foreign("target_modules", where):
+            self.put("target_modules", "lora_target_modules", self.take("target_modules", where), where)
+        if self.foreign("recompute_granularity", where):
+            granularity = self.take("recompute_granularity", where)
+            self.put(f"recompute_granularity: {granularity}", "gradient_checkpointing", granularity != "none", where)
+        self.dtype()
+
+    def dtype(self) -> None:
+        for where in [None, *self.sections]:
+            if not self.foreign("torch_dtype", where):
+                continue
+            value = self.take("torch_dtype", where)
+            if where is not None or "dtype" in self.own:
+                self.put("torch_dtype", "dtype", value, where)
+                continue
+            for name, section in self.sections.items():  # every role's model loads in it, as in ms-swift
+                if "dtype" in section.model_fields and "dtype" not in (self.data.get(name) or {}):
+                    self.put("torch_dtype", "dtype", value, name)
+
+    def parallelism(self) -> None:
+        for where in [None, *self.sections]:
+            for key, what in (("context_parallel_size", "context"), ("expert_model_parallel_size", "expert")):
+                if not self.foreign(key, where):
+                    continue
+                size = self.take(key, where)
+                path = f"{where}.{key}" if where else key
+                if size == 1:
+                    self.note(path, size, f"no {what} parallelism, as rlcore runs")
+                else:
+                    self.refuse(path, f"is {size}, but rlcore's engines have no {what} parallelism; use 1 (split "
+                                "the model with tensor_model_parallel_size / pipeline_model_parallel_size)")
+            if self.foreign("sequence_parallel", where):
+                self.note(f"{where}.sequence_parallel" if where else "sequence_parallel",
+                          self.take("sequence_parallel", where),
+                          "Megatron's split of activations over tensor ranks saves memory only; the result is the same")
+
+    # -- batch and schedule --------------------------------------------------------------------------------
+
+    def train_role(self) -> str | None:
+        return "train" if "train" in self.sections else ("default" if "default" in self.sections else None)
+
+    def data_parallel(self) -> tuple[int | None, str]:
+        """The train role's data-parallel size as the plan will make it, and how it was counted."""
+        role = self.train_role()
+        if role is None:
+            return None, "no train role"
+        section = self.data.get(role) or {}
+        workers = None
+        if isinstance(self.data.get("device_groups"), dict):
+            for spec in self.data["device_groups"].values():
+                if isinstance(spec, dict) and role in _as_list(spec.get("workers")):
+                    try:
+                        ranks = parse_ranks(spec.get("ranks"))
+                    except ValueError:
+                        return None, f"the device group of {role} has ranks that do not parse"
+                    workers = ranks if isinstance(ranks, int) else len(ranks)
+            if workers is None:
+                return None, f"no device group lists {role}"
+        else:
+            workers = section.get("gpus") or section.get("cpus", 1)
+        tp = section.get("tensor_model_parallel_size", 1)
+        pp = section.get("pipeline_model_parallel_size", 1)
+        if not all(isinstance(n, int) and n >= 1 for n in (workers, tp, pp)) or workers % (tp * pp):
+            return None, f"{workers} {role} workers / tensor {tp} x pipeline {pp}"
+        return workers // (tp * pp), f"{workers} {role} workers / (tensor {tp} x pipeline {pp})"
+
+    def batch(self) -> None:
+        if self.foreign("micro_batch_size"):
+            self.put("micro_batch_size", "per_device_train_batch_size", self.take("micro_batch_size"))
+        if not self.foreign("global_batch_size"):
+            return
+        total = self.take("global_batch_size")
+        if "gradient_accumulation_steps" not in self.own:
+            self.refuse("global_batch_size", "has no meaning here: this algorithm takes no optimizer step")
+            return
+        micro = self.data.setdefault("per_device_train_batch_size", 1)  # Megatron's micro_batch_size default
+        dp, how = self.data_parallel()
+        if dp is None or not isinstance(total, int) or not isinstance(micro, int):
+            self.refuse("global_batch_size", f"({total!r}) cannot be checked against the plan ({how}); give "
+                        "per_device_train_batch_size and gradient_accumulation_steps instead")
+            return
+        if total % (micro * dp):
+            self.refuse("global_batch_size", f"({total}) must be a multiple of micro_batch_size ({micro}) x the "
+                        f"data-parallel size ({dp}: {how}) = {micro * dp}")
+            return
+        accumulation = total // (micro * dp)
+        self.put(f"global_batch_size: {total} / (micro {micro} x data-parallel {dp})", "gradient_accumulation_steps",
+                 accumulation)
+        if "steps_per_generation" in self.own and isinstance(self.data.get("steps_per_generation"), int):
+            # Megatron's steps_per_generation counts optimizer steps; rlcore's (TRL's) counts micro-steps
+            steps = self.data.pop("steps_per_generation")
+            self.put(f"steps_per_generation: {steps} optimizer steps (x {accumulation} micro-batches)",
+                     "steps_per_generation", steps * accumulation)
+
+    def rows(self) -> int | None:
+        """The rows the dataset has, where its spelling says (`FILE#N`)."""
+        from .data import dataset_file
+
+        sets = _as_list(self.data.get("dataset"))
+        counts = [dataset_file(d)[1] for d in sets if isinstance(d, str)]
+        return sum(counts) if counts and None not in counts else None
+
+    def schedule(self) -> None:
+        if self.foreign("train_iters"):
+            self.put("train_iters", "max_steps", self.take("train_iters"))
+        if self.foreign("num_train_epochs"):
+            self.epochs(self.take("num_train_epochs"))
+        for key in ("lr_warmup_fraction", "warmup_ratio"):
+            if self.foreign(key):
+                self.warmup(key, self.take(key))
+        if self.foreign("lr_warmup_iters"):
+            self.put("lr_warmup_iters", "warmup_steps", self.take("lr_warmup_iters"))
+        if self.foreign("lr_decay_style"):
+            style = self.take("lr_decay_style")
+            if style in LR_SCHEDULES:
+                self.put("lr_decay_style", "lr_scheduler_type", LR_SCHEDULES[style])
+            else:
+                self.refuse("lr_decay_style", f"'{style}' is not one of rlcore's schedules ({', '.join(LR_SCHEDULES)})")
+        if self.foreign("min_lr"):
+            self.min_lr(self.take("min_lr"))
+
+    def epochs(self, epochs: Any) -> None:
+        """An algorithm counting optimizer steps (grpo, gkd) runs the steps the epochs take, where the
+        dataset's size is known from its spelling (`FILE#N`); train_iters, when given, wins as in ms-swift."""
+        if "max_steps" in self.data:
+            self.note("num_train_epochs", epochs, "train_iters / max_steps is given and wins")
+            return
+        rows = self.rows()
+        per_step = self.data.get("per_device_train_batch_size", 1)
+        dp, _ = self.data_parallel()
+        accumulation = self.data.get("gradient_accumulation_steps", 1)
+        if rows is None or dp is None or not isinstance(epochs, (int, float)):
+            self.refuse("num_train_epochs", "cannot become max_steps: the dataset's size is unknown here; set "
+                        "train_iters (or dataset: FILE#N, its first N rows)")
+            return
+        samples = rows * (self.data.get("num_generations", 8) if "num_generations" in self.own else 1)
+        steps = max(1, math.floor(epochs * samples / (per_step * dp * accumulation)))
+        self.put(f"num_train_epochs: {epochs} over {rows} rows", "max_steps", steps)
+
+    def warmup(self, key: str, fraction: Any) -> None:
+        kind = self.model.model_fields.get("warmup_steps")
+        if kind is None:
+            self.refuse(key, "has no meaning here: this algorithm has no learning-rate schedule")
+        elif kind.annotation is float:  # a fraction below 1 is native (sft)
+            self.put(key, "warmup_steps", fraction)
+        else:
+            steps = self.data.get("max_steps", self.model.model_fields["max_steps"].default)
+            self.put(f"{key}: {fraction} of {steps} steps", "warmup_steps", round(fraction * steps))
+
+    def min_lr(self, low: Any) -> None:
+        lr = self.data.get("learning_rate", self.data.get("lr"))
+        if lr is not None and low == lr:
+            self.put(f"min_lr: {low} (= lr)", "lr_scheduler_type", "constant")
+        elif low == 0:
+            self.put("min_lr: 0", "lr_scheduler_type", self.data.get("lr_scheduler_type", "cosine"))
+        elif "trainer_kwargs" in self.own:  # transformers' schedule with a floor
+            self.put(f"min_lr: {low}", "lr_scheduler_type", "cosine_with_min_lr")
+            self.data.setdefault("trainer_kwargs", {}).setdefault("lr_scheduler_kwargs", {})["min_lr"] = low
+        else:
+            self.refuse("min_lr", f"({low}) is neither 0 nor lr ({lr}); rlcore's schedules decay to 0 (cosine, "
+                        "linear) or stay constant")
+
+    # -- vLLM ---------------------------------------------------------------------------------------------
+
+    def vllm(self) -> None:
+        engines = [n for n in ("rollout", "sampler") if n in self.sections]
+        if self.foreign("use_vllm"):
+            use = self.take("use_vllm")
+            for name in engines:
+                self.put("use_vllm", "engine", "vllm" if use else "hf", name)
+            teacher = self.data.get("teacher")
+            served = isinstance(teacher, dict) and (teacher.get("gpus") or teacher.get("model"))
+            if "teacher" in self.sections and served:
+                self.put("use_vllm", "engine", "vllm" if use else "hf", "teacher")  # ms-swift's served teacher is vLLM
+        for key in [k for k in self.data if k.startswith("vllm_") and self.foreign(k)]:
+            if engines:
+                value = self.take(key)
+                for name in engines:
+                    self.data.setdefault(name, {}).setdefault(key, value)
+                self.out.mapped.append(f"{key} -> {', '.join(f'{n}.{key}' for n in engines)}")
+        for name in self.sections:
+            section = self.data.get(name)
+            if not isinstance(section, dict) or "vllm_engine_kwargs" not in self.sections[name].model_fields:
+                continue
+            for key in [k for k in section if k.startswith("vllm_") and self.foreign(k, name)]:
+                value = section.pop(key)
+                if key == "vllm_mode":
+                    if value == "colocate":
+                        self.note(f"{name}.vllm_mode", value, "roles share GPUs through colocate_groups")
+                    else:
+                        self.refuse(f"{name}.vllm_mode", f"'{value}': rlcore places vLLM as a role of the run (no "
+                                    "external server); drop it")
+                elif key.startswith("vllm_server"):
+                    self.refuse(f"{name}.{key}", "rlcore places vLLM as a role of the run (no external server); "
+                                "drop it")
+                else:
+                    kwargs = section.setdefault("vllm_engine_kwargs", {})
+                    kwargs.setdefault(key.removeprefix("vllm_"), value)
+                    self.out.mapped.append(f"{name}.{key} -> {name}.vllm_engine_kwargs.{key.removeprefix('vllm_')}")
+
+    # -- data -----------------------------------------------------------------------------------------------
+
+    def dataset(self) -> None:
+        given = self.data.get("dataset")
+        kind = self.model.model_fields.get("dataset")
+        if isinstance(given, list) and kind is not None and "list" not in str(kind.annotation):
+            if len(given) == 1:
+                self.data["dataset"] = given[0]
+                self.out.mapped.append(f"dataset: a list of one -> dataset: {given[0]!r}")
+            else:
+                self.refuse("dataset", f"lists {len(given)} datasets; this algorithm reads one file: join them")
+        if self.foreign("split_dataset_ratio"):
+            ratio = self.take("split_dataset_ratio")
+            rows = self.rows()
+            if not ratio:
+                self.note("split_dataset_ratio", ratio, "no rows held out: every row trains, as rlcore does")
+            elif "eval_size" in self.own and rows is not None:
+                self.put(f"split_dataset_ratio: {ratio} of {rows} rows", "eval_size", max(1, round(ratio * rows)))
+            else:
+                self.refuse("split_dataset_ratio", f"({ratio}): rlcore trains on every row and holds none out "
+                            "here; use 0, and a file of held-out rows of your own")
+        if self.foreign("dataset_num_proc"):
+            self.note("dataset_num_proc", self.take("dataset_num_proc"), "rlcore reads and tokenises local files "
+                      "once per node")
+        if self.foreign("load_from_cache_file"):
+            self.note("load_from_cache_file", self.take("load_from_cache_file"), "rlcore reads the file each run")
+        if self.foreign("max_length") and "max_prompt_length" in self.own:  # ms-swift's cap on the prompt
+            self.put("max_length", "max_prompt_length", self.take("max_length"))
+        system = self.data.get("system")
+        if self.foreign("system"):
+            self.refuse("system", "is not a key of this algorithm: put the system message in the rows' messages")
+        elif isinstance(system, str) and system.endswith(".txt"):  # ms-swift reads a .txt file's text
+            try:
+                self.data["system"] = Path(system).read_text(encoding="utf-8")
+                self.out.mapped.append(f"system: {system!r} -> system: the file's text")
+            except OSError as exc:
+                self.refuse("system", f"names the file '{system}', which cannot be read ({exc.strerror})")
+
+    def sampling(self) -> None:
+        if "sampler" not in self.sections:
+            return
+        engine = self.data.get("sampler_engine")
+        if engine == "pt":
+            self.data["sampler_engine"] = "hf"
+            self.out.mapped.append("sampler_engine: 'pt' -> sampler.engine: 'hf'")
+        elif engine in ("lmdeploy", "client", "no"):
+            self.refuse("sampler_engine", f"'{engine}' is not built in rlcore; use vllm or hf (pt), or the distill "
+                        "algorithm for an OpenAI-compatible endpoint")
+            self.data.pop("sampler_engine")
+        if self.foreign("num_sampling_batch_size"):
+            self.put("num_sampling_batch_size", "batch_size", self.take("num_sampling_batch_size"))
+        if self.foreign("num_sampling_per_gpu_batch_size"):
+            per_gpu = self.take("num_sampling_per_gpu_batch_size")
+            workers = self.sampler_workers()
+            self.put(f"num_sampling_per_gpu_batch_size: {per_gpu} x {workers} sampler workers", "batch_size",
+                     per_gpu * workers)
+        if self.data.get("orm_model") == "math":
+            self.data["orm_model"] = "accuracy"
+            self.out.mapped.append("orm_model: 'math' -> orm_model: 'accuracy' (math-verify against `solution`)")
+        if self.foreign("override_exist_file"):
+            self.note("override_exist_file", self.take("override_exist_file"), "rlcore never overwrites a finished "
+                      "output: a fresh run into an output_dir that holds one stops and says so; --resume continues it")
+        if self.foreign("load_args"):
+            load = self.take("load_args")
+            if load:
+                self.refuse("load_args", "rlcore reads no args.json beside a checkpoint; give the keys in the config")
+            else:
+                self.note("load_args", load, "rlcore reads no args.json beside a checkpoint either")
+
+    def sampler_workers(self) -> int:
+        for spec in (self.data.get("device_groups") or {}).values():
+            if isinstance(spec, dict) and "sampler" in _as_list(spec.get("workers")):
+                try:
+                    ranks = parse_ranks(spec.get("ranks"))
+                except ValueError:
+                    return 1
+                return ranks if isinstance(ranks, int) else len(ranks)
+        section = self.data.get("sampler") or {}
+        return section.get("gpus") or section.get("cpus", 1)
+
+    def sft(self) -> None:
+        if self.foreign("deepspeed"):
+            self.refuse("deepspeed", f"({self.take('deepspeed')!r}): rlcore trains every worker with DDP, one "
+                        "data-parallel world over NCCL (gloo on the CPU), without DeepSpeed; drop it, and save "
+                        "memory with lora_rank, gradient_checkpointing or bf16")
+        for key in ("model_name", "model_author"):
+            if self.foreign(key):
+                self.refuse(key, f"({self.take(key)!r}) fills ms-swift's self-cognition placeholders; rlcore reads "
+                            "local rows as they are: write the name into your rows")
+        for key in ("per_device_eval_batch_size", "eval_steps"):
+            if self.foreign(key):
+                value = self.take(key)
+                if "eval_size" not in self.data:
+                    self.note(key, value, "no evaluation: split_dataset_ratio holds out no rows")
+                else:
+                    self.refuse(key, "this algorithm has no evaluation loop; drop it")
+
+    def no_effect(self) -> None:
+        for key in ("attention_backend", "attn_impl"):
+            if self.foreign(key):
+                self.note(key, self.take(key), "the engine picks its attention kernel (transformers' sdpa, vLLM's "
+                          "own); the result is the same")
+        if self.foreign("padding_free"):
+            self.note("padding_free", self.take("padding_free"), "rlcore pads micro-batches and masks the padding; "
+                      "speed differs, the loss does not")
+        for key in SPEED_ONLY:
+            if self.foreign(key):
+                self.note(key, self.take(key), "a Megatron kernel fusion: speed only")
+        if self.foreign("log_rollout_offpolicy_metrics"):
+            self.note("log_rollout_offpolicy_metrics", self.take("log_rollout_offpolicy_metrics"),
+                      "rlcore always logs sampling/* off-policy metrics")
+        if self.foreign("finetune"):
+            finetune = self.take("finetune")
+            if finetune:
+                self.note("finetune", finetune, "rlcore starts from the model's weights with a fresh optimizer at "
+                          "step 0; --resume continues a run of its own")
+            else:
+                self.refuse("finetune", "false continues a Megatron checkpoint's iteration and optimizer; rlcore "
+                            "continues its own runs with --resume")
+        for key in ("no_save_optim", "no_save_rng"):
+            if self.foreign(key):
+                self.note(key, self.take(key), "rlcore's checkpoints keep optimizer and RNG state so that --resume "
+                          "continues exactly")
+        if self.foreign("overlong_filter"):
+            self.put("overlong_filter", "mask_truncated_completions", self.take("overlong_filter"))
+        if self.foreign("external_plugins"):
+            self.refuse("external_plugins", "ms-swift plugin files register with ms-swift; in rlcore name a reward "
+                        "as module:function in reward_funcs, or load a plugin with --with FILE")

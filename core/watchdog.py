@@ -1,0 +1,91 @@
+"""Bounded calls into Ray: a call that Ray's own processes never answer (a stopped or overloaded raylet,
+its object store, the GCS) ends the run naming the call, instead of blocking the driver for good.
+
+A call into Ray blocks in C++ where Python runs no signal handler, so SIGINT and SIGTERM would wait with
+it. `bounded` runs the call in a thread of its own while the caller waits in Python (handlers run), for
+at most the call's bound; after a stop signal (`stopping`), Ray's own work (submitting a call, a kill, the
+teardown) gets STOP_GRACE_S at most. A call past its bound is left behind in its thread and Ray counts as
+not answering (`stuck`): later calls fail at once and the teardown skips what would wait on it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .errors import RoleFailed
+
+T = TypeVar("T")
+
+STOP_GRACE_S = 15.0  # after SIGINT/SIGTERM: how long Ray's own work (not a worker's step) may take
+_POLL_S = 0.5
+
+_stuck: str | None = None  # what the call that never returned was
+_stopping_since: float | None = None  # monotonic time of the stop signal
+
+
+class RayStuck(RoleFailed):
+    """A call into Ray gave no answer within its bound: Ray's processes do not answer."""
+
+
+def stopping(asked: bool = True) -> None:
+    """The run was asked to stop (the first SIGINT/SIGTERM): Ray's own work gets STOP_GRACE_S from now;
+    `asked=False` when the run that was asked is over."""
+    global _stopping_since
+    if not asked:
+        _stopping_since = None
+    elif _stopping_since is None:
+        _stopping_since = time.monotonic()
+
+
+def stuck() -> str | None:
+    """The call that Ray never answered (then Ray is left alone), or None."""
+    return _stuck
+
+
+def reset() -> None:
+    """Forget a call Ray did not answer: a new Ray is connected."""
+    global _stuck
+    _stuck = None
+
+
+def bounded(call: Callable[[], T], what: str, timeout: float | None, *, own: bool = True, role: str = "") -> T:
+    """`call()`'s result (or its error), waited for at most `timeout` seconds (None: no bound) and, where
+    `own` (Ray's own work, not a wait for a worker's result), STOP_GRACE_S after a stop signal. Past that,
+    RayStuck says that Ray did not answer `what` (e.g. "submitting train_step() to role 'train'")."""
+    global _stuck
+    if _stuck is not None:
+        raise RayStuck(f"Ray does not answer (it did not answer {_stuck}); {what} was not tried", role=role)
+    result: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            result["error"] = exc
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    threading.Thread(target=run, daemon=True, name=f"rlcore-ray-call: {what}"[:60]).start()
+    while not done.wait(_POLL_S):
+        now = time.monotonic()
+        if timeout is not None and now - started > timeout:
+            bound = f"within {timeout:g}s"
+            break
+        if own and _stopping_since is not None and now - max(started, _stopping_since) > STOP_GRACE_S:
+            bound = f"within {STOP_GRACE_S:g}s of the signal to stop"
+            break
+    else:
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+    _stuck = what
+    raise RayStuck(
+        f"Ray did not answer {what} {bound}: its own processes (the raylet and its object store, or the GCS) "
+        f"are stopped, overloaded or unreachable. The run stopped; see `ray status` and the raylet's log",
+        role=role,
+    )

@@ -1,0 +1,411 @@
+"""ms-swift's YAMLs, shaped as its Ray examples are (`examples/ray/grpo`, `examples/ray/gkd`,
+`examples/train/multi-node/ray/sft.yaml`, `examples/sampler/ray/sampling.yaml`), read as rlcore configs key by
+key, refused keys with their reason, and each run from the CLI on the CPU (scaled: CPU workers, tiny models)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from rlcore.config import load_config
+from rlcore.errors import ConfigError
+from rlcore.ms_swift import translate
+from rlcore.plugins.gkd import GKDConfig
+from rlcore.plugins.grpo import GRPOConfig
+from rlcore.plugins.sampling import SampleConfig
+from rlcore.plugins.sft import SFTConfig
+
+GRPO = """\
+rlhf_type: grpo
+model: {model}
+dataset: {prompts}#32
+reward_funcs: [accuracy, format]
+overlong_filter: false
+dataset_num_proc: 4
+split_dataset_ratio: 0
+micro_batch_size: 2
+global_batch_size: 16
+num_generations: 8
+steps_per_generation: 4
+num_train_epochs: 1
+logging_steps: 1
+seed: 42
+max_length: 256
+max_completion_length: 512
+padding_free: false
+cross_entropy_loss_fusion: true
+gradient_accumulation_fusion: false
+lr: 5e-5
+lr_warmup_fraction: 0.0
+min_lr: 5e-5
+attention_backend: flash
+temperature: 1.0
+beta: 0
+epsilon: 0.2
+epsilon_high: 0.28
+loss_type: grpo
+importance_sampling_level: token
+log_rollout_offpolicy_metrics: true
+system: {system}
+use_vllm: true
+{placement}
+train:
+  gpus: 4
+  tuner_type: lora
+  lora_rank: 8
+  lora_alpha: 32
+  tensor_model_parallel_size: 1
+  output_dir: {out}
+rollout:
+  gpus: 4
+  vllm_tensor_parallel_size: 1
+  vllm_gpu_memory_utilization: 0.4
+  vllm_max_model_len: 8192
+"""
+COLOCATE = "colocate_groups: [[train, rollout]]\noffload_model: true\noffload_optimizer: true\nsleep_level: 1"
+SEPARATE = "train_iters: 100\nload_from_cache_file: false"
+
+GKD = """\
+rlhf_type: gkd
+model: {student}
+{teacher_model}
+gkd_logits_topk: 64
+dataset:
+  - {chats}#32
+dataset_num_proc: 4
+split_dataset_ratio: 0
+micro_batch_size: 1
+global_batch_size: 16
+num_train_epochs: 1
+logging_steps: 1
+max_length: 256
+max_completion_length: 256
+padding_free: true
+sequence_parallel: true
+attention_backend: flash
+lr: 1e-6
+min_lr: 1e-6
+lr_warmup_fraction: 0.0
+temperature: 1.0
+lmbda: 1
+beta: 0.5
+sft_alpha: 0.0
+finetune: true
+no_save_optim: true
+no_save_rng: true
+recompute_granularity: selective
+use_vllm: true
+colocate_groups: [[train, rollout]]
+offload_model: true
+offload_optimizer: true
+sleep_level: 1
+train:
+  gpus: 4
+  tuner_type: lora
+  lora_rank: 8
+  lora_alpha: 32
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 1
+  expert_model_parallel_size: 1
+  context_parallel_size: 1
+  output_dir: {out}
+rollout:
+  gpus: 4
+  vllm_tensor_parallel_size: 1
+  vllm_gpu_memory_utilization: 0.4
+  vllm_max_model_len: 1024
+{teacher_section}
+"""
+COLOCATED_TEACHER = ("teacher_model: {teacher_path}\noffload_teacher_model: true", "")
+STANDALONE_TEACHER = ("", """teacher:
+  gpus: 4
+  model: {teacher_path}
+  vllm_gpu_memory_utilization: 0.9
+  vllm_engine_kwargs: {{"max_logprobs": 64}}""")
+
+SFT = """\
+model: {model}
+split_dataset_ratio: 0.0
+tuner_type: lora
+target_modules: [q_proj, k_proj, v_proj, o_proj]
+torch_dtype: bfloat16
+attn_impl: flash_attn
+num_train_epochs: 5
+per_device_train_batch_size: 1
+per_device_eval_batch_size: 1
+learning_rate: 1e-4
+dataset: {chats}#16
+gradient_accumulation_steps: 8
+eval_steps: 1000
+save_steps: 1000
+save_total_limit: 5
+logging_steps: 5
+warmup_ratio: 0.05
+dataloader_num_workers: 0
+dataset_num_proc: 8
+output_dir: {out}
+use_ray: true
+device_groups:
+  nproc_per_node: 4
+  default:
+    device: GPU
+    ranks: list(range(0, 4))
+    workers:
+      - default
+"""
+
+SAMPLING = """\
+ray_exp_name: sampling
+use_ray: true
+model: {model}
+dataset: {prompts}#4
+num_return_sequences: 2
+max_length: 2048
+system: "You are a math model; give the final answer wrapped with \\\\boxed{{}}"
+load_args: false
+sampler_engine: vllm
+max_new_tokens: 768
+orm_model: math
+override_exist_file: true
+num_sampling_per_gpu_batch_size: 4
+top_p: 1.0
+temperature: 1.0
+prm_threshold: 0.8
+output_file: sampling.jsonl
+output_dir: {out}
+device_groups:
+  nproc_per_node: 4
+  sample_group:
+    device: GPU
+    ranks: list(range(0, 2))
+    workers:
+      - sampler
+  rm_group:
+    device: GPU
+    ranks: list(range(2, 4))
+    workers:
+      - orm
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from rlcore.plugins.gkd.data import demo_models
+    from rlcore.testing import build_tiny_model
+
+    root = tmp_path_factory.mktemp("ms-swift")
+    student, teacher = demo_models(str(root), seed=0)
+    prompts, chats = root / "math.jsonl", root / "chat.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n" for i in range(40)))
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {i}"},
+                                                      {"role": "assistant", "content": str(i)}]}) + "\n" for i in range(40)))
+    system = root / "prompt.txt"
+    system.write_text("Think step by step.")
+    return {"model": str(build_tiny_model(root / "tiny")), "student": student, "teacher": teacher,
+            "prompts": str(prompts), "chats": str(chats), "system": str(system), "root": root}
+
+
+def write(files, tmp_path, name, template, **fields) -> str:
+    path = tmp_path / name
+    path.write_text(template.format(out=tmp_path / "out", **{k: v for k, v in files.items() if k != "root"}, **fields))
+    return str(path)
+
+
+def grpo_file(files, tmp_path, placement):
+    return write(files, tmp_path, "grpo.yaml", GRPO, placement=placement)
+
+
+def gkd_file(files, tmp_path, layout):
+    teacher_model, teacher = (part.format(teacher_path=files["teacher"]) for part in layout)
+    return write(files, tmp_path, "gkd.yaml", GKD, teacher_model=teacher_model, teacher_section=teacher)
+
+
+def expect(config, **keys):
+    for key, value in keys.items():
+        node = config
+        for part in key.split("__"):
+            node = getattr(node, part)
+        assert node == value, (key, node, value)
+
+
+# -------------------------------------------------------------------------
+# the translation, key by key
+# -------------------------------------------------------------------------
+
+
+def test_grpo_colocate_key_by_key(files, tmp_path):
+    config = load_config(GRPOConfig, grpo_file(files, tmp_path, COLOCATE))
+    expect(config, per_device_train_batch_size=2, gradient_accumulation_steps=2,  # 16 = 2 x dp 4 x 2
+           steps_per_generation=8,  # 4 optimizer steps of 2 micro-batches
+           max_steps=16,  # one epoch: 32 prompts x 8 completions / 16 a step
+           learning_rate=5e-5, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1, seed=42,
+           max_prompt_length=256, max_completion_length=512, mask_truncated_completions=False,
+           system="Think step by step.", dataset=f"{files['prompts']}#32", reward_funcs=["accuracy", "format"],
+           colocate_groups=[["train", "rollout"]], offload_model=True, sleep_level=1, output_dir=str(tmp_path / "out"),
+           train__gpus=4, train__lora_rank=8, train__lora_alpha=32, rollout__engine="vllm",
+           rollout__vllm_gpu_memory_utilization=0.4, rollout__vllm_max_model_len=8192)
+
+
+def test_grpo_separate_key_by_key(files, tmp_path):
+    config = load_config(GRPOConfig, grpo_file(files, tmp_path, SEPARATE))
+    expect(config, max_steps=100, colocate_groups=[], gradient_accumulation_steps=2, steps_per_generation=8)
+    assert not config.colocated
+
+
+def test_gkd_colocated_teacher_key_by_key(files, tmp_path):
+    config = load_config(GKDConfig, gkd_file(files, tmp_path, COLOCATED_TEACHER))
+    expect(config, per_device_train_batch_size=1,
+           gradient_accumulation_steps=8,  # 16 = 1 x dp 2 (4 GPUs / tensor 2) x 8
+           max_steps=2, learning_rate=1e-6, lr_scheduler_type="constant", dataset=f"{files['chats']}#32",
+           teacher_model=files["teacher"], offload_teacher_model=True, gkd_logits_topk=64, lmbda=1.0, beta=0.5,
+           max_prompt_length=256, train__gradient_checkpointing=True, train__tensor_model_parallel_size=2,
+           train__lora_rank=8, rollout__engine="vllm", output_dir=str(tmp_path / "out"))
+    assert not config.served_teacher
+
+
+def test_gkd_standalone_teacher_key_by_key(files, tmp_path):
+    config = load_config(GKDConfig, gkd_file(files, tmp_path, STANDALONE_TEACHER))
+    expect(config, teacher_model=None, teacher__model=files["teacher"], teacher__gpus=4, teacher__engine="vllm",
+           teacher__vllm_engine_kwargs={"max_logprobs": 64}, gradient_accumulation_steps=8)
+    assert config.served_teacher
+
+
+def test_sft_with_device_groups_key_by_key(files, tmp_path):
+    config = load_config(SFTConfig, write(files, tmp_path, "sft.yaml", SFT))
+    expect(config, lora_rank=8, lora_alpha=32, lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+           dtype="bfloat16", warmup_steps=0.05, num_train_epochs=5.0, learning_rate=1e-4,
+           per_device_train_batch_size=1, gradient_accumulation_steps=8, save_steps=1000, save_total_limit=5,
+           logging_steps=5, dataset=f"{files['chats']}#16")
+    assert config.device_groups["default"]["workers"] == ["default"]
+
+
+def test_sampling_with_device_groups_key_by_key(files, tmp_path):
+    config = load_config(SampleConfig, write(files, tmp_path, "sample.yaml", SAMPLING))
+    expect(config, batch_size=8,  # 4 per GPU x 2 sampler GPUs
+           orm_model="accuracy", sampler__engine="vllm", max_prompt_length=2048, num_return_sequences=2,
+           output_file="sampling.jsonl", prm_threshold=0.8, max_new_tokens=768)
+    assert config.system.startswith("You are a math model")
+
+
+def test_a_native_config_is_left_as_it_is():
+    native = {"model": "m", "dataset": "d.jsonl", "learning_rate": 1e-6, "steps_per_generation": 4,
+              "max_prompt_length": 64, "train": {"gpus": 2}, "rollout": {"gpus": 2, "engine": "vllm"}}
+    translation = translate(native, GRPOConfig)
+    assert translation.data == native and not (translation.mapped or translation.noted or translation.problems)
+
+
+# -------------------------------------------------------------------------
+# refused keys: one line each, with the reason
+# -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override, key, reason", [
+    ("deepspeed=zero3", "deepspeed", "DDP"),
+    ("model_name=swift-bot", "model_name", "self-cognition"),
+    ("split_dataset_ratio=0.1", "split_dataset_ratio", "holds none out"),
+    ("eval_steps=10", "eval_steps", None),  # noted: nothing is held out
+], ids=["deepspeed", "model_name", "split", "eval_steps"])
+def test_sft_keys_rlcore_cannot_honour_are_refused(files, tmp_path, override, key, reason):
+    path = write(files, tmp_path, "sft.yaml", SFT)
+    if reason is None:
+        load_config(SFTConfig, path, [override])
+        return
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(SFTConfig, path, [override])
+    problems = dict(excinfo.value.problems)
+    assert list(problems) == [key] and reason in problems[key] and "\n" not in problems[key]
+
+
+@pytest.mark.parametrize("override, key, reason", [
+    ("train.expert_model_parallel_size=2", "train.expert_model_parallel_size", "no expert parallelism"),
+    ("train.context_parallel_size=2", "train.context_parallel_size", "no context parallelism"),
+    ("global_batch_size=15", "global_batch_size", "multiple of micro_batch_size (1) x the data-parallel size (2"),
+    ("finetune=false", "finetune", "--resume"),
+    ("min_lr=1e-7", "min_lr", "decay to 0"),
+    ("rlhf_type=dpo", "rlhf_type", "grpo, gkd"),
+], ids=["expert", "context", "global-batch", "finetune", "min-lr", "rlhf-type"])
+def test_gkd_keys_rlcore_cannot_honour_are_refused(files, tmp_path, override, key, reason):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(GKDConfig, gkd_file(files, tmp_path, COLOCATED_TEACHER), [override])
+    problems = dict(excinfo.value.problems)
+    assert list(problems) == [key] and reason in problems[key], problems
+
+
+def test_epochs_without_a_known_row_count_ask_for_train_iters(files, tmp_path):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(GRPOConfig, grpo_file(files, tmp_path, COLOCATE), [f"dataset={files['prompts']}"])
+    assert "set train_iters" in dict(excinfo.value.problems)["num_train_epochs"]
+
+
+def test_an_unknown_key_suggests_or_points_to_config_show_once(rlcore_cli, files, tmp_path):
+    path = grpo_file(files, tmp_path, COLOCATE)
+    done = rlcore_cli("config", "validate", "--config", path, "num_generation=4", "zzz=1", "train.qqq=1",
+                      env={"RLCORE_DISABLE_PLUGINS": "", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2, done.stderr
+    assert "num_generation: unknown key 'num_generation'. Did you mean 'num_generations'?" in done.stderr
+    assert "zzz: unknown key 'zzz'. `rlcore config show --plugin grpo` lists every key." in done.stderr
+    assert "lists every key under train." in done.stderr
+    assert len(done.stderr) < 1000 and "Known keys" not in done.stderr
+
+
+def test_config_show_from_ms_swift_prints_the_mapping_and_a_config_that_loads_back(rlcore_cli, files, tmp_path):
+    path = grpo_file(files, tmp_path, COLOCATE)
+    done = rlcore_cli("config", "show", "--from-ms-swift", path, env={"RLCORE_DISABLE_PLUGINS": "loggers"})
+    assert done.returncode == 0, done.stderr
+    assert "#   micro_batch_size -> per_device_train_batch_size: 2" in done.stdout
+    assert "#   attention_backend: 'flash' (the engine picks its attention kernel" in done.stdout
+    (tmp_path / "rlcore.yaml").write_text(done.stdout)
+    assert load_config(GRPOConfig, tmp_path / "rlcore.yaml") == load_config(GRPOConfig, path)
+
+
+# -------------------------------------------------------------------------
+# each family runs from the CLI on the CPU: CPU workers, tiny models, one step
+# -------------------------------------------------------------------------
+
+ON_CPU = ["use_vllm=false", "train.gpus=0", "rollout.gpus=0", "train_iters=1", "max_completion_length=4",
+          "train.tensor_model_parallel_size=1", "global_batch_size=8"]
+
+
+def run(rlcore_cli, *args):
+    done = rlcore_cli("run", *args, env={"RLCORE_DISABLE_PLUGINS": "", "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+
+@pytest.mark.parametrize("layout", ["colocate", "separate"])
+def test_grpo_runs_on_the_cpu(rlcore_cli, files, tmp_path, layout):
+    placement = COLOCATE if layout == "colocate" else SEPARATE
+    ray = ["--use_ray", "true"] if layout == "separate" else []  # ms-swift's `megatron rlhf --use_ray true`
+    scale = ["steps_per_generation=1"] + (["colocate_groups=[]"] if layout == "colocate" else [])  # no GPUs to share
+    summary, err = run(rlcore_cli, *ray, "--config", grpo_file(files, tmp_path, placement), *ON_CPU, *scale)
+    assert summary["algorithm"] == "grpo" and summary["step"] == 1
+    assert ("CPU, engine hf" if ray else "in this process") in err
+    assert "ms-swift's attention_backend: 'flash'" in err
+
+
+@pytest.mark.parametrize("layout", ["colocated", "standalone"])
+def test_gkd_runs_on_the_cpu(rlcore_cli, files, tmp_path, layout):
+    teacher = COLOCATED_TEACHER if layout == "colocated" else STANDALONE_TEACHER
+    scale = ["colocate_groups=[]", "gkd_logits_topk=8", "global_batch_size=2"] + (
+        ["teacher.gpus=0"] if layout == "standalone" else [])
+    summary, err = run(rlcore_cli, "--config", gkd_file(files, tmp_path, teacher), *ON_CPU, *scale)
+    assert summary["algorithm"] == "gkd" and summary["step"] == 1 and summary["jsd"] > 0
+    assert ("teacher: 1 worker" in err) == (layout == "standalone")
+
+
+def test_sft_runs_on_the_cpu(rlcore_cli, files, tmp_path):
+    summary, err = run(rlcore_cli, "--plugin", "sft", "--config", write(files, tmp_path, "sft.yaml", SFT),
+                       "device_groups.default.device=CPU", "device_groups.default.ranks=1", "max_steps=1",
+                       "torch_dtype=float32")
+    assert summary["algorithm"] == "sft" and summary["step"] == 1 and "default: 1 worker, CPU" in err
+
+
+def test_sampling_runs_on_the_cpu(rlcore_cli, files, tmp_path):
+    summary, err = run(rlcore_cli, "--plugin", "sample", "--config", write(files, tmp_path, "sample.yaml", SAMPLING),
+                       "sampler_engine=hf", "max_new_tokens=4", "device_groups.sample_group.device=CPU",
+                       "device_groups.sample_group.ranks=1", "device_groups.rm_group.device=CPU",
+                       "device_groups.rm_group.ranks=1")
+    assert summary["algorithm"] == "sample" and "sampler: 1 worker, CPU" in err
+    assert (tmp_path / "out" / "sampling.jsonl").is_file()  # output_file, in output_dir

@@ -1,0 +1,67 @@
+"""`bounded`: a call into Ray that never returns ends in RayStuck naming it, within its bound (and within
+STOP_GRACE_S of a stop signal for Ray's own work), while the waiting thread still handles signals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from rlcore import watchdog
+from rlcore.watchdog import RayStuck, bounded
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    watchdog.reset()
+    watchdog.stopping(False)
+    yield
+    watchdog.reset()
+    watchdog.stopping(False)
+
+
+def test_a_result_and_an_error_come_back_from_the_call():
+    assert bounded(lambda: 7, "seven", 5) == 7
+    with pytest.raises(KeyError, match="x"):
+        bounded(lambda: {}["x"], "a lookup", 5)
+    assert watchdog.stuck() is None
+
+
+def test_a_call_that_never_returns_is_ray_stuck_and_later_calls_fail_at_once():
+    never = threading.Event()
+    started = time.monotonic()
+    said = r"Ray did not answer submitting train_step\(\) to role 'train' within 1s"
+    with pytest.raises(RayStuck, match=said) as info:
+        bounded(never.wait, "submitting train_step() to role 'train'", 1.0, role="train")
+    assert time.monotonic() - started < 10 and info.value.role == "train"
+    assert watchdog.stuck() == "submitting train_step() to role 'train'"
+    with pytest.raises(RayStuck, match=r"did not answer submitting train_step\(\).*; killing actors was not tried"):
+        bounded(lambda: 1, "killing actors", 5)
+    never.set()
+
+
+def test_after_a_stop_signal_rays_own_work_gets_the_grace_and_a_wait_for_results_does_not(monkeypatch):
+    monkeypatch.setattr(watchdog, "STOP_GRACE_S", 0.5)
+    watchdog.stopping()
+    with pytest.raises(RayStuck, match="within 0.5s of the signal to stop"):
+        bounded(threading.Event().wait, "submitting generate() to role 'rollout'", None)
+    watchdog.reset()
+    assert bounded(lambda: time.sleep(1.5) or "done", "the results of generate()", None, own=False) == "done"
+
+
+WAITS = """
+import os, signal, sys, threading
+from rlcore.watchdog import bounded
+
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+bounded(threading.Event().wait, "submitting a call that Ray never takes", None)  # blocks for good, in its thread
+"""
+
+
+def test_the_waiting_thread_handles_signals_while_the_call_blocks():
+    done = subprocess.run([sys.executable, "-c", WAITS], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 143, done.stderr[-2000:]
