@@ -55,7 +55,7 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
         assert {"gcs_server", "raylet"} <= names and len(found) >= 6, found  # the check saw Ray's listeners
         node = ray._private.worker._global_node
         assert node.node_ip_address == "127.0.0.1" and not node.webui_url
-        commands = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True) if p.is_running()]
+        commands = _command_lines(psutil.Process().children(recursive=True))
         assert not [c for c in commands if "dashboard/dashboard.py" in c or "autoscaler/_private/monitor.py" in c]
         assert not [port for _, _, port in found if port in (44217, 44227)]  # Ray's fixed metrics ports
     finally:
@@ -92,3 +92,15 @@ def test_a_train_groups_torch_world_listens_on_its_masters_address_only(ray_loca
     finally:
         for r in ranks:
             ray.kill(r)
+
+
+def _command_lines(processes) -> list[str]:
+    """The command lines of `processes` that still run (an earlier test's unreaped child is a zombie, and a
+    process may end between the listing and the read)."""
+    lines = []
+    for p in processes:
+        try:
+            lines.append(" ".join(p.cmdline()))
+        except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return lines
