@@ -41,18 +41,6 @@ def test_resume_continues_exactly(tmp_path):
     assert resumed["p_best"] == whole["p_best"]
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 def test_runs_on_ray_as_in_process(tmp_path, local_ray):
     """One actor per role on Ray's CPUs; the seeds are per sample, so the run is the in-process one."""
     on_ray = run(tmp_path, "ray", "max_steps=8", "rollout.cpus=1", "train.cpus=1", use_ray=True)

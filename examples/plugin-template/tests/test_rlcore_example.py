@@ -104,19 +104,6 @@ RLCORE = Path(sys.executable).with_name("rlcore")
 VALUES = [1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """A local Ray with 2 CPUs, unless one is running already; shut down afterwards if started here."""
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 def scorer_session(plugins, use_ray: bool, worker: type = Scorer) -> rlcore.RoleSession:
     """The `scorer` role as the resource plan places it: 2 CPU workers on Ray, one in-process without."""
     plan = rlcore.plan_from_config({"scorer": {"cpus": 2}}, roles=["scorer"], plugins=plugins)
