@@ -37,6 +37,7 @@ from .support import (
     move_optimizer,
     option_problems,
     shared_tmp,
+    storages_of,
     torch_dtype,
 )
 
@@ -477,7 +478,7 @@ class MegatronTrainEngine(TrainEngine):
         storage once; what `offload()` frees."""
         tensors = [*self.module.parameters(), *self.module.buffers(), *self._optimizer_tensors()]
         tensors += [t for b in self._ddp_buffers() for t in (b.param_data, b.grad_data) if t is not None]
-        return sum(s.nbytes() for s in HostOffload()._storages(tensors).values())
+        return sum(s.nbytes() for s in storages_of(tensors, "cuda").values())
 
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
         """Params (megatron's contiguous DDP buffers, or each parameter of a forward-only model) and optimizer

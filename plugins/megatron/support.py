@@ -107,23 +107,14 @@ class HostOffload:
         self.host: dict[int, Any] = {}  # StorageImpl address -> its host copy
         self.away: dict[str, list[tuple[Any, int, Any]]] = {}  # what -> (storage, bytes, host copy or None)
 
-    def _storages(self, tensors: Any) -> dict[int, Any]:
-        found: dict[int, Any] = {}
-        for t in tensors:
-            if t is not None and t.device.type == self.device_type:
-                storage = t.untyped_storage()
-                if storage.nbytes():
-                    found.setdefault(storage._cdata, storage)  # one StorageImpl, however many views
-        return found
-
     def offload(self, what: str, tensors: Any, keep: bool = True, skip: Any = ()) -> None:
         """The storages under `tensors`, except those under `skip` or already away, to host memory (`keep=False`:
         dropped, to come back as zeros), freeing their device memory."""
         if what in self.away:
             return
         taken = {key for entries in self.away.values() for key in (s._cdata for s, _, _ in entries)}
-        taken |= self._storages(skip).keys()
-        storages = {k: s for k, s in self._storages(tensors).items() if k not in taken}
+        taken |= storages_of(skip, self.device_type).keys()
+        storages = {k: s for k, s in storages_of(tensors, self.device_type).items() if k not in taken}
         entries = []
         for key, storage in storages.items():
             host = None
@@ -159,6 +150,17 @@ class HostOffload:
 
     def __contains__(self, what: str) -> bool:
         return what in self.away
+
+
+def storages_of(tensors: Any, device_type: str) -> dict[int, Any]:
+    """The non-empty storages under `tensors` on `device_type`, each once (by StorageImpl, however many views)."""
+    found: dict[int, Any] = {}
+    for t in tensors:
+        if t is not None and t.device.type == device_type:
+            storage = t.untyped_storage()
+            if storage.nbytes():
+                found.setdefault(storage._cdata, storage)
+    return found
 
 
 def torch_empty_host(nbytes: int, pin: bool) -> Any:
