@@ -20,7 +20,19 @@ case $what in
 esac
 layouts=${*:2}
 status=0
-run() { python3 -m pytest -m gpu -q -p no:cacheprovider "$@" || status=1; }
+# With $OUT set (the GPU machine's folder that comes back), each pytest run's output goes to $OUT/<its id>.log,
+# the id's brackets and slashes turned into `_` (files with odd names do not come back), and one line is printed.
+run() {
+    if [ -z "${OUT:-}" ]; then python3 -m pytest -m gpu -q -p no:cacheprovider "$@" || status=1; return; fi
+    local name start rc
+    name=$(printf '%s' "$*" | sed 's#tests/gpu/##; s#[^A-Za-z0-9._-]#_#g' | cut -c1-150)
+    start=$SECONDS
+    python3 -m pytest -m gpu -q -p no:cacheprovider "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || status=1
+    printf '%-90s %s %4ss  %s\n' "$*" "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" $((SECONDS - start)) \
+        "$(grep -E '^(FAILED|ERROR)|[0-9]+ (passed|failed)' "$OUT/$name.log" | tail -1 | cut -c1-160)"
+}
 each() {  # every test of a module in a pytest process of its own
     while IFS= read -r id; do run "$id"; done < <(python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider "$1" | grep '::')
 }

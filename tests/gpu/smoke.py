@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import urllib.request
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "ray"
 STEPS = 3
 TAIL_LINES = 25  # of a failed row's log, printed under its line
-BUDGET_S = 480  # the whole run, on one H200 once the packages are installed
+BUDGET_S = 480  # the default rows, on one H200 once the packages are installed
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
        "DO_NOT_TRACK": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", "RLCORE_DEBUG": "1"}
 
@@ -206,6 +207,36 @@ class Row:
     check: Callable[[Path, str], str]  # (output_dir, log) -> what it saw; raises Failed
     timeout_s: float
     serve: bool = False  # a `vllm serve` of the student on 127.0.0.1 for the row's duration (api_base is added)
+    vllm: bool = True  # starts a vLLM engine: such rows run one at a time (see `lanes`)
+    default: bool = True  # run when no rows are named
+    output_key: str = "output_dir"  # where the row's run directory is given
+
+
+def ms_swift_files(models: dict[str, str], data: dict[str, str], root: Path) -> dict[str, str]:
+    """ms-swift-shaped YAMLs (tests/core/test_ms_swift.py's, as ms-swift's examples/ray publishes them: GRPO
+    colocated, GKD with a colocated teacher), with only the model and dataset paths filled in."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ms_swift_yamls", ROOT / "tests" / "core" / "test_ms_swift.py")
+    yamls = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(yamls)
+    (root / "system.txt").write_text("Think step by step.")
+    paths = {"out": root / "ms-swift-out", "system": root / "system.txt"}
+    grpo = yamls.GRPO.format(model=models["student"], prompts=data["sums"], placement=yamls.COLOCATE, **paths)
+    teacher, section = (part.format(teacher_path=models["teacher"]) for part in yamls.COLOCATED_TEACHER)
+    gkd = yamls.GKD.format(student=models["student"], chats=data["chats"], teacher_model=teacher,
+                           teacher_section=section, **paths)
+    (root / "ms-swift-grpo.yaml").write_text(grpo)
+    (root / "ms-swift-gkd.yaml").write_text(gkd)
+    return {"grpo": str(root / "ms-swift-grpo.yaml"), "gkd": str(root / "ms-swift-gkd.yaml")}
+
+
+def check_ms_swift(moving: str) -> Callable[[Path, str], str]:
+    def check(out: Path, log: str) -> str:
+        rows = trained(out, log, moving, positive=("grad_norm",))
+        expect("ms-swift" in log, "no line saying the file was read as ms-swift's")
+        return moved(rows, moving)
+    return check
 
 
 def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[Row]:
@@ -243,6 +274,12 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
     distill = ["--plugin", "distill", "--config", str(EXAMPLES / "sample" / "distill.yaml"), f"model={student}",
                f"dataset={data['sums16']}", "max_new_tokens=32", "num_return_sequences=2", "batch_size=8"]
 
+    swift = ms_swift_files(models, data, Path(data["sums"]).parent)
+    swift_scale = [f"train_iters={STEPS}", "max_completion_length=32", "max_length=256",
+                   *(["train.gpus=1", "rollout.gpus=1", "rollout.vllm_gpu_memory_utilization=0.3",
+                      "rollout.vllm_max_model_len=512", "rollout.vllm_enforce_eager=true"] if gpu else
+                     ["use_vllm=false", "train.gpus=0", "rollout.gpus=0", "colocate_groups=[]"])]
+
     def placed(engine: str) -> str:  # the placement `rlcore run` prints for the train role, colocated with rollout
         return f"train: 1 worker, {'GPU 0' if gpu else 'in this process'} (shared with rollout), engine {engine}"
 
@@ -258,11 +295,19 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
                          "gradient_checkpointing=false", "ray_address=null",
                          *(["device_groups.default.ranks=[0]"] if gpu else  # a CPU group's ranks: a process count
                            ["device_groups.default.device=CPU", "device_groups.default.ranks=1"])],
-            check_sft(lora=False), 90),
+            check_sft(lora=False), 90, vllm=False),
         Row("sft-lora", ["--plugin", "sft", *ray, "--config", str(EXAMPLES / "sft" / "lora.yaml"), *sft,
-                         f"dataset={data['pairs']}", f"default.gpus={int(gpu)}"], check_sft(lora=True), 90),
+                         f"dataset={data['pairs']}", f"default.gpus={int(gpu)}"], check_sft(lora=True), 90, vllm=False),
         Row("sample", sample, check_samples(16, rejected=True), 120),
         Row("distill", distill, check_samples(32, rejected=False), 150, serve=True),
+        # not in the default run (the 8 minutes): ms-swift's own YAML shapes, read without --plugin
+        Row("ms-swift-grpo", [*ray, "--config", swift["grpo"], *swift_scale, "num_generations=4",
+                              "steps_per_generation=1", "global_batch_size=8", "micro_batch_size=4",
+                              "reward_funcs=[toy,format]"],
+            check_ms_swift("reward"), 180, default=False, output_key="train.output_dir"),
+        Row("ms-swift-gkd", [*ray, "--config", swift["gkd"], *swift_scale, "global_batch_size=4",
+                             "micro_batch_size=2", "train.tensor_model_parallel_size=1"],
+            check_ms_swift("jsd"), 180, default=False, output_key="train.output_dir"),
     ]
 
 
@@ -376,7 +421,7 @@ def run_row(row: Row, work: Path, out: Path, student: str, gpu: bool) -> Result:
     log_path = out / f"{row.name}.log"
     start = time.monotonic()
     deadline = start + row.timeout_s
-    cmd = [sys.executable, "-m", "rlcore", "run", *row.args, f"output_dir={run_dir / 'run'}"]
+    cmd = [sys.executable, "-m", "rlcore", "run", *row.args, f"{row.output_key}={run_dir / 'run'}"]
     server = None
     with open(log_path, "w") as log:
         try:
@@ -409,6 +454,26 @@ def run_row(row: Row, work: Path, out: Path, student: str, gpu: bool) -> Result:
     return Result(row.name, status, time.monotonic() - start, detail, cmd)
 
 
+def lanes(rows: list[Row], run: Callable[[Row], Result], out: Path, parallel: bool) -> dict[str, Result]:
+    """Run the rows, reporting each as it ends. With `parallel`, two lanes share the GPU: the rows that start a
+    vLLM engine one after another (vLLM sizes its cache from the memory it sees free, and a colocated engine
+    sleeps and wakes), and beside them the rows that start none (SFT)."""
+    done: dict[str, Result] = {}
+
+    def lane(part: list[Row]) -> None:
+        for row in part:
+            done[row.name] = run(row)
+            report(done[row.name], out)
+
+    parts = [[r for r in rows if r.vllm], [r for r in rows if not r.vllm]] if parallel else [rows]
+    threads = [threading.Thread(target=lane, args=(part,), daemon=True) for part in parts if part]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return done
+
+
 def build(models: dict[str, str], shapes: dict[str, dict], device: str, out: Path) -> Result:
     """The models, built in a process of its own (so that this one holds no CUDA context while the rows run);
     a failure's traceback goes to out/models.log."""
@@ -435,10 +500,14 @@ def tail(path: Path, n: int = TAIL_LINES) -> str:
     return "\n".join("    | " + line[:240] for line in shown)
 
 
+PRINTING = threading.Lock()  # two lanes report
+
+
 def report(result: Result, out: Path) -> None:
-    print(f"{result.name:14s} {result.status:4s} {result.seconds:6.1f}s  {result.detail}", flush=True)
-    if result.status == "FAIL":
-        print(tail(out / f"{result.name}.log"), flush=True)
+    with PRINTING:
+        print(f"{result.name:14s} {result.status:4s} {result.seconds:6.1f}s  {result.detail}", flush=True)
+        if result.status == "FAIL":
+            print(tail(out / f"{result.name}.log"), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -449,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT"), help="where logs and summary.json go (default: $OUT)")
     parser.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every row's timeout")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir of models and runs")
+    parser.add_argument("--serial", action="store_true", help="on the GPU too, one row at a time")
     args = parser.parse_args(argv)
     gpu = not args.cpu
     if gpu:
@@ -472,10 +542,12 @@ def main(argv: list[str] | None = None) -> int:
         results = [build(models, shapes, "cuda" if gpu else "cpu", out)]
         report(results[0], out)
         if results[0].status == "PASS":
-            for row in (r for r in rows if not args.rows or r.name in args.rows):
+            chosen = [r for r in rows if r.name in args.rows or (not args.rows and r.default)]
+            for row in chosen:
                 row.timeout_s *= args.timeout_scale
-                results.append(run_row(row, work, out, models["student"], gpu))
-                report(results[-1], out)
+            done = lanes(chosen, lambda row: run_row(row, work, out, models["student"], gpu), out,
+                         parallel=gpu and not args.serial)
+            results += [done[r.name] for r in chosen]
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
