@@ -239,6 +239,12 @@ def check_ms_swift(moving: str) -> Callable[[Path, str], str]:
     return check
 
 
+def check_moving(moving: str) -> Callable[[Path, str], str]:
+    def check(out: Path, log: str) -> str:
+        return moved(trained(out, log, moving, positive=("grad_norm", "time/teacher")), moving)
+    return check
+
+
 def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[Row]:
     """The rows, scaled to one GPU (gpu) or to the CPU. The examples' own settings stay (colocation, offload,
     sleep_level 1); the overrides only shrink them and, on the CPU, swap vLLM for the hf engines."""
@@ -300,7 +306,17 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
                          f"dataset={data['pairs']}", f"default.gpus={int(gpu)}"], check_sft(lora=True), 90, vllm=False),
         Row("sample", sample, check_samples(16, rejected=True), 120),
         Row("distill", distill, check_samples(32, rejected=False), 150, serve=True),
-        # not in the default run (the 8 minutes): ms-swift's own YAML shapes, read without --plugin
+        # not in the default run (the 8 minutes): GKD with a vLLM teacher group sharing the GPU (two vLLM engines
+        # taking turns beside megatron), and ms-swift's own YAML shapes, read without --plugin
+        Row("gkd-shared-megatron", ["--plugin", "gkd", *ray, "--config", str(EXAMPLES / "gkd" / "teacher_shared.yaml"),
+                                    f"model={student}", f"teacher.model={teacher}", f"dataset={data['pairs']}",
+                                    f"max_steps={STEPS}", "max_completion_length=32", "learning_rate=1e-3",
+                                    "gkd_logits_topk=8", "device_groups.nproc_per_node=1",
+                                    "device_groups.shared_group.ranks=[0]", "train.engine=megatron", *rollout,
+                                    *([f"teacher.{k}" for k in vllm] + ["teacher.vllm_gpu_memory_utilization=0.2"]
+                                      if gpu else ["teacher.engine=hf", "teacher.dtype=float32",
+                                                   "teacher.engine_kwargs={device: cpu}"])],
+            check_moving("jsd"), 240, default=False),
         Row("ms-swift-grpo", [*ray, "--config", swift["grpo"], *swift_scale, "num_generations=4",
                               "steps_per_generation=1", "global_batch_size=8", "micro_batch_size=4",
                               "reward_funcs=[toy,format]"],
