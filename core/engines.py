@@ -160,6 +160,18 @@ class TopK:
     logprobs: torch.Tensor
 
 
+@dataclass
+class Projection:
+    """A causal LM's last hidden states and its output layer, for a loss that applies the layer in chunks of
+    positions (so [B, T, V] logits never exist): `hidden` [B, T, H], row t the state that predicts token t
+    (row 0 and padding 0, as `TopK`), `weight` [V, H] and `bias` [V] or None of the LM head. Logits are
+    `hidden @ weight.T + bias`, before any temperature."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+
+
 class ModelOutputs(abc.ABC):
     """One micro-batch's forward pass inside a train step, as the loss function sees it.
 
@@ -180,6 +192,11 @@ class ModelOutputs(abc.ABC):
     @abc.abstractmethod
     def full_logprobs(self) -> torch.Tensor:
         """Log-probs over the whole vocabulary, [B, T, V]."""
+
+    def projection(self) -> Projection | None:
+        """The hidden states and LM head behind these outputs (differentiable), or None where the engine keeps
+        only logits (a vocab-parallel engine); a full-vocabulary loss then reads `full_logprobs`."""
+        return None
 
 
 class RolloutEngine(abc.ABC):
