@@ -72,7 +72,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         raise ImportError("token_logprobs(use_trl=True) needs trl >= 1.16 (trl.kernels.chunked_logprob)")
     if function is not None and hidden.shape[0] > 0:
         return function.apply(hidden.contiguous(), weight, bias, targets.contiguous(), float(temperature),
-                              TRL_VOCAB_CHUNK, None, 1.0, ())[0]
+                              min(TRL_VOCAB_CHUNK, weight.shape[0]), None, 1.0, ())[0]
     return _by_chunks(_token_logprobs, hidden, targets, head=(weight, bias, temperature), chunk=chunk)
 
 
