@@ -132,12 +132,14 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    logprobs: bool = True  # each sampled token's log-prob (GRPO's importance sampling); best-of-N needs none
 
 
 @dataclass
 class Generation:
     """One completion of one prompt. `logprobs[i]` is the sampler's log-prob of `token_ids[i]`,
-    after temperature (what importance sampling needs)."""
+    after temperature (what importance sampling needs); empty where `SamplingParams.logprobs` was off and the
+    engine skips them."""
 
     prompt_index: int
     token_ids: list[int]

@@ -212,7 +212,7 @@ class VLLMRolloutEngine(RolloutEngine):
             top_k=params.top_k,
             stop_token_ids=list(params.stop_token_ids) or None,
             seed=params.seed if self.request_seeds else None,
-            logprobs=0,  # the sampled token's own log-prob only
+            logprobs=0 if params.logprobs else None,  # the sampled token's own log-prob only, where asked for
             detokenize=False,  # decoded below, once per completion
             flat_logprobs=True,  # plain lists instead of a dict and a Logprob object per token
         )
@@ -221,7 +221,7 @@ class VLLMRolloutEngine(RolloutEngine):
         for index, output in enumerate(outputs):
             for completion in output.outputs:
                 token_ids = list(completion.token_ids)
-                logprobs = _sampled_logprobs(completion.logprobs, token_ids)
+                logprobs = _sampled_logprobs(completion.logprobs, token_ids) if params.logprobs else []
                 result.append(Generation(index, token_ids, logprobs, str(completion.finish_reason)))
         if self._detokenize and result:
             tokenizer = self.llm.get_tokenizer()  # vLLM's TokenizerLike promises decode, not batch_decode
