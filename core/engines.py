@@ -195,6 +195,12 @@ class ModelOutputs(abc.ABC):
     def full_logprobs(self) -> torch.Tensor:
         """Log-probs over the whole vocabulary, [B, T, V]."""
 
+    def logits_at(self, ids: torch.Tensor) -> torch.Tensor:
+        """Scores at given token ids [B, T, k] equal to `logprobs_at(ids)` up to a constant per row (the
+        logits at the temperature), for a loss that renormalises over the k itself (GKD's top-k): an engine
+        that has the hidden states skips the normaliser over the vocabulary. By default `logprobs_at`."""
+        return self.logprobs_at(ids)
+
     def projection(self) -> Projection | None:
         """The hidden states and LM head behind these outputs (differentiable), or None where the engine keeps
         only logits (a vocab-parallel engine); a full-vocabulary loss then reads `full_logprobs`."""

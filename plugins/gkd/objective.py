@@ -3,7 +3,8 @@
 The teacher's side comes from the micro-batch (`teacher_ids` / `teacher_logprobs` columns: a served teacher's
 raw top-k) or from a callable the train worker passes (a colocated teacher's forward on the same micro-batch:
 its top-k or full log-probs at the loss's temperature, or its last hidden states and LM head, a `Projection`).
-The student's side comes from the engine's `ModelOutputs`: `logprobs_at` the teacher's ids (top-k); for the
+The student's side comes from the engine's `ModelOutputs`: `logits_at` the teacher's ids (top-k: the loss
+renormalises over the k, so the engine may skip the normaliser over the vocabulary); for the
 full vocabulary its `projection()` with a teacher's `Projection` (both heads applied in chunks: no [B, T, V]
 tensor for either model), else `full_logprobs`, so a Megatron engine can compute it vocab-parallel.
 """
@@ -45,13 +46,13 @@ class DistillObjective:
         if teacher is None:  # a served teacher's raw top-k (temperature 1), aligned with input_ids
             ids, raw = batch["teacher_ids"].to(mask.device), batch["teacher_logprobs"].to(mask.device)
             weight = mask * teacher_given(ids, raw)
-            terms = topk_jsd_terms(outputs.logprobs_at(ids), raw, self.beta, 1.0, T)
+            terms = topk_jsd_terms(outputs.logits_at(ids), raw, self.beta, 1.0, T)
             return (terms * weight).sum(), weight.sum()
         given = teacher(batch, self.topk, T)  # at temperature T, like the student's outputs
         if isinstance(given, TopK):
             ids, logprobs = given.ids.to(mask.device), given.logprobs.to(mask.device)
             weight = mask * teacher_given(ids, logprobs)
-            terms = topk_jsd_terms(outputs.logprobs_at(ids), logprobs, self.beta, 1.0, 1.0)
+            terms = topk_jsd_terms(outputs.logits_at(ids), logprobs, self.beta, 1.0, 1.0)
             return (terms * weight).sum(), weight.sum()
         if isinstance(given, Projection):
             student = outputs.projection()

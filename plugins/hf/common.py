@@ -117,6 +117,11 @@ class HeadModelOutputs(ModelOutputs):
         ids = ids.to(self.hidden.device, non_blocking=True)[:, 1:][self.rows]
         return self._scatter(head.logprobs_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
 
+    def logits_at(self, ids: torch.Tensor) -> torch.Tensor:
+        check_ids(ids, self.input_ids)
+        ids = ids.to(self.hidden.device, non_blocking=True)[:, 1:][self.rows]
+        return self._scatter(head.logits_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
+
     def full_logprobs(self) -> torch.Tensor:
         if "full" not in self._cache:
             self._cache["full"] = self._scatter(head.full_logprobs(self.hidden[self.rows], self.weight, self.bias,

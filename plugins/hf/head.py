@@ -82,6 +82,21 @@ def logprobs_at(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return _by_chunks(_logprobs_at, hidden, ids.long(), head=(weight, bias, temperature), chunk=chunk).view(ids.shape)
 
 
+def _logits_at(hidden, ids, weight, bias, temperature):
+    picked = torch.einsum("nh,nkh->nk", hidden, weight.to(hidden.dtype)[ids])
+    if bias is not None:
+        picked = picked + bias.to(hidden.dtype)[ids]
+    picked = picked.float()
+    return picked / temperature if temperature != 1.0 else picked
+
+
+def logits_at(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor,
+              temperature: float = 1.0, chunk: int | None = None) -> torch.Tensor:
+    """The logits [N, k] at `ids` [N, k], divided by `temperature`: `logprobs_at` without the normaliser over the
+    vocabulary (each row off by its logsumexp), from the k rows of the head alone; differentiable."""
+    return _by_chunks(_logits_at, hidden, ids.long(), head=(weight, bias, temperature), chunk=chunk).view(ids.shape)
+
+
 def topk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, k: int,
                   temperature: float = 1.0, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest log-probs [N, k] (float32, best first) and their ids [N, k]; no gradient."""

@@ -75,6 +75,16 @@ def test_logprobs_at_topk_and_full_equal_the_plain_log_softmax():
     full.gather(-1, ids).sum().backward()
     for a, b in zip(grads(*mine), grads(*theirs)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    scores = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    at = head.logits_at(*scores, ids, 0.8, chunk=6)  # the logits: off from the log-probs by each row's logsumexp
+    plain = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    logits = (plain[0] @ plain[1].T + plain[2]) / 0.8
+    torch.testing.assert_close(at, logits.gather(-1, ids), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.log_softmax(at, -1), torch.log_softmax(got, -1), atol=1e-5, rtol=1e-5)
+    (at * torch.linspace(-1, 1, 5)).sum().backward()
+    (logits.gather(-1, ids) * torch.linspace(-1, 1, 5)).sum().backward()
+    for a, b in zip(scores, plain):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
     values, top = head.topk_logprobs(hidden, weight, bias, 4, 0.8, chunk=6)
     reference = full.detach().topk(4, -1)
     torch.testing.assert_close(values, reference.values)
