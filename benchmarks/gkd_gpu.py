@@ -242,7 +242,7 @@ def run_memory(student: str, teacher: str, smoke: bool) -> dict:
             objective = DistillObjective(beta=SAME["beta"], temperature=1.0, topk=None,
                                          num_items_in_batch=float(mask.sum()))
 
-            def teacher_fn(micro, k, temperature):
+            def teacher_fn(micro, k, temperature, teach=teach):
                 return teacher_answer(teach, micro, k, temperature)
 
             loss_fn = functools.partial(objective, teacher=teacher_fn)
