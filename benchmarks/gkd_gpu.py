@@ -318,7 +318,7 @@ def child(what: str, tmp: Path, data: Path | None = None, smoke: bool = False) -
     if data is not None:
         cmd += ["--data", str(data)]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
+           "LOCAL_RANK": "0"}  # vLLM's multiprocessing as each side sets it (rlcore's engine: in process)
     if what != "served":
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     started = time.perf_counter()
