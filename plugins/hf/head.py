@@ -83,10 +83,10 @@ def logprobs_at(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def _logits_at(hidden, ids, weight, bias, temperature):
-    picked = torch.einsum("nh,nkh->nk", hidden, weight.to(hidden.dtype)[ids])
+    # float32: the head's gradient sums each id's rows (a common token is in many rows' top-k) in float32
+    picked = torch.einsum("nh,nkh->nk", hidden.float(), weight[ids].float())
     if bias is not None:
-        picked = picked + bias.to(hidden.dtype)[ids]
-    picked = picked.float()
+        picked = picked + bias[ids].float()
     return picked / temperature if temperature != 1.0 else picked
 
 
