@@ -17,7 +17,7 @@ micro-batch x 8 accumulation steps), beta 0.5, temperature 1, gradient checkpoin
 - `served` (only with `--only`, two GPUs): rlcore on Ray, the teacher a vLLM group on GPU 1 serving top-64.
 
     python benchmarks/gkd_gpu.py                  # trl, full, topk, memory: about 6 minutes on one H200
-    python benchmarks/gkd_gpu.py --only full      # one side, printed as JSON (and kept in the JSON)
+    python benchmarks/gkd_gpu.py --only full      # one side; sides run in separate calls add up in the JSON
     python benchmarks/gkd_gpu.py --smoke          # tiny models on the CPU, no vLLM: the code paths only
 
 The table gives each side's median step time (steps 3-6), completion tokens per second, the peak GPU memory
@@ -420,8 +420,11 @@ def main() -> None:
         data = dataset_file(tmp)
         sides = {}
         for what in wanted:
-            sides[what] = summarise(child(what, tmp, data, args.smoke), 0 if args.smoke else SKIP)
+            sides[what] = {**summarise(child(what, tmp, data, args.smoke), 0 if args.smoke else SKIP), "commit": git_commit()}
             print(json.dumps({what: sides[what]}, default=str))
+    path = Path(args.json or f"benchmarks/results/gkd_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
+    if args.only and path.exists() and not args.smoke:  # sides run in calls of their own add up in one file
+        sides = {**json.loads(path.read_text()).get("sides", {}), **sides}
     met = targets_met(sides)
     print_table(sides, met)
     if args.smoke:
@@ -433,7 +436,6 @@ def main() -> None:
               "met": met, "wall_s": round(time.perf_counter() - started, 1),
               "work": f"{MICRO * ACCUM} completions x {TOKENS} tokens a step, lmbda 1, beta {SAME['beta']}, vocabulary {VOCAB}, "
                       f"student Qwen2-0.5B shape, teacher Qwen2-1.5B shape, bf16, median of steps {SKIP + 1}-{STEPS}"}
-    path = Path(args.json or f"benchmarks/results/gkd_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
 

@@ -346,9 +346,16 @@ def main() -> None:
             if "train_tflops" in side:
                 print(f"rlcore train phase: {side['train_tflops']:.1f} TFLOP/s; phases {side.get('phases_s')}")
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"mode": args.mode, "kind": args.kind, "date": time.strftime("%Y-%m-%d"),
-                                        "commit": git_commit(), args.only: side, "train_kwargs": args.train_kwargs,
-                                        "wall_s": round(time.perf_counter() - started, 1)}, indent=2) + "\n")
+            kept = json.loads(path.read_text()) if path.exists() else {}  # sides run in calls of their own add up
+            kept.update({"mode": args.mode, "kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
+                         args.only: {**side, "commit": git_commit()}, f"{args.only}_wall_s": round(time.perf_counter() - started, 1)})
+            if args.only == "rlcore":
+                kept["train_kwargs"] = args.train_kwargs
+            if "rlcore" in kept and "trl" in kept and args.mode == "colocate":
+                kept["ratio"] = round(kept["rlcore"]["step_s"] / kept["trl"]["step_s"], 3)
+                kept["met"] = kept["ratio"] <= 0.5
+                print(f"rlcore / TRL step time: {kept['ratio']:.3f} (target <= 0.5: {'met' if kept['met'] else 'NOT met'})")
+            path.write_text(json.dumps(kept, indent=2) + "\n")
             return
         ours = summarise(subprocess_run("rlcore", model, tmp, mode=args.mode, train_kwargs=args.train_kwargs), completions)
         theirs = summarise(subprocess_run("trl", model, tmp, processes=trl_processes), completions)
