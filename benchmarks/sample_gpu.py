@@ -157,7 +157,11 @@ def main() -> None:
         for what in wanted:
             sides[what] = child("raw", model, data, tmp) if what == "raw" else \
                 child("rlcore", model, data, tmp, workers=int(what[-1]))
+            sides[what]["commit"] = git_commit()
             print(json.dumps({what: sides[what]}))
+    path = Path(args.json or f"benchmarks/results/sample_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
+    if args.only and path.exists():  # sides run in calls of their own add up in one file
+        sides = {**json.loads(path.read_text()).get("sides", {}), **sides}
     labels = {"raw": "raw vllm.LLM.generate", "rlcore1": "rlcore sample, 1 worker", "rlcore2": "rlcore sample, 2 workers"}
     ratios, met = {}, {}
     if "raw" in sides and "rlcore1" in sides:
@@ -183,7 +187,6 @@ def main() -> None:
               "wall_s": round(time.perf_counter() - started, 1),
               "work": f"{PROMPTS} prompts x {CANDIDATES} candidates x <= {TOKENS} tokens, Qwen2-0.5B shape, bf16, "
                       f"orm 'toy' on a CPU worker, batches of {BATCH} after a {WARMUP}-prompt warm-up"}
-    path = Path(args.json or f"benchmarks/results/sample_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")

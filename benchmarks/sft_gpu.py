@@ -195,6 +195,15 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sides = {name: measures(r["stamps"], SKIP) for name, r in raw.items()}
+    for name, r in raw.items():
+        r["commit"] = git_commit()
+    path = Path(args.json or f"benchmarks/results/sft_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
+    if args.only and path.exists():  # sides run in calls of their own add up in one file
+        kept = json.loads(path.read_text()).get("sides", {})
+        for name, side in kept.items():
+            if name not in sides:
+                sides[name] = {k: v for k, v in side.items() if k not in ("settings", "wall_s", "cmd", "commit")}
+                raw[name] = side
     print(f"\nSFT on one GPU, Qwen2-0.5B shape (random bf16), packing + padding_free, max_length {SAME['max_length']}, "
           f"per-device batch {MICRO}, steps {SKIP + 1}-{args.steps}")
     print(f"{'side':<26}{'median step s':>14}{'mean step s':>12}{'window tok/s':>14}{'tokens/step':>13}{'stall s':>9}")
@@ -206,7 +215,7 @@ def main() -> None:
     result: dict[str, Any] = {"benchmark": "sft_gpu", "kind": args.kind, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                               "commit": git_commit(), "shape": SHAPE, "rows": ROWS, "skip": SKIP, "same": SAME,
                               "sides": {n: {**sides[n], "settings": raw[n]["settings"], "wall_s": raw[n]["wall_s"],
-                                            "cmd": raw[n]["cmd"]} for n in sides},
+                                            "cmd": raw[n]["cmd"], "commit": raw[n]["commit"]} for n in sides},
                               "explanation": lines, "wall_s": round(time.perf_counter() - started, 1),
                               "target": "rlcore's median step <= 1.0 x TRL's"}
     if len(sides) == 2:
@@ -214,7 +223,6 @@ def main() -> None:
         result.update(ratio_median_step=round(ratio, 3), met=ratio <= 1.0,
                       ratio_window_throughput=round(sides["rlcore"]["tokens_per_s"] / sides["trl"]["tokens_per_s"], 3))
         print(f"rlcore / TRL median step: {ratio:.3f} (target <= 1.0: {'met' if ratio <= 1.0 else 'NOT met'})")
-    path = Path(args.json or f"benchmarks/results/sft_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {path}")
