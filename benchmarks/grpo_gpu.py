@@ -208,10 +208,13 @@ def run_trl(model: str, out: Path, processes: int) -> dict:
 def implementation(config: Any, train_kwargs: dict[str, Any]) -> dict[str, Any]:
     """rlcore's implementation choices that TRL makes differently, as table rows."""
     from rlcore.plugins.grpo.objective import old_logprobs_in_step
-    from rlcore.plugins.hf.head import trl_logprob_function
+    import torch
+
+    from rlcore.plugins.hf.head import triton_device, trl_logprob_function
 
     chunked = train_kwargs.get("chunked_lm_head", True)
-    kernel = "TRL's chunked kernel" if trl_logprob_function() is not None else "torch chunks"
+    on_triton = torch.cuda.is_available() and triton_device(torch.device("cuda"))
+    kernel = "TRL's chunked kernel" if trl_logprob_function() is not None and on_triton else "torch chunks"
     return {
         "log-probs": f"hidden states + LM head in chunks ({kernel})" if chunked else "full [B, T, V] logits",
         "old log-probs": "the train step's own forward (one step per round)" if old_logprobs_in_step(config)

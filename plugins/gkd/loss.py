@@ -19,6 +19,8 @@ beta 1 is KL(S || P) (reverse KL). Summed over the vocabulary, averaged over the
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -114,8 +116,8 @@ def projected_jsd_sum(student_hidden: torch.Tensor, student_weight: torch.Tensor
     `hidden @ weight.T + bias`, divided by `temperature`. Gradients reach the student's hidden states and head.
 
     Equals `jsd_sum` of the logits the heads give, without holding them: TRL's `ChunkedDivergenceFunction`
-    (`use_trl` None: where installed; it projects in fp32 on [4096, 32768] tiles), else (`use_trl=False`) chunks
-    of `chunk_tokens` rows recomputed in backward.
+    (`use_trl` None: on a CUDA device with Triton where TRL is installed, True: anywhere; it projects in fp32 on
+    [4096, 32768] tiles), else chunks of `chunk_tokens` rows recomputed in backward.
     """
     _check_beta(beta, temperature)
     if student_hidden.shape[0] != teacher_hidden.shape[0] or student_weight.shape[0] != teacher_weight.shape[0]:
@@ -125,7 +127,8 @@ def projected_jsd_sum(student_hidden: torch.Tensor, student_weight: torch.Tensor
         )
     if student_hidden.shape[0] == 0:
         return student_hidden.new_zeros((), dtype=torch.float32) + 0 * student_weight.sum()
-    function = trl_divergence_function() if use_trl is not False else None
+    on_triton = student_hidden.device.type in ("cuda", "xpu") and importlib.util.find_spec("triton") is not None
+    function = trl_divergence_function() if use_trl or (use_trl is None and on_triton) else None
     if use_trl and function is None:
         raise ImportError("projected_jsd_sum(use_trl=True) needs trl >= 1.16 (trl.kernels.chunked_divergence)")
     teacher_hidden = teacher_hidden.detach()

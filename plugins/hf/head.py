@@ -3,9 +3,10 @@ log-probs at given ids, top-k and the full log-softmax of last hidden states [N,
 (`weight` [V, H], `bias` [V] or None), at a temperature, without [N, V] logits for all N rows at once.
 
 Per-token log-probs (what GRPO, SFT and every forward-only pass need) go through TRL's `ChunkedLogProbFunction`
-(`trl/kernels/chunked_logprob.py`: cuBLAS tiles folded by a Triton kernel on CUDA, torch ops elsewhere) where
-TRL is installed and `use_trl` is not False; otherwise, and for the rest, torch ops over chunks of `chunk`
-rows, each recomputed in backward (`torch.utils.checkpoint`), so memory holds one [chunk, V] block at a time.
+(`trl/kernels/chunked_logprob.py`: cuBLAS tiles folded by a Triton kernel) on a CUDA device with Triton where
+TRL is installed (`use_trl` None; True forces it, also on the CPU, where TRL folds the tiles with torch ops and
+is slower than the chunks here); otherwise, and for the rest, torch ops over chunks of `chunk` rows, each
+recomputed in backward (`torch.utils.checkpoint`), so memory holds one [chunk, V] block at a time.
 The logits of a chunk are computed in the hidden states' dtype, as the model's own `lm_head` computes them.
 """
 
@@ -28,6 +29,13 @@ def trl_logprob_function() -> type | None:
     except ImportError:
         return None
     return ChunkedLogProbFunction
+
+
+def triton_device(device: torch.device) -> bool:
+    """Where TRL's kernels run as Triton kernels: a CUDA or XPU device with Triton installed."""
+    import importlib.util
+
+    return device.type in ("cuda", "xpu") and importlib.util.find_spec("triton") is not None
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
@@ -65,9 +73,9 @@ def _logprobs_at(hidden, ids, weight, bias, temperature):
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
                    temperature: float = 1.0, chunk: int | None = None, use_trl: bool | None = None) -> torch.Tensor:
     """log softmax(head(hidden) / temperature)[targets]: [N] float32, differentiable in `hidden` and the head.
-    `use_trl` None: TRL's kernel where installed; False: the torch chunks."""
+    `use_trl` None: TRL's kernel on a Triton device where TRL is installed; False: the torch chunks."""
     targets = targets.long()
-    function = trl_logprob_function() if use_trl is not False else None
+    function = trl_logprob_function() if use_trl or (use_trl is None and triton_device(hidden.device)) else None
     if use_trl and function is None:
         raise ImportError("token_logprobs(use_trl=True) needs trl >= 1.16 (trl.kernels.chunked_logprob)")
     if function is not None and hidden.shape[0] > 0:
