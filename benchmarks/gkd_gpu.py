@@ -19,6 +19,7 @@ micro-batch x 8 accumulation steps), beta 0.5, temperature 1, gradient checkpoin
     python benchmarks/gkd_gpu.py                  # trl, full, topk, memory: about 6 minutes on one H200
     python benchmarks/gkd_gpu.py --only full      # one side; sides run in separate calls add up in the JSON
     python benchmarks/gkd_gpu.py --smoke          # tiny models on the CPU, no vLLM: the code paths only
+    python benchmarks/gkd_gpu.py --only full --profile   # + torch's profile of rlcore's last train phase
 
 The table gives each side's median step time (steps 3-6), completion tokens per second, the peak GPU memory
 (device-wide, sampled every 0.2 s while the run's process lives, above what was in use before it) and torch's
@@ -125,6 +126,13 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
         config = GKDConfig(**common, rollout=rollout, teacher_model=teacher, sleep_level=0,
                            gkd_logits_topk=64 if what == "topk" else None)
         trainer = GKDTrainer(config, plugins)
+    profile: dict[str, Any] = {}
+    if os.environ.get("RLCORE_BENCH_PROFILE") and what != "served":  # the last step's train phase, profiled
+        from fair import profile_nth_call
+
+        from rlcore.plugins.hf.train import HFTrainEngine
+
+        profile_nth_call(HFTrainEngine, "train_step", steps - 1, profile)
     settings = {k: getattr(config, k) for k in ("beta", "lmbda", "temperature", "learning_rate", "lr_scheduler_type",
                                                 "max_grad_norm", "weight_decay", "per_device_train_batch_size",
                                                 "gradient_accumulation_steps", "max_completion_length", "gkd_logits_topk",
@@ -139,7 +147,7 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
     phases = sorted({k for r in rows for k in r if k.startswith("time/")})
     return {"step_s": clock.step_s(), "tokens": [r["completions/mean_length"] * completions for r in rows],
             "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}, "jsd": [r["jsd"] for r in rows],
-            "settings": settings, "torch_peak_gib": torch_peak_gib()}
+            "settings": settings, "torch_peak_gib": torch_peak_gib(), "profile": profile}
 
 
 def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool) -> dict:
@@ -335,6 +343,9 @@ def child(what: str, tmp: Path, data: Path | None = None, smoke: bool = False) -
 def summarise(result: dict, skip: int) -> dict:
     if "lengths" in result:  # the memory sweep
         return result
+    if result.get("profile"):  # the profiled last step is not measured
+        result["step_s"], result["tokens"] = result["step_s"][:-1], result["tokens"][:-1]
+        result["phases"] = {k: v[:-1] for k, v in result.get("phases", {}).items()}
     steps, tokens = result["step_s"][skip:], result["tokens"][skip:]
     step = statistics.median(steps)
     out = {"step_s": round(step, 3), "tokens_per_s": round(statistics.median(tokens) / step, 1),
@@ -343,6 +354,8 @@ def summarise(result: dict, skip: int) -> dict:
            "per_step_s": [round(s, 3) for s in result["step_s"]]}
     if result.get("phases"):
         out["phases_s"] = {k.removeprefix("time/"): round(statistics.median(v[skip:]), 3) for k, v in result["phases"].items()}
+    if result.get("profile"):
+        out["profile"] = result["profile"]
     return out
 
 
@@ -362,6 +375,10 @@ def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
               f"{(torch_gib if torch_gib is not None else float('nan')):>11.1f}{ratio:>8.2f}  {target}")
         if side.get("phases_s"):
             print(f"{'':<38}phases: " + ", ".join(f"{k} {v:.3f}" for k, v in side["phases_s"].items()))
+    for what, side in sides.items():
+        if side.get("profile"):
+            print(f"\n{LABELS[what]}: the last train phase under torch's profiler ({side['profile']['seconds']:.3f} s):\n"
+                  f"{side['profile']['table']}")
     if "memory" in sides:
         mem = sides["memory"]
         print(f"\nloss forward+backward of {mem['rows']} rows, torch peak above the engines (GiB):")
@@ -391,6 +408,7 @@ def main() -> None:
     choices = [*SIDES, "trl-gkd", "served"]
     parser.add_argument("--only", choices=choices, action="append", help="run this side (repeatable)")
     parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU, no vLLM, 2 steps: the code paths only")
+    parser.add_argument("--profile", action="store_true", help="profile rlcore's last train phase (not measured)")
     parser.add_argument("--run", choices=[*choices, "build"], help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -412,6 +430,8 @@ def main() -> None:
         (tmp / f"{args.run}.json").write_text(json.dumps(result, default=str))
         return
 
+    if args.profile:
+        os.environ["RLCORE_BENCH_PROFILE"] = "1"  # the children read it
     wanted = args.only or list(SIDES)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp_dir:

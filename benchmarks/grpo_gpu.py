@@ -13,6 +13,7 @@ says where they differ.
                                                       # data parallelism over both GPUs
     python benchmarks/grpo_gpu.py --only rlcore       # one side (kept in the JSON, no ratio)
     python benchmarks/grpo_gpu.py --train-kwargs '{"chunked_lm_head": false}'   # rlcore's train engine option
+    python benchmarks/grpo_gpu.py --only rlcore --profile   # + torch's profile of the last train phase
 
 Each framework runs in a subprocess of its own (one vLLM per process); the random model is drawn on the GPU in
 a child of its own first (seconds). The table gives each median step time, completion tokens per second, the
@@ -139,6 +140,11 @@ def run_rlcore(model: str, out: Path, mode: str, train_kwargs: dict[str, Any]) -
                   gradient_accumulation_steps=ACCUM,
                   train={"gpus": 1, "dtype": "bfloat16", "gradient_checkpointing": False, "engine_kwargs": train_kwargs})
     flops = count_train_flops(HFTrainEngine, model) if mode == "colocate" else []  # in this process only
+    profile: dict[str, Any] = {}
+    if os.environ.get("RLCORE_BENCH_PROFILE") and mode == "colocate":  # the last step's train phase, profiled
+        from fair import profile_nth_call
+
+        profile_nth_call(HFTrainEngine, "train_step", STEPS - 1, profile)
     if mode == "colocate":  # one process, one GPU, vLLM awake throughout: as TRL's colocate mode without sleep
         config = GRPOConfig(**common, rollout=vllm, colocate_groups=[["train", "rollout"]], sleep_level=0)
         trainer = GRPOTrainer(config, plugins)
@@ -159,7 +165,7 @@ def run_rlcore(model: str, out: Path, mode: str, train_kwargs: dict[str, Any]) -
     steps = clock.step_s()
     lengths = [r["completions/mean_length"] for r in rows]
     phases = sorted({k for r in rows for k in r if k.startswith("time/")})
-    return {"step_s": steps, "mean_length": lengths, "settings": settings, "train_flops": flops,
+    return {"step_s": steps, "mean_length": lengths, "settings": settings, "train_flops": flops, "profile": profile,
             "sync_s": [r.get("weight_sync/seconds") for r in rows], "sync_gb_s": [r.get("weight_sync/gb_per_s") for r in rows],
             "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}}
 
@@ -254,6 +260,10 @@ def subprocess_run(what: str, model: str, tmp: Path, processes: int = 1, mode: s
 
 
 def summarise(result: dict, completions: int) -> dict:
+    if result.get("profile"):  # the profiled last step is not measured
+        for key in ("step_s", "mean_length", "train_flops", "sync_s", "sync_gb_s"):
+            result[key] = (result.get(key) or [])[:-1] or result.get(key)
+        result["phases"] = {k: v[:-1] for k, v in result.get("phases", {}).items()}
     steps = result["step_s"][SKIP:]
     step = statistics.median(steps)
     length = statistics.median(result["mean_length"][SKIP:]) if result["mean_length"] else float("nan")
@@ -272,6 +282,8 @@ def summarise(result: dict, completions: int) -> dict:
         out["phases_s"] = {k.removeprefix("time/"): round(statistics.median(v[SKIP:]), 4) for k, v in result["phases"].items()}
         out["per_step_s"] = {"step": [round(s, 3) for s in result["step_s"]],
                              **{k.removeprefix("time/"): [round(s, 3) for s in v] for k, v in result["phases"].items()}}
+    if result.get("profile"):
+        out["profile"] = result["profile"]
     return out
 
 
@@ -302,6 +314,8 @@ def print_table(mode: str, ours: dict, theirs: dict, ratio: float, target: str, 
     met = ratio <= 0.5 if mode == "colocate" else ratio >= 1.3
     print(f"{'ratio':<28}{ratio:>10.3f}   target: {target}: {'met' if met else 'NOT met'}")
     print("rlcore phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in ours.get("phases_s", {}).items()))
+    if ours.get("profile"):
+        print(f"rlcore's last train phase under torch's profiler ({ours['profile']['seconds']:.3f} s):\n{ours['profile']['table']}")
     if "train_tflops" in ours:
         print(f"rlcore train phase: {ours['train_tflops']:.1f} TFLOP/s achieved (model FLOPs), "
               f"{100 * ours['train_mfu']:.1f}% of the H200's {H200_BF16_DENSE_TFLOPS:g} dense bf16")
@@ -323,7 +337,10 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--train-kwargs", default="{}", help="JSON: rlcore's train engine_kwargs (e.g. chunked_lm_head)")
+    parser.add_argument("--profile", action="store_true", help="profile rlcore's last train phase (not measured)")
     args = parser.parse_args()
+    if args.profile:
+        os.environ["RLCORE_BENCH_PROFILE"] = "1"  # the children read it
 
     if args.run:  # a child: one framework, results to --out (rank 0 of a data-parallel TRL run writes)
         result = run_rlcore(args.model, Path(args.out).parent / "rlcore", args.mode, json.loads(args.train_kwargs)) \
@@ -348,6 +365,9 @@ def main() -> None:
             print(json.dumps(side))
             if "train_tflops" in side:
                 print(f"rlcore train phase: {side['train_tflops']:.1f} TFLOP/s; phases {side.get('phases_s')}")
+            if side.get("profile"):
+                print(f"rlcore's last train phase under torch's profiler ({side['profile']['seconds']:.3f} s):\n"
+                      f"{side['profile']['table']}")
             path.parent.mkdir(parents=True, exist_ok=True)
             kept = json.loads(path.read_text()) if path.exists() else {}  # sides run in calls of their own add up
             kept.update({"mode": args.mode, "kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
