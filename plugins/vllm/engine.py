@@ -224,9 +224,14 @@ class VLLMRolloutEngine(RolloutEngine):
                 logprobs = _sampled_logprobs(completion.logprobs, token_ids) if params.logprobs else []
                 result.append(Generation(index, token_ids, logprobs, str(completion.finish_reason)))
         if self._detokenize and result:
-            tokenizer = self.llm.get_tokenizer()  # vLLM's TokenizerLike promises decode, not batch_decode
-            for generation in result:
-                generation.text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+            tokenizer = self.llm.get_tokenizer()  # vLLM's TokenizerLike promises decode; HF's have batch_decode
+            ids = [generation.token_ids for generation in result]
+            if hasattr(tokenizer, "batch_decode"):  # a fast tokenizer decodes the batch in parallel, same texts
+                texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+            else:
+                texts = [tokenizer.decode(token_ids, skip_special_tokens=True) for token_ids in ids]
+            for generation, text in zip(result, texts, strict=True):
+                generation.text = text
         return result
 
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> TopK:
