@@ -292,19 +292,28 @@ def run_build(root: Path, smoke: bool) -> None:
 
 
 class PeakMemory:
-    """The highest device-wide GPU memory in use (GiB, every visible GPU summed) above what was in use at the
-    start, sampled every 0.2 s while it runs; 0 without a GPU."""
+    """The highest device-wide GPU memory in use (GiB, every visible GPU summed, as nvidia-smi reports it: what
+    megatron_gpu.py measured on the H200) above what was in use at the start, sampled every 0.2 s while it
+    runs; 0 without nvidia-smi."""
 
     def __init__(self) -> None:
-        import torch
-
-        self.torch, self.peak, self.done = torch, 0.0, threading.Event()
-        self.gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        self.peak, self.done = 0.0, threading.Event()
+        self.gpus = [int(i) for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip().isdigit()]
         self.base = self.used()
         self.thread = threading.Thread(target=self.sample, daemon=True)
 
     def used(self) -> float:
-        return sum(self.torch.cuda.device_memory_used(i) for i in range(self.gpus)) / 2**30
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return 0.0
+        total = 0.0
+        for line in done.stdout.splitlines():
+            index, used = (int(x) for x in line.split(","))
+            if not self.gpus or index in self.gpus:
+                total += used / 1024
+        return total
 
     def sample(self) -> None:
         while not self.done.wait(0.2):
