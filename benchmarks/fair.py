@@ -88,3 +88,36 @@ def chat_rows(n: int, question: tuple[int, int], answer: tuple[int, int], seed: 
         rows.append({"messages": [{"role": "user", "content": f"{i}: {asked}?"},
                                   {"role": "assistant", "content": answered}]})
     return rows
+
+
+def profile_nth_call(owner: Any, name: str, nth: int, sink: dict[str, Any], rows: int = 30) -> None:
+    """Wrap `owner.name` (a method, e.g. `HFTrainEngine.train_step`) so that its `nth` call (0-based) runs under
+    torch's profiler; `sink` then holds the call's seconds and the operators that took its time (CUDA and CPU),
+    as torch's table. The other calls run as they are."""
+    import torch
+
+    original, calls = getattr(owner, name), [0]
+
+    def profiled(*args: Any, **kwargs: Any) -> Any:
+        index, calls[0] = calls[0], calls[0] + 1
+        if index != nth:
+            return original(*args, **kwargs)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.profiler.profile(activities=activities) as prof:
+            out = original(*args, **kwargs)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        sink["seconds"] = time.perf_counter() - started
+        events = prof.key_averages()
+        sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+        sink["table"] = events.table(sort_by=sort, row_limit=rows)
+        sink["self_cpu_s"] = sum(e.self_cpu_time_total for e in events) / 1e6
+        if torch.cuda.is_available():
+            sink["self_cuda_s"] = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6
+        return out
+
+    setattr(owner, name, profiled)

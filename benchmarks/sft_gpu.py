@@ -1,17 +1,26 @@
-"""SFT on two GPUs, side by side: rlcore on Ray (2 workers, one NCCL data-parallel world, TRL's SFTTrainer in
-each) against `accelerate launch` of TRL's SFTTrainer on the same 2 GPUs, and rlcore on 1 GPU for scaling.
+"""SFT on one GPU, side by side: rlcore (`rlcore run --plugin sft --use-ray`, 1 worker, TRL's SFTTrainer inside)
+against TRL's SFTTrainer in one process, on the same work.
 
 The same random-weight Qwen2-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads, vocabulary 32000,
-bf16), the same synthetic chat rows of mixed lengths, packing on, max_length 2048, the same per-device batch,
-global batch, optimizer, schedule and steps (`SAME`). Tokens per second come from TRL's own `num_tokens` log
-(the tokens of every process, gathered) between step SKIP and the last step, over the wall-clock time between
-the two: for rlcore measured on the driver at each step's end (so Ray's calls are inside it), for TRL on rank
-0 at each step's end.
+bf16, drawn on the GPU), the same synthetic chat rows of mixed lengths, and the same TRL settings on both sides
+(`SAME`): packing (TRL's best-fit-decreasing) with `padding_free` set on both, max_length 2048, per-device batch
+4, optimizer, schedule, seed, 25 steps. Both sides run TRL's own data pipeline, so step n trains the same
+tokens on both.
 
-    python benchmarks/sft_gpu.py                  # nvidia-h200-x2; --steps N --json PATH
+Each side reports two measures, and the table gives both with what lies between them:
+- the median step: the middle of each step's seconds (steps SKIP+1..N), insensitive to stalls;
+- window throughput: tokens trained over the wall-clock seconds from step SKIP to the last step.
+Tokens are counted identically on both sides: the deltas of TRL's own `num_tokens` log between step ends (the
+tokens of each step's flattened batch), so a difference in tokens per step shows up as such; the steps slower
+than 1.5 x the median (stalls: logging, data, allocator) are listed with their seconds. When tokens per step
+agree, window throughput is what a user waits for; a ratio of medians that differs from the ratio of
+throughputs is the stalls' share, printed.
 
-Targets: rlcore on 2 GPUs >= 0.97x TRL's throughput (Ray costs next to nothing), and >= 1.8x rlcore on 1 GPU.
-Results go to benchmarks/results/sft_gpu.json.
+    python benchmarks/sft_gpu.py                  # both sides, one GPU, about 3 minutes
+    python benchmarks/sft_gpu.py --only trl       # one side (kept in the JSON)
+
+Target (issue 24): rlcore's median step <= 1.0 x TRL's. Results: benchmarks/results/sft_gpu-<date>-<kind>.json
+with both sides' settings and the git commit.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,10 +41,10 @@ from fair import chat_rows
 
 SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=4096, dtype="bfloat16")
-ROWS, STEPS, SKIP, MICRO = 8192, 30, 5, 4
-# Keys TRL's SFTConfig and rlcore's SFTConfig spell the same way, set to the same values on every side.
+ROWS, STEPS, SKIP, MICRO = 2048, 25, 5, 4
+# Keys TRL's SFTConfig and rlcore's SFTConfig spell the same way, set to the same values on both sides.
 SAME: dict[str, Any] = dict(
-    max_length=2048, packing=True, per_device_train_batch_size=MICRO, gradient_accumulation_steps=1,
+    max_length=2048, packing=True, padding_free=True, per_device_train_batch_size=MICRO, gradient_accumulation_steps=1,
     learning_rate=1e-5, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
     bf16=True, gradient_checkpointing=False, seed=42, dataloader_num_workers=0,
 )
@@ -54,48 +64,61 @@ def rlcore_step_end(trainer, step, metrics):
 '''
 
 
-def throughput(stamps: list[dict], skip: int) -> dict:
-    """Tokens per second between step `skip` and the last step, and the median step time."""
-    first, last = stamps[skip - 1], stamps[-1]
-    tokens = last["num_tokens"] - first["num_tokens"]
-    seconds = last["t"] - first["t"]
-    steps = sorted(b["t"] - a["t"] for a, b in zip(stamps[skip - 1 :], stamps[skip:]))
-    return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
-            "median_step_s": steps[len(steps) // 2], "steps": len(stamps)}
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
-def run_rlcore(model: str, data: str, tmp: Path, gpus: int, steps: int) -> dict:
-    out = tmp / f"rlcore-{gpus}gpu"
-    stamps = tmp / f"rlcore-{gpus}gpu.json"
-    plugin = tmp / f"timing_{gpus}.py"
+def measures(stamps: list[dict], skip: int) -> dict:
+    """Both measures from the step-end stamps, and what lies between them (see the module docstring)."""
+    window = stamps[skip - 1 :]
+    seconds = [b["t"] - a["t"] for a, b in zip(window, window[1:])]
+    tokens = [b["num_tokens"] - a["num_tokens"] for a, b in zip(window, window[1:])]
+    median = statistics.median(seconds)
+    stalls = [(window[i + 1]["step"], round(s, 3)) for i, s in enumerate(seconds) if s > 1.5 * median]
+    return {"median_step_s": round(median, 4), "mean_step_s": round(statistics.fmean(seconds), 4),
+            "tokens_per_s": round(sum(tokens) / sum(seconds), 1), "window_s": round(sum(seconds), 3),
+            "window_tokens": sum(tokens), "median_tokens_per_step": statistics.median(tokens),
+            "median_step_tokens_per_s": round(statistics.median(t / s for t, s in zip(tokens, seconds)), 1),
+            "stalls": stalls, "stall_s": round(sum(s - median for _, s in stalls), 3), "steps": len(stamps),
+            "per_step_s": [round(s, 4) for s in seconds], "per_step_tokens": tokens}
+
+
+def run_rlcore(model: str, data: str, tmp: Path, steps: int) -> dict:
+    out, stamps, plugin = tmp / "rlcore", tmp / "rlcore.json", tmp / "timing_rlcore.py"
     plugin.write_text(TIMING.format(out=str(stamps)))
     overrides = [f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in SAME.items()]
     cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", "sft", "--with", str(plugin), "--use-ray",
-           f"model={model}", f"dataset={data}", f"output_dir={out}", f"max_steps={steps}", f"default.gpus={gpus}",
+           f"model={model}", f"dataset={data}", f"output_dir={out}", f"max_steps={steps}", "default.gpus=1",
            "dtype=bfloat16", "save_steps=0", *overrides]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     if done.returncode:
-        raise SystemExit(f"rlcore on {gpus} GPU(s) failed:\n{done.stderr[-4000:]}")
-    return {"stamps": json.loads(stamps.read_text()), "wall_s": time.perf_counter() - started,
-            "cmd": " ".join(cmd[1:])}
+        raise SystemExit(f"rlcore failed:\n{done.stderr[-4000:]}")
+    settings = {**SAME, "framework": "rlcore run --plugin sft --use-ray, 1 worker (TRL's SFTTrainer inside)",
+                "stamped": "on the driver at each step's end (Ray's call inside)"}
+    return {"stamps": json.loads(stamps.read_text()), "wall_s": round(time.perf_counter() - started, 1),
+            "cmd": " ".join(cmd[1:]), "settings": settings}
 
 
 def run_trl(model: str, data: str, tmp: Path, steps: int) -> dict:
-    stamps = tmp / "trl-2gpu.json"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "bf16", "--dynamo_backend", "no", __file__, "--trl-child", "--model", model,
-           "--data", data, "--out", str(stamps), "--steps", str(steps), "--output-dir", str(tmp / "trl-2gpu")]
+    stamps = tmp / "trl.json"
+    cmd = [sys.executable, __file__, "--trl-child", "--model", model, "--data", data, "--out", str(stamps),
+           "--steps", str(steps), "--output-dir", str(tmp / "trl")]
     started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"})
+    done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
-        raise SystemExit(f"accelerate launch of TRL's SFTTrainer failed:\n{done.stderr[-4000:]}")
-    return {"stamps": json.loads(stamps.read_text()), "wall_s": time.perf_counter() - started,
-            "cmd": " ".join(cmd[1:])}
+        raise SystemExit(f"TRL's SFTTrainer failed:\n{done.stderr[-4000:]}")
+    result = json.loads(stamps.read_text())
+    return {"stamps": result["stamps"], "wall_s": round(time.perf_counter() - started, 1), "cmd": " ".join(cmd[1:]),
+            "settings": result["settings"]}
 
 
 def trl_child(model: str, data: str, out: str, steps: int, output_dir: str) -> None:
-    """One process of `accelerate launch`: TRL's SFTTrainer as its documentation runs it; rank 0 stamps."""
+    """TRL's SFTTrainer in this one process, as its documentation runs it; stamps at each step's log."""
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
@@ -104,36 +127,57 @@ def trl_child(model: str, data: str, out: str, steps: int, output_dir: str) -> N
 
     class Clock(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if state.is_world_process_zero and logs and "num_tokens" in logs:
+            if logs and "num_tokens" in logs:
                 rows.append({"step": state.global_step, "t": time.perf_counter(), "num_tokens": logs["num_tokens"]})
 
     args = SFTConfig(**SAME, output_dir=output_dir, max_steps=steps, logging_steps=1, save_strategy="no",
                      report_to="none", disable_tqdm=True)
-    tokenizer = AutoTokenizer.from_pretrained(model)
     trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype="bfloat16"), args=args,
                          train_dataset=load_dataset("json", data_files=data, split="train"),
-                         processing_class=tokenizer, callbacks=[Clock()])
+                         processing_class=AutoTokenizer.from_pretrained(model), callbacks=[Clock()])
+    settings = {k: getattr(args, k) for k in SAME}
+    settings.update(packing_strategy=args.packing_strategy, padding_free_in_effect=trainer.padding_free,
+                    attn_implementation=trainer.model.config._attn_implementation,
+                    framework="trl.SFTTrainer, one process", stamped="on_log at each step (logging_steps 1)")
     trainer.train()
-    if trainer.is_world_process_zero():
-        Path(out).write_text(json.dumps(rows))
+    Path(out).write_text(json.dumps({"stamps": rows, "settings": settings}, default=str))
 
 
-def print_table(results: dict[str, dict], ratios: dict[str, float]) -> None:
-    print(f"\nSFT, Qwen2-0.5B shape (random bf16), packing, max_length {SAME['max_length']}, "
-          f"per-device batch {MICRO}, steps {SKIP + 1}-{results['rlcore_2gpu']['steps']}")
-    print(f"{'side':<34} {'GPUs':>4} {'global batch':>12} {'median step s':>13} {'tokens/s':>12}")
-    for name, label, gpus in (("trl_2gpu", "TRL SFTTrainer, accelerate launch", 2),
-                              ("rlcore_2gpu", "rlcore sft on Ray, 2 workers", 2), ("rlcore_1gpu", "rlcore sft on Ray, 1 worker", 1)):
-        r = results[name]
-        print(f"{label:<34} {gpus:>4} {MICRO * gpus:>12} {r['median_step_s']:>13.3f} {r['tokens_per_s']:>12,.0f}")
-    print(f"rlcore 2 GPUs / TRL 2 GPUs:    {ratios['rlcore_vs_trl']:.3f}  (target >= 0.97)")
-    print(f"rlcore 2 GPUs / rlcore 1 GPU:  {ratios['scaling']:.3f}  (target >= 1.8)")
+def build(tmp: Path) -> tuple[str, str]:
+    """The model (drawn on the GPU in a child: the parent holds no CUDA memory) and the chat rows."""
+    model = tmp / "qwen2-0.5b-shape"
+    code = "import sys; from rlcore.testing import build_tiny_model; " \
+           f"build_tiny_model(sys.argv[1], device='cuda', **{SHAPE!r})"
+    subprocess.run([sys.executable, "-c", code, str(model)], check=True)
+    data = tmp / "chats.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(ROWS, question=(4, 60), answer=(8, 600))))
+    return str(model), str(data)
+
+
+def explain(sides: dict[str, dict]) -> list[str]:
+    """Where the two measures part, in words."""
+    lines = []
+    for name, m in sides.items():
+        lines.append(f"{name}: median step {m['median_step_s']:.3f} s, mean {m['mean_step_s']:.3f} s; "
+                     f"{len(m['stalls'])} steps over 1.5x the median ({m['stall_s']:.2f} s above it): {m['stalls']}")
+    if len(sides) == 2:
+        r, t = sides["rlcore"], sides["trl"]
+        lines.append(f"tokens per step (median): rlcore {r['median_tokens_per_step']:,.0f}, TRL {t['median_tokens_per_step']:,.0f}; "
+                     f"window tokens: rlcore {r['window_tokens']:,}, TRL {t['window_tokens']:,}"
+                     + ("" if r["window_tokens"] == t["window_tokens"] else "  <- the sides trained different tokens"))
+        median_ratio = t["median_step_s"] / r["median_step_s"]
+        window_ratio = r["tokens_per_s"] / t["tokens_per_s"]
+        lines.append(f"rlcore's speed-up by median step {median_ratio:.3f}, by window throughput {window_ratio:.3f}: "
+                     f"the difference is the steps off the median (stalls) and tokens per step")
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--json", default="benchmarks/results/sft_gpu.json")
+    parser.add_argument("--only", choices=["rlcore", "trl"], help="run one side")
+    parser.add_argument("--json", help="default benchmarks/results/sft_gpu-<date>-<kind>.json")
+    parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200"), help="machine kind, for the record")
     parser.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
     for flag in ("--model", "--data", "--out", "--output-dir"):
         parser.add_argument(flag, help=argparse.SUPPRESS)
@@ -141,33 +185,47 @@ def main() -> None:
     if args.trl_child:
         trl_child(args.model, args.data, args.out, args.steps, args.output_dir)
         return
-    import torch
 
-    if torch.cuda.device_count() < 2:
-        raise SystemExit(f"benchmarks/sft_gpu.py needs 2 GPUs; this machine has {torch.cuda.device_count()}")
-    from rlcore.testing import build_tiny_model
-
+    started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="rlcore-sft-bench-"))
     try:
-        model = str(build_tiny_model(tmp / "qwen2-0.5b-shape", **SHAPE))
-        data = tmp / "chats.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(ROWS, question=(4, 60), answer=(8, 600))))
-        raw = {"trl_2gpu": run_trl(model, str(data), tmp, args.steps),
-               "rlcore_2gpu": run_rlcore(model, str(data), tmp, 2, args.steps),
-               "rlcore_1gpu": run_rlcore(model, str(data), tmp, 1, args.steps)}
+        model, data = build(tmp)
+        runs = {"trl": run_trl, "rlcore": run_rlcore}
+        raw = {name: run(model, data, tmp, args.steps) for name, run in runs.items() if args.only in (None, name)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    results = {name: {**throughput(r["stamps"], SKIP), "wall_s": r["wall_s"], "cmd": r["cmd"]} for name, r in raw.items()}
-    ratios = {"rlcore_vs_trl": results["rlcore_2gpu"]["tokens_per_s"] / results["trl_2gpu"]["tokens_per_s"],
-              "scaling": results["rlcore_2gpu"]["tokens_per_s"] / results["rlcore_1gpu"]["tokens_per_s"]}
-    print_table(results, ratios)
-    out = {"benchmark": "sft_gpu", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "gpus": torch.cuda.get_device_name(0),
-           "shape": SHAPE, "same": SAME, "rows": ROWS, "skip": SKIP, "results": results, "ratios": ratios,
-           "targets": {"rlcore_vs_trl": 0.97, "scaling": 1.8},
-           "met": {"rlcore_vs_trl": ratios["rlcore_vs_trl"] >= 0.97, "scaling": ratios["scaling"] >= 1.8}}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=1))
-    print(f"\nwrote {args.json}")
+    sides = {name: measures(r["stamps"], SKIP) for name, r in raw.items()}
+    for name, r in raw.items():
+        r["commit"] = git_commit()
+    path = Path(args.json or f"benchmarks/results/sft_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
+    if args.only and path.exists():  # sides run in calls of their own add up in one file
+        kept = json.loads(path.read_text()).get("sides", {})
+        for name, side in kept.items():
+            if name not in sides:
+                sides[name] = {k: v for k, v in side.items() if k not in ("settings", "wall_s", "cmd", "commit")}
+                raw[name] = side
+    print(f"\nSFT on one GPU, Qwen2-0.5B shape (random bf16), packing + padding_free, max_length {SAME['max_length']}, "
+          f"per-device batch {MICRO}, steps {SKIP + 1}-{args.steps}")
+    print(f"{'side':<26}{'median step s':>14}{'mean step s':>12}{'window tok/s':>14}{'tokens/step':>13}{'stall s':>9}")
+    for name, m in sides.items():
+        print(f"{name:<26}{m['median_step_s']:>14.3f}{m['mean_step_s']:>12.3f}{m['tokens_per_s']:>14,.0f}"
+              f"{m['median_tokens_per_step']:>13,.0f}{m['stall_s']:>9.2f}")
+    lines = explain(sides)
+    print("\n".join(lines))
+    result: dict[str, Any] = {"benchmark": "sft_gpu", "kind": args.kind, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                              "commit": git_commit(), "shape": SHAPE, "rows": ROWS, "skip": SKIP, "same": SAME,
+                              "sides": {n: {**sides[n], "settings": raw[n]["settings"], "wall_s": raw[n]["wall_s"],
+                                            "cmd": raw[n]["cmd"], "commit": raw[n]["commit"]} for n in sides},
+                              "explanation": lines, "wall_s": round(time.perf_counter() - started, 1),
+                              "target": "rlcore's median step <= 1.0 x TRL's"}
+    if len(sides) == 2:
+        ratio = sides["rlcore"]["median_step_s"] / sides["trl"]["median_step_s"]
+        result.update(ratio_median_step=round(ratio, 3), met=ratio <= 1.0,
+                      ratio_window_throughput=round(sides["rlcore"]["tokens_per_s"] / sides["trl"]["tokens_per_s"], 3))
+        print(f"rlcore / TRL median step: {ratio:.3f} (target <= 1.0: {'met' if ratio <= 1.0 else 'NOT met'})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

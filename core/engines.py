@@ -132,12 +132,14 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    logprobs: bool = True  # each sampled token's log-prob (GRPO's importance sampling); best-of-N needs none
 
 
 @dataclass
 class Generation:
     """One completion of one prompt. `logprobs[i]` is the sampler's log-prob of `token_ids[i]`,
-    after temperature (what importance sampling needs)."""
+    after temperature (what importance sampling needs); empty where `SamplingParams.logprobs` was off and the
+    engine skips them."""
 
     prompt_index: int
     token_ids: list[int]
@@ -160,6 +162,18 @@ class TopK:
     logprobs: torch.Tensor
 
 
+@dataclass
+class Projection:
+    """A causal LM's last hidden states and its output layer, for a loss that applies the layer in chunks of
+    positions (so [B, T, V] logits never exist): `hidden` [B, T, H], row t the state that predicts token t
+    (row 0 and padding 0, as `TopK`), `weight` [V, H] and `bias` [V] or None of the LM head. Logits are
+    `hidden @ weight.T + bias`, before any temperature."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+
+
 class ModelOutputs(abc.ABC):
     """One micro-batch's forward pass inside a train step, as the loss function sees it.
 
@@ -180,6 +194,17 @@ class ModelOutputs(abc.ABC):
     @abc.abstractmethod
     def full_logprobs(self) -> torch.Tensor:
         """Log-probs over the whole vocabulary, [B, T, V]."""
+
+    def logits_at(self, ids: torch.Tensor) -> torch.Tensor:
+        """Scores at given token ids [B, T, k] equal to `logprobs_at(ids)` up to a constant per row (the
+        logits at the temperature), for a loss that renormalises over the k itself (GKD's top-k): an engine
+        that has the hidden states skips the normaliser over the vocabulary. By default `logprobs_at`."""
+        return self.logprobs_at(ids)
+
+    def projection(self) -> Projection | None:
+        """The hidden states and LM head behind these outputs (differentiable), or None where the engine keeps
+        only logits (a vocab-parallel engine); a full-vocabulary loss then reads `full_logprobs`."""
+        return None
 
 
 class RolloutEngine(abc.ABC):

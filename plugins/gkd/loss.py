@@ -10,11 +10,16 @@ beta 1 is KL(S || P) (reverse KL). Summed over the vocabulary, averaged over the
 - `topk_jsd_loss`: the teacher's k most likely tokens only: the student's logits are gathered at the
   teacher's ids, both sides are divided by T and renormalised over those k; positions where the teacher
   gave nothing (ids and log-probs all 0: row 0 and padding of a `TopK`) are left out.
+- `projected_jsd_sum`: full vocabulary from both models' last hidden states and LM heads, the heads applied
+  in chunks of positions, so neither model's [B, T, V] logits exist (TRL's `ChunkedDivergenceFunction` where
+  TRL is installed, else checkpointed torch chunks); what a colocated teacher's train step uses.
 - `generalized_jsd`: the per-token divergence of two distributions already normalised over the last dim,
   what both build on and what a train engine's loss calls with its own log-probs.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +85,66 @@ def jsd_sum(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, be
             total = total + checkpoint(_chunk_jsd_sum, *args, use_reentrant=False)
         else:
             total = total + _chunk_jsd_sum(*args)
+    return total
+
+
+def trl_divergence_function() -> type | None:
+    """TRL's `ChunkedDivergenceFunction` (`trl/kernels/chunked_divergence.py`, TRL >= 1.16), or None."""
+    try:
+        from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
+    except ImportError:
+        return None
+    return ChunkedDivergenceFunction
+
+
+def _projected_chunk_sum(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_weight: torch.Tensor,
+                         student_bias: torch.Tensor | None, teacher_weight: torch.Tensor, teacher_bias: torch.Tensor | None,
+                         beta: float, temperature: float) -> torch.Tensor:
+    def logits(hidden, weight, bias):
+        return F.linear(hidden, weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype))
+
+    s, t = logits(student_hidden, student_weight, student_bias), logits(teacher_hidden, teacher_weight, teacher_bias)
+    return _chunk_jsd_sum(s, t, s.new_ones(s.shape[0], dtype=torch.float32), beta, temperature, normalised=False)
+
+
+def projected_jsd_sum(student_hidden: torch.Tensor, student_weight: torch.Tensor, student_bias: torch.Tensor | None,
+                      teacher_hidden: torch.Tensor, teacher_weight: torch.Tensor, teacher_bias: torch.Tensor | None,
+                      beta: float = 0.5, temperature: float = 1.0, chunk_tokens: int | None = None,
+                      use_trl: bool | None = None) -> torch.Tensor:
+    """The divergence summed over N positions, full vocabulary, from hidden states [N, H_s] / [N, H_t] (the
+    rows to score, one per token) and each model's LM head ([V, H] weight, [V] bias or None): logits are
+    `hidden @ weight.T + bias`, divided by `temperature`. Gradients reach the student's hidden states and head.
+
+    Equals `jsd_sum` of the logits the heads give, without holding them: TRL's `ChunkedDivergenceFunction`
+    (`use_trl` None: on a CUDA device with Triton where TRL is installed, True: anywhere; it projects in fp32 on
+    [4096, 32768] tiles), else chunks of `chunk_tokens` rows recomputed in backward.
+    """
+    _check_beta(beta, temperature)
+    if student_hidden.shape[0] != teacher_hidden.shape[0] or student_weight.shape[0] != teacher_weight.shape[0]:
+        raise RlcoreError(
+            f"projected jsd: student hidden {list(student_hidden.shape)} / head {list(student_weight.shape)} and teacher "
+            f"hidden {list(teacher_hidden.shape)} / head {list(teacher_weight.shape)} need the same rows and vocabulary"
+        )
+    if student_hidden.shape[0] == 0:
+        return student_hidden.new_zeros((), dtype=torch.float32) + 0 * student_weight.sum()
+    on_triton = student_hidden.device.type in ("cuda", "xpu") and importlib.util.find_spec("triton") is not None
+    function = trl_divergence_function() if use_trl or (use_trl is None and on_triton) else None
+    if use_trl and function is None:
+        raise ImportError("projected_jsd_sum(use_trl=True) needs trl >= 1.16 (trl.kernels.chunked_divergence)")
+    teacher_hidden = teacher_hidden.detach()
+    if function is not None:
+        divergence, _ = function.apply(student_hidden.contiguous(), student_weight, student_bias, teacher_hidden.contiguous(),
+                                       teacher_weight.detach(), None if teacher_bias is None else teacher_bias.detach(),
+                                       float(beta), float(temperature), 1.0, None, 1.0, None)
+        return divergence.sum()
+    grad = torch.is_grad_enabled() and (student_hidden.requires_grad or student_weight.requires_grad)
+    chunk_tokens = chunk_tokens or CHUNK_TOKENS
+    total = student_hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, student_hidden.shape[0], chunk_tokens):
+        rows = slice(start, start + chunk_tokens)
+        args = (student_hidden[rows], teacher_hidden[rows], student_weight, student_bias, teacher_weight.detach(),
+                teacher_bias, beta, temperature)
+        total = total + (checkpoint(_projected_chunk_sum, *args, use_reentrant=False) if grad else _projected_chunk_sum(*args))
     return total
 
 

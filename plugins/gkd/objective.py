@@ -1,9 +1,12 @@
 """`DistillObjective`: the loss a train engine calls per micro-batch (picklable, for Ray workers).
 
 The teacher's side comes from the micro-batch (`teacher_ids` / `teacher_logprobs` columns: a served teacher's
-raw top-k) or from a callable the train worker passes (a colocated teacher's forward on the same micro-batch,
-at the loss's temperature). The student's side comes from the engine's `ModelOutputs`: `logprobs_at` the
-teacher's ids (top-k) or `full_logprobs` (full vocabulary), so a Megatron engine can compute it vocab-parallel.
+raw top-k) or from a callable the train worker passes (a colocated teacher's forward on the same micro-batch:
+its top-k or full log-probs at the loss's temperature, or its last hidden states and LM head, a `Projection`).
+The student's side comes from the engine's `ModelOutputs`: `logits_at` the teacher's ids (top-k: the loss
+renormalises over the k, so the engine may skip the normaliser over the vocabulary); for the
+full vocabulary its `projection()` with a teacher's `Projection` (both heads applied in chunks: no [B, T, V]
+tensor for either model), else `full_logprobs`, so a Megatron engine can compute it vocab-parallel.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlcore import ModelOutputs, TopK
+from rlcore.engines import Projection
 
 if TYPE_CHECKING:
     import torch
 
-TeacherFn = Callable[[Any, "int | None", float], "TopK | torch.Tensor"]
+TeacherFn = Callable[[Any, "int | None", float], "TopK | Projection | torch.Tensor"]
 
 
 @dataclass(frozen=True)
@@ -35,21 +39,30 @@ class DistillObjective:
         """(sum of the per-token JSD over the completion tokens the teacher covers, their count)."""
         import torch
 
-        from .loss import jsd_sum, teacher_given, topk_jsd_terms
+        from .loss import jsd_sum, projected_jsd_sum, teacher_given, topk_jsd_terms
 
         mask = batch["completion_mask"].to(torch.float32)
         T = self.temperature
         if teacher is None:  # a served teacher's raw top-k (temperature 1), aligned with input_ids
             ids, raw = batch["teacher_ids"].to(mask.device), batch["teacher_logprobs"].to(mask.device)
             weight = mask * teacher_given(ids, raw)
-            terms = topk_jsd_terms(outputs.logprobs_at(ids), raw, self.beta, 1.0, T)
+            terms = topk_jsd_terms(outputs.logits_at(ids), raw, self.beta, 1.0, T)
             return (terms * weight).sum(), weight.sum()
         given = teacher(batch, self.topk, T)  # at temperature T, like the student's outputs
         if isinstance(given, TopK):
             ids, logprobs = given.ids.to(mask.device), given.logprobs.to(mask.device)
             weight = mask * teacher_given(ids, logprobs)
-            terms = topk_jsd_terms(outputs.logprobs_at(ids), logprobs, self.beta, 1.0, 1.0)
+            terms = topk_jsd_terms(outputs.logits_at(ids), logprobs, self.beta, 1.0, 1.0)
             return (terms * weight).sum(), weight.sum()
+        if isinstance(given, Projection):
+            student = outputs.projection()
+            if student is not None:  # both heads in chunks over the completion tokens only
+                rows = mask.bool().to(student.hidden.device)
+                total = projected_jsd_sum(student.hidden[rows], student.weight, student.bias,
+                                          given.hidden.to(student.hidden.device)[rows], given.weight, given.bias,
+                                          self.beta, T)
+                return total, mask.sum()
+            given = projected_logprobs(given, T)
         student = outputs.full_logprobs()
         return jsd_sum(student, given.to(student.device), mask, self.beta, T, normalised=True), mask.sum()
 
@@ -65,6 +78,16 @@ class DistillObjective:
             loss = loss + self.sft_alpha * ce
             metrics["sft_loss"] = float(ce.detach()) / max(float(mask.sum()), 1.0)
         return loss / self.num_items_in_batch, metrics
+
+
+def projected_logprobs(given: Projection, temperature: float) -> torch.Tensor:
+    """A teacher's full log-probs [B, T, V] from its `Projection` (where the student's engine has no projection)."""
+    import torch
+    import torch.nn.functional as F
+
+    hidden = given.hidden
+    logits = F.linear(hidden, given.weight.to(hidden.dtype), None if given.bias is None else given.bias.to(hidden.dtype))
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
 
 
 class GivenOutputs(ModelOutputs):

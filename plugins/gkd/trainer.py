@@ -151,7 +151,8 @@ class GKDTrainer(RoleTrainer):
     def sampling_params(self) -> SamplingParams:
         cfg = self.config
         return SamplingParams(n=1, max_tokens=cfg.max_completion_length, temperature=cfg.temperature, top_p=cfg.top_p,
-                              top_k=cfg.top_k, stop_token_ids=self.data.stop_ids, seed=cfg.seed * 100003 + self.step)
+                              top_k=cfg.top_k, stop_token_ids=self.data.stop_ids, seed=cfg.seed * 100003 + self.step,
+                              logprobs=False)  # the loss reads the teacher's distribution, never the sampler's
 
     def teacher_topk(self, batch: Any, prompts: list[list[int]], completions: list[list[int]]) -> dict[str, Any]:
         """The served teacher's raw top-k of the exact sequences, aligned with the batch's columns."""

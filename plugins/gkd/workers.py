@@ -18,6 +18,18 @@ from .objective import DistillObjective, GivenOutputs
 HELDOUT_ROWS = 4  # rows per forward of the held-out measure: [rows, T, V] at most, never the whole batch
 
 
+def teacher_answer(engine: Any, batch: Batch, k: int | None, temperature: float, *, projection: bool = True) -> Any:
+    """A colocated teacher's side of the loss on `batch`, on its device: for the full vocabulary its last hidden
+    states and LM head (a `Projection`, where the engine has `forward_projection` and `projection` is on), else
+    its top-k (`TopK`) or full log-probs [B, T, V] at `temperature`."""
+    tokens = Batch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    if k is None and projection and hasattr(engine, "forward_projection"):
+        given = engine.forward_projection(tokens)
+        if given is not None:
+            return given
+    return engine.forward_topk(tokens, k, temperature, on_device=True)  # used here: no round trip through CPU
+
+
 def concat_topk(results: list[TopK]) -> TopK:
     """The replicas' `TopK`s joined row-wise, each right-padded (zeros: no distribution) to the longest."""
     import torch
@@ -66,9 +78,8 @@ class DistillWorker(TrainWorker):
 
     def _teacher_forward(self, batch: Batch, k: int | None, temperature: float) -> Any:
         start = time.perf_counter()
-        with self._teacher_loaded():
-            out = self.teacher.forward_topk(Batch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]),
-                                            k, temperature, on_device=True)  # used here: no round trip through CPU
+        with self._teacher_loaded():  # an offloaded teacher's head leaves the device again: no projection then
+            out = teacher_answer(self.teacher, batch, k, temperature, projection=not self.offload_teacher)
         self.teacher_seconds += time.perf_counter() - start
         return out
 

@@ -10,6 +10,7 @@ from rlcore import Batch, SamplingParams
 from rlcore.batch import pad_tokens
 
 from .config import GRPOConfig
+from .objective import old_logprobs_in_step
 
 
 @dataclass
@@ -264,12 +265,13 @@ class ExperienceMaker:
         cfg = self.config
         batch = self.build_batch(scored.prompt_ids, scored.generations)
         batch["advantages"] = scored.advantages
-        reused = cfg.num_iterations > 1 or cfg.micro_steps_per_generation > cfg.gradient_accumulation_steps
-        # TRL's sampler correction; with async_generate the old log-probs are the sampler's: the ratio is 1
-        correct = cfg.vllm_importance_sampling_correction and not cfg.async_generate
+        # TRL's sampler correction; with async_generate the old log-probs are the sampler's: the ratio is 1. Where
+        # the old policy is the one trained (one step per round), the step's own forward gives the old log-probs
+        # and the correction's ratio (`PolicyObjective`): no separate forward
+        correct = cfg.vllm_importance_sampling_correction and not cfg.async_generate and not old_logprobs_in_step(cfg)
         if cfg.async_generate:  # generated one step ago: the sampler's own log-probs are the old policy's
             batch["old_logprobs"] = batch["rollout_logprobs"]
-        elif reused or correct:  # else the loss takes old = current, detached: the generating policy is the one trained
+        elif not old_logprobs_in_step(cfg):  # reused for several steps: the generating policy's, computed once
             batch["old_logprobs"] = train.forward_logprobs(batch, cfg.temperature)
         if correct:
             from .loss import sampler_importance_ratio

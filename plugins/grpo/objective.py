@@ -1,11 +1,24 @@
-"""`PolicyObjective`: the loss function a train engine calls per micro-batch (picklable, for Ray workers)."""
+"""`PolicyObjective`: the loss function a train engine calls per micro-batch (picklable, for Ray workers).
+
+Where a round feeds one optimizer step (`num_iterations` 1, no more micro-batches than one step accumulates) and
+generation is synchronous, the old policy is the one being trained: its log-probs are the train forward's own,
+detached, so no separate forward computes them. TRL's sampler correction then takes its ratio inside the
+step from those (`sampler_correction_mode`), the same ratio the separate forward would give; its metrics are
+each micro-batch's, averaged over the step.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from .loss import batch_normalizers, policy_loss
+from .loss import batch_normalizers, policy_loss, sampler_importance_ratio
+
+
+def old_logprobs_in_step(config: Any) -> bool:
+    """True where the old log-probs are the train step's own (one optimizer step per round, synchronous)."""
+    reused = config.num_iterations > 1 or config.micro_steps_per_generation > config.gradient_accumulation_steps
+    return not reused and not config.async_generate
 
 
 @dataclass(frozen=True)
@@ -22,6 +35,9 @@ class PolicyObjective:
     num_items_in_batch: float
     num_sequences_in_batch: float
     use_bias_correction_kl: bool = True
+    sampler_correction_mode: str | None = None  # the sampler correction, taken in the step (see the module docstring)
+    sampler_clip_min: float | None = None
+    sampler_clip_max: float | None = None
 
     @classmethod
     def for_step(cls, config: Any, step_batch: Any, dp_size: int, round_tokens: float | None = None,
@@ -31,6 +47,10 @@ class PolicyObjective:
         norms = batch_normalizers(step_batch["completion_mask"], world_size=dp_size)
         if config.loss_type == "dapo" and round_tokens is not None:
             norms["num_items_in_batch"] = max(round_tokens, 1.0) / steps_per_round / dp_size
+        if config.vllm_importance_sampling_correction and old_logprobs_in_step(config):
+            norms.update(sampler_correction_mode=config.vllm_importance_sampling_mode,
+                         sampler_clip_min=config.vllm_importance_sampling_clip_min,
+                         sampler_clip_max=config.vllm_importance_sampling_clip_max)
         return cls(
             beta=config.beta, epsilon=config.epsilon, epsilon_high=config.epsilon_high, delta=config.delta,
             loss_type=config.loss_type, importance_sampling_level=config.importance_sampling_level,
@@ -41,12 +61,22 @@ class PolicyObjective:
     def __call__(self, outputs: Any, batch: Any) -> tuple[Any, dict[str, float]]:
         logprobs = outputs.logprobs()
         old = batch["old_logprobs"] if "old_logprobs" in batch else logprobs.detach()
-        return policy_loss(
+        ratio = batch["importance_sampling_ratio"] if "importance_sampling_ratio" in batch else None
+        sampler_metrics: dict[str, float] = {}
+        if ratio is None and self.sampler_correction_mode is not None:
+            mask = batch["completion_mask"]
+            ratio, sampler_metrics = sampler_importance_ratio(
+                old, batch["rollout_logprobs"].to(old.device), mask.to(old.device), self.sampler_correction_mode,
+                self.sampler_clip_min, self.sampler_clip_max,
+            )
+            ratio = ratio.expand(mask.shape)
+        loss, metrics = policy_loss(
             logprobs, old, batch["advantages"], batch["completion_mask"],
             ref_logprobs=batch["ref_logprobs"] if "ref_logprobs" in batch else None,
             beta=self.beta, epsilon=self.epsilon, epsilon_high=self.epsilon_high, delta=self.delta,
             loss_type=self.loss_type, importance_sampling_level=self.importance_sampling_level,
             max_completion_length=self.max_completion_length, num_items_in_batch=self.num_items_in_batch,
             num_sequences_in_batch=self.num_sequences_in_batch, use_bias_correction_kl=self.use_bias_correction_kl,
-            importance_sampling_ratio=batch["importance_sampling_ratio"] if "importance_sampling_ratio" in batch else None,
+            importance_sampling_ratio=ratio,
         )
+        return loss, {**metrics, **sampler_metrics}

@@ -21,11 +21,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from rlcore.batch import Batch, token_columns, trim_padding
+from rlcore.batch import Batch, pad_width, token_columns, trim_padding
 from rlcore.checkpoint import replace_dir
 from rlcore.rendezvous import join_torch_world
 from rlcore.engine_checks import check_temperature, common_problems, raise_problems, torch_device
-from rlcore.engines import LossFn, NamedTensors, OptimizerOptions, TopK, TrainEngine
+from rlcore.engines import LossFn, NamedTensors, OptimizerOptions, Projection, TopK, TrainEngine
 from rlcore.errors import RlcoreError
 
 from .common import load_causal_lm, model_outputs
@@ -40,8 +40,11 @@ class HFTrainEngine(TrainEngine):
     Options are named as TRL and ms-swift name them. `max_steps` (the run's optimizer steps) is needed
     by the cosine and linear schedules; `max_grad_norm=0` turns clipping off; `lora_rank=0` trains every weight;
     `logprob_micro_batch_size` bounds the rows of one forward-only pass (so [B, T, V] logits never exist
-    for the whole batch at once). `forward_only=True` builds the model without optimizer (see the module
-    docstring).
+    for the whole batch at once). `chunked_lm_head` (on by default) has the model return its last hidden
+    states and applies the LM head in chunks of positions (`rlcore.plugins.hf.head`; TRL's chunked log-prob
+    kernel where TRL is installed), so no [B, T, V] logits exist for log-probs, top-k or a distillation loss;
+    models whose logits are more than a plain head (soft-capping, a logit scale) keep the logits path.
+    `forward_only=True` builds the model without optimizer (see the module docstring).
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class HFTrainEngine(TrainEngine):
         lora_dropout: float = 0.0,
         lora_target_modules: str | list[str] = "all-linear",
         logprob_micro_batch_size: int = 16,
+        chunked_lm_head: bool = True,
         seed: int = 42,
         dist_timeout_s: float = 600.0,
         forward_only: bool = False,
@@ -73,6 +77,7 @@ class HFTrainEngine(TrainEngine):
             torch.cuda.set_device(self.device)
         self.max_grad_norm = opt.max_grad_norm
         self.logprob_micro_batch_size = logprob_micro_batch_size
+        self.chunked_lm_head = bool(chunked_lm_head)
         self.lora = lora_rank > 0
         self.forward_only = forward_only
         self.global_step = 0
@@ -129,7 +134,7 @@ class HFTrainEngine(TrainEngine):
         with torch.inference_mode():
             for rows, width in self._chunks(attention_mask):
                 ids, mask = input_ids[rows, :width].to(self.device), attention_mask[rows, :width].to(self.device)
-                out[rows, :width] = model_outputs(self.model, ids, mask, temperature).logprobs().cpu()
+                out[rows, :width] = self._outputs(self.model, ids, mask, temperature).logprobs().cpu()
         return out
 
     def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0, *, on_device: bool = False) -> TopK | Any:
@@ -153,7 +158,7 @@ class HFTrainEngine(TrainEngine):
         ids = None if k is None else torch.zeros(B, T, width_k, dtype=torch.long, device=where)  # no [B, T, V] of ids
         with torch.inference_mode():
             for rows, width in self._chunks(attention_mask):
-                outputs = model_outputs(
+                outputs = self._outputs(
                     self.model, input_ids[rows, :width].to(self.device), attention_mask[rows, :width].to(self.device),
                     temperature,
                 )
@@ -163,6 +168,27 @@ class HFTrainEngine(TrainEngine):
                     top = outputs.topk(width_k)
                     values[rows, :width], ids[rows, :width] = top.logprobs, top.ids
         return values if ids is None else TopK(ids=ids, logprobs=values)
+
+    def forward_projection(self, batch: Batch) -> Projection | None:
+        """The last hidden states of `batch` (one forward, no gradient) and the LM head, on the engine's device,
+        for a loss that projects them in chunks (a colocated distillation teacher); None where the engine keeps
+        the logits path (`chunked_lm_head=False`, or a model whose logits are more than its head)."""
+        import torch
+
+        self._ensure_loaded()
+        input_ids, attention_mask = token_columns(batch)
+        width = max(int(attention_mask.sum(dim=1).max()), 1)
+        with torch.no_grad():  # not inference_mode: a loss's backward saves these states
+            outputs = self._outputs(self.model, input_ids[:, :width].to(self.device),
+                                    attention_mask[:, :width].to(self.device), 1.0)
+            projection = outputs.projection()
+        if projection is None:
+            return None
+        hidden = pad_width(projection.hidden, input_ids.shape[1])
+        return Projection(hidden=hidden, weight=projection.weight, bias=projection.bias)
+
+    def _outputs(self, module: Any, input_ids: Any, attention_mask: Any, temperature: float) -> Any:
+        return model_outputs(module, input_ids, attention_mask, temperature, chunked=self.chunked_lm_head)
 
     def _chunks(self, attention_mask: Any) -> Iterator[tuple[slice, int]]:
         """Row slices of at most `logprob_micro_batch_size`, each with its longest row's width."""
@@ -214,7 +240,7 @@ class HFTrainEngine(TrainEngine):
             micro = trim_padding(micro).to(self.device)
             sync = self.ddp is None or i == num_micro - 1
             with nullcontext() if sync else self.ddp.no_sync():
-                outputs = model_outputs(module, micro["input_ids"], micro["attention_mask"], temperature)
+                outputs = self._outputs(module, micro["input_ids"], micro["attention_mask"], temperature)
                 loss, metrics = loss_fn(outputs, micro)
                 loss.backward()
             total_loss += float(loss.detach())

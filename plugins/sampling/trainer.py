@@ -264,7 +264,8 @@ class SampleTrainer(RoleTrainer):
         """`num_return_sequences` texts per prompt, prompt-major, and their token ids (None from an API)."""
         cfg = self.config
         params = SamplingParams(n=cfg.num_return_sequences, max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed + start)
+                                top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed + start,
+                                logprobs=False)  # best-of-N reads texts and scores: the sampler skips log-probs
         seeds = self.seeds(start, len(prompts))
         if self.teacher is not None:
             conversations = [p if isinstance(p, list) else [{"role": "user", "content": p}] for p in prompts]

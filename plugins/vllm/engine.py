@@ -212,7 +212,7 @@ class VLLMRolloutEngine(RolloutEngine):
             top_k=params.top_k,
             stop_token_ids=list(params.stop_token_ids) or None,
             seed=params.seed if self.request_seeds else None,
-            logprobs=0,  # the sampled token's own log-prob only
+            logprobs=0 if params.logprobs else None,  # the sampled token's own log-prob only, where asked for
             detokenize=False,  # decoded below, once per completion
             flat_logprobs=True,  # plain lists instead of a dict and a Logprob object per token
         )
@@ -221,12 +221,17 @@ class VLLMRolloutEngine(RolloutEngine):
         for index, output in enumerate(outputs):
             for completion in output.outputs:
                 token_ids = list(completion.token_ids)
-                logprobs = _sampled_logprobs(completion.logprobs, token_ids)
+                logprobs = _sampled_logprobs(completion.logprobs, token_ids) if params.logprobs else []
                 result.append(Generation(index, token_ids, logprobs, str(completion.finish_reason)))
         if self._detokenize and result:
-            tokenizer = self.llm.get_tokenizer()  # vLLM's TokenizerLike promises decode, not batch_decode
-            for generation in result:
-                generation.text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+            tokenizer = self.llm.get_tokenizer()  # vLLM's TokenizerLike promises decode; HF's have batch_decode
+            ids = [generation.token_ids for generation in result]
+            if hasattr(tokenizer, "batch_decode"):  # a fast tokenizer decodes the batch in parallel, same texts
+                texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+            else:
+                texts = [tokenizer.decode(token_ids, skip_special_tokens=True) for token_ids in ids]
+            for generation, text in zip(result, texts, strict=True):
+                generation.text = text
         return result
 
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> TopK:

@@ -1,4 +1,5 @@
-"""The GKD loss against TRL's installed `GKDTrainer.generalized_jsd_loss`, its top-k variant, and its memory shape."""
+"""The GKD loss against TRL's installed `GKDTrainer.generalized_jsd_loss`, its top-k variant, the projected
+(hidden states + LM heads in chunks) form against both, and its memory shape."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from rlcore import RlcoreError
-from rlcore.plugins.gkd.loss import jsd_loss, jsd_sum, topk_jsd_loss
+from rlcore.plugins.gkd.loss import jsd_loss, jsd_sum, projected_jsd_sum, topk_jsd_loss
 
 B, T, V = 3, 7, 50
 
@@ -82,3 +83,114 @@ def test_bad_arguments_are_named():
         jsd_loss(student, teacher, mask, beta=1.5)
     with pytest.raises(RlcoreError, match="must be \\[B, T, V\\]"):
         jsd_loss(student, teacher[..., :10], mask)
+
+
+def projected_inputs(seed=0, rows=29, vocab=V):
+    g = torch.Generator().manual_seed(seed)
+    student = torch.randn(rows, 12, generator=g), torch.randn(vocab, 12, generator=g) * 0.6, torch.randn(vocab, generator=g)
+    teacher = torch.randn(rows, 20, generator=g), torch.randn(vocab, 20, generator=g) * 0.6, None
+    return student, teacher
+
+
+@pytest.mark.parametrize("use_trl", [False, True])
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_the_projected_loss_equals_trl_on_the_logits_its_heads_give(beta, use_trl):
+    (hs, ws, bs), (ht, wt, _) = projected_inputs()
+    mine = [t.clone().requires_grad_() for t in (hs, ws, bs)]
+    theirs = [t.clone().requires_grad_() for t in (hs, ws, bs)]
+    total = projected_jsd_sum(*mine, ht, wt, None, beta=beta, temperature=0.7, chunk_tokens=8, use_trl=use_trl)
+    student_logits = (theirs[0] @ theirs[1].T + theirs[2])[None]  # one row of 29 tokens, every token scored
+    teacher_logits = (ht @ wt.T)[None]
+    labels = torch.ones(1, hs.shape[0], dtype=torch.long)
+    expected = trl_loss()(student_logits, teacher_logits, labels=labels, beta=beta, temperature=0.7)
+    assert (total / hs.shape[0]).item() == pytest.approx(expected.item(), rel=1e-5)
+    assert expected.item() > 0.05
+    (total / hs.shape[0]).backward()
+    expected.backward()
+    for a, b in zip(mine, theirs):  # hidden states, head weight and bias
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("use_trl", [False, True])
+def test_the_projected_loss_holds_no_tensor_of_every_row_times_the_vocabulary(use_trl):
+    from test_hf_head import LargestTensor
+
+    vocab = 40_000 if use_trl else V  # TRL's tiles are [rows, 32768] at most
+    (hs, ws, bs), (ht, wt, _) = projected_inputs(1, rows=64, vocab=vocab)
+    hs, ws = hs.requires_grad_(), ws.requires_grad_()
+    with LargestTensor() as seen:
+        projected_jsd_sum(hs, ws, None, ht, wt, None, chunk_tokens=16, use_trl=use_trl).backward()
+    assert seen.most < 64 * vocab * 4  # bytes of a float32 [rows, V]
+    with LargestTensor() as plain:  # the check can fail: the logits path builds such tensors
+        jsd_sum((hs @ ws.T)[None], (ht @ wt.T)[None], torch.ones(1, 64, dtype=torch.bool)).backward()
+    assert plain.most >= 64 * vocab * 4
+
+
+@pytest.mark.parametrize("topk", [None, 4])
+def test_a_colocated_teachers_step_is_the_same_through_projections_as_through_log_probs(tiny_model, tmp_path, topk):
+    import functools
+
+    from rlcore import Batch
+    from rlcore.plugins.gkd.objective import DistillObjective
+    from rlcore.plugins.gkd.workers import teacher_answer
+    from rlcore.plugins.hf.train import HFTrainEngine
+    from rlcore.testing import build_tiny_model
+
+    teacher = build_tiny_model(tmp_path / "teacher", hidden_size=96, intermediate_size=192, seed=5)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 200, (3, 12), generator=g)
+    attention = torch.ones_like(ids)
+    attention[1, 9:] = 0
+    completion = torch.zeros_like(ids)
+    completion[:, 5:] = 1
+    batch = Batch(input_ids=ids, attention_mask=attention, completion_mask=completion * attention)
+    objective = DistillObjective(beta=0.5, temperature=0.9, topk=topk, num_items_in_batch=float(completion.sum()))
+    steps, answers = {}, {}
+    for chunked in (True, False):
+        student = HFTrainEngine(str(tiny_model), chunked_lm_head=chunked, learning_rate=1e-3, max_grad_norm=0.0)
+        forward = HFTrainEngine(str(teacher), chunked_lm_head=chunked, forward_only=True)
+
+        def answer(micro, k, temperature, forward=forward):
+            answers.setdefault(chunked, type(teacher_answer(forward, micro, k, temperature)).__name__)
+            return teacher_answer(forward, micro, k, temperature)
+
+        steps[chunked] = student.train_step(batch, functools.partial(objective, teacher=answer), 2, temperature=0.9)
+    assert answers == ({True: "Projection", False: "Tensor"} if topk is None else {True: "TopK", False: "TopK"})
+    for key in ("loss", "jsd", "grad_norm"):
+        assert steps[True][key] == pytest.approx(steps[False][key], rel=1e-5)
+    assert steps[True]["jsd"] > 0
+
+
+def test_a_full_vocabulary_step_with_a_colocated_teacher_holds_no_tensor_of_b_t_v(tiny_model, tmp_path, monkeypatch):
+    """On the CPU: the torch chunks (TRL's kernels, the default on CUDA, allocate [rows, 32768] tiles whatever the
+    vocabulary, more than B x T x V of this tiny model's; their own tests above use a wider vocabulary)."""
+    import functools
+
+    from rlcore.plugins.gkd import loss
+
+    from test_hf_head import LargestTensor
+
+    from rlcore import Batch
+    from rlcore.plugins.gkd.objective import DistillObjective
+    from rlcore.plugins.gkd.workers import teacher_answer
+    from rlcore.plugins.hf.train import HFTrainEngine
+    from rlcore.testing import build_tiny_model
+
+    monkeypatch.setattr(loss, "CHUNK_TOKENS", 32)  # chunks of 32 of the 128 completion tokens (default: 1024)
+    teacher = build_tiny_model(tmp_path / "teacher", hidden_size=96, intermediate_size=192, seed=5)
+    rows, width = 4, 64
+    ids = torch.randint(0, 200, (rows, width), generator=torch.Generator().manual_seed(0))
+    completion = torch.zeros_like(ids)
+    completion[:, width // 2:] = 1
+    batch = Batch(input_ids=ids, attention_mask=torch.ones_like(ids), completion_mask=completion)
+    objective = DistillObjective(beta=0.5, temperature=1.0, topk=None, num_items_in_batch=float(completion.sum()))
+    most = {}
+    for chunked in (True, False):
+        student = HFTrainEngine(str(tiny_model), chunked_lm_head=chunked, learning_rate=1e-3)
+        forward = HFTrainEngine(str(teacher), chunked_lm_head=chunked, forward_only=True)
+        vocab = student.model.get_output_embeddings().weight.shape[0]
+        loss_fn = functools.partial(objective, teacher=lambda m, k, t, f=forward: teacher_answer(f, m, k, t))
+        with LargestTensor() as seen:
+            student.train_step(batch, loss_fn, micro_batch_size=rows)
+        most[chunked] = seen.most
+    assert most[True] < rows * width * vocab * 4 <= most[False]  # float32 [B, T, V]: the logits path has one

@@ -151,24 +151,57 @@ SAMPLER_METRICS = [
 ]
 
 
-def test_sampler_correction_forces_old_logprobs_and_weights_the_loss(engines, tiny_model, tmp_path):
+def test_sampler_correction_of_a_round_that_feeds_several_steps_uses_one_old_forward(engines, tiny_model, tmp_path):
     rollout, make_train = engines
     train = make_train()
-    maker = maker_for(tiny_model, tmp_path, steps_per_generation=2, vllm_importance_sampling_mode="token_truncate")
+    maker = maker_for(tiny_model, tmp_path, vllm_importance_sampling_mode="token_truncate")  # 2 optimizer steps
     scored, batch = one_round(maker, rollout, train)
-    torch.testing.assert_close(batch["old_logprobs"], train.forward_logprobs(batch, 1.0))  # computed although on-policy
+    torch.testing.assert_close(batch["old_logprobs"], train.forward_logprobs(batch, 1.0))
     ratio, metrics = sampler_importance_ratio(batch["old_logprobs"], batch["rollout_logprobs"], batch["completion_mask"],
                                               "token_truncate", None, 3.0)
     torch.testing.assert_close(batch["importance_sampling_ratio"], ratio)
     assert {k: scored.metrics[k] for k in SAMPLER_METRICS} == metrics
     assert metrics["sampling/sampling_logp_difference/max"] < 1e-3  # the HF sampler and trainer agree closely
 
-    (mini, _, objective), = maker.mini_batches(batch, {})
+    mini, _, objective = maker.mini_batches(batch, {})[0]
+    assert objective.sampler_correction_mode is None  # the ratio travels with the batch
     logprobs = train.forward_logprobs(mini, 1.0)
     outputs = SimpleNamespace(logprobs=lambda: logprobs)
     whole, _ = objective(outputs, mini.update(importance_sampling_ratio=torch.ones_like(logprobs)))
     halved, _ = objective(outputs, mini.update(importance_sampling_ratio=torch.full_like(logprobs, 0.5)))
     assert halved.item() == pytest.approx(whole.item() / 2, rel=1e-5)
+
+
+def test_sampler_correction_of_a_one_step_round_is_taken_in_the_step_as_a_separate_forward_gives_it(
+        engines, tiny_model, tmp_path):
+    import dataclasses
+
+    from rlcore import Batch
+
+    rollout, make_train = engines
+    train = make_train()
+    maker = maker_for(tiny_model, tmp_path, steps_per_generation=2, vllm_importance_sampling_mode="token_truncate")
+    scored, batch = one_round(maker, rollout, train)
+    assert "old_logprobs" not in batch and "importance_sampling_ratio" not in batch  # no separate forward
+    assert not set(SAMPLER_METRICS) & set(scored.metrics)
+    (mini, _, objective), = maker.mini_batches(batch, {})
+    assert (objective.sampler_correction_mode, objective.sampler_clip_max) == ("token_truncate", 3.0)
+
+    current = train.forward_logprobs(mini, 1.0)
+    leaf = current.clone().requires_grad_()
+    in_step, metrics = objective(SimpleNamespace(logprobs=lambda: leaf), mini)
+    in_step.backward()
+    # what the separate forward did: old = the same policy's log-probs, the ratio computed from them up front
+    ratio, expected = sampler_importance_ratio(current, mini["rollout_logprobs"], mini["completion_mask"],
+                                               "token_truncate", None, 3.0)
+    other = current.clone().requires_grad_()
+    separate, _ = dataclasses.replace(objective, sampler_correction_mode=None)(
+        SimpleNamespace(logprobs=lambda: other), Batch({**mini, "old_logprobs": current, "importance_sampling_ratio": ratio}))
+    separate.backward()
+    assert in_step.item() == separate.item()
+    torch.testing.assert_close(leaf.grad, other.grad, rtol=0, atol=0)
+    assert {k: metrics[k] for k in SAMPLER_METRICS} == expected
+    assert expected["sampling/importance_sampling_ratio/max"] != 1.0  # the ratio is not trivially 1
 
 
 def test_no_sampler_correction_under_async_generate_or_when_off(engines, tiny_model, tmp_path):

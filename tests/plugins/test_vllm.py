@@ -164,3 +164,45 @@ def test_a_second_sync_replays_the_traced_load_with_the_new_values():
     assert llm.loaded == [f"model.layers.{i}.weight" for i in range(4)]  # the second load was replayed
     assert engine.rlcore_loader.stats()["replayed"] == 1
     assert all(torch.equal(layer, torch.full((8, 8), 2.0 * i)) for i, layer in enumerate(llm.model.layers))
+
+
+class _GeneratingLLM:
+    """vLLM's `LLM.generate` for sampling, as far as the engine reads it: completions with FlatLogprobs when
+    asked for (logprobs=0), none otherwise; the tokenizer is a real Hugging Face one."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.asked = tokenizer, []
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(self, requests, sampling, use_tqdm=False):
+        self.asked.append(sampling.logprobs)
+        outputs = []
+        for i, request in enumerate(requests):
+            completions = []
+            for j in range(sampling.n):
+                ids = [(request["prompt_token_ids"][0] + 7 * j + t) % 200 + 40 for t in range(3 + i + j)]
+                flat = None if sampling.logprobs is None else types.SimpleNamespace(
+                    token_ids=ids, logprobs=[-0.1 * t for t in range(len(ids))], start_indices=list(range(len(ids))))
+                completions.append(types.SimpleNamespace(token_ids=ids, logprobs=flat, finish_reason="length"))
+            outputs.append(types.SimpleNamespace(outputs=completions))
+        return outputs
+
+
+@pytest.mark.parametrize("logprobs", [True, False])
+def test_generate_asks_for_log_probs_only_when_wanted_and_decodes_every_completion(tiny_model, logprobs):
+    from transformers import AutoTokenizer
+
+    from rlcore import SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    llm = _GeneratingLLM(tokenizer)
+    engine = _engine_over(llm)
+    engine.request_seeds, engine._detokenize = False, True
+    out = engine.generate([[1, 2], [3]], SamplingParams(n=2, max_tokens=8, logprobs=logprobs))
+    assert llm.asked == [0 if logprobs else None]
+    assert [g.prompt_index for g in out] == [0, 0, 1, 1]
+    for g in out:
+        assert g.text == tokenizer.decode(g.token_ids, skip_special_tokens=True) and g.text
+        assert g.logprobs == ([-0.1 * t for t in range(len(g.token_ids))] if logprobs else [])

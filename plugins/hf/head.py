@@ -1,0 +1,125 @@
+"""A causal LM's output layer applied in chunks of positions, as pure functions of tensors: per-token log-probs,
+log-probs at given ids, top-k and the full log-softmax of last hidden states [N, H] through the head
+(`weight` [V, H], `bias` [V] or None), at a temperature, without [N, V] logits for all N rows at once.
+
+Per-token log-probs (what GRPO, SFT and every forward-only pass need) go through TRL's `ChunkedLogProbFunction`
+(`trl/kernels/chunked_logprob.py`: cuBLAS tiles folded by a Triton kernel) on a CUDA device with Triton where
+TRL is installed (`use_trl` None; True forces it, also on the CPU, where TRL folds the tiles with torch ops and
+is slower than the chunks here); otherwise, and for the rest, torch ops over chunks of `chunk` rows, each
+recomputed in backward (`torch.utils.checkpoint`), so memory holds one [chunk, V] block at a time.
+The logits of a chunk are computed in the hidden states' dtype, as the model's own `lm_head` computes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_ROWS = 1024  # rows of one [chunk, V] block (unless a call says): 1024 x 151,936 x 4 bytes = 0.6 GiB
+TRL_VOCAB_CHUNK = 32768  # the vocabulary width of TRL's tiles, as TRL's own trainers use it
+
+
+def trl_logprob_function() -> type | None:
+    """TRL's `ChunkedLogProbFunction`, or None where TRL (>= 1.16) is not installed."""
+    try:
+        from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+    except ImportError:
+        return None
+    return ChunkedLogProbFunction
+
+
+def triton_device(device: torch.device) -> bool:
+    """Where TRL's kernels run as Triton kernels: a CUDA or XPU device with Triton installed."""
+    import importlib.util
+
+    return device.type in ("cuda", "xpu") and importlib.util.find_spec("triton") is not None
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    logits = F.linear(hidden, weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)).float()
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _by_chunks(fn: Callable[..., torch.Tensor], hidden: torch.Tensor, *row_args: torch.Tensor | None,
+               head: tuple, chunk: int) -> torch.Tensor:
+    """`fn(hidden_chunk, *row_arg_chunks, *head)` over chunks of rows, concatenated; checkpointed when a
+    gradient is wanted (the chunk's [chunk, V] intermediates are recomputed in backward, not kept)."""
+    chunk = chunk or CHUNK_ROWS
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in head))
+    parts = []
+    for start in range(0, hidden.shape[0], chunk):
+        rows = slice(start, start + chunk)
+        args = (hidden[rows], *(a[rows] for a in row_args), *head)
+        parts.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
+    if not parts:
+        return hidden.new_zeros((0,), dtype=torch.float32)
+    return torch.cat(parts)
+
+
+def _token_logprobs(hidden, targets, weight, bias, temperature):
+    logits = _logits(hidden, weight, bias, temperature)
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _logprobs_at(hidden, ids, weight, bias, temperature):
+    logits = _logits(hidden, weight, bias, temperature)
+    return logits.gather(-1, ids) - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                   temperature: float = 1.0, chunk: int | None = None, use_trl: bool | None = None) -> torch.Tensor:
+    """log softmax(head(hidden) / temperature)[targets]: [N] float32, differentiable in `hidden` and the head.
+    `use_trl` None: TRL's kernel on a Triton device where TRL is installed; False: the torch chunks."""
+    targets = targets.long()
+    function = trl_logprob_function() if use_trl or (use_trl is None and triton_device(hidden.device)) else None
+    if use_trl and function is None:
+        raise ImportError("token_logprobs(use_trl=True) needs trl >= 1.16 (trl.kernels.chunked_logprob)")
+    if function is not None and hidden.shape[0] > 0:
+        return function.apply(hidden.contiguous(), weight, bias, targets.contiguous(), float(temperature),
+                              min(TRL_VOCAB_CHUNK, weight.shape[0]), None, 1.0, ())[0]
+    return _by_chunks(_token_logprobs, hidden, targets, head=(weight, bias, temperature), chunk=chunk)
+
+
+def logprobs_at(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor,
+                temperature: float = 1.0, chunk: int | None = None) -> torch.Tensor:
+    """Log-probs [N, k] at `ids` [N, k], normalised over the whole vocabulary; differentiable."""
+    return _by_chunks(_logprobs_at, hidden, ids.long(), head=(weight, bias, temperature), chunk=chunk).view(ids.shape)
+
+
+def _logits_at(hidden, ids, weight, bias, temperature):
+    # float32: the head's gradient sums each id's rows (a common token is in many rows' top-k) in float32
+    picked = torch.einsum("nh,nkh->nk", hidden.float(), weight[ids].float())
+    if bias is not None:
+        picked = picked + bias[ids].float()
+    return picked / temperature if temperature != 1.0 else picked
+
+
+def logits_at(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor,
+              temperature: float = 1.0, chunk: int | None = None) -> torch.Tensor:
+    """The logits [N, k] at `ids` [N, k], divided by `temperature`: `logprobs_at` without the normaliser over the
+    vocabulary (each row off by its logsumexp), from the k rows of the head alone; differentiable."""
+    return _by_chunks(_logits_at, hidden, ids.long(), head=(weight, bias, temperature), chunk=chunk).view(ids.shape)
+
+
+def topk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, k: int,
+                  temperature: float = 1.0, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest log-probs [N, k] (float32, best first) and their ids [N, k]; no gradient."""
+    values, ids, chunk = [], [], chunk or CHUNK_ROWS
+    with torch.no_grad():
+        for start in range(0, hidden.shape[0], chunk):
+            top = torch.log_softmax(_logits(hidden[start : start + chunk], weight, bias, temperature), -1).topk(k, -1)
+            values.append(top.values)
+            ids.append(top.indices)
+    if not values:
+        return hidden.new_zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.long, device=hidden.device)
+    return torch.cat(values), torch.cat(ids)
+
+
+def full_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  temperature: float = 1.0) -> torch.Tensor:
+    """The whole log-softmax [N, V] (float32): what a loss that reads every probability needs."""
+    return torch.log_softmax(_logits(hidden, weight, bias, temperature), dim=-1)

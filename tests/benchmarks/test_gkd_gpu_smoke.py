@@ -1,0 +1,29 @@
+"""`benchmarks/gkd_gpu.py --smoke`: every side's code path (TRL's DistillationTrainer with the installed TRL's
+argument names, rlcore full vocabulary and top-64 with a colocated teacher, the memory sweep through both LM-head
+paths) on tiny models on the CPU, without vLLM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gkd_gpu.py"
+
+
+def test_the_gkd_benchmark_runs_every_side_on_the_cpu():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sides = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{\""):  # the sides, as JSON (TRL prints its logs as Python dicts)
+            sides.update(json.loads(line))
+    assert set(sides) == {"trl", "full", "topk", "memory"}
+    for what in ("trl", "full", "topk"):
+        assert sides[what]["tokens_per_s"] > 0 and sides[what]["steps_measured"] == 2
+    assert sides["full"]["settings"]["gkd_logits_topk"] is None and sides["topk"]["settings"]["gkd_logits_topk"] == 64
+    assert sides["trl"]["settings"]["beta"] == sides["full"]["settings"]["beta"] == 0.5
+    memory = sides["memory"]
+    assert len(memory["chunked"]["step_s"]) == len(memory["logits"]["step_s"]) == len(memory["lengths"])
+    assert "rlcore colocated, top-64" in done.stdout  # the table

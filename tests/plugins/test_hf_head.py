@@ -1,0 +1,159 @@
+"""The LM head in chunks (`rlcore.plugins.hf.head`) against a plain log-softmax of the whole logits: values and
+gradients, through TRL's kernel and through the torch chunks; the train engine's chunked outputs against its
+logits path; and no [N, V] tensor on the chunked path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from rlcore import Batch
+from rlcore.plugins.hf import head
+from rlcore.plugins.hf.train import HFTrainEngine
+
+N, H, V = 37, 16, 300
+
+
+def inputs(seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, H, generator=g)
+    weight = torch.randn(V, H, generator=g) * 0.5
+    b = torch.randn(V, generator=g) if bias else None
+    return hidden, weight, b, torch.randint(0, V, (N,), generator=g)
+
+
+def leaves(*tensors):
+    return [None if t is None else t.clone().requires_grad_() for t in tensors]
+
+
+def grads(*tensors):
+    return [None if t is None else t.grad for t in tensors]
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest storage (bytes) behind any tensor an operator returns, in forward, recomputation and
+    backward alike (a view counts as the storage it views, so an expand allocates nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.most = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.most = max(self.most, t.untyped_storage().nbytes())
+        return out
+
+
+@pytest.mark.parametrize("use_trl", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_equal_a_plain_log_softmax_with_gradients(use_trl, temperature):
+    hidden, weight, bias, targets = inputs()
+    mine, theirs = leaves(hidden, weight, bias), leaves(hidden, weight, bias)
+    got = head.token_logprobs(*mine, targets, temperature, chunk=8, use_trl=use_trl)
+    logits = (theirs[0] @ theirs[1].T + theirs[2]) / temperature
+    expected = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    weights = torch.linspace(-1, 2, N)  # any upstream gradient, not only ones
+    (got * weights).sum().backward()
+    (expected * weights).sum().backward()
+    for a, b in zip(grads(*mine), grads(*theirs)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert grads(*mine)[1].abs().sum() > 0
+
+
+def test_logprobs_at_topk_and_full_equal_the_plain_log_softmax():
+    hidden, weight, bias, _ = inputs(1)
+    ids = torch.randint(0, V, (N, 5), generator=torch.Generator().manual_seed(3))
+    mine, theirs = leaves(hidden, weight, bias), leaves(hidden, weight, bias)
+    full = torch.log_softmax((theirs[0] @ theirs[1].T + theirs[2]) / 0.8, -1)
+    got = head.logprobs_at(*mine, ids, 0.8, chunk=6)
+    torch.testing.assert_close(got, full.gather(-1, ids), atol=1e-5, rtol=1e-5)
+    got.sum().backward()
+    full.gather(-1, ids).sum().backward()
+    for a, b in zip(grads(*mine), grads(*theirs)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    scores = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    at = head.logits_at(*scores, ids, 0.8, chunk=6)  # the logits: off from the log-probs by each row's logsumexp
+    plain = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    logits = (plain[0] @ plain[1].T + plain[2]) / 0.8
+    torch.testing.assert_close(at, logits.gather(-1, ids), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.log_softmax(at, -1), torch.log_softmax(got, -1), atol=1e-5, rtol=1e-5)
+    (at * torch.linspace(-1, 1, 5)).sum().backward()
+    (logits.gather(-1, ids) * torch.linspace(-1, 1, 5)).sum().backward()
+    for a, b in zip(scores, plain):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+    values, top = head.topk_logprobs(hidden, weight, bias, 4, 0.8, chunk=6)
+    reference = full.detach().topk(4, -1)
+    torch.testing.assert_close(values, reference.values)
+    assert torch.equal(top, reference.indices)
+    torch.testing.assert_close(head.full_logprobs(hidden, weight, bias, 0.8), full.detach())
+
+
+@pytest.mark.parametrize("use_trl", [False, True])
+def test_the_chunked_log_probs_hold_no_tensor_of_every_row_times_the_vocabulary(use_trl):
+    vocab = 40_000 if use_trl else V  # TRL's tiles are [4096, 32768] at most: a vocabulary wider than a tile
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(64, 8, generator=g).requires_grad_()
+    weight = torch.randn(vocab, 8, generator=g).requires_grad_()
+    targets = torch.randint(0, vocab, (64,), generator=g)
+    with LargestTensor() as seen:
+        head.token_logprobs(hidden, weight, None, targets, chunk=16, use_trl=use_trl).sum().backward()
+    assert seen.most < 64 * vocab * 4  # bytes of a float32 [rows, V]
+    with LargestTensor() as plain:  # the check can fail: the whole log-softmax is such a tensor
+        torch.log_softmax(hidden @ weight.T, -1).gather(-1, targets[:, None]).sum().backward()
+    assert plain.most >= 64 * vocab * 4
+
+
+def make_batch(seed=0, rows=4, width=12, vocab=200):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, width), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    mask[3, 5:] = 0
+    completion = torch.zeros_like(ids)
+    completion[:, 4:] = 1
+    return Batch(input_ids=ids, attention_mask=mask, completion_mask=completion * mask)
+
+
+def test_the_train_engines_chunked_outputs_equal_its_logits_path_values_and_gradients(tiny_model):
+    batch = make_batch()
+    ids = torch.randint(0, 200, (4, 12, 3), generator=torch.Generator().manual_seed(1))
+    results = {}
+    for chunked in (True, False):
+        engine = HFTrainEngine(str(tiny_model), chunked_lm_head=chunked, learning_rate=1e-3, max_grad_norm=0.0)
+        seen = {}
+
+        def loss_fn(outputs, micro):
+            logprobs, at, full = outputs.logprobs(), outputs.logprobs_at(ids), outputs.full_logprobs()
+            seen.update(logprobs=logprobs.detach(), at=at.detach(), full=full.detach(), kind=type(outputs).__name__,
+                        topk=outputs.topk(5))
+            loss = -(logprobs * micro["completion_mask"]).sum() + at.exp().sum() + (full.exp() * full).sum() * 0.1
+            return loss, {}
+
+        engine.train_step(batch, loss_fn, micro_batch_size=4, temperature=0.9)
+        results[chunked] = seen, {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+        results[chunked][0]["forward"] = engine.forward_logprobs(batch, 0.9)
+    (chunked, after), (plain, plain_after) = results[True], results[False]
+    assert (chunked["kind"], plain["kind"]) == ("HeadModelOutputs", "HFModelOutputs")
+    for key in ("logprobs", "at", "full", "forward"):
+        torch.testing.assert_close(chunked[key], plain[key], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(chunked["topk"].logprobs, plain["topk"].logprobs, atol=1e-5, rtol=1e-5)
+    assert torch.equal(chunked["topk"].ids, plain["topk"].ids)
+    for name, value in after.items():  # one AdamW step (lr 1e-3) from equal gradients: equal weights
+        torch.testing.assert_close(value, plain_after[name], atol=1e-6, rtol=1e-5)
+
+
+def test_a_forward_engines_projection_gives_its_logits(tiny_model):
+    batch = make_batch(2)
+    engine = HFTrainEngine(str(tiny_model), forward_only=True)
+    projection = engine.forward_projection(batch)
+    full = engine.forward_topk(batch, None, 1.0)
+    logits = projection.hidden @ projection.weight.T
+    valid = batch["attention_mask"].bool().clone()
+    valid[:, 0] = False
+    torch.testing.assert_close(torch.log_softmax(logits, -1)[valid], full[valid], atol=1e-5, rtol=1e-5)
+    assert not projection.hidden[~valid].any()  # row 0 and padding hold nothing, as a TopK's
+    assert HFTrainEngine(str(tiny_model), forward_only=True, chunked_lm_head=False).forward_projection(batch) is None
