@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcore import EngineSpec, build_engine, hookimpl
+from rlcore import EngineSpec, TrainOptions, build_engine, hookimpl
 
 from rlcore.testing import build_tiny_model
 
@@ -26,7 +26,7 @@ def make_train_engine(**options: Any) -> Any:
     """An `HFTrainEngine(**options)`; unknown options are a ConfigError naming the closest one."""
     from .train import HFTrainEngine
 
-    return _build(HFTrainEngine, "train", options)
+    return _build(HFTrainEngine, "train", options, TrainOptions.keys())
 
 
 def make_forward_engine(**options: Any) -> Any:

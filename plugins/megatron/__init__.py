@@ -32,7 +32,10 @@ def _engine_class() -> type:
 
 
 def _build(kind: str, options: dict[str, Any], known: tuple[str, ...] = (), **fixed: Any) -> Any:
-    return build_engine(_engine_class(), f"megatron {kind} engine", options, known, hidden=("forward_only",), **fixed)
+    from .support import MegatronOptions
+
+    known = known or tuple(k for k in MegatronOptions.keys() if k != "forward_only")
+    return build_engine(_engine_class(), f"megatron {kind} engine", options, known, **fixed)
 
 
 def make_train_engine(**options: Any) -> Any:

@@ -70,6 +70,7 @@ EXPECTED = [
     "train_options",
     "rollout_options",
     "OptimizerOptions",
+    "TrainOptions",
     "build_engine",
     "make_engine",
     "announce",
