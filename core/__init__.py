@@ -47,7 +47,7 @@ from .specs import (
     Slot,
 )
 from .trainer import PhaseTimer, Trainer
-from .workers import bind, function, worker, worker_rank
+from .workers import bind, function, worker, worker_plugins, worker_rank
 
 __version__ = "0.1.0"
 
@@ -128,5 +128,6 @@ __all__ = [
     "rollout_options",
     "train_options",
     "worker",
+    "worker_plugins",
     "worker_rank",
 ]

@@ -166,12 +166,8 @@ class RoleSession:
     @contextlib.contextmanager
     def start(self) -> Iterator[RoleSession]:
         """Allocate the plan (Ray), build every role's group in order, join the weight-sync groups, put
-        colocated generators to sleep; stop and release everything on the way out."""
-        from . import manager
-
-        previous = manager._plugins
-        if self.plugins is not None:
-            manager.use_plugins(self.plugins)  # workers resolve engines and names with the run's plugins
+        colocated generators to sleep; stop and release everything on the way out. The worker runtime the
+        roles run in is given the session's plugins: workers resolve engines and names with them."""
         try:
             with self._placement():
                 for role in self.setups:
@@ -185,8 +181,6 @@ class RoleSession:
         finally:
             self.groups.clear()
             self.asleep.clear()
-            if self.plugins is not None:
-                manager.use_plugins(previous)
 
     def __getitem__(self, role: str) -> Any:
         if role not in self.groups:
@@ -207,10 +201,14 @@ class RoleSession:
 
     @contextlib.contextmanager
     def _placement(self) -> Iterator[None]:
+        """The worker runtime the roles run in: in this process, or on the plan's placement groups."""
+        from . import workers
+
         if not self.use_ray:
-            yield
+            with workers.runtime(use_ray=False, plugins=self.plugins):
+                yield
             return
-        from . import cluster, workers
+        from . import cluster
         from .placement import allocate, release
 
         cluster.init(self.ray_address)
@@ -218,7 +216,7 @@ class RoleSession:
         try:
             meshes = {r: self.mesh(r) for r in self.setups}
             with workers.runtime({r: slots[r] for r in self.setups}, use_ray=True, meshes=meshes,
-                                 call_timeout=self.worker_timeout_s):
+                                 call_timeout=self.worker_timeout_s, plugins=self.plugins):
                 yield
         finally:
             release(slots)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcore import ConfigError, RlcoreError, function, worker
+from rlcore import ConfigError, RlcoreError, function, worker, worker_plugins
 
 
 def is_reward_function(name: str, plugins: Any) -> bool:
@@ -30,13 +30,12 @@ def scorer(kind: str, model: str, engine: str = "hf", device: str = "cpu", dtype
                 batch_size: int = 16, options: dict[str, Any] | None = None, strict: bool = False,
                 **engine_kwargs: Any) -> Any:
     """The scorer a `kind` ("orm" or "prm") worker runs, built where the worker runs."""
-    from rlcore.manager import plugins
-
+    plugins = worker_plugins()
     options = dict(options or {})
-    if kind == "orm" and is_reward_function(model, plugins()):
+    if kind == "orm" and is_reward_function(model, plugins):
         return FunctionScorer(model, options, strict)
     if engine != "hf" or kind == "orm":  # an ORM on hf: the rewards plugin's reward-model engine
-        factory = plugins().engines.get(engine, kind="reward").factory
+        factory = plugins.engines.get(engine, kind="reward").factory
         return factory(model_path=model, device=device, dtype=dtype, batch_size=batch_size, **options, **engine_kwargs)
     return PrmScorer(model, device=device, dtype=dtype, batch_size=batch_size, **options, **engine_kwargs)
 
@@ -65,11 +64,10 @@ class FunctionScorer:
     """A registered reward function (or `module:function`) as an ORM; None (a failed candidate) scores 0."""
 
     def __init__(self, name: str, options: dict[str, Any], strict: bool = False):
-        from rlcore.manager import plugins
         from rlcore.rewards import resolve_reward
 
         self.name, self.strict = name, strict
-        self.fn = resolve_reward(name, plugins(), options or None)
+        self.fn = resolve_reward(name, worker_plugins(), options or None)
 
     def score(self, prompts: list, completions: list, rows: list[dict[str, Any]],
               completion_ids: list[list[int]] | None = None) -> list[float]:

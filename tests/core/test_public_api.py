@@ -88,6 +88,7 @@ EXPECTED = [
     "load_prompts",
     "load_rows",
     "prompt_view",
+    "worker_plugins",
     "worker_rank",
 ]
 
