@@ -25,6 +25,7 @@ from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_yo
 from .manager import Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
 from .ms_swift import Translation, launch_options, translate
+from .plot import plot_metrics
 from .signals import leaving
 
 
@@ -240,8 +241,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from .plot import plot_metrics
-
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     print(plot_metrics(args.metrics, keys, args.output))
     return 0

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from .errors import RlcoreError
+from .errors import ConfigError, RlcoreError, did_you_mean
 
 if TYPE_CHECKING:
     import torch
@@ -68,8 +68,6 @@ class OptimizerOptions:
         base = dict(optimizer) if isinstance(optimizer, dict) else {} if optimizer is None else asdict(optimizer)
         unknown = sorted((set(base) | set(keys)) - set(cls.keys()))
         if unknown:
-            from .errors import ConfigError, did_you_mean
-
             raise ConfigError(
                 f"unknown engine option(s) {', '.join(unknown)}.{did_you_mean(unknown[0], cls.keys())} "
                 f"Optimizer options: {', '.join(cls.keys())}", [(key, "is not an engine option") for key in unknown])
@@ -139,8 +137,6 @@ class TrainOptions:
         own = {f.name for f in fields(cls)}
         unknown = sorted(set(base) - own)
         if unknown:
-            from .errors import ConfigError, did_you_mean
-
             raise ConfigError(
                 f"unknown engine option(s) {', '.join(unknown)}.{did_you_mean(unknown[0], cls.keys())} "
                 f"Options: {', '.join(cls.keys())}", [(key, "is not an engine option") for key in unknown])
@@ -173,8 +169,6 @@ def build_engine(cls: type, name: str, options: dict[str, Any], known: tuple[str
     parameters but `hidden`, where `**optimizer_keys` stands for the `OptimizerOptions` keys): an unknown
     option is a ConfigError naming the closest known one. `name` ("hf train engine") starts the message."""
     import inspect
-
-    from .errors import ConfigError, did_you_mean
 
     if not known:
         params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self" and p.name not in hidden]

@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any
 
+from .rendezvous import find_free_port
 from .workers import function, worker, worker_plugins, worker_rank
 
 
@@ -75,8 +76,6 @@ class TrainWorker:
     @function(dispatch="first")
     def weight_group_address(self) -> tuple[str, int]:
         """Where rank 0 hosts a broadcast group's store: its node's address and a free port."""
-        from .rendezvous import find_free_port
-
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")  # rank 0 is its group's master: this node
         return host, find_free_port(host)
 

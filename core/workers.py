@@ -36,15 +36,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import actors as _actors
-from . import manager
-from .actors import Handle, wait
+from . import cluster, manager
+from .actors import Handle, RemoteGroup, wait
 from .dispatch import Mesh, Mode, resolve
 from .errors import ConfigError, NotRegistered, RlcoreError
 from .specs import Slot
 from .transport import encode
 
 if TYPE_CHECKING:
-    from .actors import RemoteGroup
     from .manager import Plugins
 
 # Wrappers read the mode through modules (`_actors._actor`, `_here._runtime`), never as their own
@@ -303,15 +302,11 @@ class Runtime:
                 "invalid worker runtime: " + "; ".join(f"{k}: {m}" for k, m in problems), problems
             )
         if self.use_ray:
-            from . import cluster
-
             if not cluster.is_initialized():
                 raise RlcoreError("runtime(use_ray=True) needs a running Ray; call rlcore.cluster.init() first")
 
     def launch(self, cls: type, groups: list[str], args: tuple, kwargs: dict) -> dict[str, RemoteGroup]:
         """Start one actor per slot of each group and build the class in all of them."""
-        from .actors import RemoteGroup
-
         missing = [g for g in groups if g not in self.slots]
         if missing:
             raise ConfigError(
