@@ -346,19 +346,13 @@ class Runtime:
         self.stop()
 
 
-def runtime(
-    slots: dict[str, list[Slot]] | None = None,
-    use_ray: bool | None = None,
-    meshes: dict[str, Mesh] | None = None,
-    start_timeout: float = 120.0,
-    call_timeout: float | None = CALL_TIMEOUT,
-    plugins: Plugins | None = None,
-) -> Runtime:
-    """Start the process's worker runtime; `with runtime(slots, use_ray=True): ...` stops it on exit."""
+def runtime(slots: dict[str, list[Slot]] | None = None, use_ray: bool | None = None, **options: Any) -> Runtime:
+    """Start the process's worker runtime (`options`: the rest of `Runtime`'s: meshes, start_timeout,
+    call_timeout, plugins); `with runtime(slots, use_ray=True): ...` stops it on exit."""
     global _runtime
     if _runtime is not None:
         raise RlcoreError("a worker runtime is already running; stop it (runtime.stop()) before starting another")
-    _runtime = Runtime(slots, use_ray, meshes, start_timeout, call_timeout, plugins)
+    _runtime = Runtime(slots, use_ray, **options)
     return _runtime
 
 
