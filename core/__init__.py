@@ -10,7 +10,7 @@ from .config import (
 )
 from .data import PromptEncoder, PromptSampler, completion_text, load_prompts, load_rows, prompt_view
 from .engines import (
-    Generation, ModelOutputs, OptimizerOptions, RolloutEngine, SamplingParams, TopK, TrainEngine, build_engine,
+    Generation, ModelOutputs, OptimizerOptions, RolloutEngine, SamplingParams, TopK, TrainEngine, TrainOptions, build_engine,
 )
 from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed, did_you_mean
 from .hookspecs import hookimpl, hookspec
@@ -47,7 +47,7 @@ from .specs import (
     Slot,
 )
 from .trainer import PhaseTimer, Trainer
-from .workers import bind, function, worker, worker_rank
+from .workers import bind, function, worker, worker_plugins, worker_rank
 
 __version__ = "0.1.0"
 
@@ -98,6 +98,7 @@ __all__ = [
     "Slot",
     "TopK",
     "TrainEngine",
+    "TrainOptions",
     "TrainRoleConfig",
     "TrainWorker",
     "Trainer",
@@ -127,5 +128,6 @@ __all__ = [
     "rollout_options",
     "train_options",
     "worker",
+    "worker_plugins",
     "worker_rank",
 ]

@@ -22,11 +22,12 @@ from .rendezvous import find_free_port
 from .transport import decode, encode
 from .dispatch import Mesh
 from .errors import ResourceError, RlcoreError, RoleFailed
-from .manager import EXTRA_PLUGINS_ENV, plugins
+from .manager import EXTRA_PLUGINS_ENV
 from .specs import Slot
 from .watchdog import RayStuck, bounded
 
 if TYPE_CHECKING:
+    from .dispatch import Mode
     from .workers import FunctionSpec
 
 
@@ -51,11 +52,11 @@ _PENDING = object()
 class Handle:
     """The result of a `blocking=False` call: `.get(timeout)` waits for it and collects it."""
 
-    def __init__(self, group: RemoteGroup | None = None, spec: FunctionSpec | None = None,
-                 ranks: list[int] | None = None, refs: list[Any] | None = None, kept: set[int] | None = None,
-                 value: Any = _PENDING, error: BaseException | None = None):
-        self._group, self._spec, self._ranks, self._refs = group, spec, ranks or [], refs or []
-        self._kept, self._value, self._error = kept, value, error
+    def __init__(self, group: RemoteGroup | None = None, spec: FunctionSpec | None = None, mode: Mode | None = None,
+                 ranks: list[int] | None = None, refs: list[Any] | None = None, value: Any = _PENDING,
+                 error: BaseException | None = None):
+        self._group, self._spec, self._mode, self._ranks, self._refs = group, spec, mode, ranks or [], refs or []
+        self._value, self._error = value, error
         self._started = time.monotonic()
 
     def get(self, timeout: float | None = None) -> Any:
@@ -68,8 +69,7 @@ class Handle:
         if self._error is not None:
             raise self._error
         if self._value is _PENDING:
-            self._value = self._group.collect(self._spec, self._ranks, self._refs, timeout, self._kept,
-                                              self._started)
+            self._value = self._group.collect(self._spec, self._mode, self._ranks, self._refs, timeout, self._started)
         return self._value
 
 
@@ -181,8 +181,9 @@ class RemoteGroup:
             raise cluster.role_error(exc, role=role, rank=None, node="", pid=None, method="start") from exc
         return cls(role, actors, infos, mesh, call_timeout)
 
-    def setup(self, cls: type, args: tuple, kwargs: dict) -> list[Any]:
-        """Give every actor its group environment and build the instance (returns the pending refs)."""
+    def setup(self, cls: type, args: tuple, kwargs: dict, extra_plugins: tuple[str, ...] = ()) -> list[Any]:
+        """Give every actor its group environment and build the instance (returns the pending refs);
+        `extra_plugins`, the module and file plugins of the driver's run, are loaded there too."""
         master = self.infos[0]["ip"]
         asked = self._submit(lambda: [self.actors[0]._rlcore_free_port.remote(master)], "setup")
         port = self._get(asked, [0], "setup")[0]
@@ -195,26 +196,23 @@ class RemoteGroup:
                 "LOCAL_RANK": str(seen[info["node_id"]]), "LOCAL_WORLD_SIZE": str(per_node[info["node_id"]]),
                 "MASTER_ADDR": master, "MASTER_PORT": str(port),
                 # a user's own plugin files and modules: the worker resolves engines and names with them too
-                EXTRA_PLUGINS_ENV: os.pathsep.join(plugins().extra),
+                EXTRA_PLUGINS_ENV: os.pathsep.join(extra_plugins),
             }
             seen[info["node_id"]] += 1
             calls.append(functools.partial(actor._rlcore_setup.remote, cls, self.role, rank, env, args, kwargs))
         return self._submit(lambda: [call() for call in calls], "__init__")
 
-    def call(self, spec: FunctionSpec, args: tuple, kwargs: dict) -> Any:
-        """Split the arguments over the workers and call them; the collected result, or a Handle."""
+    def call(self, spec: FunctionSpec, mode: Mode, args: tuple, kwargs: dict) -> Any:
+        """Split the arguments over the workers as `mode` says and call them; the collected result, or a Handle."""
         if self.failure is not None:
             raise self.failure
         calls = self._calls.get(spec.name)
         if calls is None:
             calls = self._calls[spec.name] = [getattr(a, spec.name) for a in self.actors]
         n = len(calls)
-        if spec.execute == "first":
-            shards: list[Any] = [(args, kwargs)]
-        else:
-            shards = spec._split(n, args, kwargs, self.mesh)
-            if len(shards) != n:
-                raise RlcoreError(f"dispatch {spec.dispatch!r} returned {len(shards)} shards for {n} workers")
+        shards = mode.split(n, args, kwargs, self.mesh)
+        if len(shards) != n:
+            raise RlcoreError(f"dispatch '{mode.dispatch}' returned {len(shards)} shards for {n} workers")
         ranks = [r for r, s in enumerate(shards) if s is not None]
         uses = collections.Counter(id(shards[r]) for r in ranks)
 
@@ -230,17 +228,16 @@ class RemoteGroup:
             return refs
 
         refs = self._submit(submit, spec.name)
-        keep = getattr(spec._split, "collect_ranks", None) if spec.execute == "all" else None
-        kept = None if keep is None else set(keep(n, self.mesh))
-        handle = Handle(self, spec, ranks, refs, kept=kept)
+        handle = Handle(self, spec, mode, ranks, refs)
         return handle.get() if spec.blocking else handle
 
-    def collect(self, spec: FunctionSpec, ranks: list[int], refs: list[Any], timeout: float | None,
-                kept: set[int] | None = None, started: float | None = None) -> Any:
-        """Wait for the workers' results and collect them (only the `kept` ranks' results, when given);
+    def collect(self, spec: FunctionSpec, mode: Mode, ranks: list[int], refs: list[Any], timeout: float | None,
+                started: float | None = None) -> Any:
+        """Wait for the workers' results and collect them as `mode` says (only its kept ranks' results);
         `timeout` bounds this wait, the group's `call_timeout` from `started` the call (see Handle.get)."""
         values = self._get(refs, ranks, spec.name, started, timeout)
-        return spec._collect([decode(v) for r, v in zip(ranks, values) if kept is None or r in kept])
+        kept = mode.kept(len(self.actors), self.mesh)
+        return mode.collect([decode(v) for r, v in zip(ranks, values) if kept is None or r in kept])
 
     def wait(self, refs: list[Any], method: str) -> None:
         """Wait for every worker's call (`__init__` while starting); a failure raises RoleFailed."""

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -26,6 +25,8 @@ from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_yo
 from .manager import Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
 from .ms_swift import Translation, launch_options, translate
+from .plot import plot_metrics
+from .signals import leaving
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,33 +40,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         print("rlcore: interrupted", file=sys.stderr)
-        _leaving(130)
+        leaving(130)
         return 130
     except SystemExit as exc:
         if exc.code == signal.SIGTERM:  # Ray's own SIGTERM handler (`sys.exit(15)`), active while Ray starts
             print("rlcore: stopped by SIGTERM while starting; nothing was trained or saved", file=sys.stderr)
-            _leaving(128 + signal.SIGTERM)
+            leaving(128 + signal.SIGTERM)
             return 128 + signal.SIGTERM
         if exc.code == 128 + signal.SIGTERM:
-            _leaving(exc.code)
+            leaving(exc.code)
         raise
     except RlcoreError as exc:
         if os.environ.get("RLCORE_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
         print(f"rlcore: error: {exc}", file=sys.stderr)
         return exc.exit_code
-
-
-def _leaving(code: int) -> None:
-    """Stopped by a signal: what is left is the exit (the local Ray's shutdown at exit); it gets 15 s, and
-    another Ctrl-C or SIGTERM meanwhile ends it at once, with the same status (instead of a
-    KeyboardInterrupt in the interpreter's shutdown, which dies of SIGINT)."""
-    from .trainer import exit_deadline
-
-    exit_deadline(code, "stopping the local Ray took over 15 s after the signal")
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: os._exit(code))
 
 
 OWN_OPTIONS = {
@@ -252,8 +241,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from .plot import plot_metrics
-
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     print(plot_metrics(args.metrics, keys, args.output))
     return 0

@@ -29,7 +29,6 @@ import contextlib
 import ipaddress
 import json
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -38,7 +37,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import watchdog
+from . import signals, watchdog
 from .errors import RlcoreError, RoleFailed
 
 ADDRESS_ENV = "RLCORE_RAY_ADDRESS"
@@ -72,24 +71,20 @@ def init(
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     watchdog.reset()
     reap()
-    main = threading.current_thread() is threading.main_thread()
-    handler = signal.getsignal(signal.SIGTERM) if main else None  # ray.init replaces it
     try:
-        if address is None:
-            _start_local(num_cpus=num_cpus, num_gpus=num_gpus, namespace=namespace)
-        elif _is_loopback(address):  # a Ray on 127.0.0.1 (e.g. one rlcore started): Ray would use the host's address
-            with _loopback_kept():
+        with signals.ray_sigterm():  # ray.init replaces the SIGTERM handler
+            if address is None:
+                _start_local(num_cpus=num_cpus, num_gpus=num_gpus, namespace=namespace)
+            elif _is_loopback(address):  # a Ray on 127.0.0.1 (e.g. one rlcore started): Ray would use the host's address
+                with _loopback_kept():
+                    ray.init(address=address, namespace=namespace)
+            else:
                 ray.init(address=address, namespace=namespace)
-        else:
-            ray.init(address=address, namespace=namespace)
     except ConnectionError as exc:
         raise RlcoreError(
             f"cannot attach to the Ray cluster at '{address}': {exc}. Start it with `ray start --head`, "
             f"or leave the address (and {ADDRESS_ENV}) unset to start a local Ray."
         ) from exc
-    finally:
-        if main:
-            _handle_sigterm(handler)
     return ray.cluster_resources()
 
 
@@ -202,29 +197,12 @@ def _start_local(**options: Any) -> None:
 
 
 # -------------------------------------------------------------------------
-# teardown: SIGTERM, and what a SIGKILLed driver left
+# teardown: what a SIGKILLed driver left
 # -------------------------------------------------------------------------
 
 RECORDS = Path(tempfile.gettempdir()) / f"rlcore-ray-{os.getuid()}"
 _record_path: Path | None = None  # the record of the local Ray this process started
 _atexit_registered = False
-_previous_sigterm: Any = None
-
-
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _handle_sigterm(previous: Any) -> None:
-    """After ray.init (which sets a SIGTERM handler of its own, in Python and in C++): the program's own
-    handler back, or, where it had none, SIGTERM as SystemExit(143) so that `finally` blocks and atexit
-    (the local Ray's shutdown) run."""
-    global _previous_sigterm
-    if previous is signal.SIG_DFL:
-        _previous_sigterm = previous
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    elif previous is not None:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _record(node: Any) -> None:
@@ -370,17 +348,14 @@ SHUTDOWN_S = 5.0  # ray.shutdown() waits on the raylet; a stopped one would hold
 def shutdown() -> None:
     """Disconnect from Ray; a local Ray started here stops with it, to its last agent. Where Ray does not
     answer (`rlcore.watchdog`), the local Ray's processes are ended first, which ends Ray's wait on them."""
-    global _record_path, _previous_sigterm
+    global _record_path
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         _disconnect(ray)
     if _record_path is not None:
         end_local()
         _record_path = None
-    if _previous_sigterm is not None and threading.current_thread() is threading.main_thread():
-        if signal.getsignal(signal.SIGTERM) is _exit_on_sigterm:
-            signal.signal(signal.SIGTERM, _previous_sigterm)
-        _previous_sigterm = None
+    signals.restore_sigterm()
 
 
 def end_local() -> None:

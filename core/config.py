@@ -182,7 +182,7 @@ def load_config(
     problem is reported at once in one `ConfigError` whose `problems` lists `(dotted key path, message)`; an
     unknown key suggests the closest known one, or points to `rlcore config show --plugin ALGORITHM`.
     """
-    from .ms_swift import translate
+    from .ms_swift import translate  # here, not at the top: rlcore.ms_swift reads this module's key names
 
     data, problems, from_cli = read_config_data(path, overrides)
     translation = translate(data, model)

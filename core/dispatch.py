@@ -7,15 +7,18 @@ The built-ins (registered by the `builtins` plugin) follow ms-swift's RayHelper:
   contiguous near-equal shards, other arguments are passed to every worker; a worker whose shard is
   empty is not called;
 - dispatch `dp`: one shard per data-parallel rank, replicated over the tensor/pipeline ranks of that
-  shard (see `Mesh` for the rank order);
+  shard (see `Mesh` for the rank order); only the ranks that hold a shard's output are collected;
+- dispatch `first`: rank 0 alone, with the arguments whole; its result through collect `first`;
 - collect `none` (a list, one item per called worker), `flatten` (lists concatenated; tuples
   element-wise), `first`, `mean` (numbers, or dicts of numbers per key), `concat` (tensors along dim 0,
   `Batch.concat`).
 
-A user may also pass a callable: a dispatcher `(n, i, *args, **kwargs) -> (args, kwargs)` (ms-swift's
-form; return None to skip worker i) or a collector `(results) -> value`. Names are resolved through the
-process's plugins (`rlcore.manager.plugins()`), so a plugin's `rlcore_dispatchers` / `rlcore_collectors`
-work by name.
+A dispatch mode is one descriptor (`DispatcherSpec`, as verl's `register(dispatch_mode=...)` pairs a
+dispatch with its collect): its split, the collect it pairs with (used where `@function` names none) and the
+ranks whose results count (`collect_ranks`). A user may also pass a callable: a dispatcher
+`(n, i, *args, **kwargs) -> (args, kwargs)` (ms-swift's form; return None to skip worker i) or a collector
+`(results) -> value`. Names are resolved through the plugins the caller hands over (`resolve`), so a plugin's
+`rlcore_dispatchers` / `rlcore_collectors` work by name.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import numbers
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .batch import Batch
 from .errors import RlcoreError
-from .manager import plugins
 from .specs import CollectorSpec, DispatcherSpec
+
+if TYPE_CHECKING:
+    from .manager import Plugins
 
 Shard = tuple[tuple, dict]
 Split = Callable[[int, tuple, dict, "Mesh"], list]
@@ -133,7 +138,7 @@ def dispatch_slice(n: int, args: tuple, kwargs: dict, mesh: Mesh | None = None) 
 def dispatch_dp(n: int, args: tuple, kwargs: dict, mesh: Mesh | None = None) -> list[Shard | None]:
     """One shard per data-parallel rank, the same shard for every tensor/pipeline rank of it.
 
-    Only one result per shard is collected (see `collect_ranks`), so results match a run without Ray.
+    Only one result per shard is collected (the `dp` mode's `collect_ranks`), so results match a run without Ray.
     """
     mesh = mesh or Mesh(dp=n)
     if mesh.size != n:
@@ -145,14 +150,15 @@ def dispatch_dp(n: int, args: tuple, kwargs: dict, mesh: Mesh | None = None) -> 
     return [per_dp[mesh.dp_rank(rank)] for rank in range(n)]
 
 
-def _dp_collect_ranks(n: int, mesh: Mesh | None) -> list[int]:
+def dp_output_ranks(n: int, mesh: Mesh | None) -> list[int]:
     """Tensor rank 0 of the last pipeline stage of each data-parallel rank: the ranks that hold outputs."""
     mesh = mesh or Mesh(dp=n)
     return [r for r in range(n) if mesh.coords(r)[1:] == (mesh.pp - 1, 0)]
 
 
-# A split function may carry `collect_ranks(n, mesh)`: only those ranks' results are collected.
-dispatch_dp.collect_ranks = _dp_collect_ranks  # type: ignore[attr-defined]
+def dispatch_first(n: int, args: tuple, kwargs: dict, mesh: Mesh | None = None) -> list[Shard | None]:
+    """Rank 0 alone, with the arguments whole (a group's master: its address, its broadcast)."""
+    return [(args, kwargs)] + [None] * (n - 1)
 
 
 def from_callable(fn: Callable[..., Any]) -> Split:
@@ -245,7 +251,9 @@ def collect_concat(results: list[Any]) -> Any:
 DISPATCHERS = (
     DispatcherSpec("all", dispatch_all, "the same arguments to every worker"),
     DispatcherSpec("slice", dispatch_slice, "list-like arguments cut into contiguous near-equal shards"),
-    DispatcherSpec("dp", dispatch_dp, "one shard per data-parallel rank, replicated over TP/PP ranks"),
+    DispatcherSpec("dp", dispatch_dp, "one shard per data-parallel rank, replicated over TP/PP ranks; the results "
+                   "of the ranks holding outputs", collect_ranks=dp_output_ranks),
+    DispatcherSpec("first", dispatch_first, "rank 0 alone, the arguments whole; its result", collect="first"),
 )
 COLLECTORS = (
     CollectorSpec("none", collect_none, "a list, one result per called worker"),
@@ -261,23 +269,48 @@ COLLECTORS = (
 # -------------------------------------------------------------------------
 
 
-def resolve_dispatcher(dispatch: str | Callable[..., Any] | DispatcherSpec) -> Split:
-    """A split function for a registered name, a DispatcherSpec or an ms-swift style callable."""
+@dataclass(frozen=True)
+class Mode:
+    """One `@function`'s dispatch mode, resolved: how its arguments split, how its results are collected, and
+    which ranks' results count (None: every called rank)."""
+
+    dispatch: str  # the dispatcher's name, for messages
+    split: Split
+    collect: Collect
+    collect_ranks: Callable[[int, Mesh], list[int]] | None = None
+
+    def kept(self, n: int, mesh: Mesh) -> set[int] | None:
+        """The ranks of a group of `n` whose results are collected; None for all."""
+        return None if self.collect_ranks is None else set(self.collect_ranks(n, mesh))
+
+
+def resolve(dispatch: str | Callable[..., Any] | DispatcherSpec, collect: str | Collect | CollectorSpec | None,
+            plugins: Plugins) -> Mode:
+    """The mode of a call: `dispatch` (a registered name, a DispatcherSpec or an ms-swift style callable) and
+    `collect` (one of the same kinds; None: the collect the dispatcher pairs with, else `none`), names looked
+    up in `plugins`."""
+    spec = resolve_dispatcher(dispatch, plugins)
+    paired = collect if collect is not None else spec.collect if spec.collect is not None else "none"
+    return Mode(spec.name, spec.split, resolve_collector(paired, plugins), spec.collect_ranks)
+
+
+def resolve_dispatcher(dispatch: str | Callable[..., Any] | DispatcherSpec, plugins: Plugins) -> DispatcherSpec:
+    """The descriptor of a registered name, a DispatcherSpec as it is, or one for an ms-swift style callable."""
     if isinstance(dispatch, DispatcherSpec):
-        return dispatch.split
+        return dispatch
     if isinstance(dispatch, str):
-        return plugins().dispatchers.get(dispatch).split
+        return plugins.dispatchers.get(dispatch)
     if callable(dispatch):
-        return from_callable(dispatch)
+        return DispatcherSpec(getattr(dispatch, "__qualname__", repr(dispatch)), from_callable(dispatch))
     raise RlcoreError(f"dispatch must be a registered name or a callable, got {dispatch!r}")
 
 
-def resolve_collector(collect: str | Collect | CollectorSpec) -> Collect:
+def resolve_collector(collect: str | Collect | CollectorSpec, plugins: Plugins) -> Collect:
     """A collect function for a registered name, a CollectorSpec or a callable over the results."""
     if isinstance(collect, CollectorSpec):
         return collect.collect
     if isinstance(collect, str):
-        return plugins().collectors.get(collect).collect
+        return plugins.collectors.get(collect).collect
     if callable(collect):
         return collect
     raise RlcoreError(f"collect must be a registered name or a callable, got {collect!r}")

@@ -104,3 +104,16 @@ def check_temperature(temperature: float) -> None:
     """Reject a temperature the logits cannot be divided by (0, negative or NaN)."""
     if not temperature > 0:
         raise RlcoreError(f"temperature={temperature!r} must be > 0")
+
+
+def check_train_step(engine: str, forward_only: bool, micro_batch_size: int, temperature: float) -> None:
+    """What a train engine's `train_step` refuses before touching the batch: a forward-only engine (`engine`
+    names it, "hf"), a bad micro-batch size or temperature."""
+    if forward_only:
+        raise RlcoreError(
+            f"train_step on a forward-only {engine} engine (kind 'forward': a reference or teacher model, built "
+            "without optimizer); build the engine with kind 'train' to train it"
+        )
+    check_temperature(temperature)
+    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise RlcoreError(f"train_step: micro_batch_size={micro_batch_size!r} must be a positive int")

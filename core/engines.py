@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from .errors import RlcoreError
+from .errors import ConfigError, RlcoreError, did_you_mean
 
 if TYPE_CHECKING:
     import torch
@@ -68,8 +68,6 @@ class OptimizerOptions:
         base = dict(optimizer) if isinstance(optimizer, dict) else {} if optimizer is None else asdict(optimizer)
         unknown = sorted((set(base) | set(keys)) - set(cls.keys()))
         if unknown:
-            from .errors import ConfigError, did_you_mean
-
             raise ConfigError(
                 f"unknown engine option(s) {', '.join(unknown)}.{did_you_mean(unknown[0], cls.keys())} "
                 f"Optimizer options: {', '.join(cls.keys())}", [(key, "is not an engine option") for key in unknown])
@@ -97,14 +95,80 @@ class OptimizerOptions:
         return problems
 
 
+@dataclass(frozen=True)
+class TrainOptions:
+    """What every train engine takes (hf, megatron, a third-party one), named as TRL names it: the model, where
+    and how to run it, its optimizer (`OptimizerOptions`), LoRA and gradient checkpointing. An engine with keys
+    of its own subclasses it (megatron's parallel sizes), so a key added here reaches every engine.
+
+    `of(model, **keys)` builds one from flat keys (a role's options, `engine_kwargs`): the optimizer's
+    (`learning_rate=`) are folded into `optimizer`. `forward_only` builds the engine without optimizer.
+    """
+
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
+    gradient_checkpointing: bool = False
+    lora_rank: int = 0
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: str | list[str] = "all-linear"
+    logprob_micro_batch_size: int = 16
+    seed: int = 42
+    dist_timeout_s: float = 600.0
+    forward_only: bool = False
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """Every key `of` takes: the fields, and the optimizer's keys flat."""
+        return tuple(f.name for f in fields(cls)) + OptimizerOptions.keys()
+
+    @classmethod
+    def of(cls, options: TrainOptions | str | None = None, **keys: Any) -> Any:
+        """`options` (an object of this class, or the model) with `keys` winning; an unknown key is a
+        ConfigError naming the closest known one."""
+        if isinstance(options, TrainOptions):
+            base = {f.name: getattr(options, f.name) for f in fields(options)}
+        else:
+            base = {} if options is None else {"model": options}
+        base.update(keys)
+        flat = {key: base.pop(key) for key in OptimizerOptions.keys() if key in base}
+        own = {f.name for f in fields(cls)}
+        unknown = sorted(set(base) - own)
+        if unknown:
+            raise ConfigError(
+                f"unknown engine option(s) {', '.join(unknown)}.{did_you_mean(unknown[0], cls.keys())} "
+                f"Options: {', '.join(cls.keys())}", [(key, "is not an engine option") for key in unknown])
+        base["optimizer"] = OptimizerOptions.of(base.get("optimizer"), **flat)
+        return cls(**base)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, message) for every bad option (the optimizer's first), found before any weight is read."""
+        problems = self.optimizer.problems()
+
+        def need(ok: bool, key: str, rule: str) -> None:
+            if not ok:
+                problems.append((key, f"{key}={getattr(self, key)!r} {rule}"))
+
+        need(isinstance(self.lora_rank, int) and self.lora_rank >= 0, "lora_rank", "must be an int >= 0 (0: no LoRA)")
+        need(self.lora_alpha > 0, "lora_alpha", "must be > 0")
+        need(0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
+        need(isinstance(self.logprob_micro_batch_size, int) and self.logprob_micro_batch_size >= 1,
+             "logprob_micro_batch_size", "must be a positive int")
+        need(self.dist_timeout_s > 0, "dist_timeout_s", "must be > 0")
+        if self.forward_only:
+            need(self.lora_rank == 0, "lora_rank", "must be 0 for a forward-only engine (nothing is trained)")
+            need(not self.gradient_checkpointing, "gradient_checkpointing", "must be False for a forward-only engine")
+        return problems
+
+
 def build_engine(cls: type, name: str, options: dict[str, Any], known: tuple[str, ...] = (),
                  hidden: tuple[str, ...] = (), **fixed: Any) -> Any:
     """`cls(**options, **fixed)` after checking `options` against what it takes (`known`, or its constructor's
     parameters but `hidden`, where `**optimizer_keys` stands for the `OptimizerOptions` keys): an unknown
     option is a ConfigError naming the closest known one. `name` ("hf train engine") starts the message."""
     import inspect
-
-    from .errors import ConfigError, did_you_mean
 
     if not known:
         params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self" and p.name not in hidden]

@@ -49,13 +49,14 @@ def rlcore_roles() -> Iterable[RoleSpec]:
 
 @hookspec
 def rlcore_dispatchers() -> Iterable[DispatcherSpec]:
-    """Yield ways to split one call's arguments over a group's workers (``dispatch=`` names them).
+    """Yield dispatch modes: how one call's arguments split over a group's workers (``dispatch=`` names
+    them), with the collect the mode pairs with and the ranks whose results count, where it needs them.
 
     .. code-block:: python
 
         @hookimpl
         def rlcore_dispatchers():
-            yield DispatcherSpec("first_half", split=lambda n, args, kwargs, mesh: ...)
+            yield DispatcherSpec("first_half", split=lambda n, args, kwargs, mesh: ..., collect="flatten")
     """
 
 

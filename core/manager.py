@@ -7,9 +7,10 @@ import is reported by name and skipped, unless RLCORE_STRICT_PLUGINS=1 makes tha
 for the run (RLCORE_PLUGINS, `extra`) may register a name an installed one has: its own replaces that
 one for the run (`Plugins.replaced` says so); two installed plugins sharing a name are an error.
 
-`plugins()` is the process's own set, loaded on first use, with which workers resolve engines,
-dispatchers and collectors by name; a driver hands it over with `use_plugins`, and its worker processes
-load the same module and file plugins through RLCORE_EXTRA_PLUGINS.
+`plugins()` is the process's own set, loaded on first use. Workers resolve engines, dispatchers and
+collectors by name with the plugins their worker runtime was given (`rlcore.worker_plugins()`: a
+`RoleSession` gives its run's), else with this set; a Ray actor's own set loads the module and file
+plugins of its driver's run, which the runtime hands over through RLCORE_EXTRA_PLUGINS.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .config import _names_and_aliases
+from .data import dataset_file
 from .resources import parse_ranks
 
 ALGORITHMS = {"grpo": "grpo", "gkd": "gkd"}  # rlhf_type -> rlcore algorithm
@@ -74,8 +76,6 @@ def _section_model(model: type[BaseModel], name: str) -> type[BaseModel] | None:
 
 
 def _names(model: type[BaseModel] | None) -> set[str]:
-    from .config import _names_and_aliases
-
     return _names_and_aliases(model) if model is not None else set()
 
 
@@ -279,8 +279,6 @@ class _Translator:
 
     def rows(self) -> int | None:
         """The rows the dataset has, where its spelling says (`FILE#N`)."""
-        from .data import dataset_file
-
         sets = _as_list(self.data.get("dataset"))
         counts = [dataset_file(d)[1] for d in sets if isinstance(d, str)]
         return sum(counts) if counts and None not in counts else None

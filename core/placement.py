@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from . import cluster, watchdog
 from .errors import ConfigError, ResourceError
 from .resources import ResourcePlan
 from .specs import PlacementRequest, Slot
@@ -219,8 +220,6 @@ def release_groups(groups: list[Any]) -> None:
     """Remove placement groups (ignoring ones already gone). With the cluster's GCS gone (killed, or out of
     memory) there is nothing to remove them from: a warning, instead of Ray's 60 s wait and exit."""
     from ray.util.placement_group import remove_placement_group
-
-    from . import cluster, watchdog
 
     if groups and watchdog.stuck() is not None:
         print(f"rlcore: warning: Ray does not answer; {len(groups)} placement group(s) not removed (they end with "

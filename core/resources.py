@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import ConfigError, NotRegistered, did_you_mean
+from .manager import load_plugins
 from .specs import PlacementRequest
 
 Device = Literal["GPU", "CPU"]
@@ -155,8 +156,6 @@ def plan_from_config(
     Raises ConfigError with every problem found, each with its key path.
     """
     if plugins is None:
-        from .manager import load_plugins
-
         plugins = load_plugins()
     cfg = _as_dict(config)
     problems: list[tuple[str, str]] = []

@@ -17,16 +17,16 @@ import os
 import time
 from typing import Any
 
-from .workers import function, worker, worker_rank
+from .rendezvous import find_free_port
+from .workers import function, worker, worker_plugins, worker_rank
 
 
 def make_engine(kind: str, engine: Any, options: dict[str, Any]) -> Any:
-    """Build the engine `engine` (a registered name of `kind`, or a factory) in this process."""
+    """Build the engine `engine` (a factory, or a name registered for `kind` in the plugins the worker
+    runtime gives: `rlcore.worker_plugins()`) in this process."""
     if callable(engine):
         return engine(**options)
-    from .manager import plugins
-
-    return plugins().engines.get(engine, kind=kind).factory(**options)
+    return worker_plugins().engines.get(engine, kind=kind).factory(**options)
 
 
 @worker(group="train")
@@ -73,15 +73,13 @@ class TrainWorker:
         buckets = list(self.engine.export_weights(bucket_bytes))
         return buckets if worker_rank() == 0 else []
 
-    @function(execute="first", collect="first")
+    @function(dispatch="first")
     def weight_group_address(self) -> tuple[str, int]:
         """Where rank 0 hosts a broadcast group's store: its node's address and a free port."""
-        from .rendezvous import find_free_port
-
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")  # rank 0 is its group's master: this node
         return host, find_free_port(host)
 
-    @function(execute="first", collect="first", blocking=False)
+    @function(dispatch="first", blocking=False)
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> None:
         from .weight_sync import BroadcastGroup
 
@@ -160,7 +158,7 @@ class GenerateWorker:
         """`generate` that returns a handle at once, so the next round generates while this one trains."""
         return self.engine.generate(prompts, params)
 
-    @function(execute="first", collect="first")
+    @function(dispatch="first")
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> Any:
         return self.engine.prompt_topk_logprobs(sequences, k)
 

@@ -26,9 +26,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import cluster, workers
+from .actors import wait
 from .dispatch import Mesh
 from .errors import ConfigError
+from .placement import allocate, release
 from .resources import ResourcePlan
+from .workers import bind
 
 TRANSPORTS = ("auto", "in_process", "object_store", "nccl", "gloo", "cuda_ipc")
 
@@ -166,12 +170,8 @@ class RoleSession:
     @contextlib.contextmanager
     def start(self) -> Iterator[RoleSession]:
         """Allocate the plan (Ray), build every role's group in order, join the weight-sync groups, put
-        colocated generators to sleep; stop and release everything on the way out."""
-        from . import manager
-
-        previous = manager._plugins
-        if self.plugins is not None:
-            manager.use_plugins(self.plugins)  # workers resolve engines and names with the run's plugins
+        colocated generators to sleep; stop and release everything on the way out. The worker runtime the
+        roles run in is given the session's plugins: workers resolve engines and names with them."""
         try:
             with self._placement():
                 for role in self.setups:
@@ -185,8 +185,6 @@ class RoleSession:
         finally:
             self.groups.clear()
             self.asleep.clear()
-            if self.plugins is not None:
-                manager.use_plugins(previous)
 
     def __getitem__(self, role: str) -> Any:
         if role not in self.groups:
@@ -197,8 +195,6 @@ class RoleSession:
         return self.groups.get(role)
 
     def _build(self, role: str) -> Any:
-        from .workers import bind
-
         setup = self.setups[role]
         options = dict(setup.options)
         options.setdefault("device", self.device(role))
@@ -207,18 +203,17 @@ class RoleSession:
 
     @contextlib.contextmanager
     def _placement(self) -> Iterator[None]:
+        """The worker runtime the roles run in: in this process, or on the plan's placement groups."""
         if not self.use_ray:
-            yield
+            with workers.runtime(use_ray=False, plugins=self.plugins):
+                yield
             return
-        from . import cluster, workers
-        from .placement import allocate, release
-
         cluster.init(self.ray_address)
         slots = allocate(self.plan, timeout_s=self.placement_timeout_s)
         try:
             meshes = {r: self.mesh(r) for r in self.setups}
             with workers.runtime({r: slots[r] for r in self.setups}, use_ray=True, meshes=meshes,
-                                 call_timeout=self.worker_timeout_s):
+                                 call_timeout=self.worker_timeout_s, plugins=self.plugins):
                 yield
         finally:
             release(slots)
@@ -272,8 +267,6 @@ class RoleSession:
     def _connect(self, src: str, dst: str) -> None:
         transport = self.transports[(src, dst)] = self.transport(src, dst)
         if transport in ("nccl", "gloo"):
-            from .actors import wait
-
             sender, receiver = self[src], self[dst]
             host, port = sender.weight_group_address()
             world_size = 1 + sum(receiver.weight_receivers())
@@ -302,8 +295,6 @@ class RoleSession:
         transport = self.transports.get((src, dst)) or self.transport(src, dst)
         sender, receiver = self[src], self[dst]
         if transport in ("nccl", "gloo"):  # the receive queues behind a generation still in flight
-            from .actors import wait
-
             sent, received = wait([sender.send_weights(bucket_bytes), receiver.receive_weights()])
             nbytes = sent["weight_sync/bytes"]
             receivers = [stats for stats in (received if isinstance(received, list) else [received]) if stats]
@@ -328,8 +319,6 @@ class RoleSession:
         """Bucket by bucket: every sender rank packs a bucket into one of its two kept buffers and hands out
         its handle; each receiving process loads from the sender on its GPU. Returns the bytes per receiver
         and the seconds of packing (the slowest sender's, bucket by bucket) and loading (the slowest receiver's)."""
-        from .actors import wait
-
         sender, receiver, sources = self[src], self[dst], self.ipc_sources[(src, dst)]
         nbytes, pack_s, load_s = 0, 0.0, 0.0
         payloads = sender.next_ipc_bucket(bucket_bytes).get()

@@ -24,15 +24,21 @@ class RoleSpec:
 
 @dataclass(frozen=True)
 class DispatcherSpec:
-    """How one call's arguments are split over a group's `n` workers.
+    """A dispatch mode: how one call's arguments are split over a group's `n` workers, and how the results
+    come back where the split needs a particular collect.
 
     `split(n, args, kwargs, mesh)` returns one `(args, kwargs)` per worker, or None for a worker that
     gets nothing (an empty shard). `mesh` describes the group's parallel layout (see `rlcore.dispatch`).
+    `collect` is the collector the mode pairs with (a registered name or a callable; `@function(collect=...)`
+    overrides it; None: `none`). `collect_ranks(n, mesh)`, where given, names the ranks whose results are
+    collected (`dp`: one per data-parallel shard), the others' are dropped.
     """
 
     name: str
     split: Callable[..., list[tuple[tuple, dict] | None]]
     description: str = ""
+    collect: str | Callable[[list[Any]], Any] | None = None
+    collect_ranks: Callable[..., list[int]] | None = None
 
 
 @dataclass(frozen=True)

@@ -15,20 +15,17 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-import os
-import signal
 import sys
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import watchdog
 from .checkpoint import RunLock, check_output_dir, checkpoints, load_state, resolve_resume, save_checkpoint
 from .errors import ConfigError, RlcoreError
 from .metrics import MetricsWriter
+from .signals import StopOnSignal
 
 if TYPE_CHECKING:
     from .manager import Plugins
@@ -171,7 +168,7 @@ class Trainer:
         stops at once. `output_dir` is locked for the run's life.
         """
         save_steps = self.save_steps
-        with self._locked(), _Deferred() as stop, self.start():
+        with self._locked(), StopOnSignal() as stop, self.start():
             stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
             self.restore()
             self.on_start()
@@ -341,98 +338,3 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Event | None = None) -> threading.Event:
-    """End the process with `code` if it is still here `grace_s` seconds from now, saying `why`, unless
-    `done` (returned) is set first; the local Ray it started ends first. For a process that is leaving
-    anyway: a signal was honoured."""
-    done = done or threading.Event()
-
-    def deadline() -> None:
-        if not done.wait(grace_s):
-            print(f"rlcore: {why}; exiting", file=sys.stderr, flush=True)
-            if "rlcore.cluster" in sys.modules:  # its processes would outlive an os._exit
-                sys.modules["rlcore.cluster"].end_local()
-            os._exit(code)
-
-    threading.Thread(target=deadline, daemon=True, name="rlcore-exit-deadline").start()
-    return done
-
-
-class _Deferred:
-    """SIGINT and SIGTERM while the loop runs: the first is noted (the loop stops after its step; Ray's own
-    work gets `watchdog.STOP_GRACE_S`), a second one interrupts at once, and the process ends within the exit
-    deadline whatever the teardown waits on. Outside the main thread, signals are left as they are."""
-
-    EXIT = {signal.SIGINT: None, signal.SIGTERM: 143}  # None: KeyboardInterrupt (the CLI exits 130)
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self._previous: dict[int, Any] = {}
-        self._done = threading.Event()  # set when the `with` block is left: the exit deadline is off
-        self._held: Callable[[], str] | None = None  # what the output_dir holds, once the loop runs (`failing`)
-
-    def __enter__(self) -> _Deferred:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.EXIT:
-                self._previous[sig] = signal.signal(sig, self._note)
-        return self
-
-    def arm(self) -> None:
-        """Take the signals back from whoever set handlers since (the previous ones are restored on exit)."""
-        for sig in self._previous:
-            signal.signal(sig, self._note)
-
-    def _note(self, sig: int, frame: Any) -> None:
-        if self.signal is not None:  # the second one: stop now
-            name = signal.Signals(sig).name
-            held = f"; {self._held()}" if self._held is not None else ""
-            print(f"\nrlcore: stopped by a second {name}, at once{held}", file=sys.stderr, flush=True)
-            code = 130 if self.EXIT[sig] is None else self.EXIT[sig]
-            exit_deadline(code, f"shutting the roles down took over 15 s after a second {name}", done=self._done)
-            self._raise(sig)
-        self.signal = sig
-        watchdog.stopping()
-        print(f"\nrlcore: {signal.Signals(sig).name}: finishing this step, then saving a checkpoint "
-              f"(again to stop at once)", file=sys.stderr, flush=True)
-
-    def _raise(self, sig: int) -> None:
-        if self.EXIT[sig] is None:
-            raise KeyboardInterrupt
-        raise SystemExit(self.EXIT[sig])
-
-    @contextlib.contextmanager
-    def failing(self, held: Callable[[], str], grace_s: float = 15.0) -> Iterator[None]:
-        """A step (or save) that fails after the signal failed because of it, most likely: a scheduler
-        signals every process of a job, the roles' workers and Ray's own too. The run then stops as the
-        signal asked (SystemExit 143 / KeyboardInterrupt), saying so, why, and what `held()` says the
-        output_dir holds; the teardown of roles whose processes are gone gets `grace_s` seconds."""
-        self._held = held
-        try:
-            yield
-        except Exception as exc:
-            if self.signal is None:
-                raise
-            why = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-            try:
-                self.exit(f"during a step that then failed ({why[:200]}); {held()}", grace_s)
-            except BaseException as stop:
-                raise stop from exc
-
-    def exit(self, message: str, grace_s: float = 15.0) -> None:
-        """Say where the run stopped, then leave; the checkpoint is on disk, so a teardown of the roles that
-        hangs (a scheduler's SIGTERM reached Ray's own processes too) ends the process after `grace_s`.
-        The deadline ends with the teardown (`__exit__`): a caller that catches the exception lives on."""
-        name = signal.Signals(self.signal).name
-        print(f"rlcore: stopped by {name} {message}", file=sys.stderr, flush=True)
-        code = 130 if self.EXIT[self.signal] is None else self.EXIT[self.signal]
-        exit_deadline(code, f"shutting the roles down took over {grace_s:.0f} s after {name}", grace_s, self._done)
-        self._raise(self.signal)
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        watchdog.stopping(False)
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()

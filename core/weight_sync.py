@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .rendezvous import tcp_store
+from .batch import Batch
 from .errors import ConfigError, RlcoreError
+from .rendezvous import tcp_store
 
 if TYPE_CHECKING:
     from .engines import NamedTensors, RolloutEngine, TrainEngine
@@ -534,8 +535,6 @@ def check_weight_sync(
     embedding or a bucket that never arrived shows up as differences of whole units, far above bf16's (a few hundredths to tenths).
     Values are compared sorted, so near-ties that swap order in bf16 do not count as mismatches.
     """
-    from .batch import Batch
-
     if len(sequence) < 2:
         raise ConfigError(f"check_weight_sync needs a sequence of at least 2 tokens, got {len(sequence)}")
     ids = torch.tensor([sequence], dtype=torch.long)

@@ -1,9 +1,9 @@
-"""Roles as decorated classes: `@worker(group=...)` and `@function(group, dispatch, execute, collect)`.
+"""Roles as decorated classes: `@worker(group=...)` and `@function(group, dispatch, collect)`.
 
 The semantics are ms-swift's RayHelper. The same class runs three ways:
 
 - no runtime, or `runtime(use_ray=False)`: each group is one in-process worker. The class is built
-  normally and a `@function` call still goes through dispatch, execute and collect with one worker, so
+  normally and a `@function` call still goes through dispatch and collect with one worker, so
   results keep their Ray shapes (`collect="none"` gives a list of one).
 - `runtime(slots, use_ray=True)` on the driver: building the class starts, for each of its groups, one
   actor per `Slot` of that role, each holding a real instance built with the same arguments. The driver
@@ -32,24 +32,26 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import actors as _actors
-from .actors import Handle, wait
-from .dispatch import Collect, Mesh, Split, resolve_collector, resolve_dispatcher
+from . import cluster, manager
+from .actors import Handle, RemoteGroup, wait
+from .dispatch import Mesh, Mode, resolve
 from .errors import ConfigError, NotRegistered, RlcoreError
 from .specs import Slot
 from .transport import encode
 
 if TYPE_CHECKING:
-    from .actors import RemoteGroup
+    from .manager import Plugins
 
 # Wrappers read the mode through modules (`_actors._actor`, `_here._runtime`), never as their own
 # globals: cloudpickle copies a wrapper of a class defined in __main__ by value, globals included.
 _here = sys.modules[__name__]
 _REMOTE = "_rlcore_remote"  # instance attribute on the driver: {group: RemoteGroup}
 _CONSTRUCTING = "_rlcore_constructing"  # instance attribute: True while __init__ runs
+_MODES = "_rlcore_modes"  # instance attribute on the driver: {function name: its resolved dispatch Mode}
 _BINDINGS = "__rlcore_bindings__"  # class attribute set by @worker: {function name: the group serving it}
 EXECUTE = ("all", "first")
 
@@ -59,53 +61,54 @@ EXECUTE = ("all", "first")
 # -------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class FunctionSpec:
-    """What `@function` recorded about one method; the named dispatcher/collector resolve on first use."""
+    """What `@function` recorded about one method: its group, its dispatch mode and collect (names resolve
+    with the plugins of the runtime the worker runs in, when its group is made), and whether it blocks."""
 
     name: str
-    group: str
+    group: str | None
     dispatch: Any
-    execute: str
-    collect: Any
+    collect: Any  # None: the collect the dispatch mode pairs with
     blocking: bool
-    _split: Split | None = field(default=None, repr=False)
-    _collect: Collect | None = field(default=None, repr=False)
 
-    def resolve(self, owner: str = "") -> None:
-        """Look up the named dispatcher and collector (once; later calls do nothing). An unknown name is
-        an error naming `owner.function()` and the known names."""
-        if self._split is None:
-            try:
-                split, collect = resolve_dispatcher(self.dispatch), resolve_collector(self.collect)
-            except NotRegistered as exc:
-                raise NotRegistered(f"{owner}.{self.name}(): {exc}" if owner else str(exc)) from None
-            self._split, self._collect = split, collect
+    def mode(self, plugins: Plugins, owner: str = "") -> Mode:
+        """The resolved dispatch mode; an unknown name is an error naming `owner.function()` and the known names."""
+        try:
+            return resolve(self.dispatch, self.collect, plugins)
+        except NotRegistered as exc:
+            raise NotRegistered(f"{owner}.{self.name}(): {exc}" if owner else str(exc)) from None
 
 
 def function(
     group: str | None = None,
     dispatch: str | Callable[..., Any] = "all",
     execute: str = "all",
-    collect: str | Callable[[list[Any]], Any] = "none",
+    collect: str | Callable[[list[Any]], Any] | None = None,
     blocking: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark a method as served by `group`'s workers; see the module docstring for the three modes.
 
     `group=None` means the role the class serves, bound by `@worker` or `bind` (a class of one role).
-    `execute="first"` calls rank 0 only, with the arguments unsplit. `blocking=False` returns a
-    `Handle`; its `.get()` waits for the collected result.
+    `dispatch` names the dispatch mode, `collect` the collector (None: the one the mode pairs with, else
+    `none`); `dispatch="first"` calls rank 0 only, with the arguments whole (`execute="first"`, ms-swift's
+    spelling, says the same). `blocking=False` returns a `Handle`; its `.get()` waits for the collected result.
     """
     if group is not None and (not isinstance(group, str) or not group):
         raise ConfigError(f"@function(group=...) must be a non-empty string or None, got {group!r}")
     if execute not in EXECUTE:
         raise ConfigError(f"@function(execute={execute!r}) is not supported; use 'all' or 'first'")
+    if execute == "first":
+        if dispatch not in ("all", "first"):
+            raise ConfigError(f"@function(execute='first') is dispatch 'first' (rank 0, the arguments whole); "
+                              f"it cannot also dispatch {dispatch!r}")
+        dispatch = "first"
     for key, value in (("dispatch", dispatch), ("collect", collect)):
-        if not (isinstance(value, str) or callable(value)):
+        if not (isinstance(value, str) or callable(value) or (key == "collect" and value is None)):
             raise ConfigError(f"@function({key}=...) must be a registered name or a callable, got {value!r}")
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        spec = FunctionSpec(func.__name__, group, dispatch, execute, collect, bool(blocking))
+        spec = FunctionSpec(func.__name__, group, dispatch, collect, bool(blocking))
 
         @functools.wraps(func)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -115,7 +118,7 @@ def function(
             if remote is not None:  # the driver, with Ray
                 if state.get(_CONSTRUCTING):
                     return None
-                return remote[group].call(spec, args, kwargs)
+                return remote[group].call(spec, _mode(self, spec), args, kwargs)
             actor = _actors._actor
             if actor is not None:  # inside an actor
                 if group == actor.group:
@@ -126,7 +129,7 @@ def function(
                     f"{type(self).__name__}.{spec.name}() belongs to group '{group}' but was called inside "
                     f"a worker of group '{actor.group}' (rank {actor.rank}); call it from the driver"
                 )
-            return _call_local(self, func, spec, args, kwargs)
+            return _call_local(self, func, spec, _mode(self, spec), args, kwargs)
 
         wrapper.__rlcore_function__ = spec  # type: ignore[attr-defined]
         return wrapper
@@ -181,8 +184,8 @@ def worker(group: str | list[str]) -> Callable[[type], type]:
             state = self.__dict__
             outer = not state.get(_CONSTRUCTING)
             if outer and _actors._actor is None:
-                for spec in specs:  # a misspelled name fails here, when the group is made, not at a call
-                    spec.resolve(cls.__name__)
+                plugins = worker_plugins()  # a misspelled name fails here, when the group is made, not at a call
+                state[_MODES] = {spec.name: spec.mode(plugins, cls.__name__) for spec in specs}
                 rt = _here._runtime
                 if rt is not None and rt.use_ray and _REMOTE not in state:
                     state[_REMOTE] = rt.launch(type(self), groups, args, kwargs)
@@ -214,12 +217,20 @@ def bind(cls: type, role: str) -> type:
     return worker(group=role)(type(cls.__name__, (cls,), namespace))
 
 
-def _call_local(instance: Any, func: Callable[..., Any], spec: FunctionSpec, args: tuple, kwargs: dict) -> Any:
-    """One in-process worker: the same dispatch/execute/collect path as under Ray, with n=1."""
-    spec.resolve()
-    shards = [(args, kwargs)] if spec.execute == "first" else spec._split(1, args, kwargs, Mesh())
+def _mode(instance: Any, spec: FunctionSpec) -> Mode:
+    """`spec`'s mode as the instance's group resolved it (one outside a @worker class: now)."""
+    modes = instance.__dict__.setdefault(_MODES, {})
+    if spec.name not in modes:
+        modes[spec.name] = spec.mode(worker_plugins(), type(instance).__name__)
+    return modes[spec.name]
+
+
+def _call_local(instance: Any, func: Callable[..., Any], spec: FunctionSpec, mode: Mode, args: tuple,
+                kwargs: dict) -> Any:
+    """One in-process worker: the same dispatch/collect path as under Ray, with n=1."""
+    shards = mode.split(1, args, kwargs, Mesh())  # one worker: every mode's kept ranks are rank 0
     try:
-        value, error = spec._collect([func(instance, *s[0], **s[1]) for s in shards if s is not None]), None
+        value, error = mode.collect([func(instance, *s[0], **s[1]) for s in shards if s is not None]), None
     except Exception as exc:  # raised by get(), as under Ray
         if spec.blocking:
             raise
@@ -241,8 +252,10 @@ class Runtime:
     `slots` maps a role (group) to one Slot per worker, ranks 0..n-1 (what `rlcore.placement.allocate`
     returns). `meshes` gives a group's parallel layout for `dispatch="dp"` (default: all data-parallel).
     `call_timeout` is how long a group call may go without a result before its group counts as hung
-    (RoleFailed naming the ranks that did not answer, and the group stops; None: no limit). Use it as a
-    context manager, or call `stop()`: the actors it started are killed.
+    (RoleFailed naming the ranks that did not answer, and the group stops; None: no limit). `plugins` are
+    the ones the workers it builds resolve engines, dispatchers and collectors with (`worker_plugins`), in
+    this process and, by the module and file plugins they name, in its actors (None: the process's own).
+    Use it as a context manager, or call `stop()`: the actors it started are killed.
     """
 
     def __init__(
@@ -252,7 +265,9 @@ class Runtime:
         meshes: dict[str, Mesh] | None = None,
         start_timeout: float = 120.0,
         call_timeout: float | None = CALL_TIMEOUT,
+        plugins: Plugins | None = None,
     ):
+        self.plugins = plugins
         self.use_ray = bool(slots) if use_ray is None else bool(use_ray)
         self.slots = dict(slots or {})
         self.meshes = dict(meshes or {})
@@ -287,15 +302,11 @@ class Runtime:
                 "invalid worker runtime: " + "; ".join(f"{k}: {m}" for k, m in problems), problems
             )
         if self.use_ray:
-            from . import cluster
-
             if not cluster.is_initialized():
                 raise RlcoreError("runtime(use_ray=True) needs a running Ray; call rlcore.cluster.init() first")
 
     def launch(self, cls: type, groups: list[str], args: tuple, kwargs: dict) -> dict[str, RemoteGroup]:
         """Start one actor per slot of each group and build the class in all of them."""
-        from .actors import RemoteGroup
-
         missing = [g for g in groups if g not in self.slots]
         if missing:
             raise ConfigError(
@@ -308,7 +319,8 @@ class Runtime:
                 mesh = self.meshes.get(g) or Mesh(dp=len(self.slots[g]))
                 started[g] = RemoteGroup.start(cls, g, self.slots[g], mesh, self.start_timeout, self.call_timeout)
             shared_args, shared_kwargs = encode(args, True), encode(kwargs, True)
-            pending = [(g, g.setup(cls, shared_args, shared_kwargs)) for g in started.values()]
+            extra = (self.plugins or manager.plugins()).extra  # the actors load the same module and file plugins
+            pending = [(g, g.setup(cls, shared_args, shared_kwargs, extra)) for g in started.values()]
             for g, refs in pending:
                 g.wait(refs, "__init__")
         except BaseException:
@@ -334,18 +346,13 @@ class Runtime:
         self.stop()
 
 
-def runtime(
-    slots: dict[str, list[Slot]] | None = None,
-    use_ray: bool | None = None,
-    meshes: dict[str, Mesh] | None = None,
-    start_timeout: float = 120.0,
-    call_timeout: float | None = CALL_TIMEOUT,
-) -> Runtime:
-    """Start the process's worker runtime; `with runtime(slots, use_ray=True): ...` stops it on exit."""
+def runtime(slots: dict[str, list[Slot]] | None = None, use_ray: bool | None = None, **options: Any) -> Runtime:
+    """Start the process's worker runtime (`options`: the rest of `Runtime`'s: meshes, start_timeout,
+    call_timeout, plugins); `with runtime(slots, use_ray=True): ...` stops it on exit."""
     global _runtime
     if _runtime is not None:
         raise RlcoreError("a worker runtime is already running; stop it (runtime.stop()) before starting another")
-    _runtime = Runtime(slots, use_ray, meshes, start_timeout, call_timeout)
+    _runtime = Runtime(slots, use_ray, **options)
     return _runtime
 
 
@@ -354,6 +361,13 @@ def worker_rank() -> int:
     0 for an in-process worker and on the driver. A worker asks this, not the environment's RANK."""
     actor = _actors._actor
     return 0 if actor is None else actor.rank
+
+
+def worker_plugins() -> Plugins:
+    """The plugins workers resolve engines, dispatchers and collectors with: those the running runtime was
+    given (a session gives its run's), else the process's own (in a Ray actor: the ones its driver named)."""
+    rt = _runtime
+    return rt.plugins if rt is not None and rt.plugins is not None else manager.plugins()
 
 
 def current_runtime() -> Runtime | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rlcore import RoleSpec, hookimpl
+from rlcore import PlacementSpec, RoleSpec, hookimpl
+from rlcore.dispatch import COLLECTORS, DISPATCHERS
+from rlcore.placement import POLICIES
 
 ROLES = {
     "default": "the single role of SFT/pretraining: every worker trains",
@@ -24,22 +26,15 @@ def rlcore_roles():
 
 @hookimpl
 def rlcore_dispatchers():
-    from rlcore.dispatch import DISPATCHERS
-
     yield from DISPATCHERS
 
 
 @hookimpl
 def rlcore_collectors():
-    from rlcore.dispatch import COLLECTORS
-
     yield from COLLECTORS
 
 
 @hookimpl
 def rlcore_placements():
-    from rlcore import PlacementSpec
-    from rlcore.placement import POLICIES
-
     for name, (place, description) in POLICIES.items():
         yield PlacementSpec(name, place=place, description=description)

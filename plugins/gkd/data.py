@@ -9,6 +9,8 @@ from typing import Any
 
 from rlcore import Batch, ConfigError
 from rlcore.batch import pad_tokens
+from rlcore.data import PromptEncoder, PromptSampler, conversation_view, load_rows
+from rlcore.testing import build_tiny_model
 
 from .config import GKDConfig
 
@@ -33,8 +35,6 @@ def demo_models(output_dir: str, seed: int) -> tuple[str, str]:
     """(student, teacher): two tiny random models with the same tokenizer and different weights and widths;
     the teacher's final norm is scaled up, so its distributions are peaked (a near-uniform random model would
     leave nothing to learn)."""
-    from rlcore.testing import build_tiny_model
-
     root = Path(output_dir)
     student = build_tiny_model(root / "tiny-student", seed=seed, replace=False)
     teacher = root / "tiny-teacher"
@@ -61,8 +61,6 @@ class DistillData:
     """The rows (training and held-out), their encoding with the student's tokenizer, and batches."""
 
     def __init__(self, config: GKDConfig, batch_rows: int, model_path: str):
-        from rlcore.data import PromptEncoder, PromptSampler
-
         cfg = self.config = config
         rows = self.rows_of(cfg)
         if cfg.eval_size and cfg.eval_size >= len(rows):
@@ -77,8 +75,6 @@ class DistillData:
     @staticmethod
     def rows_of(config: GKDConfig) -> list[dict[str, Any]]:
         """Each row's `prompt` (messages without the last assistant turn) and `completion` (that turn's text)."""
-        from rlcore.data import conversation_view, load_rows
-
         if config.dataset:
             rows = conversation_view(load_rows(config.dataset), config.dataset)
         else:

@@ -16,6 +16,7 @@ from typing import Any
 from rlcore import ConfigError, GenerateWorker, RoleSetup, RoleTrainer, SamplingParams
 from rlcore.batch import pad_width
 from rlcore.config import problems_of
+from rlcore.data import PromptEncoder
 from rlcore.sections import rollout_options, train_options
 
 from .config import GKDConfig
@@ -58,8 +59,6 @@ class GKDTrainer(RoleTrainer):
     @classmethod
     def problems(cls, config: GKDConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """The dataset, the models' tokenizers and vocabularies; builds nothing."""
-        from rlcore.data import PromptEncoder
-
         teacher = config.teacher.model or config.teacher_model
         problems = problems_of([
             ("dataset", lambda: DistillData.rows_of(config)),

@@ -6,11 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcore import Batch, SamplingParams
+from rlcore import Batch, RlcoreError, SamplingParams
 from rlcore.batch import pad_tokens
+from rlcore.data import PromptEncoder, PromptSampler, load_prompts
+from rlcore.rewards import call_reward, check_reward, resolve_reward
+from rlcore.testing import build_tiny_model
 
 from .config import GRPOConfig
 from .objective import old_logprobs_in_step
+from .toy import toy_dataset
 
 
 @dataclass
@@ -27,8 +31,6 @@ class ExperienceMaker:
     """Owns the tokenizer, the data order and the reward functions; builds each round's batches."""
 
     def __init__(self, config: GRPOConfig, plugins: Any, dp_size: int):
-        from rlcore.data import PromptEncoder, PromptSampler
-
         self.config = config
         cfg = config
         self.dp_size = dp_size  # the running group's train workers: only the loss normalisers divide by it
@@ -48,9 +50,6 @@ class ExperienceMaker:
     def check(cls, config: GRPOConfig, plugins: Any) -> list[tuple[str, str]]:
         """What building one would find wrong, as (key, problem) pairs: unknown rewards or options, a
         dataset that does not load, a model whose tokenizer does not load. Builds no model."""
-        from rlcore import RlcoreError
-        from rlcore.data import PromptEncoder
-
         problems: list[tuple[str, str]] = []
         for key, check in (
             ("reward_funcs", lambda: cls.check_rewards(config, plugins)),
@@ -67,27 +66,20 @@ class ExperienceMaker:
     @classmethod
     def reward_functions(cls, config: GRPOConfig, plugins: Any) -> list[Any]:
         """The config's reward functions with their options (None for `orm`, the reward-model role)."""
-        from rlcore.rewards import resolve_reward
-
         return [None if name == "orm" else resolve_reward(name, plugins, cls._reward_options(config, name))
                 for name in config.reward_funcs]
 
     @classmethod
     def check_rewards(cls, config: GRPOConfig, plugins: Any) -> None:
         """The config's reward functions and their options, checked without running a user's file or module."""
-        from rlcore.rewards import check_reward
-
         for name in config.reward_funcs:
             if name != "orm":
                 check_reward(name, plugins, cls._reward_options(config, name))
 
     @staticmethod
     def prompt_rows(config: GRPOConfig) -> list[dict[str, Any]]:
-        from rlcore.data import load_prompts
-
         if config.dataset:
             return load_prompts(config.dataset)
-        from .toy import toy_dataset
 
         return toy_dataset(seed=config.seed)
 
@@ -108,7 +100,6 @@ class ExperienceMaker:
     def _model_path(self) -> str:
         if self.config.model:
             return self.config.model
-        from rlcore.testing import build_tiny_model
 
         demo = Path(self.config.output_dir) / "tiny-model"
         return str(build_tiny_model(demo, seed=self.config.seed, replace=False))  # never another run's, rebuilt
@@ -184,8 +175,6 @@ class ExperienceMaker:
         """[N, F] rewards (NaN: None or failed) and, per function, the completions it failed on. A function
         failing on all of them (or on any, with strict_rewards) stops the run: `RewardFailed`."""
         import torch
-
-        from rlcore.rewards import call_reward
 
         G = self.config.num_generations
         expanded = [r for r in rows for _ in range(G)]

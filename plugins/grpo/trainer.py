@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlcore import GenerateWorker, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
+from rlcore import Batch, GenerateWorker, RlcoreError, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
 from rlcore.sections import rollout_options, train_options
 
 from .config import GRPOConfig
@@ -139,8 +139,6 @@ class GRPOTrainer(RoleTrainer):
         super().load_model(path)
         if (path / "round.pt").is_file():
             import torch
-
-            from rlcore import Batch, RlcoreError
 
             from .objective import PolicyObjective
 

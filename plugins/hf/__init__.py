@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcore import EngineSpec, build_engine, hookimpl
-
+from rlcore import EngineSpec, TrainOptions, build_engine, hookimpl
 from rlcore.testing import build_tiny_model
+
+from .rollout import HFRolloutEngine
+from .train import HFTrainEngine
 
 __all__ = ["build_tiny_model", "make_forward_engine", "make_rollout_engine", "make_train_engine"]
 
@@ -24,23 +26,17 @@ def _build(cls: type, kind: str, options: dict[str, Any], known: tuple[str, ...]
 
 def make_train_engine(**options: Any) -> Any:
     """An `HFTrainEngine(**options)`; unknown options are a ConfigError naming the closest one."""
-    from .train import HFTrainEngine
-
-    return _build(HFTrainEngine, "train", options)
+    return _build(HFTrainEngine, "train", options, TrainOptions.keys())
 
 
 def make_forward_engine(**options: Any) -> Any:
     """An `HFTrainEngine(forward_only=True, **options)`: no optimizer, `train_step` refuses; options are
     those of FORWARD_OPTIONS."""
-    from .train import HFTrainEngine
-
     return _build(HFTrainEngine, "forward", options, FORWARD_OPTIONS, forward_only=True)
 
 
 def make_rollout_engine(**options: Any) -> Any:
     """An `HFRolloutEngine(**options)`; unknown options are a ConfigError naming the closest one."""
-    from .rollout import HFRolloutEngine
-
     return _build(HFRolloutEngine, "rollout", options)
 
 

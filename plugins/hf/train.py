@@ -1,6 +1,6 @@
 """`HFTrainEngine`: a transformers causal LM with AdamW on one worker; a group's workers form one DDP world.
 
-Build one with `HFTrainEngine(model="path/or/hub-id", optimizer=OptimizerOptions(learning_rate=1e-5), ...)`
+Build one with `HFTrainEngine(model="path/or/hub-id", optimizer=OptimizerOptions(learning_rate=1e-5), ...)` or `HFTrainEngine(TrainOptions(...))`
 (flat optimizer keys, `learning_rate=1e-5`, work too) or through the registry
 (`plugins.engines.get("hf", kind="train").factory(**options)`). When the worker runtime sets WORLD_SIZE > 1
 (with RANK, MASTER_ADDR, MASTER_PORT), the engine joins that torch.distributed world (gloo on the CPU, NCCL
@@ -18,14 +18,15 @@ import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlcore.batch import Batch, pad_width, token_columns, trim_padding
 from rlcore.checkpoint import replace_dir
 from rlcore.rendezvous import join_torch_world
-from rlcore.engine_checks import check_temperature, common_problems, raise_problems, torch_device
-from rlcore.engines import LossFn, NamedTensors, OptimizerOptions, Projection, TopK, TrainEngine
+from rlcore.engine_checks import check_temperature, check_train_step, common_problems, raise_problems, torch_device
+from rlcore.engines import LossFn, NamedTensors, Projection, TopK, TrainEngine, TrainOptions
 from rlcore.errors import RlcoreError
 
 from .common import load_causal_lm, model_outputs
@@ -34,10 +35,18 @@ from .lora import lora_merged_tensors
 STATE_FILE = "engine_state.pt"
 
 
+@dataclass(frozen=True)
+class HFOptions(TrainOptions):
+    """The train engines' options plus the hf engine's own: `chunked_lm_head` (see `HFTrainEngine`)."""
+
+    chunked_lm_head: bool = True
+
+
 class HFTrainEngine(TrainEngine):
     """A Hugging Face causal LM trained with AdamW (optionally LoRA through peft), DDP across a group.
 
-    Options are named as TRL and ms-swift name them. `max_steps` (the run's optimizer steps) is needed
+    Options are `HFOptions` (`rlcore.TrainOptions` and `chunked_lm_head`, named as TRL and ms-swift name them),
+    one object or keywords. `max_steps` (the run's optimizer steps) is needed
     by the cosine and linear schedules; `max_grad_norm=0` turns clipping off; `lora_rank=0` trains every weight;
     `logprob_micro_batch_size` bounds the rows of one forward-only pass (so [B, T, V] logits never exist
     for the whole batch at once). `chunked_lm_head` (on by default) has the model return its last hidden
@@ -47,59 +56,42 @@ class HFTrainEngine(TrainEngine):
     `forward_only=True` builds the model without optimizer (see the module docstring).
     """
 
-    def __init__(
-        self,
-        model: str,
-        dtype: str = "float32",
-        device: str = "cpu",
-        optimizer: OptimizerOptions | dict[str, Any] | None = None,
-        gradient_checkpointing: bool = False,
-        lora_rank: int = 0,
-        lora_alpha: int = 32,
-        lora_dropout: float = 0.0,
-        lora_target_modules: str | list[str] = "all-linear",
-        logprob_micro_batch_size: int = 16,
-        chunked_lm_head: bool = True,
-        seed: int = 42,
-        dist_timeout_s: float = 600.0,
-        forward_only: bool = False,
-        **optimizer_keys: Any,
-    ):
-        kind = "forward" if forward_only else "train"
-        opt = OptimizerOptions.of(optimizer, **optimizer_keys)
-        problems = opt.problems() + _train_problems(locals())
-        raise_problems(f"hf {kind} engine", common_problems(model, dtype, device) + problems)
+    def __init__(self, options: TrainOptions | str | None = None, **keys: Any):
+        o = HFOptions.of(options, **keys)
+        kind = "forward" if o.forward_only else "train"
+        raise_problems(f"hf {kind} engine", common_problems(o.model, o.dtype, o.device) + o.problems())
         import torch
 
+        model, dtype, opt = o.model, o.dtype, o.optimizer
         self.model_name = str(model)
-        self.device = torch_device(device)
+        self.device = torch_device(o.device)
         if self.device.type == "cuda":  # for NCCL, and for tensors made for "cuda" elsewhere in this process
             torch.cuda.set_device(self.device)
         self.max_grad_norm = opt.max_grad_norm
-        self.logprob_micro_batch_size = logprob_micro_batch_size
-        self.chunked_lm_head = bool(chunked_lm_head)
-        self.lora = lora_rank > 0
-        self.forward_only = forward_only
+        self.logprob_micro_batch_size = o.logprob_micro_batch_size
+        self.chunked_lm_head = bool(o.chunked_lm_head)
+        self.lora = o.lora_rank > 0
+        self.forward_only = o.forward_only
         self.global_step = 0
         self._offloaded: set[str] = set()
-        torch.manual_seed(seed)
-        if forward_only:  # no gradients to average: no torch.distributed world to join
+        torch.manual_seed(o.seed)
+        if o.forward_only:  # no gradients to average: no torch.distributed world to join
             self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             self.model = load_causal_lm(model, dtype, self.device).requires_grad_(False)
             self.trainable, self.ddp, self.optimizer, self.scheduler = [], None, None, None
             return
-        self.rank, self.world_size = join_torch_world(self.device, dist_timeout_s)
+        self.rank, self.world_size = join_torch_world(self.device, o.dist_timeout_s)
 
         self.model = load_causal_lm(model, dtype, self.device)
-        if gradient_checkpointing:
+        if o.gradient_checkpointing:
             self.model.config.use_cache = False
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
             from peft import LoraConfig, get_peft_model
 
             config = LoraConfig(
-                r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                target_modules=lora_target_modules, task_type="CAUSAL_LM",
+                r=o.lora_rank, lora_alpha=o.lora_alpha, lora_dropout=o.lora_dropout,
+                target_modules=o.lora_target_modules, task_type="CAUSAL_LM",
             )
             self.model = get_peft_model(self.model, config)
         self.model.eval()
@@ -212,14 +204,7 @@ class HFTrainEngine(TrainEngine):
         """
         import torch
 
-        if self.forward_only:
-            raise RlcoreError(
-                "train_step on a forward-only hf engine (kind 'forward': a reference or teacher model, built "
-                "without optimizer); build the engine with kind 'train' to train it"
-            )
-        check_temperature(temperature)
-        if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-            raise RlcoreError(f"train_step: micro_batch_size={micro_batch_size!r} must be a positive int")
+        check_train_step("hf", self.forward_only, micro_batch_size, temperature)
         token_columns(batch)
         num_micro = math.ceil(len(batch) / micro_batch_size)
         if self.ddp is not None:  # every rank must run the same number of backward passes
@@ -397,25 +382,6 @@ class HFTrainEngine(TrainEngine):
             "lora": self.lora,
             "forward_only": self.forward_only,
         }
-
-
-def _train_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-
-    def need(ok: bool, key: str, rule: str) -> None:
-        if not ok:
-            problems.append((key, f"{key}={o[key]!r} {rule}"))
-
-    need(isinstance(o["lora_rank"], int) and o["lora_rank"] >= 0, "lora_rank", "must be an int >= 0 (0: no LoRA)")
-    need(o["lora_alpha"] > 0, "lora_alpha", "must be > 0")
-    need(0 <= o["lora_dropout"] < 1, "lora_dropout", "must be in [0, 1)")
-    need(isinstance(o["logprob_micro_batch_size"], int) and o["logprob_micro_batch_size"] >= 1,
-         "logprob_micro_batch_size", "must be a positive int")
-    need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
-    if o["forward_only"]:
-        need(o["lora_rank"] == 0, "lora_rank", "must be 0 for a forward-only engine (nothing is trained)")
-        need(not o["gradient_checkpointing"], "gradient_checkpointing", "must be False for a forward-only engine")
-    return problems
 
 
 def _move_module(module: Any, device: Any) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 from rlcore import EngineSpec, build_engine, hookimpl
 from rlcore.errors import ConfigError
 
+from .support import MegatronOptions
+
 __all__ = ["make_forward_engine", "make_train_engine"]
 
 # What a forward engine takes: the model, where and how to split it; nothing about training.
@@ -32,7 +34,8 @@ def _engine_class() -> type:
 
 
 def _build(kind: str, options: dict[str, Any], known: tuple[str, ...] = (), **fixed: Any) -> Any:
-    return build_engine(_engine_class(), f"megatron {kind} engine", options, known, hidden=("forward_only",), **fixed)
+    known = known or tuple(k for k in MegatronOptions.keys() if k != "forward_only")
+    return build_engine(_engine_class(), f"megatron {kind} engine", options, known, **fixed)
 
 
 def make_train_engine(**options: Any) -> Any:

@@ -22,14 +22,15 @@ from typing import Any
 from rlcore.batch import Batch, token_columns, trim_padding
 from rlcore.checkpoint import replace_dir
 from rlcore.rendezvous import join_torch_world
-from rlcore.engine_checks import check_temperature, common_problems, raise_problems, torch_device
-from rlcore.engines import LossFn, NamedTensors, OptimizerOptions, TopK, TrainEngine
+from rlcore.engine_checks import check_temperature, check_train_step, common_problems, raise_problems, torch_device
+from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
 from rlcore.errors import ConfigError, RlcoreError
 
 from . import mapping
 from .support import (
     DECAY_STYLES,
     HostOffload,
+    MegatronOptions,
     SafetensorsReader,
     copy_model_files,
     hf_config,
@@ -47,37 +48,19 @@ META_FILE = "megatron_meta.json"
 class MegatronTrainEngine(TrainEngine):
     """A megatron-core GPTModel on one worker of a tensor x pipeline x data parallel group.
 
-    Options are the hf engine's (as TRL names them) plus `tensor_model_parallel_size`,
+    Options are `MegatronOptions`: the hf engine's (`rlcore.TrainOptions`) plus `tensor_model_parallel_size`,
     `pipeline_model_parallel_size`, `make_vocab_size_divisible_by` and `use_distributed_optimizer`.
     LoRA is not offered (`lora_rank` must be 0). Every problem with the options, the architecture and the
     parallel sizes is reported at once, before any weight is allocated.
     """
 
-    def __init__(
-        self,
-        model: str,
-        dtype: str = "float32",
-        device: str = "cpu",
-        optimizer: OptimizerOptions | dict[str, Any] | None = None,
-        gradient_checkpointing: bool = False,
-        lora_rank: int = 0,
-        lora_alpha: int = 32,
-        lora_target_modules: str | list[str] = "all-linear",
-        logprob_micro_batch_size: int = 16,
-        seed: int = 42,
-        dist_timeout_s: float = 600.0,
-        tensor_model_parallel_size: int = 1,
-        pipeline_model_parallel_size: int = 1,
-        make_vocab_size_divisible_by: int = 128,
-        use_distributed_optimizer: bool = True,
-        forward_only: bool = False,
-        **optimizer_keys: Any,
-    ):
+    def __init__(self, options: MegatronOptions | str | None = None, **keys: Any):
+        o = MegatronOptions.of(options, **keys)
+        model, dtype, device, seed, forward_only = o.model, o.dtype, o.device, o.seed, o.forward_only
         kind = "forward" if forward_only else "train"
-        opt = OptimizerOptions.of(optimizer, **optimizer_keys)
-        options = {**{k: v for k, v in locals().items() if k not in ("optimizer", "optimizer_keys", "opt", "self")},
-                   **dataclasses.asdict(opt)}
-        tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+        options = {**{f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name != "optimizer"},
+                   **dataclasses.asdict(o.optimizer)}
+        tp, pp = o.tensor_model_parallel_size, o.pipeline_model_parallel_size
         problems = common_problems(model, dtype, device) + option_problems(options)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         spec = None
@@ -98,14 +81,14 @@ class MegatronTrainEngine(TrainEngine):
         if self.cuda:
             torch.cuda.set_device(self.device)
         self.dtype = torch_dtype(dtype, self.cuda)
-        self.logprob_micro_batch_size = logprob_micro_batch_size
+        self.logprob_micro_batch_size = o.logprob_micro_batch_size
         self.global_step = 0
         self._host = HostOffload()
         torch.manual_seed(seed)
-        self.rank, self.world_size = join_torch_world(self.device, dist_timeout_s, alone=True)
+        self.rank, self.world_size = join_torch_world(self.device, o.dist_timeout_s, alone=True)
         self._init_parallel_state(tp, pp, seed)
-        self.padded_vocab = mapping.padded_vocab_size(spec.vocab_size, tp, make_vocab_size_divisible_by)
-        self.config = self._transformer_config(gradient_checkpointing)
+        self.padded_vocab = mapping.padded_vocab_size(spec.vocab_size, tp, o.make_vocab_size_divisible_by)
+        self.config = self._transformer_config(o.gradient_checkpointing)
         # megatron puts its parallel layers on the GPU, torch's norms stay where torch.nn makes them (the CPU)
         self.module = self._build_model().to(self.device)
         self._load_hf(self.model_name)
@@ -346,14 +329,7 @@ class MegatronTrainEngine(TrainEngine):
         same number of rows (so `len(batch)` must be a multiple of the micro-batch count)."""
         import torch
 
-        if self.forward_only:
-            raise RlcoreError(
-                "train_step on a forward-only megatron engine (kind 'forward': a reference or teacher model, built "
-                "without optimizer); build the engine with kind 'train' to train it"
-            )
-        check_temperature(temperature)
-        if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-            raise RlcoreError(f"train_step: micro_batch_size={micro_batch_size!r} must be a positive int")
+        check_train_step("megatron", self.forward_only, micro_batch_size, temperature)
         token_columns(batch)
         if len(batch) == 0:
             raise RlcoreError(f"train_step: rank {self.rank} got an empty batch")

@@ -6,13 +6,24 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.engines import OptimizerOptions
+from rlcore.engines import OptimizerOptions, TrainOptions
 
 DECAY_STYLES = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine", "linear": "linear"}
+
+
+@dataclass(frozen=True)
+class MegatronOptions(TrainOptions):
+    """The train engines' options plus megatron's parallel layout and optimizer sharding."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    make_vocab_size_divisible_by: int = 128
+    use_distributed_optimizer: bool = True
 
 
 def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:

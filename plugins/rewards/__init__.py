@@ -15,8 +15,10 @@ import dataclasses
 
 from rlcore import EngineSpec, RewardSpec, hookimpl
 from rlcore.rewards import RewardFailed, call_reward, check_reward, resolve_reward, reward_options
+from rlcore.testing import toy_reward
 
 from .functions import CosineReward, RepetitionPenalty, SoftOverlong, accuracy_reward, completion_text, format_reward
+from .orm import OrmScorer
 
 __all__ = [
     "CosineReward",
@@ -35,8 +37,6 @@ __all__ = [
 
 @hookimpl
 def rlcore_rewards():
-    from rlcore.testing import toy_reward
-
     yield RewardSpec("accuracy", fn=accuracy_reward, description="math_verify: completion's answer == `solution`")
     yield RewardSpec("format", fn=format_reward, description="<think>...</think><answer>...</answer>")
     yield RewardSpec("toy", fn=toy_reward, description="fraction of characters in `target` (the embedded task)")
@@ -50,8 +50,6 @@ def rlcore_rewards():
 
 def make_orm_scorer(**options):
     """An `OrmScorer(model_path, device, dtype, batch_size)`; transformers is imported when it is built."""
-    from .orm import OrmScorer
-
     return OrmScorer(**options)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlcore import ConfigError
+from rlcore.engine_checks import torch_device
 
 from .functions import completion_text
 
@@ -40,7 +41,6 @@ class OrmScorer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        from rlcore.engine_checks import torch_device
 
         self.device, self.batch_size = torch_device(device), batch_size  # 'cuda' gets this worker's GPU index
         self.model.to(self.device).eval()

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcore import ConfigError, RlcoreError, function, worker
+from rlcore import ConfigError, RlcoreError, function, worker, worker_plugins
+from rlcore.data import completion_text
+from rlcore.engine_checks import torch_device
+from rlcore.rewards import call_reward, resolve_reward
 
 
 def is_reward_function(name: str, plugins: Any) -> bool:
@@ -30,13 +33,12 @@ def scorer(kind: str, model: str, engine: str = "hf", device: str = "cpu", dtype
                 batch_size: int = 16, options: dict[str, Any] | None = None, strict: bool = False,
                 **engine_kwargs: Any) -> Any:
     """The scorer a `kind` ("orm" or "prm") worker runs, built where the worker runs."""
-    from rlcore.manager import plugins
-
+    plugins = worker_plugins()
     options = dict(options or {})
-    if kind == "orm" and is_reward_function(model, plugins()):
+    if kind == "orm" and is_reward_function(model, plugins):
         return FunctionScorer(model, options, strict)
     if engine != "hf" or kind == "orm":  # an ORM on hf: the rewards plugin's reward-model engine
-        factory = plugins().engines.get(engine, kind="reward").factory
+        factory = plugins.engines.get(engine, kind="reward").factory
         return factory(model_path=model, device=device, dtype=dtype, batch_size=batch_size, **options, **engine_kwargs)
     return PrmScorer(model, device=device, dtype=dtype, batch_size=batch_size, **options, **engine_kwargs)
 
@@ -65,16 +67,11 @@ class FunctionScorer:
     """A registered reward function (or `module:function`) as an ORM; None (a failed candidate) scores 0."""
 
     def __init__(self, name: str, options: dict[str, Any], strict: bool = False):
-        from rlcore.manager import plugins
-        from rlcore.rewards import resolve_reward
-
         self.name, self.strict = name, strict
-        self.fn = resolve_reward(name, plugins(), options or None)
+        self.fn = resolve_reward(name, worker_plugins(), options or None)
 
     def score(self, prompts: list, completions: list, rows: list[dict[str, Any]],
               completion_ids: list[list[int]] | None = None) -> list[float]:
-        from rlcore.rewards import call_reward
-
         columns = {k: [r.get(k) for r in rows] for k in (rows[0] if rows else {}) if k not in ("prompt", "messages")}
         values, _ = call_reward(self.fn, self.name, prompts, completions, completion_ids, columns, strict=self.strict)
         return [0.0 if v is None else float(v) for v in values]
@@ -92,8 +89,6 @@ class PrmScorer:
                  step_separator: str = "\n\n", step_token: str | None = None, trust_remote_code: bool = False):
         import torch
         from transformers import AutoTokenizer
-
-        from rlcore.engine_checks import torch_device
 
         try:
             torch_dtype = getattr(torch, dtype)
@@ -123,8 +118,6 @@ class PrmScorer:
 
     def _encode(self, prompt: Any, completion: Any) -> tuple[list[int], list[int]]:
         """Token ids of prompt + steps, and the position scored for each step."""
-        from rlcore.data import completion_text
-
         tok = self.tokenizer
         if isinstance(prompt, list):
             ids = list(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)) \

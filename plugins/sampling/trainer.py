@@ -24,9 +24,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, RoleSetup, RoleTrainer, SamplingParams
+from rlcore import ConfigError, NotRegistered, RlcoreError, RoleSetup, RoleTrainer, SamplingParams
 from rlcore.config import problems_of
+from rlcore.data import PromptEncoder, load_rows, prompt_view
+from rlcore.errors import did_you_mean
+from rlcore.rewards import check_reward, resolve_reward
 from rlcore.sections import rollout_options
+from rlcore.testing import build_tiny_model, toy_dataset
 
 from .config import SampleConfig
 from .output import ResumableJsonl
@@ -71,8 +75,6 @@ class SampleTrainer(RoleTrainer):
     @classmethod
     def problems(cls, cfg: SampleConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """The engines, the orm reward function and its options, the dataset and the model's tokenizer."""
-        from rlcore.data import PromptEncoder
-
         checks = [("dataset", lambda: cls.load_rows(cfg))]
         if cfg.model and cfg.uses_local_sampler:
             checks.append(("model", lambda: PromptEncoder(cfg.model, cfg.use_chat_template)))
@@ -83,9 +85,6 @@ class SampleTrainer(RoleTrainer):
         """The names a run resolves, checked without building anything: the engines, and orm_model as a reward
         function (with orm_kwargs) or a model (a directory, or a hub id `org/name`). Without `run_code` (config
         validate), a `file.py:function` orm_model is parsed, not imported."""
-        from rlcore import NotRegistered, RlcoreError
-        from rlcore.errors import did_you_mean
-
         problems: list[tuple[str, str]] = []
         engines = [("sampler.engine", cfg.sampler.engine, "rollout")] if cfg.uses_local_sampler else []
         engines += [(f"{k}.engine", getattr(cfg, k).engine, "reward") for k in ("orm", "prm")
@@ -96,8 +95,6 @@ class SampleTrainer(RoleTrainer):
             except NotRegistered as exc:  # it lists the known ones
                 problems.append((key, str(exc)))
         if cfg.orm_model and is_reward_function(cfg.orm_model, plugins):
-            from rlcore.rewards import check_reward, resolve_reward
-
             try:
                 (resolve_reward if run_code else check_reward)(cfg.orm_model, plugins, cfg.orm_kwargs or None)
             except RlcoreError as exc:  # GRPO's key for these options is reward_kwargs.NAME; here it is orm_kwargs
@@ -115,14 +112,10 @@ class SampleTrainer(RoleTrainer):
     @staticmethod
     def load_rows(cfg: SampleConfig) -> tuple[int, list[dict[str, Any]]]:
         """(index of the first row in the dataset, the rows of this run's data_range shard)."""
-        from rlcore.data import load_rows, prompt_view
-
         if cfg.dataset:
             rows = load_rows(cfg.dataset)
             prompt_view(rows, cfg.dataset)  # every row has a prompt: all problems of the file at once
         else:
-            from rlcore.testing import toy_dataset
-
             rows = toy_dataset(seed=cfg.seed)
         return shard(rows, *cfg.data_range) if cfg.data_range else (0, rows)
 
@@ -134,13 +127,9 @@ class SampleTrainer(RoleTrainer):
         self.ids = [row_id(r) for r in self.rows]
         self.model_path = cfg.model
         if not cfg.model and cfg.uses_local_sampler:
-            from rlcore.testing import build_tiny_model
-
             self.model_path = str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed, replace=False))  # never another run's, rebuilt
         self.encoder = None
         if cfg.uses_local_sampler:
-            from rlcore.data import PromptEncoder
-
             self.encoder = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)
         self.teacher = None if cfg.uses_local_sampler else ApiTeacher(
             cfg.api_base, cfg.model, cfg.api_key and cfg.api_key.get_secret_value(), cfg.max_concurrency,
@@ -245,8 +234,6 @@ class SampleTrainer(RoleTrainer):
 
     def prompt_of(self, row: dict[str, Any]) -> Any:
         """The row's prompt: its conversation without a final assistant message (or its text), with `system`."""
-        from rlcore.data import prompt_view
-
         prompt = prompt_view([row])[0]["prompt"]
         system = self.config.system
         if system is None:

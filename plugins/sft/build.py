@@ -11,6 +11,8 @@ from typing import Any
 
 from rlcore.errors import ConfigError, did_you_mean
 
+from .data import node_dataset
+
 # TrainingArguments keys rlcore sets itself: checkpoints, logging and the step count follow its loop.
 MANAGED = {
     "output_dir": "output_dir (top level)", "max_steps": "max_steps (top level)",
@@ -95,8 +97,6 @@ def _node_dataset(options: dict[str, Any], kind: str) -> tuple[Any, bool]:
     """The rows, read and stored once per node: the global main first, then each node's local main; and
     whether this worker read them."""
     from accelerate import PartialState
-
-    from .data import node_dataset
 
     state = PartialState()
     with state.main_process_first(), state.local_main_process_first():

@@ -23,6 +23,7 @@ from typing import Any
 
 from rlcore.data import conversation_view, dataset_file, load_rows
 from rlcore.errors import ConfigError
+from rlcore.testing import build_tiny_model
 
 KINDS = ("sft", "pt")
 MAX_REPORTED = 10
@@ -146,8 +147,6 @@ def demo_paths(output_dir: str | os.PathLike, kind: str) -> tuple[str, list[str]
 
 def write_demo(output_dir: str | os.PathLike, kind: str, seed: int) -> None:
     """The demo's model and data, built in `output_dir` (once)."""
-    from rlcore.testing import build_tiny_model
-
     model, (data,) = demo_paths(output_dir, kind)
     build_tiny_model(model, seed=seed, replace=False)
     data = Path(data)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlcore import Batch, NotRegistered, RlcoreError, function, load_plugins, worker
+from rlcore import Batch, DispatcherSpec, NotRegistered, RlcoreError, function, load_plugins, worker, workers
 from rlcore import dispatch as d
 from rlcore.dispatch import Mesh
-from rlcore.manager import use_plugins
+
+PLUGINS = load_plugins()
 
 
 def test_slice_cuts_contiguous_near_equal_shards_and_replicates_the_rest():
@@ -56,9 +57,9 @@ def test_dp_gives_one_shard_per_data_parallel_rank_replicated_over_tp():
 
 
 def test_a_callable_dispatcher_has_ms_swift_form_and_may_skip_workers():
-    split = d.resolve_dispatcher(lambda n, i, data: None if i == 1 else ((data[i::n],), {}))
+    split = d.resolve_dispatcher(lambda n, i, data: None if i == 1 else ((data[i::n],), {}), PLUGINS).split
     assert split(3, ([0, 1, 2, 3, 4, 5],), {}, None) == [(([0, 3],), {}), None, (([2, 5],), {})]
-    bad = d.resolve_dispatcher(lambda n, i, data: data)
+    bad = d.resolve_dispatcher(lambda n, i, data: data, PLUGINS).split
     with pytest.raises(RlcoreError, match=r"must return \(args, kwargs\)"):
         bad(2, ([1],), {}, None)
 
@@ -82,12 +83,26 @@ def test_collectors():
 
 
 def test_builtin_names_resolve_and_a_typo_says_did_you_mean():
-    assert d.resolve_dispatcher("slice") is d.dispatch_slice
-    assert d.resolve_collector("flatten") is d.collect_flatten
+    assert d.resolve_dispatcher("slice", PLUGINS).split is d.dispatch_slice
+    assert d.resolve_collector("flatten", PLUGINS) is d.collect_flatten
     with pytest.raises(NotRegistered, match=r"dispatch 'slcie' is not registered; known: all, dp, .*slice\. Did you mean 'slice'\?"):
-        d.resolve_dispatcher("slcie")
+        d.resolve_dispatcher("slcie", PLUGINS)
     with pytest.raises(NotRegistered, match="Did you mean 'flatten'"):
-        d.resolve_collector("flaten")
+        d.resolve_collector("flaten", PLUGINS)
+
+
+def test_a_mode_pairs_its_dispatch_with_its_collect_and_the_ranks_collected():
+    first = d.resolve("first", None, PLUGINS)  # rank 0 alone, collected with `first`
+    assert first.split(3, (1,), {"k": 2}) == [((1,), {"k": 2}), None, None]
+    assert first.collect is d.collect_first and first.kept(3, Mesh(dp=3)) is None
+    assert d.resolve("first", "none", PLUGINS).collect is d.collect_none  # a named collect wins
+    dp = d.resolve("dp", "concat", PLUGINS)  # one result per data-parallel shard: tensor rank 0, last stage
+    assert dp.kept(8, Mesh(dp=2, tp=2, pp=2)) == {2, 6}
+    assert d.resolve("slice", None, PLUGINS).collect is d.collect_none
+    mine = DispatcherSpec("evens", lambda n, args, kwargs, mesh: [(args, kwargs)] * n, collect="flatten",
+                          collect_ranks=lambda n, mesh: range(0, n, 2))
+    mode = d.resolve(mine, None, PLUGINS)
+    assert mode.collect is d.collect_flatten and mode.kept(5, Mesh(dp=5)) == {0, 2, 4}
 
 
 PLUGIN = '''
@@ -106,8 +121,7 @@ def rlcore_collectors():
 def test_a_plugin_dispatcher_and_collector_work_by_name(tmp_path):
     path = tmp_path / "reversing.py"
     path.write_text(PLUGIN)
-    use_plugins(load_plugins(extra=(str(path),)))
-    try:
+    with workers.runtime(use_ray=False, plugins=load_plugins(extra=(str(path),))):  # the plugins workers use
 
         @worker(group="w")
         class Worker:
@@ -130,5 +144,5 @@ def test_a_plugin_dispatcher_and_collector_work_by_name(tmp_path):
         assert w.same([1, 2, 3]) == 6
         with pytest.raises(NotRegistered, match="Did you mean 'reversed'"):
             Typo()  # names resolve when the class is built, before any worker starts
-    finally:
-        use_plugins(None)
+    with pytest.raises(NotRegistered, match="Worker.echo\\(\\): dispatch 'reversed' is not registered"):
+        Worker()  # outside that runtime: the process's own plugins, which have no 'reversed'

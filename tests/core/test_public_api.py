@@ -70,6 +70,7 @@ EXPECTED = [
     "train_options",
     "rollout_options",
     "OptimizerOptions",
+    "TrainOptions",
     "build_engine",
     "make_engine",
     "announce",
@@ -87,6 +88,7 @@ EXPECTED = [
     "load_prompts",
     "load_rows",
     "prompt_view",
+    "worker_plugins",
     "worker_rank",
 ]
 

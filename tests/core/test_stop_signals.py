@@ -11,9 +11,9 @@ import time
 
 DRIVER = """
 import os, signal, sys, time
-from rlcore.trainer import _Deferred
+from rlcore.signals import StopOnSignal
 
-with _Deferred() as stop:
+with StopOnSignal() as stop:
     if sys.argv[1] != "none":
         os.kill(os.getpid(), getattr(signal, sys.argv[1]))  # noted: the step goes on
     try:

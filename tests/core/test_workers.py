@@ -12,7 +12,7 @@ import pytest
 import ray.cloudpickle
 import torch
 
-from rlcore import Batch, ConfigError, RoleFailed, Slot, function, worker, workers
+from rlcore import Batch, ConfigError, RoleFailed, Slot, function, worker, worker_rank, workers
 from rlcore.dispatch import Mesh
 
 # The classes below live in a test module Ray's workers cannot import: send them by value.
@@ -70,9 +70,13 @@ class Calc:
     def pair(self, xs):
         return [x + 1 for x in xs], [str(x) for x in xs]
 
-    @function(group="calc", execute="first")
+    @function(group="calc", dispatch="first")
     def rank(self):
-        return int(os.environ.get("RANK", "0"))
+        return worker_rank()
+
+    @function(group="calc", execute="first", collect="none")
+    def ranks(self):
+        return worker_rank()
 
     @function(group="calc", collect="first")
     def where(self):
@@ -111,6 +115,7 @@ def run_all(calc: Calc) -> dict:
         "strided": calc.strided(list(range(7))),
         "pair": calc.pair([1, 2, 3]),
         "rank": calc.rank(),
+        "ranks": calc.ranks(),
         "empty": calc.double([]),
     }
 
@@ -150,7 +155,7 @@ def test_every_dispatcher_and_collector_gives_the_same_result_with_and_without_r
     assert local["pair"] == ([2, 3, 4], ["1", "2", "3"])
     pids = calc.pid()
     assert len(pids) == 4 and len(set(pids)) == 4 and os.getpid() not in pids
-    assert calc.rank() == [0]  # execute="first": rank 0 only
+    assert calc.rank() == 0 and calc.ranks() == [0]  # dispatch "first" (execute="first"): rank 0 alone
     assert calc.local_only() == ("driver", os.getpid())  # no @function: runs on the driver
 
 
@@ -365,6 +370,8 @@ def test_slots_from_placement_allocate_share_bundles(ray_runtime):
 def test_bad_declarations_and_runtimes_are_clear_errors(ray_local):
     with pytest.raises(ConfigError, match="execute='last'"):
         function(group="g", execute="last")
+    with pytest.raises(ConfigError, match="execute='first'\) is dispatch 'first'.*cannot also dispatch 'slice'"):
+        function(group="g", execute="first", dispatch="slice")
     with pytest.raises(ConfigError, match="a @function of group 'b', but @worker declares \\['a'\\]"):
 
         @worker(group="a")

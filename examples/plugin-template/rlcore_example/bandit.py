@@ -1,14 +1,11 @@
-"""`bandit`, two roles on `rlcore`'s public names only: rollout draws arms from a softmax policy, train takes a
-REINFORCE step on its logits; `RoleTrainer` does the plan, the session (local or Ray), loop and checkpoints."""
+"""Two roles on `rlcore`'s public names: rollout draws arms from a softmax, train takes REINFORCE steps on its logits."""
 
 import math
 import random
 
 from pydantic import Field
 
-from rlcore import (
-    AlgorithmSpec, CheckpointKeys, RoleConfig, RoleSetup, RoleTrainer, RunConfig, function, hookimpl, worker,
-)
+from rlcore import AlgorithmSpec, CheckpointKeys, RoleConfig, RoleSetup, RoleTrainer, RunConfig, function, hookimpl, worker
 
 
 def softmax(logits: list[float]) -> list[float]:
@@ -19,15 +16,11 @@ def softmax(logits: list[float]) -> list[float]:
 @worker(group="rollout")
 class Sampler:
     def __init__(self, engine: object, options: dict):
-        self.logits = [0.0] * options["arms"]
+        self.arms = range(options["arms"])
 
-    @function(dispatch="all")
-    def load(self, logits: list[float]) -> None:  # this algorithm's weight sync: a few floats
-        self.logits = list(logits)
-
-    @function(dispatch="slice", collect="flatten")
-    def sample(self, seeds: list[int]) -> list[int]:  # one arm per seed of this worker's shard
-        return [random.Random(seed).choices(range(len(self.logits)), softmax(self.logits))[0] for seed in seeds]
+    @function(dispatch="slice", collect="flatten")  # the seeds are cut into shards; the policy (a tuple) goes whole
+    def sample(self, seeds: list[int], logits: tuple[float, ...]) -> list[int]:  # one arm per seed of the shard
+        return [random.Random(seed).choices(self.arms, softmax(list(logits)))[0] for seed in seeds]
 
 
 @worker(group="train")
@@ -35,13 +28,11 @@ class Learner:
     def __init__(self, engine: object, options: dict):
         self.lr = options["lr"]
 
-    @function(collect="first")
+    @function(dispatch="first")  # rank 0 alone; its result
     def step(self, logits: list[float], arms: list[int], rewards: list[float]) -> list[float]:
-        probs, baseline, new = softmax(logits), sum(rewards) / len(rewards), list(logits)
-        for arm, reward in zip(arms, rewards):  # REINFORCE, the mean reward as baseline
-            for a in range(len(new)):
-                new[a] += self.lr * (reward - baseline) * ((a == arm) - probs[a]) / len(arms)
-        return new
+        probs, baseline = softmax(logits), sum(rewards) / len(rewards)  # REINFORCE, the mean reward as baseline
+        return [v + self.lr * sum((r - baseline) * ((a == arm) - probs[a]) for arm, r in zip(arms, rewards)) / len(arms)
+                for a, v in enumerate(logits)]
 
 
 class BanditConfig(RunConfig, CheckpointKeys):
@@ -57,7 +48,6 @@ class BanditConfig(RunConfig, CheckpointKeys):
 
 
 class BanditTrainer(RoleTrainer):
-    config: BanditConfig
     name, progress_keys = "bandit", ("reward", "p_best")
 
     @classmethod
@@ -71,11 +61,10 @@ class BanditTrainer(RoleTrainer):
     def train_step(self) -> dict:
         cfg, session, first = self.config, self.session, self.config.seed * 100003 + self.step * self.config.samples
         with self.timer("generate"):
-            arms = session["rollout"].sample(list(range(first, first + cfg.samples)))
+            arms = session["rollout"].sample(list(range(first, first + cfg.samples)), tuple(self.logits))
         rewards = [float(arm == cfg.best_arm) for arm in arms]
         with self.timer("train"):
             self.logits = session["train"].step(self.logits, arms, rewards)
-        session["rollout"].load(self.logits)
         return {"reward": sum(rewards) / len(rewards), "p_best": softmax(self.logits)[cfg.best_arm]}
 
     def state_dict(self) -> dict:
@@ -83,7 +72,6 @@ class BanditTrainer(RoleTrainer):
 
     def load_state_dict(self, state: dict) -> None:
         self.logits = state["logits"]
-        self.session["rollout"].load(self.logits)
 
 
 @hookimpl

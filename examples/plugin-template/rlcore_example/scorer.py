@@ -7,11 +7,10 @@ its list with `reverse_slice` (worker 0 gets the last shard) and adds the partia
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
-from rlcore import function, worker
+from rlcore import function, worker, worker_rank
 
 
 def square(value: float) -> float:
@@ -36,4 +35,4 @@ class Scorer:
     @function(dispatch="reverse_slice", collect="none")
     def shard(self, values: list[float]) -> tuple[int, list[float]]:
         """This worker's rank and the shard of `values` it got."""
-        return int(os.environ.get("RANK", "0")), list(values)
+        return worker_rank(), list(values)
