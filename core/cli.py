@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from . import __version__
 from .config import config_error, load_config, read_config_data, render_config, validation_problems, with_settings
+from .extras import check_run, plugin_needs
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
 from .manager import Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
@@ -243,6 +244,7 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
 
 def _run(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args, resume=args.resume)
+    check_run(plugins, algorithm, config, use_ray=args.use_ray)
     for line in args.translation.noted:
         print(f"rlcore: ms-swift's {line}", file=sys.stderr)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
@@ -264,6 +266,8 @@ def _plugins(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")  # failed plugins are listed below, with their error
         plugins = load_plugins()
     rows = [vars(info) for info in plugins.info.values()] + [vars(info) for info in plugins.failed.values()]
+    for row in rows:  # installed, but what its engines or algorithms import is not
+        row["missing"] = plugin_needs(row["name"]) or ""
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -271,6 +275,8 @@ def _plugins(args: argparse.Namespace) -> int:
         print(f"{row['name']} {row['version'] or '-'} (distribution: {row['distribution'] or '-'})")
         if row["error"]:
             print(f"  FAILED TO LOAD: {row['error']}")
+        if row["missing"]:
+            print(f"  NOT USABLE: {row['missing']}")
         for kind, names in row["provides"].items():
             print(f"  {kind}: {', '.join(names)}")
     return 0
@@ -294,6 +300,7 @@ def _translation_comment(source: str, translation: Translation) -> str:
 
 def _config_validate(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args)
+    check_run(plugins, algorithm, config)
     check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
     if check is not None:  # the plan, names, data, model: what run checks before it allocates
         check(config, plugins)
