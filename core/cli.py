@@ -245,8 +245,8 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
 def _run(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args, resume=args.resume)
     check_run(plugins, algorithm, config, use_ray=args.use_ray)
-    for line in args.translation.noted:
-        print(f"rlcore: ms-swift's {line}", file=sys.stderr)
+    for line in args.translation.noted:  # "ms-swift's KEY: ...", "TRL's KEY: ..."
+        print(f"rlcore: {line}", file=sys.stderr)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
     metrics = trainer.fit()
     print(json.dumps({"algorithm": algorithm, **jsonable(metrics or {})}, default=str))

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from .resources import parse_ranks
+from .trl_names import trl_keys
 
 ALGORITHMS = {"grpo": "grpo", "gkd": "gkd"}  # rlhf_type -> rlcore algorithm
 # Megatron kernel fusions and similar switches: how fast, never what is computed.
@@ -28,8 +29,9 @@ SPEED_ONLY = (
     "cross_entropy_loss_fusion", "gradient_accumulation_fusion", "masked_softmax_fusion", "bias_dropout_fusion",
     "bias_activation_fusion", "apply_rope_fusion",
 )
-TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout", "target_modules",
-          "recompute_granularity", "torch_dtype")
+TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "target_modules",
+          "recompute_granularity", "gradient_checkpointing", "torch_dtype")
+MOVED_BY_TUNING = ("tuner_type", "train_type", "target_modules", "recompute_granularity")  # rewritten in train
 LR_SCHEDULES = {"constant": "constant", "linear": "linear", "cosine": "cosine"}
 
 
@@ -79,6 +81,20 @@ def _names(model: type[BaseModel] | None) -> set[str]:
     return _names_and_aliases(model) if model is not None else set()
 
 
+def _row_count(dataset: str) -> int | None:
+    """The rows of `dataset` (`FILE#N`: N; a local file: its rows), None when that is not known here."""
+    from .data import dataset_file, load_rows
+    from .errors import ConfigError
+
+    file, first = dataset_file(dataset)
+    if first is not None or not file.is_file():
+        return first
+    try:
+        return len(load_rows(file))
+    except ConfigError:  # the data checks report it
+        return None
+
+
 def _as_list(value: Any) -> list[Any]:
     return [value] if isinstance(value, str) else list(value or ())
 
@@ -119,8 +135,8 @@ class _Translator:
         node[key] = value
         self.out.mapped.append(f"{source} -> {path}: {value!r}")
 
-    def note(self, source: str, value: Any, why: str) -> None:
-        self.out.noted.append(f"{source}: {value!r} ({why})")
+    def note(self, source: str, value: Any, why: str, origin: str = "ms-swift") -> None:
+        self.out.noted.append(f"{origin}'s {source}: {value!r} ({why})")
 
     def refuse(self, source: str, why: str) -> None:
         """`source` is refused for `why`; it leaves the config, so it is reported once."""
@@ -134,6 +150,7 @@ class _Translator:
 
     def run(self) -> Translation:
         self.launch()
+        trl_keys(self)
         self.role_sections()
         self.tuning()
         self.parallelism()
@@ -168,7 +185,9 @@ class _Translator:
         train section's (grpo, gkd), where ms-swift's Ray roles put them too."""
         where = "train" if "lora_rank" not in self.own and "train" in self.sections else None
         if where is not None:
-            for key in (k for k in TUNING if k != "torch_dtype" and self.foreign(k)):
+            train = self.sections[where].model_fields
+            moved = [k for k in TUNING if k != "torch_dtype" and (k in train or k in MOVED_BY_TUNING)]
+            for key in (k for k in moved if self.foreign(k)):
                 self.data.setdefault(where, {}).setdefault(key, self.take(key))
                 self.out.mapped.append(f"{key} -> {where}.{key}")
         if self.foreign("train_type", where):  # ms-swift's older name of tuner_type
@@ -278,11 +297,9 @@ class _Translator:
                      "steps_per_generation", steps * accumulation)
 
     def rows(self) -> int | None:
-        """The rows the dataset has, where its spelling says (`FILE#N`)."""
-        from .data import dataset_file
-
+        """The rows the dataset has: `FILE#N`'s N, or a local file's rows."""
         sets = _as_list(self.data.get("dataset"))
-        counts = [dataset_file(d)[1] for d in sets if isinstance(d, str)]
+        counts = [_row_count(d) for d in sets if isinstance(d, str)]
         return sum(counts) if counts and None not in counts else None
 
     def schedule(self) -> None:
@@ -315,8 +332,8 @@ class _Translator:
         dp, _ = self.data_parallel()
         accumulation = self.data.get("gradient_accumulation_steps", 1)
         if rows is None or dp is None or not isinstance(epochs, (int, float)):
-            self.refuse("num_train_epochs", "cannot become max_steps: the dataset's size is unknown here; set "
-                        "train_iters (or dataset: FILE#N, its first N rows)")
+            self.refuse("num_train_epochs", "cannot become max_steps: the dataset's size is unknown here (no local "
+                        "dataset file); set max_steps (ms-swift's train_iters), or dataset: FILE#N (its first N rows)")
             return
         samples = rows * (self.data.get("num_generations", 8) if "num_generations" in self.own else 1)
         steps = max(1, math.floor(epochs * samples / (per_step * dp * accumulation)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -335,8 +336,16 @@ def test_gkd_keys_rlcore_cannot_honour_are_refused(files, tmp_path, override, ke
 
 def test_epochs_without_a_known_row_count_ask_for_train_iters(files, tmp_path):
     with pytest.raises(ConfigError) as excinfo:
-        load_config(GRPOConfig, grpo_file(files, tmp_path, COLOCATE), [f"dataset={files['prompts']}"])
-    assert "set train_iters" in dict(excinfo.value.problems)["num_train_epochs"]
+        load_config(GRPOConfig, grpo_file(files, tmp_path, COLOCATE), [f"dataset={tmp_path / 'elsewhere.jsonl'}"])
+    assert "set max_steps (ms-swift's train_iters)" in dict(excinfo.value.problems)["num_train_epochs"]
+
+
+def test_epochs_over_a_local_file_count_its_rows(files, tmp_path):
+    config = load_config(GRPOConfig, grpo_file(files, tmp_path, COLOCATE), [f"dataset={files['prompts']}"])
+    rows = len(Path(files["prompts"]).read_text().splitlines())
+    dp = config.train_workers
+    steps = rows * config.num_generations // (config.per_device_train_batch_size * dp * config.gradient_accumulation_steps)
+    assert config.max_steps == max(1, steps)
 
 
 def test_an_unknown_key_suggests_or_points_to_config_show_once(rlcore_cli, files, tmp_path):
@@ -355,7 +364,7 @@ def test_config_show_from_ms_swift_prints_the_mapping_and_a_config_that_loads_ba
     done = rlcore_cli("config", "show", "--from-ms-swift", path, env={"RLCORE_DISABLE_PLUGINS": "loggers"})
     assert done.returncode == 0, done.stderr
     assert "#   micro_batch_size -> per_device_train_batch_size: 2" in done.stdout
-    assert "#   attention_backend: 'flash' (the engine picks its attention kernel" in done.stdout
+    assert "#   ms-swift's attention_backend: 'flash' (the engine picks its attention kernel" in done.stdout
     (tmp_path / "rlcore.yaml").write_text(done.stdout)
     assert load_config(GRPOConfig, tmp_path / "rlcore.yaml") == load_config(GRPOConfig, path)
 
