@@ -32,6 +32,7 @@ SPEED_ONLY = (
 TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "target_modules",
           "recompute_granularity", "gradient_checkpointing", "torch_dtype")
 MOVED_BY_TUNING = ("tuner_type", "train_type", "target_modules", "recompute_granularity")  # rewritten in train
+ZERO_STAGES = ("zero0", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")  # ms-swift's `deepspeed` names
 LR_SCHEDULES = {"constant": "constant", "linear": "linear", "cosine": "cosine"}
 
 
@@ -482,13 +483,19 @@ class _Translator:
 
     def sft(self) -> None:
         if self.foreign("deepspeed"):
-            self.refuse("deepspeed", f"({self.take('deepspeed')!r}): rlcore trains every worker with DDP, one "
-                        "data-parallel world over NCCL (gloo on the CPU), without DeepSpeed; drop it, and save "
-                        "memory with lora_rank, gradient_checkpointing or bf16")
+            stage = self.take("deepspeed")
+            if stage in ZERO_STAGES:  # where the state lives, not what is computed: DDP runs the same steps
+                self.note("deepspeed", stage, "not used: rlcore trains every worker with DDP (NCCL; gloo on the CPU), "
+                          "the same steps with the whole model, gradients and optimizer state on each GPU; if that "
+                          "does not fit, set lora_rank, gradient_checkpointing or bf16")
+            else:
+                self.refuse("deepspeed", f"({stage!r}): a DeepSpeed config file may set the optimizer, schedule and "
+                            "precision, which rlcore would not read; drop it and give those as keys (rlcore trains "
+                            "with DDP; ms-swift's zero0-zero3 names are accepted with a notice)")
         for key in ("model_name", "model_author"):
             if self.foreign(key):
-                self.refuse(key, f"({self.take(key)!r}) fills ms-swift's self-cognition placeholders; rlcore reads "
-                            "local rows as they are: write the name into your rows")
+                self.refuse(key, f"({self.take(key)!r}) fills ms-swift's self-cognition placeholders, which rlcore "
+                            "does for sft only; write the name into your rows")
         for key in ("per_device_eval_batch_size", "eval_steps"):
             if self.foreign(key):
                 value = self.take(key)

@@ -106,6 +106,13 @@ class SFTConfig(LMConfig):
         False, description="messages rows: loss on assistant turns only (the chat template needs {% generation %})"
     )
     padding_free: bool = Field(False, description="no padding: a micro-batch is one flattened sequence (flash attention)")
+    model_name: list[str] | None = Field(
+        None, min_length=1, max_length=2, description="fills {{NAME}} in the rows (ms-swift's self-cognition data); "
+        "two values: the first for rows tagged zh, the second for the others"
+    )
+    model_author: list[str] | None = Field(
+        None, min_length=1, max_length=2, description="fills {{AUTHOR}} in the rows, as model_name"
+    )
 
     demo_defaults: ClassVar[dict[str, Any]] = {
         "learning_rate": 3e-3,

@@ -95,7 +95,10 @@ class LMTrainer(RoleTrainer):
             lora = {"rank": cfg.lora_rank, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
                     "target_modules": cfg.lora_target_modules}
         cache = str(Path(cfg.dataset_cache_dir).expanduser().resolve()) if cfg.dataset_cache_dir else None
+        names = {key.upper().removeprefix("MODEL_"): getattr(cfg, key) for key in ("model_name", "model_author")
+                 if getattr(cfg, key, None)}  # sft's self-cognition placeholders: NAME, AUTHOR
         return {"model": model, "data": data, "dataset_cache_dir": cache, "dtype": cfg.dtype, "args": args, "lora": lora,
+                "self_cognition": names or None,
                 "output_dir": str(Path(cfg.output_dir).expanduser().resolve()),
                 "max_length": cfg.max_length, "packing": cfg.packing}
 

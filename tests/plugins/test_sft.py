@@ -299,3 +299,19 @@ def test_every_example_validates_from_the_cli(chats, tmp_path, capsys):
         assert code == 0 and f"valid for algorithm '{algorithm}'" in out.out, (example, out.err)
     assert main(["config", "validate", "--plugin", "sft", "--config", str(EXAMPLES / "lora.yaml")]) == 2
     assert "dataset: 'data/prompt_completion.jsonl' does not exist" in capsys.readouterr().err  # the data is checked
+
+
+def test_self_cognition_names_fill_the_rows_by_their_tag(tmp_path):
+    """model_name/model_author as ms-swift gives them, [zh, en]: a zh-tagged row gets the first, the others the second."""
+    from rlcore.plugins.sft.data import sft_rows
+
+    path = tmp_path / "cognition.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "你是谁"}, {"role": "assistant", "content": "我是{{NAME}}，{{AUTHOR}}"}],
+             "tag": "zh"},
+            {"prompt": "Who made you?", "completion": "{{AUTHOR}} made {{NAME}}.", "tag": "en"}]
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    names = {"NAME": ["小黄", "Xiao Huang"], "AUTHOR": ["魔搭", "ModelScope"]}
+    filled = sft_rows(path, names)
+    assert filled[0]["messages"][1]["content"] == "我是小黄，魔搭"
+    assert filled[1]["completion"] == "ModelScope made Xiao Huang."
+    assert sft_rows(path)[1]["completion"] == "{{AUTHOR}} made {{NAME}}."  # without names, rows as they are
