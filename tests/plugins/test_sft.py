@@ -308,10 +308,11 @@ def test_self_cognition_names_fill_the_rows_by_their_tag(tmp_path):
     path = tmp_path / "cognition.jsonl"
     rows = [{"messages": [{"role": "user", "content": "你是谁"}, {"role": "assistant", "content": "我是{{NAME}}，{{AUTHOR}}"}],
              "tag": "zh"},
-            {"prompt": "Who made you?", "completion": "{{AUTHOR}} made {{NAME}}.", "tag": "en"}]
+            {"messages": [{"role": "user", "content": "Who made you?"},
+                          {"role": "assistant", "content": "{{AUTHOR}} made {{NAME}}."}], "tag": "en"}]
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     names = {"NAME": ["小黄", "Xiao Huang"], "AUTHOR": ["魔搭", "ModelScope"]}
     filled = sft_rows(path, names)
     assert filled[0]["messages"][1]["content"] == "我是小黄，魔搭"
-    assert filled[1]["completion"] == "ModelScope made Xiao Huang."
-    assert sft_rows(path)[1]["completion"] == "{{AUTHOR}} made {{NAME}}."  # without names, rows as they are
+    assert filled[1]["messages"][1]["content"] == "ModelScope made Xiao Huang."
+    assert sft_rows(path)[1]["messages"][1]["content"] == "{{AUTHOR}} made {{NAME}}."  # without names, rows as they are
