@@ -21,17 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlcore.data import conversation_view, dataset_file, load_rows
+from rlcore.data import conversation_view, dataset_error, dataset_file, load_rows
 from rlcore.errors import ConfigError
 
 KINDS = ("sft", "pt")
-MAX_REPORTED = 10
-
-
-def _problems_error(path: str, problems: list[tuple[str, str]]) -> ConfigError:
-    shown = "; ".join(f"{where} {what}" for where, what in problems[:MAX_REPORTED])
-    more = f" (and {len(problems) - MAX_REPORTED} more)" if len(problems) > MAX_REPORTED else ""
-    return ConfigError(f"dataset '{path}': {shown}{more}", [(f"{path}: {where}", what) for where, what in problems])
 
 
 def self_cognition(row: dict[str, Any], names: dict[str, list[str]]) -> dict[str, Any]:
@@ -68,11 +61,11 @@ def sft_rows(path: str | os.PathLike, names: dict[str, list[str]] | None = None)
         out.append({k: row[k] for k in (*form, "tools") if row.get(k) is not None})
     if len(forms) > 1:
         each = "; ".join(f"rows {_few(numbers)} use {form}" for form, numbers in forms.items())
-        raise _problems_error(str(path), [("rows", f"mix the two forms of a row ({each}); give every row `messages`, "
+        raise dataset_error(str(path), [("rows", f"mix the two forms of a row ({each}); give every row `messages`, "
                                            "or every row `prompt` and `completion`")])
     kinds = {(type(r.get("prompt")).__name__, type(r.get("completion")).__name__) for r in out if "prompt" in r}
     if len(kinds) > 1:
-        raise _problems_error(str(path), [("column 'prompt'/'completion'", "mixes text and message lists between "
+        raise dataset_error(str(path), [("column 'prompt'/'completion'", "mixes text and message lists between "
                                            "rows; use one of them in every row")])
     return out
 
@@ -84,11 +77,13 @@ def text_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
         text = row.get("text")
         if not isinstance(text, str) or not text:
             got = "is missing" if text is None else f"is {type(text).__name__} {str(text)[:40]!r}"
-            problems.append((f"row {number}, column 'text'", f"{got}; a pre-training row needs non-empty text"))
+            hint = "; conversations train with --plugin sft" if row.get("messages") is not None or (
+                row.get("prompt") is not None and row.get("completion") is not None) else ""
+            problems.append((f"row {number}, column 'text'", f"{got}; a pre-training row needs non-empty text{hint}"))
         else:
             out.append({"text": text})
     if problems:
-        raise _problems_error(str(path), problems)
+        raise dataset_error(str(path), problems)
     return out
 
 

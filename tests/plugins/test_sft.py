@@ -285,7 +285,7 @@ def test_the_two_node_examples_place_sixteen_ranks_on_two_nodes(plugins, example
     assert plan.ranks_of("default") == tuple(range(16)) and plan.group_of("default").device == "GPU"
 
 
-def test_every_example_validates_from_the_cli(chats, tmp_path, capsys):
+def test_every_example_validates_from_the_cli(chats, tiny_model, tmp_path, capsys):
     from rlcore.cli import main
 
     corpus = tmp_path / "corpus.jsonl"
@@ -294,10 +294,11 @@ def test_every_example_validates_from_the_cli(chats, tmp_path, capsys):
     assert [e.name for e in examples] == ["lora.yaml", "multi_node.yaml", "multi_node_gpus.yaml", "pretrain.yaml"]
     for example in examples:
         algorithm, data = ("pt", corpus) if example.name == "pretrain.yaml" else ("sft", chats)
-        code = main(["config", "validate", "--plugin", algorithm, "--config", str(example), f"dataset={data}"])
+        code = main(["config", "validate", "--plugin", algorithm, "--config", str(example), f"dataset={data}",
+                     f"model={tiny_model}"])  # its hub id is checked too, and this machine may have no network
         out = capsys.readouterr()
         assert code == 0 and f"valid for algorithm '{algorithm}'" in out.out, (example, out.err)
-    assert main(["config", "validate", "--plugin", "sft", "--config", str(EXAMPLES / "lora.yaml")]) == 2
+    assert main(["config", "validate", "--plugin", "sft", "--config", str(EXAMPLES / "lora.yaml"), f"model={tiny_model}"]) == 2
     assert "dataset: 'data/prompt_completion.jsonl' does not exist" in capsys.readouterr().err  # the data is checked
 
 
