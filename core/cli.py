@@ -356,7 +356,7 @@ def _translation_comment(source: str, translation: Translation) -> str:
 
 def _config_validate(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args)
-    check_run(plugins, algorithm, config)
+    check_run(plugins, algorithm, config, engines=False)  # the algorithm's own checks need its library
     check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
     if check is not None:  # the plan, names, data, model: what run checks before it allocates
         check(config, plugins)

@@ -58,14 +58,15 @@ def plugin_needs(plugin: str) -> str | None:
     return f"{module} is not importable: pip install 'rlcore[{extra}]'" if module else None
 
 
-def check_run(plugins: Any, algorithm: str, config: BaseModel, use_ray: bool = False) -> None:
+def check_run(plugins: Any, algorithm: str, config: BaseModel, use_ray: bool = False, engines: bool = True) -> None:
     """Every extra a run of `algorithm` with `config` needs is installed: the algorithm's plugin's, each role's
-    engine's (`train.engine=megatron`), and Ray's with --use-ray; else one `MissingExtra`, before anything
+    engine's (`train.engine=megatron`; `engines=False` for `config validate`, which may check a GPU cluster's
+    config where vLLM is not installed), and Ray's with --use-ray; else one `MissingExtra`, before anything
     starts."""
     extra = PLUGIN_EXTRAS.get(plugins.algorithms.owner(algorithm))
     if extra:
         require(extra, f"--plugin {algorithm}")
-    for path, engine in _engines(config):
+    for path, engine in _engines(config) if engines else ():
         owners = {plugins.engines.owner(key) for key in plugins.engines.names() if key.endswith(f"/{engine}")}
         for owner in sorted(owners):
             if PLUGIN_EXTRAS.get(owner):
