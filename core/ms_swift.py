@@ -136,8 +136,8 @@ class _Translator:
         node[key] = value
         self.out.mapped.append(f"{source} -> {path}: {value!r}")
 
-    def note(self, source: str, value: Any, why: str, origin: str = "ms-swift") -> None:
-        self.out.noted.append(f"{origin}'s {source}: {value!r} ({why})")
+    def note(self, source: str, value: Any, why: str, origin: str = "ms-swift's") -> None:
+        self.out.noted.append(f"{origin} {source}: {value!r} ({why})")
 
     def refuse(self, source: str, why: str) -> None:
         """`source` is refused for `why`; it leaves the config, so it is reported once."""
@@ -326,7 +326,8 @@ class _Translator:
         """An algorithm counting optimizer steps (grpo, gkd) runs the steps the epochs take, where the
         dataset's size is known from its spelling (`FILE#N`); train_iters, when given, wins as in ms-swift."""
         if "max_steps" in self.data:
-            self.note("num_train_epochs", epochs, "train_iters / max_steps is given and wins")
+            self.note("num_train_epochs", epochs, "train_iters / max_steps is given and wins",
+                      origin="TRL's and ms-swift's")
             return
         rows = self.rows()
         per_step = self.data.get("per_device_train_batch_size", 1)

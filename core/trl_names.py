@@ -40,7 +40,7 @@ def trl_keys(t: Any) -> None:
         t.data.setdefault("torch_dtype", t.take("dtype"))
     if t.foreign("attn_implementation"):
         t.note("attn_implementation", t.take("attn_implementation"), "the engine picks its attention kernel "
-               "(transformers' sdpa, vLLM's own); the result is the same", origin="TRL")
+               "(transformers' sdpa, vLLM's own); the result is the same", origin="TRL's")
 
 
 def _path(where: str | None, key: str) -> str:
@@ -71,11 +71,11 @@ def _precision(t: Any) -> None:
             continue
         on = t.take(key)
         if on is not True:
-            t.note(key, on, "rlcore's roles load in their dtype (float32 unless set)", origin="TRL")
+            t.note(key, on, "rlcore's roles load in their dtype (float32 unless set)", origin="TRL's")
             continue
         roles = [name for name, section in t.sections.items() if "dtype" in section.model_fields
                  and "dtype" not in (t.data.get(name) or {})]
         for name in roles:
             t.data.setdefault(name, {})["dtype"] = dtype
         t.note(key, on, f"{', '.join(f'{n}.dtype' for n in roles) or 'every dtype is set'}: {dtype}; these engines "
-               "keep no float32 master copy of the weights", origin="TRL")
+               "keep no float32 master copy of the weights", origin="TRL's")
