@@ -23,7 +23,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import __version__
-from .config import _flow, _plain, config_error, load_config, read_config_data, render_config, validation_problems, with_settings
+from .config import (
+    config_error, load_config, read_config_data, render_config, render_value, validation_problems, with_settings,
+)
 from .extras import check_run, plugin_needs
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
 from .manager import Plugins, is_file_or_module, load_plugins, plugin_name
@@ -151,7 +153,7 @@ def _key_lines(config: BaseModel, prefix: str = "") -> list[str]:
         if isinstance(value, BaseModel) and type(value).model_fields:
             lines.extend(_key_lines(value, f"{prefix}{name}."))
             continue
-        shown = _flow(_plain(value))
+        shown = render_value(value)
         lines.append(f"  {prefix}{name} = {shown}" + (f"  {info.description}" if info.description else ""))
     return lines
 

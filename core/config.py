@@ -74,7 +74,7 @@ class BaseConfig(BaseModel):
     @classmethod
     def _one_as_a_list(cls, value: Any, info: ValidationInfo) -> Any:
         """A list key given one value (`--reward_funcs accuracy`, `reward_funcs: accuracy`) is a list of it."""
-        if isinstance(value, (str, int, float)) and info.field_name in cls.model_fields:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and info.field_name in cls.model_fields:
             if _takes_only_lists(cls.model_fields[info.field_name].annotation):
                 return [value]
         return value
@@ -360,7 +360,8 @@ def closest_key(name: str, candidates: Iterable[str | tuple[str, str]]) -> str |
 def _words_match(name: str, key: str) -> bool:
     words = [w for w in key.split("_") if w]
     for word in (w for w in name.split("_") if w):
-        match = next((w for w in words if w.startswith(word) or difflib.SequenceMatcher(None, word, w).ratio() >= 0.75), None)
+        match = next((w for w in words if w.startswith(word) or difflib.SequenceMatcher(None, word, w).ratio() >= 0.75),
+                     None)
         if match is None:
             return False
         words.remove(match)
@@ -372,7 +373,8 @@ def _candidates(model: type[BaseModel], section: tuple) -> list[tuple[str, str]]
     level's, and every role section's by its dotted path (`train.gradient_checkpointing`)."""
     found = [(key, key) for key in _known_keys(model, section)]
     if section:
-        found += [(key, f"{key}' at the top level, not under '{'.'.join(map(str, section))}") for key in _known_keys(model, ())]
+        where = ".".join(map(str, section))
+        found += [(key, f"{key}' at the top level, not under '{where}") for key in _known_keys(model, ())]
     for name in _known_keys(model, ()):
         if (name,) != tuple(section):
             found += [(key, f"{name}.{key}") for key in _known_keys(model, (name,))]
@@ -461,6 +463,11 @@ def _render_section(instance: BaseModel, indent: int) -> list[str]:
             dumped = value.model_dump(mode="json") if isinstance(value, BaseModel) else _plain(value)
             lines.append(f"{pad}{name}: {_flow(dumped)}")
     return lines
+
+
+def render_value(value: Any) -> str:
+    """One value as `config show` writes it (one line of YAML)."""
+    return _flow(_plain(value))
 
 
 def _plain(value: Any) -> Any:

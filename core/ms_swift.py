@@ -29,8 +29,8 @@ SPEED_ONLY = (
     "cross_entropy_loss_fusion", "gradient_accumulation_fusion", "masked_softmax_fusion", "bias_dropout_fusion",
     "bias_activation_fusion", "apply_rope_fusion",
 )
-TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "target_modules",
-          "recompute_granularity", "gradient_checkpointing", "torch_dtype")
+TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
+          "target_modules", "recompute_granularity", "gradient_checkpointing", "torch_dtype")
 MOVED_BY_TUNING = ("tuner_type", "train_type", "target_modules", "recompute_granularity")  # rewritten in train
 ZERO_STAGES = ("zero0", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")  # ms-swift's `deepspeed` names
 LR_SCHEDULES = {"constant": "constant", "linear": "linear", "cosine": "cosine"}

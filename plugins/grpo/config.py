@@ -183,7 +183,7 @@ class GRPOConfig(NonfiniteKeys, TrainingConfig):
         workers = self._train_group_size() if self.device_groups else self.train.gpus or self.train.cpus
         per_device, generations = run("per_device_train_batch_size"), run("num_generations")
         if workers is not None and (per_device * workers * micro) % generations:
-            demo = " (the demo's)" if self.is_demo and "per_device_train_batch_size" not in self.model_fields_set else ""
+            demo = " (the demo's)" if per_device != self.per_device_train_batch_size else ""
             problems.append(
                 (
                     "num_generations",
