@@ -23,6 +23,7 @@ use_peft: true
 lora_r: 8
 lora_alpha: 16
 lora_target_modules: [q_proj, v_proj]
+lora_dropout: 0.05
 use_vllm: false
 num_train_epochs: 1
 learning_rate: 1.0e-5
@@ -63,7 +64,7 @@ def test_a_trl_grpo_yaml_validates_with_each_key_where_it_belongs(python_m_rlcor
     assert (done.returncode, done.stdout) == (0, "grpo.yaml: valid for algorithm 'grpo'\n"), done.stderr
     config = shown(python_m_rlcore("config", "show", "--plugin", "grpo", "--config", "grpo.yaml"))
     assert config["model"] == tiny and config["train"]["gradient_checkpointing"] is True
-    assert (config["train"]["lora_rank"], config["train"]["lora_alpha"]) == (8, 16)
+    assert (config["train"]["lora_rank"], config["train"]["lora_alpha"], config["train"]["lora_dropout"]) == (8, 16, 0.05)
     assert config["train"]["lora_target_modules"] == ["q_proj", "v_proj"]
     assert config["train"]["dtype"] == config["rollout"]["dtype"] == "bfloat16" and config["rollout"]["engine"] == "hf"
     assert config["max_steps"] == 40 * 4 // 8  # one epoch over the file's 40 prompts, 4 completions each, 8 a step
@@ -73,7 +74,8 @@ def test_the_same_trl_keys_at_the_top_of_an_sft_yaml(python_m_rlcore, trl_files,
     done = python_m_rlcore("config", "validate", "--plugin", "sft", "--config", "sft.yaml")
     assert (done.returncode, done.stdout) == (0, "sft.yaml: valid for algorithm 'sft'\n"), done.stderr
     config = shown(python_m_rlcore("config", "show", "--plugin", "sft", "--config", "sft.yaml"))
-    assert (config["model"], config["gradient_checkpointing"], config["bf16"], config["lora_rank"]) == (tiny, True, True, 8)
+    assert (config["model"], config["gradient_checkpointing"], config["bf16"]) == (tiny, True, True)
+    assert (config["lora_rank"], config["lora_dropout"]) == (8, 0.05)
     assert (config["num_train_epochs"], config["max_length"]) == (1.0, 64)
 
 
