@@ -55,7 +55,9 @@ def trl_files(tmp_path, tiny):
 
 
 def shown(done) -> dict:
+    """The config `config show` printed (exit 0, its first line the config model's name)."""
     assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].split(":")[0] in ("# GRPOConfig", "# SFTConfig")
     return yaml.safe_load(done.stdout)
 
 
