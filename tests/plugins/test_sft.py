@@ -317,3 +317,11 @@ def test_self_cognition_names_fill_the_rows_by_their_tag(tmp_path):
     assert filled[0]["messages"][1]["content"] == "我是小黄，魔搭"
     assert filled[1]["messages"][1]["content"] == "ModelScope made Xiao Huang."
     assert sft_rows(path)[1]["messages"][1]["content"] == "{{AUTHOR}} made {{NAME}}."  # without names, rows as they are
+
+
+def test_conversations_given_to_pt_are_one_problem_pointing_to_sft(chats):
+    from rlcore.plugins.sft.data import check_files
+
+    (problem,) = check_files([chats], "pt")
+    assert problem == (f"{chats}: rows 1, 2, 3, 4, 5, ... (64 in all), column 'text'",
+                       "is missing; a pre-training row needs non-empty text; conversations train with --plugin sft")
