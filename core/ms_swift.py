@@ -4,10 +4,11 @@
 `translate(data, model)` rewrites a config (a YAML file with its overrides applied) for the algorithm config
 `model`. Each ms-swift key that an algorithm does not have itself is either *mapped* onto the rlcore key that
 means the same (`micro_batch_size` -> `per_device_train_batch_size`), *noted* when rlcore needs nothing for it
-(a Megatron kernel fusion, an attention kernel: the result is the same), or *refused* with a one-line reason
-(`deepspeed`: rlcore trains with DDP). None is dropped without a word: `rlcore run` prints the notes, and
-`rlcore config show --from-ms-swift FILE` prints the mapping above the config it gives. A key the algorithm
-has itself keeps rlcore's meaning, so a native config comes back unchanged.
+(a Megatron kernel fusion, an attention kernel, `deepspeed: zero3`, whose steps DDP takes too), or *refused*
+with a one-line reason (`finetune: false`: rlcore continues its own runs with --resume). None is dropped without
+a word: `rlcore run` prints the notes, and `rlcore config show --from-ms-swift FILE` prints the mapping above
+the config it gives. A key the algorithm has itself keeps rlcore's meaning, so a native config comes back
+unchanged. TRL's names are read first (`rlcore.trl_names`).
 """
 
 from __future__ import annotations
