@@ -19,11 +19,14 @@ import yaml
 from pydantic import (
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     SecretStr,
     ValidationError,
     ValidationInfo,
+    WrapValidator,
     create_model,
     field_validator,
 )
@@ -73,9 +76,12 @@ class BaseConfig(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _one_as_a_list(cls, value: Any, info: ValidationInfo) -> Any:
-        """A list key given one value (`--reward_funcs accuracy`, `reward_funcs: accuracy`) is a list of it."""
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and info.field_name in cls.model_fields:
-            if _takes_only_lists(cls.model_fields[info.field_name].annotation):
+        """A list key given one value (`--reward_funcs accuracy`, `reward_funcs: accuracy`) is a list of it, unless
+        the key reads such values itself (a validator of its own: `report_to: all`)."""
+        field = cls.model_fields.get(info.field_name)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and field is not None:
+            own = any(isinstance(m, (BeforeValidator, PlainValidator, WrapValidator)) for m in field.metadata)
+            if _takes_only_lists(field.annotation) and not own:
                 return [value]
         return value
 
