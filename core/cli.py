@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import traceback
@@ -17,10 +18,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ValidationError
+import yaml
+from pydantic import BaseModel, ValidationError
 
 from . import __version__
-from .config import config_error, load_config, read_config_data, render_config, validation_problems, with_settings
+from .config import (
+    config_error, load_config, read_config_data, render_config, render_value, validation_problems, with_settings,
+)
+from .extras import check_run, plugin_needs
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
 from .manager import Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
@@ -31,8 +36,9 @@ from .signals import leaving
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rlcore` console script; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(_dashed_overrides(list(sys.argv[1:] if argv is None else argv), parser))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser(_keys_help(argv))
+    args = parser.parse_args(_dashed_overrides(argv, parser))
     try:
         return args.func(args)
     except BrokenPipeError:  # `rlcore plugins | head`
@@ -63,10 +69,14 @@ OWN_OPTIONS = {
 }
 
 
+_OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")
+
+
 def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """ms-swift's spelling of overrides for `run` and `config`: `--key value` or `--key=value` becomes
-    `key=value` (what follows `--device_groups` may be a JSON string). The CLI's own options stay as they
-    are; every override moves to the end, in the order given, so options and overrides may interleave."""
+    """TRL's and ms-swift's spelling of overrides for `run` and `config`: `--key value` or `--key=value` becomes
+    `key=value` (what follows `--device_groups` may be a JSON string), a bare `--key` (last, or before another
+    option or a KEY=VALUE) is `key=true`, and `--key a b` is the list `key=[a, b]`. The CLI's own options stay as
+    they are; every override moves to the end, in the order given, so options and overrides may interleave."""
     if not argv or argv[0] not in ("run", "config"):
         return argv
     head, overrides, i = [], [], 0
@@ -80,16 +90,64 @@ def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[
                 i += 1
         elif eq:
             overrides.append(f"{key}={value}")
-        elif i + 1 < len(argv):
-            overrides.append(f"{key}={argv[i + 1]}")
-            i += 1
         else:
-            parser.error(f"--{key} needs a value (--{key} VALUE or --{key}=VALUE)")
+            values = []
+            while i + 1 < len(argv) and not argv[i + 1].startswith("--") and argv[i + 1] != "-h" \
+                    and not _OVERRIDE.match(argv[i + 1]):
+                values.append(argv[i + 1])
+                i += 1
+            if not values:
+                overrides.append(f"{key}=true")
+            elif len(values) == 1:
+                overrides.append(f"{key}={values[0]}")
+            else:  # each value read as YAML, the list written as JSON (which YAML reads back)
+                overrides.append(f"{key}={json.dumps([_yaml_value(v) for v in values], default=str)}")
         i += 1
     return head + overrides
 
 
-def _parser() -> argparse.ArgumentParser:
+def _yaml_value(text: str) -> Any:
+    from .config import _Loader
+
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError:
+        return text
+
+
+def _keys_help(argv: list[str]) -> str:
+    """What `run --help` says of the algorithm's keys: with `--plugin NAME`, each key with its default and
+    meaning; without, how to see them."""
+    how = ("The algorithm's keys (KEY=VALUE, --KEY VALUE, or in --config): `rlcore run --plugin NAME --help` lists "
+           "them, `rlcore config show --plugin NAME` prints them as a commented YAML to start a --config from.")
+    if argv[:1] != ["run"] or not {"-h", "--help"} & set(argv) or "--plugin" not in argv[:-1]:
+        return how
+    given = argv[argv.index("--plugin") + 1]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plugins, algorithm = _load(given)
+        model = with_settings(plugins.algorithms.get(algorithm).config, plugins.settings, algorithm)
+        lines = _key_lines(model())
+    except RlcoreError as exc:
+        return f"{how}\n({given}: {exc})"
+    return (f"Keys of algorithm '{algorithm}' (KEY=VALUE or --KEY VALUE; a bare --KEY is true, --KEY A B a list; "
+            f"`rlcore config show --plugin {algorithm}` prints them as a commented YAML):\n" + "\n".join(lines))
+
+
+def _key_lines(config: BaseModel, prefix: str = "") -> list[str]:
+    lines = []
+    for name, info in type(config).model_fields.items():
+        value = getattr(config, name)
+        if isinstance(value, BaseModel) and type(value).model_fields:
+            lines.extend(_key_lines(value, f"{prefix}{name}."))
+            continue
+        shown = render_value(value)
+        lines.append(f"  {prefix}{name} = {shown}" + (f"  {info.description}" if info.description else ""))
+    return lines
+
+
+def _parser(keys_help: str = "") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlcore",
         description="A plugin-based trainer framework for post-training language models.",
@@ -99,7 +157,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rlcore {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run an algorithm", description="Run the algorithm a plugin provides.")
+    run = commands.add_parser("run", help="run an algorithm", description="Run the algorithm a plugin provides.",
+                              epilog=keys_help, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_plugin_and_config(run)
     run.add_argument("--use-ray", action="store_true", help="place roles on a Ray cluster (default: one process)")
     run.add_argument("--resume", action="store_true", help="continue the run in output_dir (sets resume=auto)")
@@ -232,8 +291,9 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
 
 def _run(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args, resume=args.resume)
-    for line in args.translation.noted:
-        print(f"rlcore: ms-swift's {line}", file=sys.stderr)
+    check_run(plugins, algorithm, config, use_ray=args.use_ray)
+    for line in args.translation.noted:  # "ms-swift's KEY: ...", "TRL's KEY: ..."
+        print(f"rlcore: {line}", file=sys.stderr)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
     metrics = trainer.fit()
     print(json.dumps({"algorithm": algorithm, **jsonable(metrics or {})}, default=str))
@@ -251,6 +311,8 @@ def _plugins(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")  # failed plugins are listed below, with their error
         plugins = load_plugins()
     rows = [vars(info) for info in plugins.info.values()] + [vars(info) for info in plugins.failed.values()]
+    for row in rows:  # installed, but what its engines or algorithms import is not
+        row["missing"] = plugin_needs(row["name"]) or ""
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -258,6 +320,8 @@ def _plugins(args: argparse.Namespace) -> int:
         print(f"{row['name']} {row['version'] or '-'} (distribution: {row['distribution'] or '-'})")
         if row["error"]:
             print(f"  FAILED TO LOAD: {row['error']}")
+        if row["missing"]:
+            print(f"  NOT USABLE: {row['missing']}")
         for kind, names in row["provides"].items():
             print(f"  {kind}: {', '.join(names)}")
     return 0
@@ -281,6 +345,7 @@ def _translation_comment(source: str, translation: Translation) -> str:
 
 def _config_validate(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args)
+    check_run(plugins, algorithm, config, engines=False)  # the algorithm's own checks need its library
     check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
     if check is not None:  # the plan, names, data, model: what run checks before it allocates
         check(config, plugins)

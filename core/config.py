@@ -6,6 +6,7 @@ validated into an algorithm's pydantic model with every problem reported at once
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -18,11 +19,14 @@ import yaml
 from pydantic import (
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     SecretStr,
     ValidationError,
     ValidationInfo,
+    WrapValidator,
     create_model,
     field_validator,
 )
@@ -67,6 +71,18 @@ class BaseConfig(BaseModel):
         if isinstance(value, bool) and info.field_name in cls.model_fields:
             if _takes_number_not_bool(cls.model_fields[info.field_name].annotation):
                 raise ValueError("is a number, not a boolean; write a number, e.g. 0.1")
+        return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _one_as_a_list(cls, value: Any, info: ValidationInfo) -> Any:
+        """A list key given one value (`--reward_funcs accuracy`, `reward_funcs: accuracy`) is a list of it, unless
+        the key reads such values itself (a validator of its own: `report_to: all`)."""
+        field = cls.model_fields.get(info.field_name)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and field is not None:
+            own = any(isinstance(m, (BeforeValidator, PlainValidator, WrapValidator)) for m in field.metadata)
+            if _takes_only_lists(field.annotation) and not own:
+                return [value]
         return value
 
     @field_validator("*", mode="after")
@@ -246,9 +262,9 @@ def validation_problems(
 
 def _unknown_key_hint(name: str, model: type[BaseModel], section: tuple, algorithm: str, listed: set[tuple]) -> str:
     known = _known_keys(model, section)
-    close = did_you_mean(name, known)
+    close = closest_key(name, _candidates(model, section))
     if close:
-        return close
+        return f" Did you mean '{close}'?"
     where = " under " + ".".join(map(str, section)) if section else ""
     if algorithm:
         return f" `rlcore config show --plugin {algorithm}` lists every key{where}."
@@ -333,6 +349,44 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> str:
     return ""
 
 
+def closest_key(name: str, candidates: Iterable[str | tuple[str, str]]) -> str | None:
+    """The candidate that `name` most likely misspells, or None; a candidate is a key or `(key, how it is shown)`.
+    Close as a whole (a typo: 'engnie', 'learningrate'), or word by word: each word of `name` is one of the
+    candidate's words, misspelt or cut short ('epsilon_hi'), so that a key of another meaning is never offered
+    ('num_train_epochs' shares only 'num' with 'num_iterations')."""
+    best, score = None, 0.0
+    for candidate in candidates:
+        key, shown = candidate if isinstance(candidate, tuple) else (candidate, candidate)
+        whole = difflib.SequenceMatcher(None, name, key).ratio()
+        if (whole >= 0.9 or (whole >= 0.6 and _words_match(name, key))) and whole > score:
+            best, score = shown, whole
+    return best
+
+
+def _words_match(name: str, key: str) -> bool:
+    words = [w for w in key.split("_") if w]
+    for word in (w for w in name.split("_") if w):
+        match = next((w for w in words if w.startswith(word) or difflib.SequenceMatcher(None, word, w).ratio() >= 0.75),
+                     None)
+        if match is None:
+            return False
+        words.remove(match)
+    return True
+
+
+def _candidates(model: type[BaseModel], section: tuple) -> list[tuple[str, str]]:
+    """(key, how it is shown) of the keys a key misplaced at `section` may have meant: the section's own, the top
+    level's, and every role section's by its dotted path (`train.gradient_checkpointing`)."""
+    found = [(key, key) for key in _known_keys(model, section)]
+    if section:
+        where = ".".join(map(str, section))
+        found += [(key, f"{key}' at the top level, not under '{where}") for key in _known_keys(model, ())]
+    for name in _known_keys(model, ()):
+        if (name,) != tuple(section):
+            found += [(key, f"{name}.{key}") for key in _known_keys(model, (name,))]
+    return found
+
+
 def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     """The keys allowed at `loc` inside `model`, following nested models through Optional/list/dict."""
     current: Any = model
@@ -347,6 +401,12 @@ def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
             current = args[-1] if args else None
     current = _unwrap_optional(current)
     return list(current.model_fields) if isinstance(current, type) and issubclass(current, BaseModel) else []
+
+
+def _takes_only_lists(annotation: Any) -> bool:
+    """`list[X]` or `list[X] | None`: no scalar is a value of its own."""
+    annotation = _unwrap_optional(annotation)
+    return get_origin(annotation) is list
 
 
 def _takes_number_not_bool(annotation: Any) -> bool:
@@ -409,6 +469,11 @@ def _render_section(instance: BaseModel, indent: int) -> list[str]:
             dumped = value.model_dump(mode="json") if isinstance(value, BaseModel) else _plain(value)
             lines.append(f"{pad}{name}: {_flow(dumped)}")
     return lines
+
+
+def render_value(value: Any) -> str:
+    """One value as `config show` writes it (one line of YAML)."""
+    return _flow(_plain(value))
 
 
 def _plain(value: Any) -> Any:

@@ -169,11 +169,41 @@ def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
+_ROW = re.compile(r"^row (?P<number>[0-9]+)(?P<rest>.*)$")
+FIRST_ROWS_SHOWN = 5
+
+
+def summarised(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Row problems with one message (and column) as one problem naming the first rows and the count:
+    `("rows 1, 2, 3, 4, 5, ... (5000 in all), column 'text'", message)`; others as they are, in order."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for where, what in problems:
+        match = _ROW.match(where)
+        rest, number = (match["rest"], match["number"]) if match else (where, None)
+        groups.setdefault((rest if match else where, what), []).append(number)
+    out = []
+    for (rest, what), numbers in groups.items():
+        if numbers == [None] * len(numbers):
+            out.extend([(rest, what)] * len(numbers))
+        elif len(numbers) == 1:
+            out.append((f"row {numbers[0]}{rest}", what))
+        else:
+            more = f", ... ({len(numbers)} in all)" if len(numbers) > FIRST_ROWS_SHOWN else ""
+            out.append((f"rows {', '.join(numbers[:FIRST_ROWS_SHOWN])}{more}{rest}", what))
+    return out
+
+
+def dataset_error(path: Any, problems: list[tuple[str, str]]) -> ConfigError:
+    """One `ConfigError` for a file's problems, repeated row problems summarised (`summarised`)."""
+    problems = summarised(problems)
+    shown = "; ".join(f"{where} {what}" for where, what in problems[:MAX_REPORTED])
+    more = f" (and {len(problems) - MAX_REPORTED} more)" if len(problems) > MAX_REPORTED else ""
+    return ConfigError(f"dataset '{path}': {shown}{more}", [(f"{path}: {where}", what) for where, what in problems])
+
+
 def _raise(path: Any, problems: list[tuple[str, str]]) -> None:
     if problems:
-        shown = "; ".join(f"{where} {what}" for where, what in problems[:MAX_REPORTED])
-        more = f" (and {len(problems) - MAX_REPORTED} more)" if len(problems) > MAX_REPORTED else ""
-        raise ConfigError(f"dataset '{path}': {shown}{more}", [(f"{path}: {where}", what) for where, what in problems])
+        raise dataset_error(path, problems)
 
 
 def _prompts(numbered: list[tuple[int, dict[str, Any]]], problems: list[tuple[str, str]]) -> list[dict[str, Any]]:
@@ -211,7 +241,9 @@ def conversation_view(rows: list[dict[str, Any]], path: Any = "dataset") -> list
             )
             problem = _conversation_problem(messages)
         else:
-            problems.append((f"row {number}", "has neither a 'messages' column nor 'prompt' and 'completion' columns"))
+            hint = "; plain text trains with --plugin pt" if isinstance(row.get("text"), str) else ""
+            problems.append((f"row {number}", f"has neither a 'messages' column nor 'prompt' and 'completion' "
+                             f"columns{hint}"))
             continue
         if problem is None and messages[-1]["role"] != "assistant":
             problem = f"ends with a '{messages[-1]['role']}' message; a training conversation ends with the assistant's"
@@ -357,6 +389,25 @@ def _tokenizer(model_path: str) -> Any:
             fix += "; with HF_HUB_OFFLINE=1 only the cache is asked"
         why = f"'{model_path}' is neither a local directory nor in the local Hugging Face cache, and {unreachable}"
         raise ConfigError(f"model {why}: {fix}", [("model", f"{why}: {fix}")]) from None
+
+
+def model_problem(model: str) -> str | None:
+    """Why `model` cannot be loaded here, found without loading it, or None: not a local directory and not in
+    the Hugging Face cache, while the Hub cannot be reached (said at once, not after the hub client's retries)."""
+    if os.path.exists(os.path.expanduser(model)):
+        return None
+    if not _is_repo_id(model):
+        return f"'{model}' is neither a local directory nor a Hugging Face hub id; give a model directory"
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return None
+    unreachable = _hub_unreachable(model)
+    if unreachable is None:
+        return None
+    fix = (f"download it where there is a network (`hf download {model}`) into this machine's Hugging Face cache, "
+           "or give a local model directory")
+    return f"'{model}' is neither a local directory nor in the local Hugging Face cache, and {unreachable}: {fix}"
 
 
 def _is_repo_id(name: str) -> bool:

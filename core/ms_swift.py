@@ -4,10 +4,11 @@
 `translate(data, model)` rewrites a config (a YAML file with its overrides applied) for the algorithm config
 `model`. Each ms-swift key that an algorithm does not have itself is either *mapped* onto the rlcore key that
 means the same (`micro_batch_size` -> `per_device_train_batch_size`), *noted* when rlcore needs nothing for it
-(a Megatron kernel fusion, an attention kernel: the result is the same), or *refused* with a one-line reason
-(`deepspeed`: rlcore trains with DDP). None is dropped without a word: `rlcore run` prints the notes, and
-`rlcore config show --from-ms-swift FILE` prints the mapping above the config it gives. A key the algorithm
-has itself keeps rlcore's meaning, so a native config comes back unchanged.
+(a Megatron kernel fusion, an attention kernel, `deepspeed: zero3`, whose steps DDP takes too), or *refused*
+with a one-line reason (`finetune: false`: rlcore continues its own runs with --resume). None is dropped without
+a word: `rlcore run` prints the notes, and `rlcore config show --from-ms-swift FILE` prints the mapping above
+the config it gives. A key the algorithm has itself keeps rlcore's meaning, so a native config comes back
+unchanged. TRL's names are read first (`rlcore.trl_names`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import BaseModel
 from .config import _names_and_aliases
 from .data import dataset_file
 from .resources import parse_ranks
+from .trl_names import trl_keys
 
 ALGORITHMS = {"grpo": "grpo", "gkd": "gkd"}  # rlhf_type -> rlcore algorithm
 # Megatron kernel fusions and similar switches: how fast, never what is computed.
@@ -30,8 +32,10 @@ SPEED_ONLY = (
     "cross_entropy_loss_fusion", "gradient_accumulation_fusion", "masked_softmax_fusion", "bias_dropout_fusion",
     "bias_activation_fusion", "apply_rope_fusion",
 )
-TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout", "target_modules",
-          "recompute_granularity", "torch_dtype")
+TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
+          "target_modules", "recompute_granularity", "gradient_checkpointing", "torch_dtype")
+MOVED_BY_TUNING = ("tuner_type", "train_type", "target_modules", "recompute_granularity")  # rewritten in train
+ZERO_STAGES = ("zero0", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")  # ms-swift's `deepspeed` names
 LR_SCHEDULES = {"constant": "constant", "linear": "linear", "cosine": "cosine"}
 
 
@@ -79,6 +83,20 @@ def _names(model: type[BaseModel] | None) -> set[str]:
     return _names_and_aliases(model) if model is not None else set()
 
 
+def _row_count(dataset: str) -> int | None:
+    """The rows of `dataset` (`FILE#N`: N; a local file: its rows), None when that is not known here."""
+    from .data import dataset_file, load_rows
+    from .errors import ConfigError
+
+    file, first = dataset_file(dataset)
+    if first is not None or not file.is_file():
+        return first
+    try:
+        return len(load_rows(file))
+    except ConfigError:  # the data checks report it
+        return None
+
+
 def _as_list(value: Any) -> list[Any]:
     return [value] if isinstance(value, str) else list(value or ())
 
@@ -119,8 +137,8 @@ class _Translator:
         node[key] = value
         self.out.mapped.append(f"{source} -> {path}: {value!r}")
 
-    def note(self, source: str, value: Any, why: str) -> None:
-        self.out.noted.append(f"{source}: {value!r} ({why})")
+    def note(self, source: str, value: Any, why: str, origin: str = "ms-swift's") -> None:
+        self.out.noted.append(f"{origin} {source}: {value!r} ({why})")
 
     def refuse(self, source: str, why: str) -> None:
         """`source` is refused for `why`; it leaves the config, so it is reported once."""
@@ -134,6 +152,7 @@ class _Translator:
 
     def run(self) -> Translation:
         self.launch()
+        trl_keys(self)
         self.role_sections()
         self.tuning()
         self.parallelism()
@@ -168,7 +187,9 @@ class _Translator:
         train section's (grpo, gkd), where ms-swift's Ray roles put them too."""
         where = "train" if "lora_rank" not in self.own and "train" in self.sections else None
         if where is not None:
-            for key in (k for k in TUNING if k != "torch_dtype" and self.foreign(k)):
+            train = self.sections[where].model_fields
+            moved = [k for k in TUNING if k != "torch_dtype" and (k in train or k in MOVED_BY_TUNING)]
+            for key in (k for k in moved if self.foreign(k)):
                 self.data.setdefault(where, {}).setdefault(key, self.take(key))
                 self.out.mapped.append(f"{key} -> {where}.{key}")
         if self.foreign("train_type", where):  # ms-swift's older name of tuner_type
@@ -278,9 +299,9 @@ class _Translator:
                      "steps_per_generation", steps * accumulation)
 
     def rows(self) -> int | None:
-        """The rows the dataset has, where its spelling says (`FILE#N`)."""
+        """The rows the dataset has: `FILE#N`'s N, or a local file's rows."""
         sets = _as_list(self.data.get("dataset"))
-        counts = [dataset_file(d)[1] for d in sets if isinstance(d, str)]
+        counts = [_row_count(d) for d in sets if isinstance(d, str)]
         return sum(counts) if counts and None not in counts else None
 
     def schedule(self) -> None:
@@ -306,15 +327,16 @@ class _Translator:
         """An algorithm counting optimizer steps (grpo, gkd) runs the steps the epochs take, where the
         dataset's size is known from its spelling (`FILE#N`); train_iters, when given, wins as in ms-swift."""
         if "max_steps" in self.data:
-            self.note("num_train_epochs", epochs, "train_iters / max_steps is given and wins")
+            self.note("num_train_epochs", epochs, "train_iters / max_steps is given and wins",
+                      origin="TRL's and ms-swift's")
             return
         rows = self.rows()
         per_step = self.data.get("per_device_train_batch_size", 1)
         dp, _ = self.data_parallel()
         accumulation = self.data.get("gradient_accumulation_steps", 1)
         if rows is None or dp is None or not isinstance(epochs, (int, float)):
-            self.refuse("num_train_epochs", "cannot become max_steps: the dataset's size is unknown here; set "
-                        "train_iters (or dataset: FILE#N, its first N rows)")
+            self.refuse("num_train_epochs", "cannot become max_steps: the dataset's size is unknown here (no local "
+                        "dataset file); set max_steps (ms-swift's train_iters), or dataset: FILE#N (its first N rows)")
             return
         samples = rows * (self.data.get("num_generations", 8) if "num_generations" in self.own else 1)
         steps = max(1, math.floor(epochs * samples / (per_step * dp * accumulation)))
@@ -463,13 +485,19 @@ class _Translator:
 
     def sft(self) -> None:
         if self.foreign("deepspeed"):
-            self.refuse("deepspeed", f"({self.take('deepspeed')!r}): rlcore trains every worker with DDP, one "
-                        "data-parallel world over NCCL (gloo on the CPU), without DeepSpeed; drop it, and save "
-                        "memory with lora_rank, gradient_checkpointing or bf16")
+            stage = self.take("deepspeed")
+            if stage in ZERO_STAGES:  # where the state lives, not what is computed: DDP runs the same steps
+                self.note("deepspeed", stage, "not used: rlcore trains every worker with DDP (NCCL; gloo on the CPU), "
+                          "the same steps with the whole model, gradients and optimizer state on each GPU; if that "
+                          "does not fit, set lora_rank, gradient_checkpointing or bf16")
+            else:
+                self.refuse("deepspeed", f"({stage!r}): a DeepSpeed config file may set the optimizer, schedule and "
+                            "precision, which rlcore would not read; drop it and give those as keys (rlcore trains "
+                            "with DDP; ms-swift's zero0-zero3 names are accepted with a notice)")
         for key in ("model_name", "model_author"):
             if self.foreign(key):
-                self.refuse(key, f"({self.take(key)!r}) fills ms-swift's self-cognition placeholders; rlcore reads "
-                            "local rows as they are: write the name into your rows")
+                self.refuse(key, f"({self.take(key)!r}) fills ms-swift's self-cognition placeholders, which rlcore "
+                            "does for sft only; write the name into your rows")
         for key in ("per_device_eval_batch_size", "eval_steps"):
             if self.foreign(key):
                 value = self.take(key)

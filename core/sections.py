@@ -82,6 +82,7 @@ class TrainRoleConfig(RoleConfig):
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
     lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights")
     lora_alpha: int = Field(32, description="LoRA scaling numerator")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout (with lora_rank > 0)")
     lora_target_modules: list[str] | str = Field("all-linear", description="modules LoRA adapts")
     tensor_model_parallel_size: int = Field(1, ge=1, description="tensor parallel size (engine megatron)")
     pipeline_model_parallel_size: int = Field(1, ge=1, description="pipeline parallel size (engine megatron)")
@@ -129,6 +130,7 @@ def train_options(config: Any, model: str) -> dict[str, Any]:
         "model": model, "dtype": train.dtype, "seed": config.seed, "optimizer": OptimizerOptions.from_config(config),
         "gradient_checkpointing": train.gradient_checkpointing,
         "lora_rank": train.lora_rank, "lora_alpha": train.lora_alpha, "lora_target_modules": train.lora_target_modules,
+        **({"lora_dropout": train.lora_dropout} if train.lora_rank else {}),  # engines without LoRA take no dropout
         **train.parallel_options(), **train.engine_kwargs,
     }
 

@@ -140,10 +140,20 @@ class GRPOConfig(NonfiniteKeys, TrainingConfig):
     reference: ReferenceRoleConfig = Field(default_factory=ReferenceRoleConfig, description="used when beta > 0")
     orm: OrmRoleConfig = Field(default_factory=OrmRoleConfig, description="used when reward_funcs names orm")
 
+    @property
+    def is_demo(self) -> bool:
+        return not (self.model or self.dataset)
+
+    def _run_value(self, key: str) -> Any:
+        """`key`'s value in the run: the demo's setting where this is the demo and the key is not set."""
+        if self.is_demo and key in DEMO_DEFAULTS and key not in self.model_fields_set:
+            return DEMO_DEFAULTS[key]
+        return getattr(self, key)
+
     def for_run(self) -> GRPOConfig:
         """The config a run uses: itself, or for the embedded demo (no model, no dataset) the demo's
         settings for every key the user did not set."""
-        if self.model or self.dataset:
+        if not self.is_demo:
             return self
         demo = {k: v for k, v in DEMO_DEFAULTS.items() if k not in self.model_fields_set}
         return type(self).model_validate({**self.model_dump(exclude_unset=True), **demo})
@@ -163,19 +173,23 @@ class GRPOConfig(NonfiniteKeys, TrainingConfig):
             problems.append(
                 ("async_generate", "needs train and rollout on separate devices; drop it or the [train, rollout] colocate group")
             )
-        micro, accumulation = self.micro_steps_per_generation, self.gradient_accumulation_steps
+        run = self._run_value  # the demo's run is checked with the demo's values
+        accumulation = run("gradient_accumulation_steps")
+        micro = self.steps_per_generation or accumulation
         if micro % accumulation:
             problems.append(
                 ("steps_per_generation", f"({micro}) must be a multiple of gradient_accumulation_steps ({accumulation})")
             )
         workers = self._train_group_size() if self.device_groups else self.train.gpus or self.train.cpus
-        if workers is not None and (self.per_device_train_batch_size * workers * micro) % self.num_generations:
+        per_device, generations = run("per_device_train_batch_size"), run("num_generations")
+        if workers is not None and (per_device * workers * micro) % generations:
+            demo = " (the demo's)" if per_device != self.per_device_train_batch_size else ""
             problems.append(
                 (
                     "num_generations",
-                    f"({self.num_generations}) must divide the generation batch: per_device_train_batch_size "
-                    f"({self.per_device_train_batch_size}) x train workers ({workers}) x steps_per_generation ({micro}) "
-                    f"= {self.per_device_train_batch_size * workers * micro}",
+                    f"({generations}) must divide the generation batch: per_device_train_batch_size "
+                    f"({per_device}{demo}) x train workers ({workers}) x steps_per_generation ({micro}) "
+                    f"= {per_device * workers * micro}",
                 )
             )
         low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max

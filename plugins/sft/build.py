@@ -100,7 +100,7 @@ def _node_dataset(options: dict[str, Any], kind: str) -> tuple[Any, bool]:
 
     state = PartialState()
     with state.main_process_first(), state.local_main_process_first():
-        return node_dataset(options["data"], kind, options.get("dataset_cache_dir"))
+        return node_dataset(options["data"], kind, options.get("dataset_cache_dir"), options.get("self_cognition"))
 
 
 def _noting(trainer: Any, rows_read_here: bool) -> Any:

@@ -39,7 +39,7 @@ class LMConfig(TrainingConfig):
     lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = Field(
         "linear", description="learning-rate schedule (transformers' names)"
     )
-    warmup_steps: float = Field(0, ge=0, description="warm-up steps; a value below 1 is a fraction of max_steps")
+    warmup_steps: float = Field(0.0, ge=0, description="warm-up steps; a value below 1 is a fraction of max_steps")
     per_device_train_batch_size: int = Field(8, ge=1, description="rows (or packed sequences) per micro-batch per worker")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
@@ -84,8 +84,9 @@ class LMConfig(TrainingConfig):
             problems.append(("fp16", "and bf16 are both set; choose one mixed precision"))
         if self.packing and self.max_length is None:
             problems.append(("max_length", "is unset, but packing needs a sequence length; set max_length"))
-        for key in ("sleep_level", "offload_model", "offload_optimizer", "colocate_groups"):
-            if key in self.model_fields_set:
+        for key in ("sleep_level", "offload_model", "offload_optimizer", "colocate_groups"):  # `config show` writes
+            # their defaults, so only another value is a mistake
+            if getattr(self, key) != type(self).model_fields[key].get_default(call_default_factory=True):
                 problems.append((key, "has no effect here: every worker trains, no role shares its devices; remove it"))
         if bool(self.model) != bool(self.dataset):
             given, missing = ("model", "dataset") if self.model else ("dataset", "model")
@@ -105,6 +106,13 @@ class SFTConfig(LMConfig):
         False, description="messages rows: loss on assistant turns only (the chat template needs {% generation %})"
     )
     padding_free: bool = Field(False, description="no padding: a micro-batch is one flattened sequence (flash attention)")
+    model_name: list[str] | None = Field(
+        None, min_length=1, max_length=2, description="fills {{NAME}} in the rows (ms-swift's self-cognition data); "
+        "two values: the first for rows tagged zh, the second for the others"
+    )
+    model_author: list[str] | None = Field(
+        None, min_length=1, max_length=2, description="fills {{AUTHOR}} in the rows, as model_name"
+    )
 
     demo_defaults: ClassVar[dict[str, Any]] = {
         "learning_rate": 3e-3,

@@ -21,23 +21,38 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlcore.data import conversation_view, dataset_file, load_rows
+from rlcore.data import conversation_view, dataset_error, dataset_file, load_rows
 from rlcore.errors import ConfigError
 from rlcore.testing import build_tiny_model
 
 KINDS = ("sft", "pt")
-MAX_REPORTED = 10
 
 
-def _problems_error(path: str, problems: list[tuple[str, str]]) -> ConfigError:
-    shown = "; ".join(f"{where} {what}" for where, what in problems[:MAX_REPORTED])
-    more = f" (and {len(problems) - MAX_REPORTED} more)" if len(problems) > MAX_REPORTED else ""
-    return ConfigError(f"dataset '{path}': {shown}{more}", [(f"{path}: {where}", what) for where, what in problems])
+def self_cognition(row: dict[str, Any], names: dict[str, list[str]]) -> dict[str, Any]:
+    """`row` with ms-swift's self-cognition placeholders filled: `{{NAME}}` with `names["NAME"]`, `{{AUTHOR}}` with
+    `names["AUTHOR"]`, in every message's text and in `prompt`/`completion`. Given two values, the first is for
+    rows tagged `zh` and the second for the others, as ms-swift's (`model_name: [小黄, Xiao Huang]`)."""
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, str):
+            for placeholder, given in names.items():
+                value = value.replace("{{" + placeholder + "}}", given[0] if row.get("tag") == "zh" else given[-1])
+            return value
+        if isinstance(value, list):
+            return [fill(v) for v in value]
+        if isinstance(value, dict):
+            return {k: fill(v) if k in ("content", "text") else v for k, v in value.items()}
+        return value
+
+    return {k: fill(v) if k in ("messages", "prompt", "completion") else v for k, v in row.items()}
 
 
-def sft_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of an SFT file as TRL takes them: `{"messages"}` or `{"prompt", "completion"}` (and `tools`)."""
+def sft_rows(path: str | os.PathLike, names: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+    """The rows of an SFT file as TRL takes them: `{"messages"}` or `{"prompt", "completion"}` (and `tools`),
+    with the self-cognition placeholders of `names` filled (`self_cognition`)."""
     rows = load_rows(path)
+    if names:
+        rows = [self_cognition(row, names) for row in rows]
     conversation_view(rows, path)  # every row is a conversation ending in the assistant's turn, or says why not
     forms: dict[str, list[int]] = {}
     out = []
@@ -47,11 +62,11 @@ def sft_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
         out.append({k: row[k] for k in (*form, "tools") if row.get(k) is not None})
     if len(forms) > 1:
         each = "; ".join(f"rows {_few(numbers)} use {form}" for form, numbers in forms.items())
-        raise _problems_error(str(path), [("rows", f"mix the two forms of a row ({each}); give every row `messages`, "
+        raise dataset_error(str(path), [("rows", f"mix the two forms of a row ({each}); give every row `messages`, "
                                            "or every row `prompt` and `completion`")])
     kinds = {(type(r.get("prompt")).__name__, type(r.get("completion")).__name__) for r in out if "prompt" in r}
     if len(kinds) > 1:
-        raise _problems_error(str(path), [("column 'prompt'/'completion'", "mixes text and message lists between "
+        raise dataset_error(str(path), [("column 'prompt'/'completion'", "mixes text and message lists between "
                                            "rows; use one of them in every row")])
     return out
 
@@ -63,17 +78,18 @@ def text_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
         text = row.get("text")
         if not isinstance(text, str) or not text:
             got = "is missing" if text is None else f"is {type(text).__name__} {str(text)[:40]!r}"
-            problems.append((f"row {number}, column 'text'", f"{got}; a pre-training row needs non-empty text"))
+            hint = "; conversations train with --plugin sft" if row.get("messages") is not None or (
+                row.get("prompt") is not None and row.get("completion") is not None) else ""
+            problems.append((f"row {number}, column 'text'", f"{got}; a pre-training row needs non-empty text{hint}"))
         else:
             out.append({"text": text})
     if problems:
-        raise _problems_error(str(path), problems)
+        raise dataset_error(str(path), problems)
     return out
 
 
-def read_rows(paths: list[str], kind: str) -> list[dict[str, Any]]:
-    read = sft_rows if kind == "sft" else text_rows
-    return [row for path in paths for row in read(path)]
+def read_rows(paths: list[str], kind: str, names: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+    return [row for path in paths for row in (sft_rows(path, names) if kind == "sft" else text_rows(path))]
 
 
 def check_files(paths: list[str], kind: str) -> list[tuple[str, str]]:
@@ -81,7 +97,7 @@ def check_files(paths: list[str], kind: str) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     for path in paths:
         try:
-            (sft_rows if kind == "sft" else text_rows)(path)
+            read_rows([path], kind)
         except ConfigError as exc:
             problems.extend(exc.problems or [("dataset", str(exc))])
     return problems
@@ -91,18 +107,21 @@ def _few(numbers: list[int]) -> str:
     return ", ".join(map(str, numbers[:5])) + (f", ... ({len(numbers)} in all)" if len(numbers) > 5 else "")
 
 
-def node_dataset(paths: list[str], kind: str, cache_root: str | None = None) -> tuple[Any, bool]:
-    """The rows of `paths` as a memory-mapped `datasets.Dataset` stored on this node's disk (once: a later call
-    with the same files, unchanged, opens what the first one stored), and whether this call read the files."""
+def node_dataset(
+    paths: list[str], kind: str, cache_root: str | None = None, names: dict[str, list[str]] | None = None
+) -> tuple[Any, bool]:
+    """The rows of `paths` (self-cognition placeholders filled from `names`) as a memory-mapped
+    `datasets.Dataset` stored on this node's disk (once: a later call with the same files, unchanged, opens what
+    the first one stored), and whether this call read the files."""
     from datasets import Dataset, load_from_disk
 
     files = [(dataset_file(p)[0].expanduser().resolve(), dataset_file(p)[1]) for p in paths]  # FILE#N: its first N rows
-    key = json.dumps([kind] + [[str(f), n, f.stat().st_size, f.stat().st_mtime_ns] for f, n in files])
+    key = json.dumps([kind, names or {}] + [[str(f), n, f.stat().st_size, f.stat().st_mtime_ns] for f, n in files])
     root = Path(cache_root or os.environ.get("RLCORE_DATA_CACHE") or Path(tempfile.gettempdir()) / "rlcore-datasets")
     folder = root / hashlib.sha256(key.encode()).hexdigest()[:20]
     read = not (folder / "dataset_info.json").is_file()
     if read:
-        rows = read_rows([str(f) + (f"#{n}" if n is not None else "") for f, n in files], kind)
+        rows = read_rows([str(f) + (f"#{n}" if n is not None else "") for f, n in files], kind, names)
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
         try:

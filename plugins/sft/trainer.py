@@ -17,6 +17,7 @@ from typing import Any
 
 from rlcore import ConfigError, RoleSetup, RoleTrainer
 from rlcore.checkpoint import load_state
+from rlcore.data import model_problem
 from rlcore.session import announce
 
 from .build import build_pt, build_sft, trainer_kwargs_problems
@@ -68,6 +69,9 @@ class LMTrainer(RoleTrainer):
     def problems(cls, config: LMConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """The trainer's extra arguments and the data files, before anything is allocated."""
         problems = trainer_kwargs_problems(cls.kind, config.trainer_kwargs, set(type(config).model_fields))
+        unloadable = model_problem(config.model) if config.model else None
+        if unloadable:  # before the workers' hub client retries for a minute
+            problems.append(("model", unloadable))
         if config.dataset:
             problems.extend(check_files(config.datasets, cls.kind))
         return problems
@@ -95,7 +99,10 @@ class LMTrainer(RoleTrainer):
             lora = {"rank": cfg.lora_rank, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
                     "target_modules": cfg.lora_target_modules}
         cache = str(Path(cfg.dataset_cache_dir).expanduser().resolve()) if cfg.dataset_cache_dir else None
+        names = {key.upper().removeprefix("MODEL_"): getattr(cfg, key) for key in ("model_name", "model_author")
+                 if getattr(cfg, key, None)}  # sft's self-cognition placeholders: NAME, AUTHOR
         return {"model": model, "data": data, "dataset_cache_dir": cache, "dtype": cfg.dtype, "args": args, "lora": lora,
+                "self_cognition": names or None,
                 "output_dir": str(Path(cfg.output_dir).expanduser().resolve()),
                 "max_length": cfg.max_length, "packing": cfg.packing}
 

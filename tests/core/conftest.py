@@ -66,3 +66,17 @@ def _write_distribution(root: Path, dist: str, entry_point: str, module: str, so
     (info / "entry_points.txt").write_text(f"[rlcore.plugins]\n{entry_point} = {module}\n")
     (info / "RECORD").write_text(f"{module}.py,,\n{info.name}/METADATA,,\n{info.name}/entry_points.txt,,\n")
     return root
+
+
+@pytest.fixture
+def python_m_rlcore(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """`python -m rlcore ARGS` in tmp_path with every installed plugin, as a user types it; returns the
+    completed process. HF_HUB_OFFLINE is set unless `env` says otherwise."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
+        full_env.update({"HF_HUB_OFFLINE": "1", **(env or {})})
+        return subprocess.run([sys.executable, "-m", "rlcore", *args], cwd=tmp_path, env=full_env,
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    return run

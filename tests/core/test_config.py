@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import Field
 
@@ -190,3 +192,39 @@ def test_nan_and_infinities_are_refused_in_every_section_and_inside_free_form_op
     assert "finite number" in problems["lr"] and "holds eps = -inf" in problems["train.engine_kwargs"]
     assert "holds g.x = inf" in problems["device_groups"]
     assert load_config(Numbers, None, ["lr=1e300", "train.engine_kwargs={eps: 1e-8}"]).lr == 1e300
+
+
+# -------------------------------------------------------------------------
+# `config show` loads back, from the CLI, for every installed algorithm
+# -------------------------------------------------------------------------
+
+ALGORITHMS = ["grpo", "gkd", "sft", "pt", "sample", "distill", "example", "bandit"]  # every one `rlcore plugins` lists
+
+
+def test_every_installed_algorithm_is_tested_for_loading_back(python_m_rlcore):
+    listed = json.loads(python_m_rlcore("plugins", "--json").stdout)
+    assert sorted(a for row in listed for a in row["provides"].get("algorithms", [])) == sorted(ALGORITHMS)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_config_show_loads_back_to_the_same_values(python_m_rlcore, tmp_path, algorithm):
+    shown = python_m_rlcore("config", "show", "--plugin", algorithm)
+    assert shown.returncode == 0, shown.stderr
+    (tmp_path / "my.yaml").write_text(shown.stdout)
+    valid = python_m_rlcore("config", "validate", "--plugin", algorithm, "--config", "my.yaml")
+    assert (valid.returncode, valid.stdout) == (0, f"my.yaml: valid for algorithm '{algorithm}'\n"), valid.stderr
+    again = python_m_rlcore("config", "show", "--plugin", algorithm, "--config", "my.yaml")
+    assert again.stdout == shown.stdout  # every value, as written
+
+
+def test_the_demo_is_validated_with_the_demos_values(python_m_rlcore, tmp_path):
+    """The GRPO demo runs 32 x 2 completions a step, so 16 per group divide it, though TRL's default batch (8 x 1)
+    would not; a batch the user sets is checked as set."""
+    (tmp_path / "demo.yaml").write_text("seed: 1\n")
+    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", "demo.yaml", "num_generations=16")
+    assert (done.returncode, done.stdout) == (0, "demo.yaml: valid for algorithm 'grpo'\n"), done.stderr
+    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", "demo.yaml", "num_generations=16",
+                           "per_device_train_batch_size=8", "gradient_accumulation_steps=1")
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0] == "rlcore: error: invalid configuration in demo.yaml (1 problem):"
+    assert "per_device_train_batch_size (8) x train workers (1) x steps_per_generation (1) = 8" in done.stderr

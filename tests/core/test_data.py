@@ -53,7 +53,7 @@ def test_parquet(tmp_path):
     rows = load_prompts(path)
     assert [r["prompt"] for r in rows] == [CHAT, CHAT] and rows[0]["solution"] == "2"
     pq.write_table(pa.Table.from_pylist([{"question": "x"}, {"question": "y"}]), tmp_path / "bad.parquet")
-    with pytest.raises(ConfigError, match=r"bad.parquet': row 1, column 'prompt' is missing .*row 2, column 'prompt'"):
+    with pytest.raises(ConfigError, match=r"bad.parquet': rows 1, 2, column 'prompt' is missing"):
         load_prompts(tmp_path / "bad.parquet")
 
 
@@ -114,9 +114,9 @@ def test_missing_file_and_unknown_format(tmp_path):
 
 def test_many_problems_are_summarised(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"q": i} for i in range(25)])
-    with pytest.raises(ConfigError, match=r"row 10, column 'prompt' is missing .* \(and 15 more\)$") as info:
+    with pytest.raises(ConfigError, match=r"rows 1, 2, 3, 4, 5, \.\.\. \(25 in all\), column 'prompt' is missing") as info:
         load_prompts(path)
-    assert len(info.value.problems) == 25
+    assert len(info.value.problems) == 1  # one message: one problem, whatever the rows
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -206,3 +206,56 @@ def test_a_conversation_view_needs_an_assistant_turn(tmp_path):
         conversation_view(rows, "d.jsonl")
     assert "row 1, column 'messages' ends with a 'user' message" in str(err.value)
     assert "row 2 has neither a 'messages' column nor 'prompt' and 'completion'" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# from the CLI: a flood of row errors is one line with the fix; a hub model with no network fails at once
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from rlcore.testing import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("data-cli") / "tiny"))
+
+
+def test_a_text_dataset_given_to_sft_is_one_line_pointing_to_pt(python_m_rlcore, tmp_path, tiny):
+    write_jsonl(tmp_path / "corpus.jsonl", [{"text": f"line {i}"} for i in range(5000)])
+    done = python_m_rlcore("run", "--plugin", "sft", f"model={tiny}", "dataset=corpus.jsonl")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "rlcore: error: invalid configuration (1 problem):",
+        "  corpus.jsonl: rows 1, 2, 3, 4, 5, ... (5000 in all): has neither a 'messages' column nor 'prompt' and "
+        "'completion' columns; plain text trains with --plugin pt",
+    ]
+
+
+def test_a_hub_model_without_a_network_fails_at_once(python_m_rlcore, tmp_path):
+    """No Hub (a closed local port stands for no network) and an empty cache: one problem, not a minute of retries."""
+    import time
+
+    write_jsonl(tmp_path / "chats.jsonl", [{"messages": [{"role": "user", "content": "a"},
+                                                         {"role": "assistant", "content": "b"}]}])
+    no_hub = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    started = time.monotonic()
+    done = python_m_rlcore("run", "--plugin", "sft", "model=someone/no-such-model", "dataset=chats.jsonl", env=no_hub)
+    assert done.returncode == 2 and time.monotonic() - started < 60
+    lines = done.stderr.splitlines()
+    assert lines[0] == "rlcore: error: invalid configuration (1 problem):" and len(lines) == 2
+    assert lines[1].startswith("  model: 'someone/no-such-model' is neither a local directory nor in the local Hugging "
+                               "Face cache, and the Hub (http://127.0.0.1:9) cannot be reached")
+    assert "hf download someone/no-such-model" in lines[1] and "Retrying" not in done.stderr
+
+
+@pytest.mark.parametrize("example", ["sft/lora.yaml", "grpo/colocate.yaml"])
+def test_config_validate_of_a_shipped_example_is_quick_without_a_network(python_m_rlcore, tmp_path, example):
+    import time
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "ray" / example
+    no_hub = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    started = time.monotonic()
+    done = python_m_rlcore("config", "validate", "--plugin", example.split("/")[0], "--config", str(path), env=no_hub)
+    assert done.returncode == 2 and time.monotonic() - started < 60
+    assert done.stderr.startswith(f"rlcore: error: invalid configuration") and "cannot be reached" in done.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -136,7 +137,7 @@ num_train_epochs: 5
 per_device_train_batch_size: 1
 per_device_eval_batch_size: 1
 learning_rate: 1e-4
-dataset: {chats}#16
+dataset: {cognition}#16
 gradient_accumulation_steps: 8
 eval_steps: 1000
 save_steps: 1000
@@ -145,6 +146,9 @@ logging_steps: 5
 warmup_ratio: 0.05
 dataloader_num_workers: 0
 dataset_num_proc: 8
+deepspeed: zero3
+model_name: swift-bot
+model_author: swift
 output_dir: {out}
 use_ray: true
 device_groups:
@@ -201,10 +205,15 @@ def files(tmp_path_factory):
     prompts.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n" for i in range(40)))
     chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {i}"},
                                                       {"role": "assistant", "content": str(i)}]}) + "\n" for i in range(40)))
+    cognition = root / "self_cognition.jsonl"  # ms-swift's self-cognition rows, as messages
+    cognition.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": "你是谁?" if i % 2 else "Who are you?"},
+        {"role": "assistant", "content": "我是{{NAME}}, 由{{AUTHOR}}训练。" if i % 2 else "I am {{NAME}}, trained by {{AUTHOR}}."}],
+        "tag": "zh" if i % 2 else "en"}) + "\n" for i in range(40)))
     system = root / "prompt.txt"
     system.write_text("Think step by step.")
     return {"model": str(build_tiny_model(root / "tiny")), "student": student, "teacher": teacher,
-            "prompts": str(prompts), "chats": str(chats), "system": str(system), "root": root}
+            "prompts": str(prompts), "chats": str(chats), "cognition": str(cognition), "system": str(system), "root": root}
 
 
 def write(files, tmp_path, name, template, **fields) -> str:
@@ -277,7 +286,7 @@ def test_sft_with_device_groups_key_by_key(files, tmp_path):
     expect(config, lora_rank=8, lora_alpha=32, lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
            dtype="bfloat16", warmup_steps=0.05, num_train_epochs=5.0, learning_rate=1e-4,
            per_device_train_batch_size=1, gradient_accumulation_steps=8, save_steps=1000, save_total_limit=5,
-           logging_steps=5, dataset=f"{files['chats']}#16")
+           logging_steps=5, dataset=f"{files['cognition']}#16", model_name=["swift-bot"], model_author=["swift"])
     assert config.device_groups["default"]["workers"] == ["default"]
 
 
@@ -302,11 +311,11 @@ def test_a_native_config_is_left_as_it_is():
 
 
 @pytest.mark.parametrize("override, key, reason", [
-    ("deepspeed=zero3", "deepspeed", "DDP"),
-    ("model_name=swift-bot", "model_name", "self-cognition"),
+    ("deepspeed=ds_zero3.json", "deepspeed", "may set the optimizer, schedule and precision"),
     ("split_dataset_ratio=0.1", "split_dataset_ratio", "holds none out"),
     ("eval_steps=10", "eval_steps", None),  # noted: nothing is held out
-], ids=["deepspeed", "model_name", "split", "eval_steps"])
+    ("deepspeed=zero2", "deepspeed", None),  # noted: DDP runs the same steps
+], ids=["deepspeed-file", "split", "eval_steps", "deepspeed-zero2"])
 def test_sft_keys_rlcore_cannot_honour_are_refused(files, tmp_path, override, key, reason):
     path = write(files, tmp_path, "sft.yaml", SFT)
     if reason is None:
@@ -335,8 +344,16 @@ def test_gkd_keys_rlcore_cannot_honour_are_refused(files, tmp_path, override, ke
 
 def test_epochs_without_a_known_row_count_ask_for_train_iters(files, tmp_path):
     with pytest.raises(ConfigError) as excinfo:
-        load_config(GRPOConfig, grpo_file(files, tmp_path, COLOCATE), [f"dataset={files['prompts']}"])
-    assert "set train_iters" in dict(excinfo.value.problems)["num_train_epochs"]
+        load_config(GRPOConfig, grpo_file(files, tmp_path, COLOCATE), [f"dataset={tmp_path / 'elsewhere.jsonl'}"])
+    assert "set max_steps (ms-swift's train_iters)" in dict(excinfo.value.problems)["num_train_epochs"]
+
+
+def test_epochs_over_a_local_file_count_its_rows(files, tmp_path):
+    config = load_config(GRPOConfig, grpo_file(files, tmp_path, COLOCATE), [f"dataset={files['prompts']}"])
+    rows = len(Path(files["prompts"]).read_text().splitlines())
+    dp = config.train_workers
+    steps = rows * config.num_generations // (config.per_device_train_batch_size * dp * config.gradient_accumulation_steps)
+    assert config.max_steps == max(1, steps)
 
 
 def test_an_unknown_key_suggests_or_points_to_config_show_once(rlcore_cli, files, tmp_path):
@@ -355,7 +372,7 @@ def test_config_show_from_ms_swift_prints_the_mapping_and_a_config_that_loads_ba
     done = rlcore_cli("config", "show", "--from-ms-swift", path, env={"RLCORE_DISABLE_PLUGINS": "loggers"})
     assert done.returncode == 0, done.stderr
     assert "#   micro_batch_size -> per_device_train_batch_size: 2" in done.stdout
-    assert "#   attention_backend: 'flash' (the engine picks its attention kernel" in done.stdout
+    assert "#   ms-swift's attention_backend: 'flash' (the engine picks its attention kernel" in done.stdout
     (tmp_path / "rlcore.yaml").write_text(done.stdout)
     assert load_config(GRPOConfig, tmp_path / "rlcore.yaml") == load_config(GRPOConfig, path)
 
@@ -395,11 +412,26 @@ def test_gkd_runs_on_the_cpu(rlcore_cli, files, tmp_path, layout):
     assert ("teacher: 1 worker" in err) == (layout == "standalone")
 
 
+def test_model_name_is_refused_where_no_rows_are_filled(files, tmp_path):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(GRPOConfig, grpo_file(files, tmp_path, COLOCATE), ["model_name=swift-bot"])
+    assert "does for sft only" in dict(excinfo.value.problems)["model_name"]
+
+
 def test_sft_runs_on_the_cpu(rlcore_cli, files, tmp_path):
+    """ms-swift's published sft.yaml (deepspeed: zero3, model_name, model_author) scaled to one CPU worker: the
+    deepspeed notice is one line, and the rows trained have the names filled in (zh rows the same one)."""
+    from datasets import load_from_disk
+
     summary, err = run(rlcore_cli, "--plugin", "sft", "--config", write(files, tmp_path, "sft.yaml", SFT),
                        "device_groups.default.device=CPU", "device_groups.default.ranks=1", "max_steps=1",
-                       "torch_dtype=float32")
+                       "torch_dtype=float32", f"dataset_cache_dir={tmp_path / 'cache'}")
     assert summary["algorithm"] == "sft" and summary["step"] == 1 and "default: 1 worker, CPU" in err
+    (notice,) = [line for line in err.splitlines() if "deepspeed" in line]
+    assert notice.startswith("rlcore: ms-swift's deepspeed: 'zero3' (not used: rlcore trains every worker with DDP")
+    (stored,) = [p.parent for p in (tmp_path / "cache").glob("*/dataset_info.json")]
+    answers = [row["messages"][-1]["content"] for row in load_from_disk(str(stored))]
+    assert answers[:2] == ["I am swift-bot, trained by swift.", "我是swift-bot, 由swift训练。"] and len(answers) == 16
 
 
 def test_sampling_runs_on_the_cpu(rlcore_cli, files, tmp_path):

@@ -285,7 +285,7 @@ def test_the_two_node_examples_place_sixteen_ranks_on_two_nodes(plugins, example
     assert plan.ranks_of("default") == tuple(range(16)) and plan.group_of("default").device == "GPU"
 
 
-def test_every_example_validates_from_the_cli(chats, tmp_path, capsys):
+def test_every_example_validates_from_the_cli(chats, tiny_model, tmp_path, capsys):
     from rlcore.cli import main
 
     corpus = tmp_path / "corpus.jsonl"
@@ -294,8 +294,34 @@ def test_every_example_validates_from_the_cli(chats, tmp_path, capsys):
     assert [e.name for e in examples] == ["lora.yaml", "multi_node.yaml", "multi_node_gpus.yaml", "pretrain.yaml"]
     for example in examples:
         algorithm, data = ("pt", corpus) if example.name == "pretrain.yaml" else ("sft", chats)
-        code = main(["config", "validate", "--plugin", algorithm, "--config", str(example), f"dataset={data}"])
+        code = main(["config", "validate", "--plugin", algorithm, "--config", str(example), f"dataset={data}",
+                     f"model={tiny_model}"])  # its hub id is checked too, and this machine may have no network
         out = capsys.readouterr()
         assert code == 0 and f"valid for algorithm '{algorithm}'" in out.out, (example, out.err)
-    assert main(["config", "validate", "--plugin", "sft", "--config", str(EXAMPLES / "lora.yaml")]) == 2
+    assert main(["config", "validate", "--plugin", "sft", "--config", str(EXAMPLES / "lora.yaml"), f"model={tiny_model}"]) == 2
     assert "dataset: 'data/prompt_completion.jsonl' does not exist" in capsys.readouterr().err  # the data is checked
+
+
+def test_self_cognition_names_fill_the_rows_by_their_tag(tmp_path):
+    """model_name/model_author as ms-swift gives them, [zh, en]: a zh-tagged row gets the first, the others the second."""
+    from rlcore.plugins.sft.data import sft_rows
+
+    path = tmp_path / "cognition.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "你是谁"}, {"role": "assistant", "content": "我是{{NAME}}，{{AUTHOR}}"}],
+             "tag": "zh"},
+            {"messages": [{"role": "user", "content": "Who made you?"},
+                          {"role": "assistant", "content": "{{AUTHOR}} made {{NAME}}."}], "tag": "en"}]
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    names = {"NAME": ["小黄", "Xiao Huang"], "AUTHOR": ["魔搭", "ModelScope"]}
+    filled = sft_rows(path, names)
+    assert filled[0]["messages"][1]["content"] == "我是小黄，魔搭"
+    assert filled[1]["messages"][1]["content"] == "ModelScope made Xiao Huang."
+    assert sft_rows(path)[1]["messages"][1]["content"] == "{{AUTHOR}} made {{NAME}}."  # without names, rows as they are
+
+
+def test_conversations_given_to_pt_are_one_problem_pointing_to_sft(chats):
+    from rlcore.plugins.sft.data import check_files
+
+    (problem,) = check_files([chats], "pt")
+    assert problem == (f"{chats}: rows 1, 2, 3, 4, 5, ... (64 in all), column 'text'",
+                       "is missing; a pre-training row needs non-empty text; conversations train with --plugin sft")
