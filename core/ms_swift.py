@@ -22,7 +22,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from .config import _names_and_aliases
-from .data import dataset_file
+from .data import dataset_file, load_rows
+from .errors import ConfigError
 from .resources import parse_ranks
 from .trl_names import trl_keys
 
@@ -85,9 +86,6 @@ def _names(model: type[BaseModel] | None) -> set[str]:
 
 def _row_count(dataset: str) -> int | None:
     """The rows of `dataset` (`FILE#N`: N; a local file: its rows), None when that is not known here."""
-    from .data import dataset_file, load_rows
-    from .errors import ConfigError
-
     file, first = dataset_file(dataset)
     if first is not None or not file.is_file():
         return first
