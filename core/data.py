@@ -159,8 +159,11 @@ def _numbered_rows(path: str | os.PathLike, problems: list[tuple[str, str]]) -> 
     return rows
 
 
-def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a local `.jsonl`, `.json` or `.parquet` file, as objects; anything else is an error."""
+def load_rows(path: str | os.PathLike | list[str]) -> list[dict[str, Any]]:
+    """The rows of a local `.jsonl`, `.json` or `.parquet` file, as objects; anything else is an error. A list of
+    files is their rows one file after another (ms-swift's `dataset: [a#N, b#M]`)."""
+    if isinstance(path, list):
+        return [row for one in path for row in load_rows(one)]
     problems: list[tuple[str, str]] = []
     rows = [row for _, row in _numbered_rows(path, problems)]
     _raise(path, problems)
@@ -255,9 +258,11 @@ def conversation_view(rows: list[dict[str, Any]], path: Any = "dataset") -> list
     return out
 
 
-def load_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a local `.jsonl`, `.json` or `.parquet` file, each with a `prompt` and its other columns;
-    every problem of the file is reported at once, by the row's number in the file."""
+def load_prompts(path: str | os.PathLike | list[str]) -> list[dict[str, Any]]:
+    """The rows of a local `.jsonl`, `.json` or `.parquet` file (or of a list of them, one after another), each
+    with a `prompt` and its other columns; every problem of a file is reported at once, by the row's number in it."""
+    if isinstance(path, list):
+        return [row for one in path for row in load_prompts(one)]
     problems: list[tuple[str, str]] = []
     rows = _prompts(_numbered_rows(path, problems), problems)
     _raise(path, problems)

@@ -14,6 +14,7 @@ unchanged. TRL's names are read first (`rlcore.trl_names`).
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -406,12 +407,11 @@ class _Translator:
     def dataset(self) -> None:
         given = self.data.get("dataset")
         kind = self.model.model_fields.get("dataset")
-        if isinstance(given, list) and kind is not None and "list" not in str(kind.annotation):
-            if len(given) == 1:
-                self.data["dataset"] = given[0]
-                self.out.mapped.append(f"dataset: a list of one -> dataset: {given[0]!r}")
-            else:
-                self.refuse("dataset", f"lists {len(given)} datasets; this algorithm reads one file: join them")
+        if isinstance(given, list) and len(given) == 1:
+            self.data["dataset"] = given[0]
+            self.out.mapped.append(f"dataset: a list of one -> dataset: {given[0]!r}")
+        elif isinstance(given, list) and kind is not None and "list" not in str(kind.annotation):
+            self.refuse("dataset", f"lists {len(given)} datasets; this algorithm reads one file: join them")
         if self.foreign("split_dataset_ratio"):
             ratio = self.take("split_dataset_ratio")
             rows = self.rows()
@@ -442,14 +442,14 @@ class _Translator:
     def sampling(self) -> None:
         if "sampler" not in self.sections:
             return
+        self.distill()
         engine = self.data.get("sampler_engine")
         if engine == "pt":
             self.data["sampler_engine"] = "hf"
             self.out.mapped.append("sampler_engine: 'pt' -> sampler.engine: 'hf'")
         elif engine in ("lmdeploy", "client", "no"):
             self.refuse("sampler_engine", f"'{engine}' is not built in rlcore; use vllm or hf (pt), or the distill "
-                        "algorithm for an OpenAI-compatible endpoint")
-            self.data.pop("sampler_engine")
+                        "algorithm (--plugin distill) for an OpenAI-compatible endpoint")
         if self.foreign("num_sampling_batch_size"):
             self.put("num_sampling_batch_size", "batch_size", self.take("num_sampling_batch_size"))
         if self.foreign("num_sampling_per_gpu_batch_size"):
@@ -469,6 +469,53 @@ class _Translator:
                 self.refuse("load_args", "rlcore reads no args.json beside a checkpoint; give the keys in the config")
             else:
                 self.note("load_args", load, "rlcore reads no args.json beside a checkpoint either")
+
+    def distill(self) -> None:
+        """ms-swift's `sampler_type: distill` with `sampler_engine: client`: the distill algorithm, whose teacher is
+        the endpoint that `engine_kwargs.base_url` names (ms-swift's client engine, OpenAI-compatible)."""
+        if "api_base" not in self.own:  # not the distill algorithm
+            if self.data.get("sampler_type") == "distill":
+                self.refuse("sampler_type", "'distill' is rlcore's distill algorithm: run it with --plugin distill")
+            return
+        if self.foreign("sampler_type"):
+            kind = self.take("sampler_type")
+            if kind == "distill":
+                self.out.mapped.append("sampler_type: 'distill' is this algorithm")
+            else:
+                self.out.problems.append(("sampler_type", f"{kind!r} is not distillation: run it with --plugin sample"))
+        if self.data.get("sampler_engine") == "client":
+            self.take("sampler_engine")
+            self.out.mapped.append("sampler_engine: 'client' -> the teacher is the endpoint api_base names")
+        kwargs = self.data.get("engine_kwargs")
+        if self.foreign("engine_kwargs"):
+            kwargs = self.take("engine_kwargs")
+            try:
+                kwargs = json.loads(kwargs) if isinstance(kwargs, str) else kwargs
+            except ValueError:
+                self.out.problems.append(("engine_kwargs", f"{kwargs!r} is not JSON (ms-swift passes it to its client)"))
+                return
+            if not isinstance(kwargs, dict):
+                self.out.problems.append(("engine_kwargs", f"{kwargs!r} is not a mapping of client options"))
+                return
+            if "base_url" in kwargs:
+                self.put("engine_kwargs.base_url", "api_base", kwargs.pop("base_url"))
+            if "api_key" in kwargs:  # never echoed: the value is a secret
+                self.data.setdefault("api_key", kwargs.pop("api_key"))
+                self.out.mapped.append("engine_kwargs.api_key -> api_key")
+            for key in sorted(kwargs):
+                self.out.problems.append((f"engine_kwargs.{key}", "is not an option of rlcore's endpoint client; "
+                                          "it takes api_base, api_key, max_concurrency, request_timeout_s"))
+        if self.foreign("stream"):
+            self.note("stream", self.take("stream"), "rlcore asks for whole responses; the responses are the same")
+        groups = self.data.get("device_groups")
+        for name, spec in list(groups.items()) if isinstance(groups, dict) else []:
+            workers = spec.get("workers") if isinstance(spec, dict) else None
+            if isinstance(workers, list) and "sampler" in workers:  # ms-swift's client sampler: the endpoint here
+                spec["workers"] = [w for w in workers if w != "sampler"]
+                if not spec["workers"]:
+                    del groups[name]
+                self.out.mapped.append(f"device_groups.{name}: its sampler worker is the endpoint api_base names"
+                                       + ("" if spec["workers"] else " (the group is left out)"))
 
     def sampler_workers(self) -> int:
         for spec in (self.data.get("device_groups") or {}).values():

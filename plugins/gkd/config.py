@@ -45,8 +45,8 @@ class GKDConfig(NonfiniteKeys, TrainingConfig):
     offload_teacher_model: bool = Field(
         False, description="colocated teacher: keep it in CPU memory, brought to the device only for its forward"
     )
-    dataset: str | None = Field(
-        None, description="JSONL/JSON/Parquet with messages (ending in the assistant's turn) or prompt + completion"
+    dataset: str | list[str] | None = Field(
+        None, description="JSONL/JSON/Parquet file(s) with messages (ending in the assistant's turn) or prompt + completion"
     )
     use_chat_template: bool = Field(True, description="wrap prompts with the tokenizer's chat template")
     system: str | None = Field(

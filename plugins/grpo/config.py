@@ -47,7 +47,9 @@ class GRPOConfig(NonfiniteKeys, TrainingConfig):
         "the toy task, whose run uses learning_rate 1e-3, max_steps 40, max_completion_length 20, "
         "per_device_train_batch_size 32, gradient_accumulation_steps 2, output_dir output/grpo-demo for keys not set",
     )
-    dataset: str | None = Field(None, description="JSONL/JSON/Parquet with a prompt or messages column; unset: the toy task")
+    dataset: str | list[str] | None = Field(
+        None, description="JSONL/JSON/Parquet file(s) with a prompt or messages column; unset: the toy task"
+    )
     use_chat_template: bool = Field(True, description="wrap prompts with the tokenizer's chat template")
     system: str | None = Field(
         None, description="a system message opening every prompt that has none of its own (the row's wins, as in ms-swift)"

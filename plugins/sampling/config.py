@@ -47,7 +47,9 @@ class SampleConfig(RunConfig):
         None, description="the sampler's model (a directory or hub id); unset (and no dataset): the embedded demo, "
         "a tiny random model on 8 prompts of the toy task with orm_model toy, num_return_sequences 4, max_new_tokens 16"
     )
-    dataset: str | None = Field(None, description="JSONL/JSON/Parquet with a messages or prompt column; unset: the toy task")
+    dataset: str | list[str] | None = Field(
+        None, description="JSONL/JSON/Parquet file(s) with a messages or prompt column; unset: the toy task"
+    )
     data_range: list[int] | None = Field(
         None, description="[i, n]: sample shard i of n (contiguous; the first shards take one row more, none is dropped)"
     )

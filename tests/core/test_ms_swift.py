@@ -15,7 +15,8 @@ from rlcore.errors import ConfigError
 from rlcore.ms_swift import translate
 from rlcore.plugins.gkd import GKDConfig
 from rlcore.plugins.grpo import GRPOConfig
-from rlcore.plugins.sampling import SampleConfig
+from rlcore.data import load_rows
+from rlcore.plugins.sampling import DistillConfig, SampleConfig
 from rlcore.plugins.sft import SFTConfig
 
 GRPO = """\
@@ -296,6 +297,73 @@ def test_sampling_with_device_groups_key_by_key(files, tmp_path):
            orm_model="accuracy", sampler__engine="vllm", max_prompt_length=2048, num_return_sequences=2,
            output_file="sampling.jsonl", prm_threshold=0.8, max_new_tokens=768)
     assert config.system.startswith("You are a math model")
+
+
+DISTILL = """\
+use_ray: false
+sampler_type: distill
+sampler_engine: client
+model: qwen-max
+stream: true
+dataset: {prompts}#16
+num_return_sequences: 4
+max_length: 2048
+load_args: false
+max_new_tokens: 768
+orm_model: math
+override_exist_file: true
+num_sampling_batch_size: 4
+output_file: sampling.jsonl
+output_dir: {out}
+engine_kwargs: '{{"base_url":"https://dashscope.aliyuncs.com/compatible-mode/v1"}}'
+device_groups:
+  nproc_per_node: 4
+  sample_group:
+    device: CPU
+    ranks: 2
+    workers:
+      - sampler
+  rm_group:
+    device: GPU
+    ranks: list(range(0, 4))
+    workers:
+      - orm
+"""
+
+
+def test_distill_with_the_client_engine_key_by_key(files, tmp_path):
+    """ms-swift's examples/sampler/distill/distill.yaml: the client engine's base_url is the endpoint, and the
+    group of its client sampler is left out (the endpoint samples)."""
+    path = write(files, tmp_path, "distill.yaml", DISTILL)
+    config = load_config(DistillConfig, path)
+    expect(config, api_base="https://dashscope.aliyuncs.com/compatible-mode/v1", model="qwen-max", batch_size=4,
+           orm_model="accuracy", num_return_sequences=4, max_new_tokens=768, output_file="sampling.jsonl")
+    assert set(config.device_groups) == {"nproc_per_node", "rm_group"}
+    notes = translate(__import__("yaml").safe_load(Path(path).read_text()), DistillConfig)
+    assert "sampler_engine: 'client' -> the teacher is the endpoint api_base names" in notes.mapped
+    assert any(line.startswith("ms-swift's stream: True") for line in notes.noted)
+
+
+def test_distill_refuses_client_options_it_does_not_have(files, tmp_path):
+    path = write(files, tmp_path, "distill.yaml", DISTILL.replace('"base_url"', '"timeout": 5, "base_url"'))
+    with pytest.raises(ConfigError, match="engine_kwargs.timeout: is not an option of rlcore's endpoint client"):
+        load_config(DistillConfig, path)
+
+
+def test_sampler_engine_client_for_sampling_says_to_use_distill(files, tmp_path):
+    path = write(files, tmp_path, "sample.yaml", SAMPLING.replace("sampler_engine: vllm", "sampler_engine: client"))
+    with pytest.raises(ConfigError, match=r"sampler_engine: 'client' is not built in rlcore.*--plugin distill"):
+        load_config(SampleConfig, path)
+
+
+def test_gkd_datasets_listed_are_read_one_after_another(files, tmp_path):
+    """ms-swift's GKD examples list two datasets (`- zh#2000`, `- en#2000`): both, each cut to its rows."""
+    path = write(files, tmp_path, "gkd.yaml", GKD.replace("  - {chats}#32", "  - {chats}#3\n  - {prompts}#2"),
+                 teacher_model=f"teacher_model: {files['teacher']}", teacher_section="")
+    config = load_config(GKDConfig, path)
+    assert config.dataset == [f"{files['chats']}#3", f"{files['prompts']}#2"]
+    rows = load_rows(config.dataset)
+    assert len(rows) == 5 and "messages" in rows[0] and "prompt" in rows[3]
 
 
 def test_a_native_config_is_left_as_it_is():
