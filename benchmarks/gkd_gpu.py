@@ -198,8 +198,8 @@ def run_trl_gkd(student: str, teacher: str, data: str, out: Path) -> dict:
     clock, tokens = trainer_clock(), []
     generate = GKDTrainer.generate_on_policy_outputs
 
-    def counted(model, inputs, generation_config, pad_token_id=None):  # the completion tokens TRL generated
-        ids, mask, labels = generate(model, inputs, generation_config, pad_token_id)
+    def counted(model, inputs, generation_config):  # the completion tokens TRL generated
+        ids, mask, labels = generate(model, inputs, generation_config)
         tokens.append(int((labels != -100).sum()))
         return ids, mask, labels
 
