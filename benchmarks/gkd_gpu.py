@@ -188,31 +188,35 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool) -> di
     return {"step_s": clock.step_s(), "tokens": tokens, "settings": settings, "torch_peak_gib": torch_peak_gib()}
 
 
-def run_trl_gkd(student: str, teacher: str, data: str, out: Path) -> dict:
+def run_trl_gkd(student: str, teacher: str, data: str, out: Path, smoke: bool = False) -> dict:
     """TRL's older `GKDTrainer` (`trl.experimental.gkd`), generating with `model.generate`: 2 + SKIP steps."""
     from datasets import load_dataset
     from fair import trainer_clock
     from transformers import AutoTokenizer
     from trl.experimental.gkd import GKDConfig, GKDTrainer
 
-    clock, tokens = trainer_clock(), []
+    clock, counts = trainer_clock(), []
     generate = GKDTrainer.generate_on_policy_outputs
 
     def counted(model, inputs, generation_config):  # the completion tokens TRL generated
         ids, mask, labels = generate(model, inputs, generation_config)
-        tokens.append(int((labels != -100).sum()))
+        counts.append(int((labels != -100).sum()))
         return ids, mask, labels
 
     GKDTrainer.generate_on_policy_outputs = staticmethod(counted)
     same = {k: v for k, v in SAME.items() if k != "max_completion_length"}
-    args = GKDConfig(**same, lmbda=1.0, output_dir=str(out), max_steps=SKIP + 2, max_new_tokens=TOKENS, bf16=True,
+    dtype, tokens, device = ("float32", 8, dict(use_cpu=True, bf16=False)) if smoke else ("bfloat16", TOKENS, dict(bf16=True))
+    if smoke:
+        same.update(per_device_train_batch_size=2, gradient_accumulation_steps=2)
+    args = GKDConfig(**same, **device, lmbda=1.0, output_dir=str(out), max_steps=SKIP + 2, max_new_tokens=tokens,
                      report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, gradient_checkpointing=False,
-                     model_init_kwargs={"dtype": "bfloat16"}, teacher_model_init_kwargs={"dtype": "bfloat16"})
+                     model_init_kwargs={"dtype": dtype}, teacher_model_init_kwargs={"dtype": dtype})
     trainer = GKDTrainer(model=student, teacher_model=teacher, args=args,
                          train_dataset=load_dataset("json", data_files=data, split="train").remove_columns("prompt"),
                          processing_class=AutoTokenizer.from_pretrained(student), callbacks=[clock])
     trainer.train()
-    per_step = [sum(tokens[i * ACCUM : (i + 1) * ACCUM]) for i in range(len(clock.stamps) - 1)]
+    accum = args.gradient_accumulation_steps
+    per_step = [sum(counts[i * accum : (i + 1) * accum]) for i in range(len(clock.stamps) - 1)]
     settings = {k: getattr(args, k) for k in same}
     settings.update(lmbda=args.lmbda, max_new_tokens=args.max_new_tokens, generation="model.generate")
     return {"step_s": clock.step_s(), "tokens": per_step, "settings": settings, "torch_peak_gib": torch_peak_gib()}
@@ -431,7 +435,7 @@ def main() -> None:
         if args.run == "trl":
             result = run_trl(student, teacher, args.data, tmp / "out-trl", args.smoke)
         elif args.run == "trl-gkd":
-            result = run_trl_gkd(student, teacher, args.data, tmp / "out-trl-gkd")
+            result = run_trl_gkd(student, teacher, args.data, tmp / "out-trl-gkd", args.smoke)
         elif args.run == "memory":
             result = run_memory(student, teacher, args.smoke)
         else:
