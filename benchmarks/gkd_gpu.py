@@ -17,6 +17,8 @@ micro-batch x 8 accumulation steps), beta 0.5, temperature 1, gradient checkpoin
 - `served` (only with `--only`, two GPUs): rlcore on Ray, the teacher a vLLM group on GPU 1 serving top-64.
 
     python benchmarks/gkd_gpu.py                  # trl, full, topk, memory: about 6 minutes on one H200
+    python benchmarks/gkd_gpu.py --only trl --only full; python benchmarks/gkd_gpu.py --only topk --only memory
+                                                  # the same in two calls of about 4 and 2.5 minutes
     python benchmarks/gkd_gpu.py --only full      # one side; sides run in separate calls add up in the JSON
     python benchmarks/gkd_gpu.py --smoke          # tiny models on the CPU, no vLLM: the code paths only
     python benchmarks/gkd_gpu.py --only full --profile   # + torch's profile of rlcore's last train phase
