@@ -17,6 +17,8 @@ micro-batch x 8 accumulation steps), beta 0.5, temperature 1, gradient checkpoin
 - `served` (only with `--only`, two GPUs): rlcore on Ray, the teacher a vLLM group on GPU 1 serving top-64.
 
     python benchmarks/gkd_gpu.py                  # trl, full, topk, memory: about 6 minutes on one H200
+    python benchmarks/gkd_gpu.py --only trl --only full; python benchmarks/gkd_gpu.py --only topk --only memory
+                                                  # the same in two calls of about 4 and 2.5 minutes
     python benchmarks/gkd_gpu.py --only full      # one side; sides run in separate calls add up in the JSON
     python benchmarks/gkd_gpu.py --smoke          # tiny models on the CPU, no vLLM: the code paths only
     python benchmarks/gkd_gpu.py --only full --profile   # + torch's profile of rlcore's last train phase
@@ -188,31 +190,35 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool) -> di
     return {"step_s": clock.step_s(), "tokens": tokens, "settings": settings, "torch_peak_gib": torch_peak_gib()}
 
 
-def run_trl_gkd(student: str, teacher: str, data: str, out: Path) -> dict:
+def run_trl_gkd(student: str, teacher: str, data: str, out: Path, smoke: bool = False) -> dict:
     """TRL's older `GKDTrainer` (`trl.experimental.gkd`), generating with `model.generate`: 2 + SKIP steps."""
     from datasets import load_dataset
     from fair import trainer_clock
     from transformers import AutoTokenizer
     from trl.experimental.gkd import GKDConfig, GKDTrainer
 
-    clock, tokens = trainer_clock(), []
+    clock, counts = trainer_clock(), []
     generate = GKDTrainer.generate_on_policy_outputs
 
-    def counted(model, inputs, generation_config, pad_token_id=None):  # the completion tokens TRL generated
-        ids, mask, labels = generate(model, inputs, generation_config, pad_token_id)
-        tokens.append(int((labels != -100).sum()))
+    def counted(model, inputs, generation_config):  # the completion tokens TRL generated
+        ids, mask, labels = generate(model, inputs, generation_config)
+        counts.append(int((labels != -100).sum()))
         return ids, mask, labels
 
     GKDTrainer.generate_on_policy_outputs = staticmethod(counted)
     same = {k: v for k, v in SAME.items() if k != "max_completion_length"}
-    args = GKDConfig(**same, lmbda=1.0, output_dir=str(out), max_steps=SKIP + 2, max_new_tokens=TOKENS, bf16=True,
+    dtype, tokens, device = ("float32", 8, dict(use_cpu=True, bf16=False)) if smoke else ("bfloat16", TOKENS, dict(bf16=True))
+    if smoke:
+        same.update(per_device_train_batch_size=2, gradient_accumulation_steps=2)
+    args = GKDConfig(**same, **device, lmbda=1.0, output_dir=str(out), max_steps=SKIP + 2, max_new_tokens=tokens,
                      report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, gradient_checkpointing=False,
-                     model_init_kwargs={"dtype": "bfloat16"}, teacher_model_init_kwargs={"dtype": "bfloat16"})
+                     model_init_kwargs={"dtype": dtype}, teacher_model_init_kwargs={"dtype": dtype})
     trainer = GKDTrainer(model=student, teacher_model=teacher, args=args,
                          train_dataset=load_dataset("json", data_files=data, split="train").remove_columns("prompt"),
                          processing_class=AutoTokenizer.from_pretrained(student), callbacks=[clock])
     trainer.train()
-    per_step = [sum(tokens[i * ACCUM : (i + 1) * ACCUM]) for i in range(len(clock.stamps) - 1)]
+    accum = args.gradient_accumulation_steps
+    per_step = [sum(counts[i * accum : (i + 1) * accum]) for i in range(len(clock.stamps) - 1)]
     settings = {k: getattr(args, k) for k in same}
     settings.update(lmbda=args.lmbda, max_new_tokens=args.max_new_tokens, generation="model.generate")
     return {"step_s": clock.step_s(), "tokens": per_step, "settings": settings, "torch_peak_gib": torch_peak_gib()}
@@ -431,7 +437,7 @@ def main() -> None:
         if args.run == "trl":
             result = run_trl(student, teacher, args.data, tmp / "out-trl", args.smoke)
         elif args.run == "trl-gkd":
-            result = run_trl_gkd(student, teacher, args.data, tmp / "out-trl-gkd")
+            result = run_trl_gkd(student, teacher, args.data, tmp / "out-trl-gkd", args.smoke)
         elif args.run == "memory":
             result = run_memory(student, teacher, args.smoke)
         else:

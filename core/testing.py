@@ -85,7 +85,9 @@ def build_tiny_model(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        tokenizer = build_tokenizer(vocab_size)
+        if vocab_size not in _TOKENIZERS:  # a student and a teacher of one vocabulary share the build
+            _TOKENIZERS[vocab_size] = build_tokenizer(vocab_size)
+        tokenizer = _TOKENIZERS[vocab_size]
         tokenizer.save_pretrained(tmp)
         _build_model(tokenizer, args).save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps(args, indent=2))
@@ -99,6 +101,9 @@ def build_tiny_model(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+_TOKENIZERS: dict[int | None, Any] = {}  # build_tiny_model's tokenizers by vocabulary size, built once a process
 
 
 def _built_as(path: Path, args: dict[str, Any], replace: bool) -> bool:
@@ -118,14 +123,20 @@ def _synthetic_merges(vocab: dict[str, int], merges: list[tuple[str, str]], size
     import random
 
     rng = random.Random(0)
+    draw = rng._randbelow  # what rng.choice draws with: the same sequence, without a call per choice
     tokens = list(vocab)
+    lengths = [len(t) for t in tokens]
     while len(vocab) < size:
-        left, right = rng.choice(tokens), rng.choice(tokens)
-        if left + right in vocab or len(left + right) > 8:
+        i, j = draw(len(tokens)), draw(len(tokens))
+        if lengths[i] + lengths[j] > 8:
             continue
-        vocab[left + right] = len(vocab)
-        merges.append((left, right))
-        tokens.append(left + right)
+        merged = tokens[i] + tokens[j]
+        if merged in vocab:
+            continue
+        vocab[merged] = len(vocab)
+        merges.append((tokens[i], tokens[j]))
+        tokens.append(merged)
+        lengths.append(len(merged))
 
 
 def build_tokenizer(vocab_size: int | None = None) -> Any:
