@@ -39,6 +39,21 @@ TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout",
 MOVED_BY_TUNING = ("tuner_type", "train_type", "target_modules", "recompute_granularity")  # rewritten in train
 ZERO_STAGES = ("zero0", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")  # ms-swift's `deepspeed` names
 LR_SCHEDULES = {"constant": "constant", "linear": "linear", "cosine": "cosine"}
+# ms-swift features rlcore does not have (its newer examples use them): refused with the reason, not "unknown"
+NOT_BUILT = {
+    "multi_turn_scheduler": "multi-turn rollouts (a scheduler between turns) are not built in rlcore; its rollouts are "
+                            "one completion per prompt",
+    "max_turns": "multi-turn rollouts are not built in rlcore (see multi_turn_scheduler)",
+    "teacher_kl_coef": "on-policy distillation inside GRPO (a teacher KL term) is not built; rlhf_type gkd distils "
+                       "from a teacher",
+    "teacher_model": "a teacher in GRPO is ms-swift's on-policy distillation, which is not built here; rlhf_type gkd "
+                     "distils from a teacher",
+    "offload_teacher_model": "a teacher in GRPO is not built here (see teacher_model)",
+    "truncation_strategy": "rlcore cuts a prompt longer than max_prompt_length from the left and keeps the row; "
+                           "drop the key (ms-swift's 'delete' drops such rows)",
+    "enable_thinking": "rlcore applies the tokenizer's chat template with its defaults; put the template's switch "
+                       "in your rows or template, and drop the key",
+}
 
 
 @dataclass
@@ -582,3 +597,6 @@ class _Translator:
         if self.foreign("external_plugins"):
             self.refuse("external_plugins", "ms-swift plugin files register with ms-swift; in rlcore name a reward "
                         "as module:function in reward_funcs, or load a plugin with --with FILE")
+        for key, why in NOT_BUILT.items():
+            if self.foreign(key):
+                self.refuse(key, why)

@@ -366,6 +366,21 @@ def test_gkd_datasets_listed_are_read_one_after_another(files, tmp_path):
     assert len(rows) == 5 and "messages" in rows[0] and "prompt" in rows[3]
 
 
+@pytest.mark.parametrize("key, value, reason", [
+    ("multi_turn_scheduler", "math_tip_trick", "multi-turn rollouts (a scheduler between turns) are not built"),
+    ("teacher_kl_coef", 1.0, "on-policy distillation inside GRPO"),
+    ("teacher_model", "{model}", "a teacher in GRPO is ms-swift's on-policy distillation"),
+    ("truncation_strategy", "delete", "cuts a prompt longer than max_prompt_length from the left"),
+])
+def test_features_of_newer_ms_swift_examples_are_refused_with_the_reason(files, tmp_path, key, value, reason):
+    """ms-swift's opd_rl_colocate.yaml and gkd/multi_turn_colocate.yaml use features rlcore lacks."""
+    extra = f"{key}: {value}\n".format(model=files["model"])
+    with pytest.raises(ConfigError) as error:
+        load_config(GRPOConfig, write(files, tmp_path, "grpo.yaml", GRPO + extra, placement=COLOCATE))
+    assert f"{key}: " in str(error.value) and reason in str(error.value)
+    assert "unknown key" not in str(error.value)
+
+
 def test_a_native_config_is_left_as_it_is():
     native = {"model": "m", "dataset": "d.jsonl", "learning_rate": 1e-6, "steps_per_generation": 4,
               "max_prompt_length": 64, "train": {"gpus": 2}, "rollout": {"gpus": 2, "engine": "vllm"}}
