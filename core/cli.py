@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from . import __version__
 from .config import config_error, load_config, read_config_data, render_config, validation_problems, with_settings
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
+from .log import LEVELS, STOP, logger
 from .manager import Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
 from .ms_swift import Translation, launch_options, translate
@@ -38,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lets the interpreter's final flush succeed
         return 0
     except KeyboardInterrupt:
-        print("rlcore: interrupted", file=sys.stderr)
+        logger.warning("interrupted", extra=STOP)
         _leaving(130)
         return 130
     except SystemExit as exc:
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RlcoreError as exc:
         if os.environ.get("RLCORE_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
-        print(f"rlcore: error: {exc}", file=sys.stderr)
+        logger.error(str(exc))
         return exc.exit_code
 
 
@@ -70,7 +71,7 @@ def _leaving(code: int) -> None:
 
 OWN_OPTIONS = {
     "--plugin", "--with", "--config", "--from-ms-swift", "--use-ray", "--resume", "--json", "--keys", "--output", "--help",
-    "--version",
+    "--version", "--log-level",
 }
 
 
@@ -86,7 +87,7 @@ def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[
         key, eq, value = item[2:].partition("=")
         if not item.startswith("--") or len(item) == 2 or f"--{key}" in OWN_OPTIONS:
             (overrides if "=" in item and not item.startswith("-") else head).append(item)
-            if item in ("--plugin", "--with", "--config", "--from-ms-swift") and i + 1 < len(argv):  # their values
+            if item in ("--plugin", "--with", "--config", "--from-ms-swift", "--log-level") and i + 1 < len(argv):  # values
                 head.append(argv[i + 1])
                 i += 1
         elif eq:
@@ -114,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_plugin_and_config(run)
     run.add_argument("--use-ray", action="store_true", help="place roles on a Ray cluster (default: one process)")
     run.add_argument("--resume", action="store_true", help="continue the run in output_dir (sets resume=auto)")
+    run.add_argument("--log-level", choices=LEVELS, help="stderr and output_dir/run.log: debug also shows third-party "
+                     "progress bars (default: the config's log_level, info)")
     run.set_defaults(func=_run)
 
     listing = commands.add_parser("plugins", help="list installed plugins and what each provides")
@@ -242,7 +245,13 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
 
 
 def _run(args: argparse.Namespace) -> int:
+    from . import log
+
+    if args.log_level:
+        log.setup(args.log_level)  # the plugins and the config load at that level already
     plugins, algorithm, config = _configured(args, resume=args.resume)
+    log.setup(args.log_level or getattr(config, "log_level", "info"))
+    log.redact(log.secrets_of(config))
     for line in args.translation.noted:
         print(f"rlcore: ms-swift's {line}", file=sys.stderr)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)

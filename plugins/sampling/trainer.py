@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from rlcore import ConfigError, RoleSetup, RoleTrainer, SamplingParams
 from rlcore.config import problems_of
+from rlcore.log import logger
 from rlcore.sections import rollout_options
 
 from .config import SampleConfig
@@ -189,7 +189,7 @@ class SampleTrainer(RoleTrainer):
             self._check_changes(self.output.state_path, _secrets_hidden(state.get("config"), cfg))
             self.done_before = bool(state.get("done"))
             if self.done_before:
-                print(f"rlcore: {self.output.final} is already complete; nothing to resume", file=sys.stderr)
+                logger.info(f"{self.output.final} is already complete; nothing to resume")
         else:
             self.output.refuse_existing()
             metrics = self.output_dir / "metrics.jsonl"
@@ -222,7 +222,7 @@ class SampleTrainer(RoleTrainer):
         """Publish the output under its final name; return a summary."""
         if not self.done_before:
             path = self.output.finish()
-            print(f"rlcore: wrote {self.written} rows to {path}", file=sys.stderr, flush=True)
+            logger.info(f"wrote {self.written} rows to {path}")
         return self.summary(self.output.state)
 
     @contextlib.contextmanager
