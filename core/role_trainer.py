@@ -136,3 +136,10 @@ class RoleTrainer(Trainer):
     def load_model(self, path: Path) -> None:
         if self.checkpointed:
             self.session[self.checkpointed].load(str(path / "model"))
+
+    def export_model(self, path: Path) -> bool:
+        """The `checkpointed` role's model in Hugging Face format (LoRA merged into the base weights)."""
+        if not self.checkpointed:
+            return False
+        self.session[self.checkpointed].save_hf(str(Path(path).resolve()))
+        return True

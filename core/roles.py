@@ -137,6 +137,12 @@ class TrainWorker:
     def load(self, path: str) -> None:
         self.engine.load(path)
 
+    @function(collect="first")
+    def save_hf(self, path: str) -> None:  # every rank takes part (megatron's export gathers); rank 0 writes
+        from .export import write_hf_model
+
+        write_hf_model(path, self.engine.export_weights(), self.engine.model_name, write=worker_rank() == 0)
+
 
 @worker(group="rollout")
 class GenerateWorker:

@@ -25,9 +25,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import watchdog
-from .checkpoint import RunLock, check_output_dir, checkpoints, load_state, resolve_resume, save_checkpoint
+from . import log, watchdog
+from .checkpoint import (
+    RunLock, check_output_dir, checkpoints, load_state, note_run, partial_run, resolve_resume, save_checkpoint, save_final,
+)
 from .errors import ConfigError, RlcoreError
+from .log import BARE, STOP, logger
 from .metrics import MetricsWriter
 
 if TYPE_CHECKING:
@@ -91,6 +94,10 @@ class Trainer:
         self.output_dir = Path(getattr(config, "output_dir", "output"))
         check_output_dir(self.output_dir)
         RunLock(self.output_dir).refuse_if_held()  # before a subclass builds anything there (a demo model)
+        if partial_run(self.output_dir):
+            nothing = " (--resume: there is no checkpoint to resume)" if getattr(config, "resume", "no") == "auto" else ""
+            logger.warning(f"output_dir '{self.output_dir}' holds only what a run left that stopped before its first "
+                           f"checkpoint{nothing}; starting a new run there (its metrics.jsonl is replaced)")
         self.resume_from = self.resume_point()  # refuses to overwrite a run
         self.timer = PhaseTimer()
         self.step = 0
@@ -152,6 +159,11 @@ class Trainer:
     def load_model(self, path: Path) -> None:
         """Read what `save_model` wrote."""
 
+    def export_model(self, path: Path) -> bool:
+        """Write the trained model in Hugging Face format (weights, config, tokenizer) into the folder `path`,
+        once the run reached max_steps: it becomes `output_dir/final`. False: this algorithm trains no model."""
+        return False
+
     def on_end(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Once the loop reached `max_steps` (not after a signal): what `fit()` returns and
         `rlcore_train_end` gets; the last step's metrics unless the algorithm sums up otherwise."""
@@ -199,6 +211,8 @@ class Trainer:
                             saved = self.step
                 if self.step > saved or (not save_steps and self.step and not stop.signal):
                     where = self.save()
+                if not stop.signal and self.step >= self.max_steps:
+                    self.save_final()
             if stop.signal:
                 if where is not None:
                     stop.exit(f"after step {self.step}; saved {where} (continue with --resume)")
@@ -207,7 +221,21 @@ class Trainer:
                 stop.exit("before step 1; nothing was trained or saved (run again, without --resume)")
             last = self.on_end(last)
             self.hook.rlcore_train_end(trainer=self, metrics=last)
+            note_run(self.output_dir, "finished")
         return last
+
+    def save_final(self) -> Path | None:
+        """`output_dir/final`: the trained model in Hugging Face format (see `export_model`), written atomically."""
+        exported: list[bool] = []
+        final = save_final(self.output_dir, self.step, lambda path: exported.append(self.export_model(path)),
+                           overwrite=self.overwrite)
+        if not exported[0]:
+            import shutil
+
+            shutil.rmtree(final, ignore_errors=True)
+            return None
+        logger.info(f"the trained model (step {self.step}) is in {final}, in Hugging Face format")
+        return final
 
     def _check_finite(self, metrics: dict[str, Any], held: Callable[[], str]) -> None:
         """A step whose loss or gradient norm is not finite stops the run (nothing of it is counted or saved),
@@ -220,8 +248,7 @@ class Trainer:
         step = self.step + 1
         skip = getattr(self.config, "on_nonfinite", "stop") == "skip"
         if skip and metrics.get("update_skipped"):
-            print(f"rlcore: warning: step {step}: {what}; the engine skipped its update (on_nonfinite: skip)",
-                  file=sys.stderr, flush=True)
+            logger.warning(f"step {step}: {what}; the engine skipped its update (on_nonfinite: skip)")
             return
         why = " and the engine applied its update, so it cannot be skipped" if skip else ""
         offered = hasattr(self.config, "on_nonfinite") and not skip
@@ -233,8 +260,10 @@ class Trainer:
     def _locked(self) -> Iterator[None]:
         """output_dir's lock for the run; once it is held, the check that refuses to overwrite a run again: a
         run may have finished there while this one was being built."""
-        with RunLock(self.output_dir):
+        with RunLock(self.output_dir), log.to_file(self.output_dir):
             self.resume_from = self.resume_point()
+            if self.resume_from is None:
+                note_run(self.output_dir, "running")
             yield
 
     def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
@@ -257,13 +286,14 @@ class Trainer:
         every = getattr(self.config, "logging_steps", 0) or 0
         if every and self.step % every == 0:
             line = f"{self.name} step {self.step}/{self.max_steps}: " + " ".join(f"{k}={v:.4g}" for k, v in shown.items())
-            bar.write(line, file=sys.stderr)  # beside the bar; stdout keeps the run's summary
+            logger.info(line, extra=BARE)  # beside the bar (stderr, and run.log); stdout keeps the run's summary
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[Any]:
         from tqdm.auto import tqdm
 
-        with tqdm(total=self.max_steps, initial=self.step, desc=self.name, unit="step", dynamic_ncols=True) as bar:
+        with tqdm(total=self.max_steps, initial=self.step, desc=self.name, unit="step", dynamic_ncols=True) as bar, \
+                log.bar_safe(bar):  # a hook's print lands on a line of its own
             yield bar
 
     # -- checkpoints ----------------------------------------------------------------------------------
@@ -292,8 +322,8 @@ class Trainer:
                 f"start a new run in another output_dir",
                 [(k, "differs from the checkpoint's config") for k in fixed],
             )
-        print(f"rlcore: resume: changed since {path.name}: "
-              + ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in changed), file=sys.stderr, flush=True)
+        logger.info(f"resume: changed since {path.name}: "
+                    + ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in changed))
 
     def restore(self) -> None:
         """Continue from the checkpoint `resume` names, if any; metrics of later steps are dropped. With
@@ -322,8 +352,7 @@ class Trainer:
             except Exception as exc:
                 if i + 1 == len(candidates):
                     raise RlcoreError(f"cannot resume from {path}: {exc}") from exc
-                print(f"rlcore: warning: {path.name} is damaged ({exc}); resuming from {candidates[i + 1].name}",
-                      file=sys.stderr, flush=True)
+                logger.warning(f"{path.name} is damaged ({exc}); resuming from {candidates[i + 1].name}")
         self.resume_from = path
         self.step = state["step"]
         self.metrics.resume_at(self.step)
@@ -351,7 +380,7 @@ def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Ev
 
     def deadline() -> None:
         if not done.wait(grace_s):
-            print(f"rlcore: {why}; exiting", file=sys.stderr, flush=True)
+            logger.warning(f"{why}; exiting", extra=STOP)
             if "rlcore.cluster" in sys.modules:  # its processes would outlive an os._exit
                 sys.modules["rlcore.cluster"].end_local()
             os._exit(code)
@@ -388,14 +417,14 @@ class _Deferred:
         if self.signal is not None:  # the second one: stop now
             name = signal.Signals(sig).name
             held = f"; {self._held()}" if self._held is not None else ""
-            print(f"\nrlcore: stopped by a second {name}, at once{held}", file=sys.stderr, flush=True)
+            logger.warning(f"stopped by a second {name}, at once{held}", extra=STOP)
             code = 130 if self.EXIT[sig] is None else self.EXIT[sig]
             exit_deadline(code, f"shutting the roles down took over 15 s after a second {name}", done=self._done)
             self._raise(sig)
         self.signal = sig
         watchdog.stopping()
-        print(f"\nrlcore: {signal.Signals(sig).name}: finishing this step, then saving a checkpoint "
-              f"(again to stop at once)", file=sys.stderr, flush=True)
+        logger.warning(f"{signal.Signals(sig).name}: finishing this step, then saving a checkpoint "
+                       f"(again to stop at once)", extra=STOP)
 
     def _raise(self, sig: int) -> None:
         if self.EXIT[sig] is None:
@@ -425,7 +454,7 @@ class _Deferred:
         hangs (a scheduler's SIGTERM reached Ray's own processes too) ends the process after `grace_s`.
         The deadline ends with the teardown (`__exit__`): a caller that catches the exception lives on."""
         name = signal.Signals(self.signal).name
-        print(f"rlcore: stopped by {name} {message}", file=sys.stderr, flush=True)
+        logger.warning(f"stopped by {name} {message}", extra=STOP)
         code = 130 if self.EXIT[self.signal] is None else self.EXIT[self.signal]
         exit_deadline(code, f"shutting the roles down took over {grace_s:.0f} s after {name}", grace_s, self._done)
         self._raise(self.signal)

@@ -148,6 +148,10 @@ class LMTrainer(RoleTrainer):
     def save_model(self, path: Path) -> None:
         self.session[ROLE].save(str(Path(path).resolve()))
 
+    def export_model(self, path: Path) -> bool:
+        self.session[ROLE].save_hf(str(Path(path).resolve()))
+        return True
+
     def load_model(self, path: Path) -> None:
         folder = Path(path).resolve() / CHECKPOINT
         if not (folder / "trainer_state.json").is_file():
