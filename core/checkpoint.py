@@ -169,12 +169,13 @@ def save_final(output_dir: str | os.PathLike, step: int, write: Callable[[Path],
     return final
 
 
-def note_run(output_dir: str | os.PathLike, state: str) -> None:
-    """Say in output_dir what the run there is doing ("running", "finished"): a run that stops before its
-    first checkpoint leaves only rlcore's own partial files, and the next run may start afresh there."""
+def note_run(output_dir: str | os.PathLike, state: str, about: dict[str, Any] | None = None) -> None:
+    """Say in output_dir what the run there is doing ("running", "finished"), with `about` (the algorithm, its
+    plot's panels): a run that stops before its first checkpoint leaves only rlcore's own partial files, and
+    the next run may start afresh there."""
     path = Path(output_dir) / RUN_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"state": state}) + "\n")
+    tmp.write_text(json.dumps({"state": state, **(about or {})}) + "\n")
     os.replace(tmp, path)
 
 

@@ -123,9 +123,10 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     listing.set_defaults(func=_plugins)
 
-    plot = commands.add_parser("plot", help="draw a run's metrics.jsonl as curves (a PNG)")
-    plot.add_argument("metrics", metavar="METRICS_JSONL", help="a run's metrics.jsonl")
-    plot.add_argument("--keys", help="comma-separated metrics (default: reward, kl, lengths, loss, grad_norm)")
+    plot = commands.add_parser("plot", help="draw a run's metrics as curves (a PNG)")
+    plot.add_argument("metrics", metavar="RUN_DIR", help="a run's output_dir, or its metrics.jsonl")
+    plot.add_argument("--keys", help="comma-separated metrics (default: the algorithm's panels, e.g. GRPO's reward, "
+                      "kl, completion lengths, loss, grad_norm)")
     plot.add_argument("-o", "--output", metavar="PNG", help="where to write (default: beside the metrics)")
     plot.set_defaults(func=_plot)
 

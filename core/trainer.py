@@ -85,6 +85,7 @@ class Trainer:
 
     name = "train"  # the progress bar's label
     progress_keys: tuple[str, ...] = ("loss",)  # metrics shown on the progress bar
+    plot_keys: tuple[str, ...] = ("loss", "grad_norm", "learning_rate")  # `rlcore plot`'s panels (those logged)
     resume_fixed: tuple[str, ...] = ()  # dotted keys a resumed run may not change (data position, shapes)
 
     def __init__(self, config: Any, plugins: Plugins, *, use_ray: bool = False):
@@ -94,10 +95,6 @@ class Trainer:
         self.output_dir = Path(getattr(config, "output_dir", "output"))
         check_output_dir(self.output_dir)
         RunLock(self.output_dir).refuse_if_held()  # before a subclass builds anything there (a demo model)
-        if partial_run(self.output_dir):
-            nothing = " (--resume: there is no checkpoint to resume)" if getattr(config, "resume", "no") == "auto" else ""
-            logger.warning(f"output_dir '{self.output_dir}' holds only what a run left that stopped before its first "
-                           f"checkpoint{nothing}; starting a new run there (its metrics.jsonl is replaced)")
         self.resume_from = self.resume_point()  # refuses to overwrite a run
         self.timer = PhaseTimer()
         self.step = 0
@@ -170,8 +167,15 @@ class Trainer:
         return metrics
 
     def resume_point(self) -> Path | None:
-        """The checkpoint `resume` names (None for a fresh run, which may not overwrite another's outputs)."""
-        return resolve_resume(self.output_dir, getattr(self.config, "resume", None) or "no", self.overwrite)
+        """The checkpoint `resume` names (None for a fresh run, which may not overwrite another's outputs, but
+        starts afresh where a run stopped before its first checkpoint, saying so)."""
+        resume = getattr(self.config, "resume", None) or "no"
+        if partial_run(self.output_dir) and not getattr(self, "_said_afresh", False):
+            self._said_afresh = True
+            nothing = " (--resume: there is no checkpoint to resume)" if resume == "auto" else ""
+            logger.warning(f"output_dir '{self.output_dir}' holds only what a run left that stopped before its first "
+                           f"checkpoint{nothing}; starting a new run there (its metrics.jsonl is replaced)")
+        return resolve_resume(self.output_dir, resume, self.overwrite)
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -221,8 +225,12 @@ class Trainer:
                 stop.exit("before step 1; nothing was trained or saved (run again, without --resume)")
             last = self.on_end(last)
             self.hook.rlcore_train_end(trainer=self, metrics=last)
-            note_run(self.output_dir, "finished")
+            note_run(self.output_dir, "finished", self.run_note())
         return last
+
+    def run_note(self) -> dict[str, Any]:
+        """What output_dir's rlcore_run.json says of the run besides its state: the algorithm, the plot's panels."""
+        return {"algorithm": self.name, "plot_keys": list(self.plot_keys)}
 
     def save_final(self) -> Path | None:
         """`output_dir/final`: the trained model in Hugging Face format (see `export_model`), written atomically."""
@@ -262,8 +270,7 @@ class Trainer:
         run may have finished there while this one was being built."""
         with RunLock(self.output_dir), log.to_file(self.output_dir):
             self.resume_from = self.resume_point()
-            if self.resume_from is None:
-                note_run(self.output_dir, "running")
+            note_run(self.output_dir, "running", self.run_note())
             yield
 
     def log(self, metrics: dict[str, Any], bar: Any = None) -> None:

@@ -53,6 +53,7 @@ class SampleTrainer(RoleTrainer):
 
     config: SampleConfig
     name = "sample"
+    plot_keys = ("pass_rate", "kept", "prompts_per_s", "candidates/mean_chars", "orm/mean")
     resume_fixed = (  # what the output's rows depend on: a resumed run may not change them
         "model", "dataset", "data_range", "system", "use_chat_template", "max_prompt_length", "num_return_sequences",
         "max_new_tokens", "temperature", "top_p", "top_k", "seed", "seed_per_prompt", "batch_size", "orm_model",
