@@ -1,8 +1,8 @@
 """`rlcore plot`: a run's metrics.jsonl as curves against the step, one panel per metric, saved as a PNG.
 
 The default panels are the algorithm's own (`Trainer.plot_keys`, which the run notes in output_dir's
-rlcore_run.json), those the file has; a panel whose metric is null at every step (GRPO's `kl` with beta 0)
-says so instead of being blank."""
+rlcore_run.json), those the file has; a metric null at every step (GRPO's `kl` with beta 0) gets no blank
+panel: a line under the panels names it."""
 
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ def plot_metrics(path: str | Path, keys: list[str] | None = None, out: str | Pat
     else:
         keys = [k for k in note.get("plot_keys") or DEFAULT_KEYS if k in known] or known[:4]
     out = Path(out) if out else path.with_suffix(".png")
-    what = f" ({note['algorithm']}, {len(rows)} steps)" if note.get("algorithm") else f" ({len(rows)} steps)"
-    fig = figure(rows, keys, f"{path.parent.name or path}{what}")
+    name, algorithm = path.parent.name or str(path), note.get("algorithm")
+    title = f"{name}{f' ({algorithm})' if algorithm and algorithm != name else ''}: {len(rows)} steps"
+    fig = figure(rows, keys, title)
     fig.savefig(out, dpi=100)
     import matplotlib.pyplot as plt
 
@@ -68,7 +69,7 @@ def plot_metrics(path: str | Path, keys: list[str] | None = None, out: str | Pat
 
 
 def figure(rows: list[dict[str, Any]], keys: list[str], title: str) -> Any:
-    """The matplotlib figure of `keys` over the rows' steps: one panel each, integer step ticks."""
+    """The matplotlib figure of `keys` over the rows' steps: a panel for each that has a value, integer step ticks."""
     try:
         import matplotlib
 
@@ -78,16 +79,16 @@ def figure(rows: list[dict[str, Any]], keys: list[str], title: str) -> Any:
     except ImportError as exc:
         raise RlcoreError("plot needs matplotlib: pip install 'rlcore[plot]'") from exc
 
-    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 1.9 * len(keys) + 0.6), sharex=True, squeeze=False)
+    points = {key: [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+              for key in keys}
+    drawn = [key for key in keys if points[key]] or keys[:1]
+    empty = [key for key in keys if not points[key]]
+    fig, axes = plt.subplots(len(drawn), 1, figsize=(7, 1.9 * len(drawn) + 0.6 + 0.2 * bool(empty)), sharex=True,
+                             squeeze=False)
     steps = [r["step"] for r in rows if isinstance(r.get("step"), (int, float))]
-    for ax, key in zip(axes[:, 0], keys):
-        points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
-        else:  # logged, but null at every step: not computed in this run
-            ax.text(0.5, 0.5, f"{key}: no value at any step (null in every row: not computed in this run)",
-                    ha="center", va="center", transform=ax.transAxes, fontsize=8, color="0.4")
-            ax.set_yticks([])
+    for ax, key in zip(axes[:, 0], drawn):
+        xy = points[key]
+        ax.plot([p[0] for p in xy], [p[1] for p in xy], marker="." if len(xy) < 50 else None)
         ax.set_ylabel(key, fontsize=8)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=7)
@@ -97,5 +98,10 @@ def figure(rows: list[dict[str, Any]], keys: list[str], title: str) -> Any:
     if steps:
         axis.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    rect = (0, 0, 1, 1)
+    if empty:  # logged, but null at every step: not computed in this run
+        fig.text(0.01, 0.005, f"null at every step (not computed in this run), so not drawn: {', '.join(empty)}",
+                 fontsize=7, color="0.35", va="bottom")
+        rect = (0, 0.2 / fig.get_figheight(), 1, 1)
+    fig.tight_layout(rect=rect)
     return fig

@@ -44,7 +44,7 @@ def test_plot_names_the_file_and_line_of_a_bad_line(tmp_path, capsys):
 
 def test_plot_takes_a_run_directory_and_draws_the_algorithms_panels(tmp_path):
     """`rlcore plot RUN_DIR` after a real run: the PNG beside its metrics, GRPO's panels (kl, null with the
-    demo's beta 0, labelled as such), integer step ticks."""
+    demo's beta 0, left out and named under the panels), integer step ticks."""
     import os
     import subprocess
     import sys
@@ -72,9 +72,8 @@ def test_plot_takes_a_run_directory_and_draws_the_algorithms_panels(tmp_path):
     rows, keys = MetricsWriter(path).read(), run_note(path)["plot_keys"]
     assert run_note(path)["algorithm"] == "grpo" and keys[:2] == ["reward", "kl"]
     fig = figure(rows, keys, "grpo")
-    kl = fig.axes[1]
-    assert kl.get_ylabel() == "kl" and not kl.lines  # nothing to draw ...
-    assert [t.get_text() for t in kl.texts] == ["kl: no value at any step (null in every row: not computed in this run)"]
+    assert [ax.get_ylabel() for ax in fig.axes][:2] == ["reward", "completions/mean_length"]  # no blank kl panel ...
+    assert [t.get_text() for t in fig.texts] == ["grpo", "null at every step (not computed in this run), so not drawn: kl"]
     ticks = [t for t in fig.axes[-1].get_xticks() if 0.5 <= t <= 3.5]
     assert ticks == [1, 2, 3]  # whole steps only
 
