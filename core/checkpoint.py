@@ -65,12 +65,13 @@ def written_by_rlcore(path: Path) -> bool:
         return False
 
 
-def foreign_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """What in `output_dir` is named like a checkpoint (or its temporary folder) but was not written by rlcore."""
+def foreign_checkpoints(output_dir: str | os.PathLike, final: bool = True) -> list[Path]:
+    """What in `output_dir` is named like a checkpoint (or its temporary folder; with `final`, like the final
+    model's folder) but was not written by rlcore."""
     root = Path(output_dir)
     if not root.is_dir():
         return []
-    ours = (_NAME, _TMP, re.compile(rf"^{FINAL}$"), re.compile(rf"^\.{FINAL}\.tmp$"))
+    ours = (_NAME, _TMP) + ((re.compile(rf"^{FINAL}$"), re.compile(rf"^\.{FINAL}\.tmp$")) if final else ())
     return sorted(p for p in root.iterdir() if any(n.match(p.name) for n in ours) and not written_by_rlcore(p))
 
 
@@ -189,20 +190,21 @@ def partial_run(output_dir: str | os.PathLike) -> bool:
     return state == "running" and not checkpoints(output_dir)
 
 
-def resolve_resume(output_dir: str | os.PathLike, resume: str, overwrite: bool = False) -> Path | None:
+def resolve_resume(output_dir: str | os.PathLike, resume: str, overwrite: bool = False, final: bool = True) -> Path | None:
     """The checkpoint to resume from: 'no' gives None, 'auto' the newest one, anything else is a checkpoint
     path. A fresh run into a directory that holds checkpoints or another run's metrics is refused, and so is
     resuming where there is nothing to resume: nothing a user trained or logged is silently overwritten.
     Folders named like checkpoints that rlcore did not write are refused unless `overwrite`
     (`overwrite_output_dir`). What a run left that stopped before its first checkpoint (`partial_run`) is
-    rlcore's own: a fresh run starts there, and so does `resume=auto`, with nothing to resume."""
-    foreign = foreign_checkpoints(output_dir)
+    rlcore's own: a fresh run starts there, and so does `resume=auto`, with nothing to resume. `final`: the
+    run writes `final/` at its end, so one rlcore did not write is refused too."""
+    foreign = foreign_checkpoints(output_dir, final)
     if foreign and not overwrite:
         names = ", ".join(p.name for p in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         them = "it" if len(foreign) == 1 else "them"
         raise ConfigError(
             f"output_dir '{output_dir}' holds {names}, which rlcore did not write (no {MARKER} in {them}); a run "
-            f"would replace {them} with its checkpoints. Move {them} away, choose another output_dir, or set "
+            f"would replace {them} with its own checkpoints or final model. Move {them} away, choose another output_dir, or set "
             f"overwrite_output_dir=true to let this run replace {them}",
             [("output_dir", f"holds {names}, not written by rlcore")],
         )

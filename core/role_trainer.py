@@ -137,9 +137,10 @@ class RoleTrainer(Trainer):
         if self.checkpointed:
             self.session[self.checkpointed].load(str(path / "model"))
 
-    def export_model(self, path: Path) -> bool:
+    @property
+    def exports_model(self) -> bool:  # type: ignore[override]
+        return self.checkpointed is not None
+
+    def export_model(self, path: Path) -> None:
         """The `checkpointed` role's model in Hugging Face format (LoRA merged into the base weights)."""
-        if not self.checkpointed:
-            return False
         self.session[self.checkpointed].save_hf(str(Path(path).resolve()))
-        return True

@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any
 
+from .errors import RlcoreError
 from .workers import function, worker, worker_rank
 
 
@@ -141,7 +142,11 @@ class TrainWorker:
     def save_hf(self, path: str) -> None:  # every rank takes part (megatron's export gathers); rank 0 writes
         from .export import write_hf_model
 
-        write_hf_model(path, self.engine.export_weights(), self.engine.model_name, write=worker_rank() == 0)
+        source = getattr(self.engine, "model_name", None)  # whose config and tokenizer the exported model takes
+        if not source:
+            raise RlcoreError(f"{type(self.engine).__name__} has no model_name (the model it was built from), so its "
+                              "trained model cannot be written in Hugging Face format")
+        write_hf_model(path, self.engine.export_weights(), source, write=worker_rank() == 0)
 
 
 @worker(group="rollout")

@@ -156,10 +156,11 @@ class Trainer:
     def load_model(self, path: Path) -> None:
         """Read what `save_model` wrote."""
 
-    def export_model(self, path: Path) -> bool:
+    exports_model = False  # the run ends by writing output_dir/final (`export_model`)
+
+    def export_model(self, path: Path) -> None:
         """Write the trained model in Hugging Face format (weights, config, tokenizer) into the folder `path`,
-        once the run reached max_steps: it becomes `output_dir/final`. False: this algorithm trains no model."""
-        return False
+        once the run reached max_steps: it becomes `output_dir/final`. Only where `exports_model`."""
 
     def on_end(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Once the loop reached `max_steps` (not after a signal): what `fit()` returns and
@@ -175,7 +176,7 @@ class Trainer:
             nothing = " (--resume: there is no checkpoint to resume)" if resume == "auto" else ""
             logger.warning(f"output_dir '{self.output_dir}' holds only what a run left that stopped before its first "
                            f"checkpoint{nothing}; starting a new run there (its metrics.jsonl is replaced)")
-        return resolve_resume(self.output_dir, resume, self.overwrite)
+        return resolve_resume(self.output_dir, resume, self.overwrite, final=self.exports_model)
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -215,7 +216,7 @@ class Trainer:
                             saved = self.step
                 if self.step > saved or (not save_steps and self.step and not stop.signal):
                     where = self.save()
-                if not stop.signal and self.step >= self.max_steps:
+                if self.exports_model and not stop.signal and self.step >= self.max_steps:
                     self.save_final()
             if stop.signal:
                 if where is not None:
@@ -232,16 +233,9 @@ class Trainer:
         """What output_dir's rlcore_run.json says of the run besides its state: the algorithm, the plot's panels."""
         return {"algorithm": self.name, "plot_keys": list(self.plot_keys)}
 
-    def save_final(self) -> Path | None:
+    def save_final(self) -> Path:
         """`output_dir/final`: the trained model in Hugging Face format (see `export_model`), written atomically."""
-        exported: list[bool] = []
-        final = save_final(self.output_dir, self.step, lambda path: exported.append(self.export_model(path)),
-                           overwrite=self.overwrite)
-        if not exported[0]:
-            import shutil
-
-            shutil.rmtree(final, ignore_errors=True)
-            return None
+        final = save_final(self.output_dir, self.step, self.export_model, overwrite=self.overwrite)
         logger.info(f"the trained model (step {self.step}) is in {final}, in Hugging Face format")
         return final
 

@@ -149,9 +149,10 @@ class LMTrainer(RoleTrainer):
     def save_model(self, path: Path) -> None:
         self.session[ROLE].save(str(Path(path).resolve()))
 
-    def export_model(self, path: Path) -> bool:
+    exports_model = True
+
+    def export_model(self, path: Path) -> None:
         self.session[ROLE].save_hf(str(Path(path).resolve()))
-        return True
 
     def load_model(self, path: Path) -> None:
         folder = Path(path).resolve() / CHECKPOINT

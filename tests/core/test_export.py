@@ -108,3 +108,12 @@ def test_a_final_folder_rlcore_did_not_write_is_refused(tmp_path):
     assert done.returncode == 2
     assert done.stderr.splitlines()[0].startswith("rlcore: error: output_dir 'out' holds final, which rlcore did not write")
     assert (tmp_path / "out" / "final" / "mine.txt").read_text() == "a user's file"
+
+
+def test_an_algorithm_without_a_model_writes_no_final_and_leaves_a_users_final_alone(tmp_path):
+    (tmp_path / "out" / "final").mkdir(parents=True)
+    (tmp_path / "out" / "final" / "mine.txt").write_text("a user's file")
+    done = rlcore(tmp_path, "run", "--plugin", "example", "output_dir=out")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[0].startswith('{"algorithm": "example"')
+    assert sorted(p.name for p in (tmp_path / "out" / "final").iterdir()) == ["mine.txt"]
