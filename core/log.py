@@ -72,7 +72,6 @@ def setup(level: str = "info") -> None:
     if quiet:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     for module, off, on in (("huggingface_hub.utils", "disable_progress_bars", "enable_progress_bars"),
                             ("transformers.utils.logging", "disable_progress_bar", "enable_progress_bar"),
                             ("datasets.utils.logging", "disable_progress_bar", "enable_progress_bar")):
