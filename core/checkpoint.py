@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, RlcoreError, RoleFailed
+from .log import logger
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _TMP = re.compile(r"^\.checkpoint-(\d+)\.tmp$")
 STATE_FILE = "trainer_state.json"
 MARKER = "rlcore_checkpoint.json"  # written first into every checkpoint: rlcore removes only folders holding it
+FINAL = "final"  # the trained model in Hugging Face format, once a run reached max_steps (with the marker too)
+RUN_FILE = "rlcore_run.json"  # rlcore's note of the run in output_dir: {"state": "running"} until it finished
 
 
 def replace_dir(src: Path, dst: Path) -> None:
@@ -62,12 +65,14 @@ def written_by_rlcore(path: Path) -> bool:
         return False
 
 
-def foreign_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """What in `output_dir` is named like a checkpoint (or its temporary folder) but was not written by rlcore."""
+def foreign_checkpoints(output_dir: str | os.PathLike, final: bool = True) -> list[Path]:
+    """What in `output_dir` is named like a checkpoint (or its temporary folder; with `final`, like the final
+    model's folder) but was not written by rlcore."""
     root = Path(output_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if (_NAME.match(p.name) or _TMP.match(p.name)) and not written_by_rlcore(p))
+    ours = (_NAME, _TMP) + ((re.compile(rf"^{FINAL}$"), re.compile(rf"^\.{FINAL}\.tmp$")) if final else ())
+    return sorted(p for p in root.iterdir() if any(n.match(p.name) for n in ours) and not written_by_rlcore(p))
 
 
 def _check_removable(path: Path, overwrite: bool) -> None:
@@ -141,19 +146,65 @@ def save_checkpoint(
     return final
 
 
-def resolve_resume(output_dir: str | os.PathLike, resume: str, overwrite: bool = False) -> Path | None:
+def save_final(output_dir: str | os.PathLike, step: int, write: Callable[[Path], None], overwrite: bool = False) -> Path:
+    """Write `final/` (the marker, then `write(tmpdir)`: the model in Hugging Face format) and publish it with
+    one rename; an older `final/` is replaced only if rlcore wrote it (any, with `overwrite`)."""
+    root = Path(output_dir)
+    final, tmp = root / FINAL, root / f".{FINAL}.tmp"
+    _check_removable(tmp, overwrite)
+    _check_removable(final, overwrite)
+    if os.path.lexists(tmp):
+        _remove(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        (tmp / MARKER).write_text(json.dumps({"step": step, "final": True}) + "\n")
+        write(tmp)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, RoleFailed):
+            raise
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise RlcoreError(f"cannot write the final model {final} (step {step}; checkpoint-{step} holds it too): "
+                          f"{reason[:300]}") from exc
+    replace_dir(tmp, final)
+    return final
+
+
+def note_run(output_dir: str | os.PathLike, state: str, about: dict[str, Any] | None = None) -> None:
+    """Say in output_dir what the run there is doing ("running", "finished"), with `about` (the algorithm, its
+    plot's panels): a run that stops before its first checkpoint leaves only rlcore's own partial files, and
+    the next run may start afresh there."""
+    path = Path(output_dir) / RUN_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"state": state, **(about or {})}) + "\n")
+    os.replace(tmp, path)
+
+
+def partial_run(output_dir: str | os.PathLike) -> bool:
+    """`output_dir` holds what an rlcore run left that stopped before it saved a checkpoint (a second Ctrl-C,
+    a crash): its note says it did not finish, and there is no checkpoint. Nothing there can be resumed."""
+    try:
+        state = json.loads((Path(output_dir) / RUN_FILE).read_text()).get("state")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return state == "running" and not checkpoints(output_dir)
+
+
+def resolve_resume(output_dir: str | os.PathLike, resume: str, overwrite: bool = False, final: bool = True) -> Path | None:
     """The checkpoint to resume from: 'no' gives None, 'auto' the newest one, anything else is a checkpoint
     path. A fresh run into a directory that holds checkpoints or another run's metrics is refused, and so is
     resuming where there is nothing to resume: nothing a user trained or logged is silently overwritten.
     Folders named like checkpoints that rlcore did not write are refused unless `overwrite`
-    (`overwrite_output_dir`)."""
-    foreign = foreign_checkpoints(output_dir)
+    (`overwrite_output_dir`). What a run left that stopped before its first checkpoint (`partial_run`) is
+    rlcore's own: a fresh run starts there, and so does `resume=auto`, with nothing to resume. `final`: the
+    run writes `final/` at its end, so one rlcore did not write is refused too."""
+    foreign = foreign_checkpoints(output_dir, final)
     if foreign and not overwrite:
         names = ", ".join(p.name for p in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         them = "it" if len(foreign) == 1 else "them"
         raise ConfigError(
             f"output_dir '{output_dir}' holds {names}, which rlcore did not write (no {MARKER} in {them}); a run "
-            f"would replace {them} with its checkpoints. Move {them} away, choose another output_dir, or set "
+            f"would replace {them} with its own checkpoints or final model. Move {them} away, choose another output_dir, or set "
             f"overwrite_output_dir=true to let this run replace {them}",
             [("output_dir", f"holds {names}, not written by rlcore")],
         )
@@ -165,13 +216,15 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str, overwrite: bool =
                 f"(resume=auto), or choose another output_dir"
             )
         metrics = Path(output_dir) / "metrics.jsonl"
-        if metrics.is_file() and metrics.stat().st_size:
+        if metrics.is_file() and metrics.stat().st_size and not partial_run(output_dir):
             raise ConfigError(
                 f"output_dir '{output_dir}' holds the metrics.jsonl of another run (and no checkpoint to resume); "
                 f"choose another output_dir, or move that file away"
             )
         return None
     if resume == "auto":
+        if not found and partial_run(output_dir):
+            return None
         if not found:
             raise ConfigError(
                 f"--resume (resume=auto): output_dir '{output_dir}' holds no checkpoint to continue from; "
@@ -209,8 +262,7 @@ class RunLock:
 
     def __enter__(self) -> RunLock:
         import socket
-        import sys
-
+        
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -224,8 +276,7 @@ class RunLock:
                 owner = self._owner()
                 if owner is not None and _alive(owner, me["host"]):
                     raise self._in_use(owner, me["host"]) from None
-                print(f"rlcore: warning: {self.path} was left by a run that is gone ({owner}); taking it over",
-                      file=sys.stderr, flush=True)
+                logger.warning(f"{self.path} was left by a run that is gone ({owner}); taking it over")
                 self.path.unlink(missing_ok=True)
                 continue
             with os.fdopen(fd, "w") as f:

@@ -21,12 +21,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from . import __version__
+from . import __version__, log
 from .config import (
     config_error, load_config, read_config_data, render_config, render_value, validation_problems, with_settings,
 )
 from .extras import check_run, plugin_needs
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
+from .log import LEVELS, STOP, logger
 from .manager import Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
 from .ms_swift import Translation, launch_options, translate
@@ -45,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lets the interpreter's final flush succeed
         return 0
     except KeyboardInterrupt:
-        print("rlcore: interrupted", file=sys.stderr)
+        logger.warning("interrupted", extra=STOP)
         leaving(130)
         return 130
     except SystemExit as exc:
@@ -59,13 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RlcoreError as exc:
         if os.environ.get("RLCORE_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
-        print(f"rlcore: error: {exc}", file=sys.stderr)
+        logger.error(str(exc))
         return exc.exit_code
 
 
 OWN_OPTIONS = {
     "--plugin", "--with", "--config", "--from-ms-swift", "--use-ray", "--resume", "--json", "--keys", "--output", "--help",
-    "--version",
+    "--version", "--log-level",
 }
 
 
@@ -85,7 +86,7 @@ def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[
         key, eq, value = item[2:].partition("=")
         if not item.startswith("--") or len(item) == 2 or f"--{key}" in OWN_OPTIONS:
             (overrides if "=" in item and not item.startswith("-") else head).append(item)
-            if item in ("--plugin", "--with", "--config", "--from-ms-swift") and i + 1 < len(argv):  # their values
+            if item in ("--plugin", "--with", "--config", "--from-ms-swift", "--log-level") and i + 1 < len(argv):  # values
                 head.append(argv[i + 1])
                 i += 1
         elif eq:
@@ -162,15 +163,18 @@ def _parser(keys_help: str = "") -> argparse.ArgumentParser:
     _add_plugin_and_config(run)
     run.add_argument("--use-ray", action="store_true", help="place roles on a Ray cluster (default: one process)")
     run.add_argument("--resume", action="store_true", help="continue the run in output_dir (sets resume=auto)")
+    run.add_argument("--log-level", choices=LEVELS, help="stderr and output_dir/run.log: debug also shows third-party "
+                     "progress bars (default: the config's log_level, info)")
     run.set_defaults(func=_run)
 
     listing = commands.add_parser("plugins", help="list installed plugins and what each provides")
     listing.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     listing.set_defaults(func=_plugins)
 
-    plot = commands.add_parser("plot", help="draw a run's metrics.jsonl as curves (a PNG)")
-    plot.add_argument("metrics", metavar="METRICS_JSONL", help="a run's metrics.jsonl")
-    plot.add_argument("--keys", help="comma-separated metrics (default: reward, kl, lengths, loss, grad_norm)")
+    plot = commands.add_parser("plot", help="draw a run's metrics as curves (a PNG)")
+    plot.add_argument("metrics", metavar="RUN_DIR", help="a run's output_dir, or its metrics.jsonl")
+    plot.add_argument("--keys", help="comma-separated metrics (default: the algorithm's panels, e.g. GRPO's reward, "
+                      "kl, completion lengths, loss, grad_norm)")
     plot.add_argument("-o", "--output", metavar="PNG", help="where to write (default: beside the metrics)")
     plot.set_defaults(func=_plot)
 
@@ -290,10 +294,14 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.log_level:
+        log.setup(args.log_level)  # the plugins and the config load at that level already
     plugins, algorithm, config = _configured(args, resume=args.resume)
     check_run(plugins, algorithm, config, use_ray=args.use_ray)
+    log.setup(args.log_level or getattr(config, "log_level", "info"))
+    log.redact(log.secrets_of(config))
     for line in args.translation.noted:  # "ms-swift's KEY: ...", "TRL's KEY: ..."
-        print(f"rlcore: {line}", file=sys.stderr)
+        logger.info(line)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
     metrics = trainer.fit()
     print(json.dumps({"algorithm": algorithm, **jsonable(metrics or {})}, default=str))

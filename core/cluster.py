@@ -39,6 +39,7 @@ from typing import Any
 
 from . import signals, watchdog
 from .errors import RlcoreError, RoleFailed
+from .log import logger
 
 ADDRESS_ENV = "RLCORE_RAY_ADDRESS"
 
@@ -234,8 +235,8 @@ def _record(node: Any) -> None:
         partial.write_text(json.dumps(record))
         os.replace(partial, path)
     except OSError as exc:  # the run works without it; only a SIGKILL's leftovers would stay
-        print(f"rlcore: cannot record the local Ray in {RECORDS} ({exc}); a killed run's Ray processes "
-              f"will not be cleaned up", file=sys.stderr)
+        logger.info(f"cannot record the local Ray in {RECORDS} ({exc}); a killed run's Ray processes "
+                    f"will not be cleaned up")
         return
     _record_path = path
 
@@ -336,8 +337,8 @@ def reap() -> list[int]:
         if processes:
             _end(processes)
             ended += [p.pid for p in processes]
-            print(f"rlcore: ended {len(processes)} process(es) of the local Ray of a driver that died (pid "
-                  f"{pid}, {record.get('session_dir', '?')})", file=sys.stderr)
+            logger.info(f"ended {len(processes)} process(es) of the local Ray of a driver that died (pid "
+                        f"{pid}, {record.get('session_dir', '?')})")
         path.unlink(missing_ok=True)
     return ended
 
@@ -396,8 +397,7 @@ def _disconnect(ray: Any) -> None:
         start()
     if not done.wait(SHUTDOWN_S):
         atexit.unregister(ray._private.worker.shutdown)
-        print(f"rlcore: warning: Ray did not shut down within {SHUTDOWN_S:g}s; this process leaves it as it is",
-              file=sys.stderr, flush=True)
+        logger.warning(f"Ray did not shut down within {SHUTDOWN_S:g}s; this process leaves it as it is")
 
 
 def gcs_answers(timeout_s: float = 2.0) -> bool:

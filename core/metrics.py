@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from .errors import RlcoreError
+from .log import logger
 
 
 def _plain(value: Any) -> Any:
@@ -67,8 +67,7 @@ class MetricsWriter:
                     raise ValueError(f"a {type(row).__name__}, not an object")
             except ValueError as exc:
                 if drop_torn_tail and i == len(lines) - 1:
-                    print(f"rlcore: warning: {self.path} line {number} is torn (a crash while writing); dropped it",
-                          file=sys.stderr)
+                    logger.warning(f"{self.path} line {number} is torn (a crash while writing); dropped it")
                     break
                 raise RlcoreError(f"{self.path} line {number} is not a JSON object of metrics: {exc}") from None
             rows.append((line, row))

@@ -9,12 +9,12 @@ bundle r % nproc_per_node of node r // nproc_per_node. Ray is imported only insi
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 from . import cluster, watchdog
 from .errors import ConfigError, ResourceError
+from .log import logger
 from .resources import ResourcePlan
 from .specs import PlacementRequest, Slot
 
@@ -222,12 +222,11 @@ def release_groups(groups: list[Any]) -> None:
     from ray.util.placement_group import remove_placement_group
 
     if groups and watchdog.stuck() is not None:
-        print(f"rlcore: warning: Ray does not answer; {len(groups)} placement group(s) not removed (they end with "
-              f"the cluster)", file=sys.stderr, flush=True)
+        logger.warning(f"Ray does not answer; {len(groups)} placement group(s) not removed (they end with the cluster)")
         return
     if groups and not cluster.gcs_answers():
-        print(f"rlcore: warning: Ray's GCS does not answer; {len(groups)} placement group(s) not removed (they "
-              f"end with the cluster)", file=sys.stderr, flush=True)
+        logger.warning(f"Ray's GCS does not answer; {len(groups)} placement group(s) not removed (they "
+                       f"end with the cluster)")
         return
     for pg in groups:
         try:

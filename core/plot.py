@@ -1,25 +1,53 @@
-"""`rlcore plot`: metrics.jsonl as curves against the step, one panel per metric, saved as a PNG."""
+"""`rlcore plot`: a run's metrics.jsonl as curves against the step, one panel per metric, saved as a PNG.
+
+The default panels are the algorithm's own (`Trainer.plot_keys`, which the run notes in output_dir's
+rlcore_run.json), those the file has; a metric null at every step (GRPO's `kl` with beta 0) gets no blank
+panel: a line under the panels names it."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
+from typing import Any
 
+from .checkpoint import RUN_FILE
 from .errors import ConfigError, RlcoreError, did_you_mean
 from .metrics import MetricsWriter
 
-DEFAULT_KEYS = ("reward", "kl", "completions/mean_length", "loss", "grad_norm")
+DEFAULT_KEYS = ("reward", "kl", "completions/mean_length", "loss", "grad_norm")  # a run without a note
+
+
+def metrics_file(path: str | Path) -> Path:
+    """A run's metrics.jsonl, given it or its output_dir."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "metrics.jsonl").is_file():
+            raise ConfigError(f"plot: '{path}' holds no metrics.jsonl; pass a run's output_dir or its metrics.jsonl")
+        return path / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"plot: '{path}' does not exist; pass a run's output_dir or its metrics.jsonl")
+    return path
+
+
+def run_note(metrics: Path) -> dict[str, Any]:
+    """What the run noted beside its metrics (algorithm, plot_keys); {} for a run that noted nothing."""
+    try:
+        note = json.loads((metrics.parent / RUN_FILE).read_text())
+        return note if isinstance(note, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def plot_metrics(path: str | Path, keys: list[str] | None = None, out: str | Path | None = None) -> Path:
-    """Draw `keys` (default: the usual GRPO curves that the file has) from a metrics.jsonl; return the PNG."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"plot: '{path}' does not exist; pass a run's metrics.jsonl")
+    """Draw `keys` (default: the algorithm's panels that the file has) from a run's metrics.jsonl or its
+    output_dir; return the PNG (default: beside the metrics)."""
+    path = metrics_file(path)
     rows = MetricsWriter(path).read()
     if not rows:
         raise ConfigError(f"plot: '{path}' holds no metrics yet")
     known = sorted({k for row in rows for k in row if k != "step"})
+    note = run_note(path)
     if keys:
         unknown = [k for k in keys if k not in known]
         if unknown:
@@ -28,25 +56,52 @@ def plot_metrics(path: str | Path, keys: list[str] | None = None, out: str | Pat
                 f"{did_you_mean(unknown[0], known)} It has: {', '.join(known)}"
             )
     else:
-        keys = [k for k in DEFAULT_KEYS if k in known] or known[:4]
+        keys = [k for k in note.get("plot_keys") or DEFAULT_KEYS if k in known] or known[:4]
+    out = Path(out) if out else path.with_suffix(".png")
+    name, algorithm = path.parent.name or str(path), note.get("algorithm")
+    title = f"{name}{f' ({algorithm})' if algorithm and algorithm != name else ''}: {len(rows)} steps"
+    fig = figure(rows, keys, title)
+    fig.savefig(out, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return out
+
+
+def figure(rows: list[dict[str, Any]], keys: list[str], title: str) -> Any:
+    """The matplotlib figure of `keys` over the rows' steps: a panel for each that has a value, integer step ticks."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
         raise RlcoreError("plot needs matplotlib: pip install 'rlcore[plot]'") from exc
 
-    out = Path(out) if out else path.with_suffix(".png")
-    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.2 * len(keys)), sharex=True, squeeze=False)
-    for ax, key in zip(axes[:, 0], keys):
-        points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
+    points = {key: [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+              for key in keys}
+    drawn = [key for key in keys if points[key]] or keys[:1]
+    empty = [key for key in keys if not points[key]]
+    fig, axes = plt.subplots(len(drawn), 1, figsize=(7, 1.9 * len(drawn) + 0.6 + 0.2 * bool(empty)), sharex=True,
+                             squeeze=False)
+    steps = [r["step"] for r in rows if isinstance(r.get("step"), (int, float))]
+    for ax, key in zip(axes[:, 0], drawn):
+        xy = points[key]
+        ax.plot([p[0] for p in xy], [p[1] for p in xy], marker="." if len(xy) < 50 else None)
         ax.set_ylabel(key, fontsize=8)
         ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("step")
-    fig.suptitle(str(path.parent.name or path), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+        ax.tick_params(labelsize=7)
+    axis = axes[-1, 0]
+    axis.set_xlabel("step")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if steps:
+        axis.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    fig.suptitle(title, fontsize=9)
+    rect = (0, 0, 1, 1)
+    if empty:  # logged, but null at every step: not computed in this run
+        fig.text(0.01, 0.005, f"null at every step (not computed in this run), so not drawn: {', '.join(empty)}",
+                 fontsize=7, color="0.35", va="bottom")
+        rect = (0, 0.2 / fig.get_figheight(), 1, 1)
+    fig.tight_layout(rect=rect)
+    return fig

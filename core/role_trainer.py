@@ -136,3 +136,11 @@ class RoleTrainer(Trainer):
     def load_model(self, path: Path) -> None:
         if self.checkpointed:
             self.session[self.checkpointed].load(str(path / "model"))
+
+    @property
+    def exports_model(self) -> bool:  # type: ignore[override]
+        return self.checkpointed is not None
+
+    def export_model(self, path: Path) -> None:
+        """The `checkpointed` role's model in Hugging Face format (LoRA merged into the base weights)."""
+        self.session[self.checkpointed].save_hf(str(Path(path).resolve()))

@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any
 
+from .errors import RlcoreError
 from .rendezvous import find_free_port
 from .workers import function, worker, worker_plugins, worker_rank
 
@@ -134,6 +135,16 @@ class TrainWorker:
     @function()
     def load(self, path: str) -> None:
         self.engine.load(path)
+
+    @function(collect="first")
+    def save_hf(self, path: str) -> None:  # every rank takes part (megatron's export gathers); rank 0 writes
+        from .export import write_hf_model
+
+        source = getattr(self.engine, "model_name", None)  # whose config and tokenizer the exported model takes
+        if not source:
+            raise RlcoreError(f"{type(self.engine).__name__} has no model_name (the model it was built from), so its "
+                              "trained model cannot be written in Hugging Face format")
+        write_hf_model(path, self.engine.export_weights(), source, write=worker_rank() == 0)
 
 
 @worker(group="rollout")

@@ -49,8 +49,11 @@ class CheckpointKeys(BaseConfig):
 
 
 class LoggingKeys(BaseConfig):
-    """How often a step's metrics are printed (metrics.jsonl has every step)."""
+    """How often a step's metrics are printed (metrics.jsonl has every step), and how much rlcore says."""
 
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="stderr and output_dir/run.log (--log-level wins); debug also shows third-party progress bars"
+    )
     logging_steps: int = Field(
         10, ge=1, description="print a line of the step's metrics every N steps (TRL's default); metrics.jsonl has every step"
     )

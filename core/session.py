@@ -20,7 +20,6 @@ It knows no algorithm: an algorithm says which roles it runs and how to build ea
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from .actors import wait
 from .dispatch import Mesh
 from .errors import ConfigError
 from .placement import allocate, release
+from .log import logger
 from .resources import ResourcePlan
 from .workers import bind
 
@@ -49,7 +49,10 @@ class RoleSetup:
 
     @property
     def engine_name(self) -> str:
-        return self.engine if isinstance(self.engine, str) else getattr(self.engine, "__name__", repr(self.engine))
+        """The engine as a user knows it: its registered name, or a factory's `display_name` (else its name)."""
+        if isinstance(self.engine, str):
+            return self.engine
+        return getattr(self.engine, "display_name", None) or getattr(self.engine, "__name__", repr(self.engine))
 
 
 class RoleSession:
@@ -359,4 +362,4 @@ def _ranges(ranks: tuple[int, ...]) -> str:
 def announce(lines: list[str]) -> None:
     """Print the placement before the first step (stderr: stdout keeps the run's JSON summary)."""
     for line in lines:
-        print(f"rlcore: {line}", file=sys.stderr, flush=True)
+        logger.info(line)

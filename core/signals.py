@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import watchdog
+from .log import STOP, logger
 
 STOPS = (signal.SIGINT, signal.SIGTERM)
 
@@ -39,7 +40,7 @@ def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Ev
 
     def deadline() -> None:
         if not done.wait(grace_s):
-            print(f"rlcore: {why}; exiting", file=sys.stderr, flush=True)
+            logger.warning(f"{why}; exiting", extra=STOP)
             if "rlcore.cluster" in sys.modules:  # its processes would outlive an os._exit
                 sys.modules["rlcore.cluster"].end_local()
             os._exit(code)
@@ -76,14 +77,14 @@ class StopOnSignal:
         if self.signal is not None:  # the second one: stop now
             name = signal.Signals(sig).name
             held = f"; {self._held()}" if self._held is not None else ""
-            print(f"\nrlcore: stopped by a second {name}, at once{held}", file=sys.stderr, flush=True)
+            logger.warning(f"stopped by a second {name}, at once{held}", extra=STOP)
             code = 130 if self.EXIT[sig] is None else self.EXIT[sig]
             exit_deadline(code, f"shutting the roles down took over 15 s after a second {name}", done=self._done)
             self._raise(sig)
         self.signal = sig
         watchdog.stopping()
-        print(f"\nrlcore: {signal.Signals(sig).name}: finishing this step, then saving a checkpoint "
-              f"(again to stop at once)", file=sys.stderr, flush=True)
+        logger.warning(f"{signal.Signals(sig).name}: finishing this step, then saving a checkpoint "
+                       f"(again to stop at once)", extra=STOP)
 
     def _raise(self, sig: int) -> None:
         if self.EXIT[sig] is None:
@@ -113,7 +114,7 @@ class StopOnSignal:
         hangs (a scheduler's SIGTERM reached Ray's own processes too) ends the process after `grace_s`.
         The deadline ends with the teardown (`__exit__`): a caller that catches the exception lives on."""
         name = signal.Signals(self.signal).name
-        print(f"rlcore: stopped by {name} {message}", file=sys.stderr, flush=True)
+        logger.warning(f"stopped by {name} {message}", extra=STOP)
         code = 130 if self.EXIT[self.signal] is None else self.EXIT[self.signal]
         exit_deadline(code, f"shutting the roles down took over {grace_s:.0f} s after {name}", grace_s, self._done)
         self._raise(self.signal)

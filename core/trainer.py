@@ -22,8 +22,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint import RunLock, check_output_dir, checkpoints, load_state, resolve_resume, save_checkpoint
+from . import log, watchdog
+from .checkpoint import (
+    RunLock, check_output_dir, checkpoints, load_state, note_run, partial_run, resolve_resume, save_checkpoint, save_final,
+)
 from .errors import ConfigError, RlcoreError
+from .log import BARE, STOP, logger
 from .metrics import MetricsWriter
 from .signals import StopOnSignal
 
@@ -79,6 +83,7 @@ class Trainer:
 
     name = "train"  # the progress bar's label
     progress_keys: tuple[str, ...] = ("loss",)  # metrics shown on the progress bar
+    plot_keys: tuple[str, ...] = ("loss", "grad_norm", "learning_rate")  # `rlcore plot`'s panels (those logged)
     resume_fixed: tuple[str, ...] = ()  # dotted keys a resumed run may not change (data position, shapes)
 
     def __init__(self, config: Any, plugins: Plugins, *, use_ray: bool = False):
@@ -149,14 +154,27 @@ class Trainer:
     def load_model(self, path: Path) -> None:
         """Read what `save_model` wrote."""
 
+    exports_model = False  # the run ends by writing output_dir/final (`export_model`)
+
+    def export_model(self, path: Path) -> None:
+        """Write the trained model in Hugging Face format (weights, config, tokenizer) into the folder `path`,
+        once the run reached max_steps: it becomes `output_dir/final`. Only where `exports_model`."""
+
     def on_end(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Once the loop reached `max_steps` (not after a signal): what `fit()` returns and
         `rlcore_train_end` gets; the last step's metrics unless the algorithm sums up otherwise."""
         return metrics
 
     def resume_point(self) -> Path | None:
-        """The checkpoint `resume` names (None for a fresh run, which may not overwrite another's outputs)."""
-        return resolve_resume(self.output_dir, getattr(self.config, "resume", None) or "no", self.overwrite)
+        """The checkpoint `resume` names (None for a fresh run, which may not overwrite another's outputs, but
+        starts afresh where a run stopped before its first checkpoint, saying so)."""
+        resume = getattr(self.config, "resume", None) or "no"
+        if partial_run(self.output_dir) and not getattr(self, "_said_afresh", False):
+            self._said_afresh = True
+            nothing = " (--resume: there is no checkpoint to resume)" if resume == "auto" else ""
+            logger.warning(f"output_dir '{self.output_dir}' holds only what a run left that stopped before its first "
+                           f"checkpoint{nothing}; starting a new run there (its metrics.jsonl is replaced)")
+        return resolve_resume(self.output_dir, resume, self.overwrite, final=self.exports_model)
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -196,6 +214,8 @@ class Trainer:
                             saved = self.step
                 if self.step > saved or (not save_steps and self.step and not stop.signal):
                     where = self.save()
+                if self.exports_model and not stop.signal and self.step >= self.max_steps:
+                    self.save_final()
             if stop.signal:
                 if where is not None:
                     stop.exit(f"after step {self.step}; saved {where} (continue with --resume)")
@@ -204,7 +224,18 @@ class Trainer:
                 stop.exit("before step 1; nothing was trained or saved (run again, without --resume)")
             last = self.on_end(last)
             self.hook.rlcore_train_end(trainer=self, metrics=last)
+            note_run(self.output_dir, "finished", self.run_note())
         return last
+
+    def run_note(self) -> dict[str, Any]:
+        """What output_dir's rlcore_run.json says of the run besides its state: the algorithm, the plot's panels."""
+        return {"algorithm": self.name, "plot_keys": list(self.plot_keys)}
+
+    def save_final(self) -> Path:
+        """`output_dir/final`: the trained model in Hugging Face format (see `export_model`), written atomically."""
+        final = save_final(self.output_dir, self.step, self.export_model, overwrite=self.overwrite)
+        logger.info(f"the trained model (step {self.step}) is in {final}, in Hugging Face format")
+        return final
 
     def _check_finite(self, metrics: dict[str, Any], held: Callable[[], str]) -> None:
         """A step whose loss or gradient norm is not finite stops the run (nothing of it is counted or saved),
@@ -217,8 +248,7 @@ class Trainer:
         step = self.step + 1
         skip = getattr(self.config, "on_nonfinite", "stop") == "skip"
         if skip and metrics.get("update_skipped"):
-            print(f"rlcore: warning: step {step}: {what}; the engine skipped its update (on_nonfinite: skip)",
-                  file=sys.stderr, flush=True)
+            logger.warning(f"step {step}: {what}; the engine skipped its update (on_nonfinite: skip)")
             return
         why = " and the engine applied its update, so it cannot be skipped" if skip else ""
         offered = hasattr(self.config, "on_nonfinite") and not skip
@@ -230,8 +260,9 @@ class Trainer:
     def _locked(self) -> Iterator[None]:
         """output_dir's lock for the run; once it is held, the check that refuses to overwrite a run again: a
         run may have finished there while this one was being built."""
-        with RunLock(self.output_dir):
+        with RunLock(self.output_dir), log.to_file(self.output_dir):
             self.resume_from = self.resume_point()
+            note_run(self.output_dir, "running", self.run_note())
             yield
 
     def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
@@ -254,13 +285,14 @@ class Trainer:
         every = getattr(self.config, "logging_steps", 0) or 0
         if every and self.step % every == 0:
             line = f"{self.name} step {self.step}/{self.max_steps}: " + " ".join(f"{k}={v:.4g}" for k, v in shown.items())
-            bar.write(line, file=sys.stderr)  # beside the bar; stdout keeps the run's summary
+            logger.info(line, extra=BARE)  # beside the bar (stderr, and run.log); stdout keeps the run's summary
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[Any]:
         from tqdm.auto import tqdm
 
-        with tqdm(total=self.max_steps, initial=self.step, desc=self.name, unit="step", dynamic_ncols=True) as bar:
+        with tqdm(total=self.max_steps, initial=self.step, desc=self.name, unit="step", dynamic_ncols=True) as bar, \
+                log.bar_safe(bar):  # a hook's print lands on a line of its own
             yield bar
 
     # -- checkpoints ----------------------------------------------------------------------------------
@@ -289,8 +321,8 @@ class Trainer:
                 f"start a new run in another output_dir",
                 [(k, "differs from the checkpoint's config") for k in fixed],
             )
-        print(f"rlcore: resume: changed since {path.name}: "
-              + ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in changed), file=sys.stderr, flush=True)
+        logger.info(f"resume: changed since {path.name}: "
+                    + ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in changed))
 
     def restore(self) -> None:
         """Continue from the checkpoint `resume` names, if any; metrics of later steps are dropped. With
@@ -319,8 +351,7 @@ class Trainer:
             except Exception as exc:
                 if i + 1 == len(candidates):
                     raise RlcoreError(f"cannot resume from {path}: {exc}") from exc
-                print(f"rlcore: warning: {path.name} is damaged ({exc}); resuming from {candidates[i + 1].name}",
-                      file=sys.stderr, flush=True)
+                logger.warning(f"{path.name} is damaged ({exc}); resuming from {candidates[i + 1].name}")
         self.resume_from = path
         self.step = state["step"]
         self.metrics.resume_at(self.step)

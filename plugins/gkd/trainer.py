@@ -31,6 +31,7 @@ class GKDTrainer(RoleTrainer):
     config: GKDConfig
     name = "gkd"
     progress_keys = ("loss", "jsd", "eval/jsd")
+    plot_keys = ("loss", "eval/jsd", "jsd", "sft_loss", "grad_norm", "completions/mean_length")
     resume_fixed = (
         "model", "teacher_model", "teacher.model", "dataset", "seed", "per_device_train_batch_size",
         "gradient_accumulation_steps", "device_groups", "train.gpus", "train.cpus", "train.lora_rank",

@@ -24,6 +24,7 @@ class GRPOTrainer(RoleTrainer):
     config: GRPOConfig
     name = "grpo"
     progress_keys = ("reward", "loss", "time/generate", "time/train")
+    plot_keys = ("reward", "kl", "completions/mean_length", "loss", "grad_norm", "time/generate", "time/train")
     resume_fixed = (  # what the data position, the round's batches and the model's shapes depend on
         "model", "dataset", "seed", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
         "steps_per_generation", "device_groups", "train.gpus", "train.cpus", "train.lora_rank", "max_prompt_length",

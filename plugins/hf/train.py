@@ -242,7 +242,7 @@ class HFTrainEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         out = {"loss": total_loss}
         out.update({key: value / num_micro for key, value in sums.items()})
-        out.update(grad_norm=grad_norm, lr=float(lr))
+        out.update(grad_norm=grad_norm, learning_rate=float(lr))
         if skipped:
             out["update_skipped"] = 1.0
         return out

@@ -370,7 +370,7 @@ class MegatronTrainEngine(TrainEngine):
             box = [out]
             torch.distributed.broadcast_object_list(box, ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
             out = box[0]
-        out.update(grad_norm=float(grad_norm if grad_norm is not None else 0.0), lr=float(lr))
+        out.update(grad_norm=float(grad_norm if grad_norm is not None else 0.0), learning_rate=float(lr))
         return out
 
     def _zero_grad(self) -> None:

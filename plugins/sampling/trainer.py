@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from rlcore.config import problems_of
 from rlcore.data import PromptEncoder, load_rows, prompt_view
 from rlcore.errors import did_you_mean
 from rlcore.rewards import check_reward, resolve_reward
+from rlcore.log import logger
 from rlcore.sections import rollout_options
 from rlcore.testing import build_tiny_model, toy_dataset
 
@@ -57,6 +57,7 @@ class SampleTrainer(RoleTrainer):
 
     config: SampleConfig
     name = "sample"
+    plot_keys = ("pass_rate", "kept", "prompts_per_s", "candidates/mean_chars", "orm/mean")
     resume_fixed = (  # what the output's rows depend on: a resumed run may not change them
         "model", "dataset", "data_range", "system", "use_chat_template", "max_prompt_length", "num_return_sequences",
         "max_new_tokens", "temperature", "top_p", "top_k", "seed", "seed_per_prompt", "batch_size", "orm_model",
@@ -178,7 +179,7 @@ class SampleTrainer(RoleTrainer):
             self._check_changes(self.output.state_path, _secrets_hidden(state.get("config"), cfg))
             self.done_before = bool(state.get("done"))
             if self.done_before:
-                print(f"rlcore: {self.output.final} is already complete; nothing to resume", file=sys.stderr)
+                logger.info(f"{self.output.final} is already complete; nothing to resume")
         else:
             self.output.refuse_existing()
             metrics = self.output_dir / "metrics.jsonl"
@@ -211,7 +212,7 @@ class SampleTrainer(RoleTrainer):
         """Publish the output under its final name; return a summary."""
         if not self.done_before:
             path = self.output.finish()
-            print(f"rlcore: wrote {self.written} rows to {path}", file=sys.stderr, flush=True)
+            logger.info(f"wrote {self.written} rows to {path}")
         return self.summary(self.output.state)
 
     @contextlib.contextmanager

@@ -168,3 +168,7 @@ def build_pt(**options: Any) -> Any:
     collator = default_data_collator if packing else DataCollatorForLanguageModeling(tokenizer, mlm=False)
     trainer = Trainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer, data_collator=collator)
     return _noting(trainer, read)
+
+
+build_sft.display_name = "hf (TRL's SFTTrainer)"  # the placement line's name for the engine
+build_pt.display_name = "hf (transformers' Trainer)"

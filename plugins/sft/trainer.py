@@ -42,6 +42,7 @@ class LMTrainer(RoleTrainer):
     kind = "sft"
     build = staticmethod(build_sft)
     progress_keys = ("loss", "grad_norm")
+    plot_keys = ("loss", "mean_token_accuracy", "grad_norm", "learning_rate", "num_tokens")
     resume_fixed = (  # what the data order, the batches and the model's shapes depend on
         "model", "dataset", "seed", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
         "packing", "padding_free", "device_groups", "default.gpus", "default.cpus", "lora_rank", "lora_target_modules",
@@ -154,6 +155,11 @@ class LMTrainer(RoleTrainer):
 
     def save_model(self, path: Path) -> None:
         self.session[ROLE].save(str(Path(path).resolve()))
+
+    exports_model = True
+
+    def export_model(self, path: Path) -> None:
+        self.session[ROLE].save_hf(str(Path(path).resolve()))
 
     def load_model(self, path: Path) -> None:
         folder = Path(path).resolve() / CHECKPOINT

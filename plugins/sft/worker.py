@@ -65,8 +65,8 @@ class HFRunner:
                 raise _Stop
             if command in ("step", "finish"):
                 return
-            try:  # "save"
-                self._save(arg)
+            try:  # "save", "save_hf"
+                (self._save_hf if command == "save_hf" else self._save)(arg)
                 self.replies.put(("saved", None))
             except Exception as exc:
                 self.replies.put(("error", (exc, traceback.format_exc())))
@@ -84,6 +84,19 @@ class HFRunner:
         _barrier()
         if args.should_save:
             os.replace(Path(path) / f"checkpoint-{trainer.state.global_step}", Path(path) / CHECKPOINT)
+        _barrier()
+
+    def _save_hf(self, path: str) -> None:
+        """The trained model and its tokenizer as a Hugging Face folder `path`; a LoRA adapter is merged into
+        the base weights first (the run's last act: nothing trains after it). Every rank takes part."""
+        trainer = self.trainer
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if hasattr(model, "merge_and_unload"):  # a peft model
+            model = model.merge_and_unload()
+        if trainer.args.should_save:
+            model.save_pretrained(path)
+            if trainer.processing_class is not None:
+                trainer.processing_class.save_pretrained(path)
         _barrier()
 
     def _main(self, resume: str | None) -> None:
@@ -133,6 +146,10 @@ class HFRunner:
 
     def save(self, path: str) -> None:
         self.commands.put(("save", path))
+        self._reply("saved")
+
+    def save_hf(self, path: str) -> None:
+        self.commands.put(("save_hf", path))
         self._reply("saved")
 
     def close(self) -> dict[str, Any] | None:
@@ -186,6 +203,10 @@ class LMWorker:
     @function(collect="first")
     def save(self, path: str) -> None:
         self.runner.save(path)
+
+    @function(collect="first")
+    def save_hf(self, path: str) -> None:
+        self.runner.save_hf(path)
 
     @function(collect="first")
     def close(self) -> dict[str, Any] | None:

@@ -176,7 +176,8 @@ def test_without_report_to_no_logger_library_is_needed(tmp_path, monkeypatch):
     for module in ("torch.utils.tensorboard", "tensorboard", "wandb"):
         monkeypatch.setitem(sys.modules, module, None)  # as if not installed: importing it fails
     count_run(f"output_dir={tmp_path}")
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["checkpoint-3", "metrics.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "checkpoint-3", "metrics.jsonl", "rlcore_run.json", "run.log"]  # no logger's folder (runs/, wandb/)
 
 
 @pytest.mark.parametrize("name", ["tensorboard", "wandb"])

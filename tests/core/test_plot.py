@@ -40,3 +40,58 @@ def test_plot_names_the_file_and_line_of_a_bad_line(tmp_path, capsys):
     assert main(["plot", str(path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{path} line 2 is not a JSON object of metrics" in err[0]
+
+
+def test_plot_takes_a_run_directory_and_draws_the_algorithms_panels(tmp_path):
+    """`rlcore plot RUN_DIR` after a real run: the PNG beside its metrics, GRPO's panels (kl, null with the
+    demo's beta 0, left out and named under the panels), integer step ticks."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
+
+    def rlcore(*args):
+        return subprocess.run([sys.executable, "-m", "rlcore", *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+    assert rlcore("run", "--plugin", "grpo", "output_dir=out", "max_steps=3").returncode == 0
+    done = rlcore("plot", "out")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "out/metrics.png"
+    assert (tmp_path / "out" / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = rlcore("plot", "elsewhere")
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines()[0] == ("rlcore: error: plot: 'elsewhere' does not exist; pass a run's "
+                                              "output_dir or its metrics.jsonl")
+
+    from rlcore.plot import figure, metrics_file, run_note
+    from rlcore.metrics import MetricsWriter
+
+    path = metrics_file(tmp_path / "out")
+    rows, keys = MetricsWriter(path).read(), run_note(path)["plot_keys"]
+    assert run_note(path)["algorithm"] == "grpo" and keys[:2] == ["reward", "kl"]
+    fig = figure(rows, keys, "grpo")
+    assert [ax.get_ylabel() for ax in fig.axes][:2] == ["reward", "completions/mean_length"]  # no blank kl panel ...
+    assert [t.get_text() for t in fig.texts] == ["grpo", "null at every step (not computed in this run), so not drawn: kl"]
+    ticks = [t for t in fig.axes[-1].get_xticks() if 0.5 <= t <= 3.5]
+    assert ticks == [1, 2, 3]  # whole steps only
+
+
+def test_the_default_panels_are_the_algorithms_own_that_the_file_has(tmp_path):
+    """GKD's note names eval/jsd, logged at a few steps only: it is a panel with a point per eval."""
+    from rlcore.checkpoint import note_run
+    from rlcore.plot import figure, plot_metrics
+
+    run = tmp_path / "gkd-run"
+    run.mkdir()
+    rows = [{"step": s, "loss": 1 / s, "jsd": 0.5 / s, **({"eval/jsd": 0.4 / s} if s % 5 == 0 else {})} for s in range(1, 21)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    note_run(run, "finished", {"algorithm": "gkd", "plot_keys": ["loss", "eval/jsd", "jsd", "grad_norm"]})
+    png = plot_metrics(run)
+    assert png == run / "metrics.png"
+    fig = figure(rows, ["loss", "eval/jsd", "jsd"], "gkd")
+    assert [len(ax.lines[0].get_xdata()) for ax in fig.axes] == [20, 4, 20]
+    from PIL import Image
+
+    assert Image.open(png).size[1] == round(100 * (1.9 * 3 + 0.6))  # three panels: grad_norm, not logged, left out

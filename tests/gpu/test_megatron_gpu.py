@@ -183,7 +183,7 @@ def test_bf16_step_offload_reload_save_load(model_dir, tmp_path, distributed):
     resumed = make_train_engine(**options)
     resumed.load(str(tmp_path / "ckpt"))
     got = resumed.train_step(batch, _loss, 4)
-    assert got["lr"] == expected["lr"] and got["loss"] == pytest.approx(expected["loss"], abs=1e-2)
+    assert got["learning_rate"] == expected["learning_rate"] and got["loss"] == pytest.approx(expected["loss"], abs=1e-2)
 
 
 def test_a_forward_only_teacher_offloads_and_reloads_bitwise(model_dir):

@@ -47,7 +47,7 @@ def metrics_of(tmp_path):
 REQUIRED = [
     "step", "reward", "rewards/toy/mean", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
     "clip_ratio/region_mean", "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
-    "time/generate", "time/reward", "time/logprobs", "time/train", "time/train_worker", "loss", "grad_norm", "lr",
+    "time/generate", "time/reward", "time/logprobs", "time/train", "time/train_worker", "loss", "grad_norm", "learning_rate",
 ]
 SYNCED = ["time/sync", "weight_sync/seconds", "weight_sync/gb_per_s"]  # every step but the last
 
@@ -476,7 +476,7 @@ def test_resume_says_what_changed_and_refuses_what_breaks_the_run(tmp_path, tiny
     resumed = make(load_plugins(), tmp_path, tiny, max_steps=2, resume="auto", learning_rate=5e-4)
     resumed.fit()
     assert "rlcore: resume: changed since checkpoint-1: learning_rate 0.001 -> 0.0005, max_steps 1 -> 2" in capfd.readouterr().err
-    assert [r["lr"] for r in metrics_of(tmp_path)] == [1e-3, pytest.approx(5e-4)]  # what it says is what it does
+    assert [r["learning_rate"] for r in metrics_of(tmp_path)] == [1e-3, pytest.approx(5e-4)]  # what it says is what it does
     import torch
 
     state = torch.load(tmp_path / "run" / "checkpoint-2" / "model" / "engine_state.pt", weights_only=True)

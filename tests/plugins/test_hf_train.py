@@ -209,8 +209,8 @@ def test_train_step_lowers_the_loss(tiny_model):
     for _ in range(6):
         metrics = engine.train_step(batch, nll_loss, micro_batch_size=4)
         losses.append(metrics["loss"])
-        lrs.append(metrics["lr"])
-        assert metrics["grad_norm"] > 0 and set(metrics) == {"loss", "nll", "grad_norm", "lr"}
+        lrs.append(metrics["learning_rate"])
+        assert metrics["grad_norm"] > 0 and set(metrics) == {"loss", "nll", "grad_norm", "learning_rate"}
     assert losses[-1] < losses[0] - 1.0, losses
     assert lrs[:3] == pytest.approx([0.0, 5e-3, 1e-2]) and lrs[3] < lrs[2]  # warmup, then cosine decay
     assert engine.state()["global_step"] == 6

@@ -110,7 +110,7 @@ def test_train_steps_lower_the_loss_like_the_hf_engine(tiny_model):
     for mine, theirs in zip(megatron, hf):
         assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-4)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-3)
-        assert mine["lr"] == pytest.approx(theirs["lr"], abs=1e-12)  # megatron's scheduler, HF's schedule
+        assert mine["learning_rate"] == pytest.approx(theirs["learning_rate"], abs=1e-12)  # megatron's scheduler, HF's schedule
         assert mine["tokens"] == theirs["tokens"]
 
 
@@ -131,7 +131,7 @@ def test_save_then_load_continues_the_same_run(tiny_model, tmp_path):
     assert resumed.global_step == 1
     got = resumed.train_step(batch, _nll, micro_batch_size=4)
     assert got["loss"] == pytest.approx(expected["loss"], abs=1e-6)
-    assert got["lr"] == expected["lr"] and got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+    assert got["learning_rate"] == expected["learning_rate"] and got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
     with pytest.raises(RlcoreError, match="is not a checkpoint of the megatron train engine"):
         resumed.load(str(tmp_path))
 

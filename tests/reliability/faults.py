@@ -569,7 +569,7 @@ def changed_learning_rate(scene: Scene) -> None:
     scene.finished_run()
     scene.resume("learning_rate=5e-4", expect=r"learning_rate 0\.001 -> 0\.0005")
     rows = map(json.loads, (scene.out / "metrics.jsonl").read_text().splitlines())
-    rates = {row["step"]: row.get("lr") for row in rows}
+    rates = {row["step"]: row.get("learning_rate") for row in rows}
     state = torch.load(next((scene.out / f"checkpoint-{MAX_STEPS}").rglob("engine_state.pt")), weights_only=True)
     saved = [group["lr"] for group in state["optimizer"]["param_groups"]]
     expected = {step: 1e-3 if step <= BASE_STEPS else 5e-4 for step in range(1, MAX_STEPS + 1)}

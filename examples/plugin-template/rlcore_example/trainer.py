@@ -46,6 +46,7 @@ class LineFitTrainer(Trainer):
     config: LineFitConfig
     name = "example"
     progress_keys = ("loss", "w", "b")
+    plot_keys = ("loss", "w", "b")  # `rlcore plot`'s panels
 
     def __init__(self, config: LineFitConfig, plugins, *, use_ray: bool = False):
         super().__init__(config, plugins, use_ray=use_ray)

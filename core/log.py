@@ -1,0 +1,166 @@
+"""rlcore's log: Python `logging` under the logger "rlcore", on stderr beside the progress bar and, for a run, in
+`output_dir/run.log`. Third-party progress bars (transformers' "Loading weights", "Writing model shards") are
+off unless the level is debug, and a hook's `print` while the bar runs lands on a line of its own.
+
+```python
+from rlcore.log import logger
+logger.warning("step %d: %s", step, what)        # stderr: "rlcore: warning: step 3: ..."
+```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("rlcore")
+LEVELS = ("debug", "info", "warning", "error")
+RUN_LOG = "run.log"
+STOP = {"prefix": ""}  # extra= of a warning that says how a run stops: no "warning: " on stderr
+BARE = {"bare": True}  # extra= of a line shown as it is on stderr (a step's metrics beside the bar)
+_PREFIX = {logging.DEBUG: "debug: ", logging.WARNING: "warning: ", logging.ERROR: "error: ", logging.CRITICAL: "error: "}
+
+
+class _Stderr(logging.Handler):
+    """`rlcore: warning: ...` on the stderr of the moment (a test's capture, the bar-safe stream of `bar_safe`)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            name = "rlcore" if record.name.startswith("rlcore") else record.name
+            prefix = getattr(record, "prefix", _PREFIX.get(record.levelno, ""))  # extra=STOP: a stop note
+            sys.stderr.write(f"{text}\n" if getattr(record, "bare", False) else f"{name}: {prefix}{text}\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+class _Redact(logging.Filter):
+    """Secret values (a config's SecretStr keys) replaced by '**********' in every record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            text = record.getMessage()
+            for secret in self.secrets:
+                text = text.replace(secret, "**********")
+            record.msg, record.args = text, None
+        return True
+
+
+_redact = _Redact()
+_stderr = _Stderr()
+_stderr.addFilter(_redact)
+logger.addHandler(_stderr)  # rlcore's own lines, as before any setup(): info and up, on stderr
+logger.setLevel(logging.INFO)
+logger.propagate = False
+
+
+def setup(level: str = "info") -> None:
+    """Log at `level` (debug, info, warning, error) to stderr; third-party progress bars off above debug, in
+    this process and in the workers it starts (through the environment)."""
+    logger.setLevel(level.upper())
+    quiet = level.lower() != "debug"
+    if quiet:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    for module, off, on in (("huggingface_hub.utils", "disable_progress_bars", "enable_progress_bars"),
+                            ("transformers.utils.logging", "disable_progress_bar", "enable_progress_bar"),
+                            ("datasets.utils.logging", "disable_progress_bar", "enable_progress_bar")):
+        if module in sys.modules:  # not imported here: `rlcore --help` stays fast; the environment covers later imports
+            getattr(sys.modules[module], off if quiet else on)()
+
+
+def redact(values: Iterable[str]) -> None:
+    """Never log these strings (API keys): every record has them replaced."""
+    _redact.secrets.update(v for v in values if v)
+
+
+def secrets_of(config: Any) -> list[str]:
+    """The values of `config`'s SecretStr keys, nested sections included."""
+    from pydantic import BaseModel, SecretStr
+
+    found: list[str] = []
+    if isinstance(config, BaseModel):
+        for name in type(config).model_fields:
+            value = getattr(config, name, None)
+            if isinstance(value, SecretStr):
+                found.append(value.get_secret_value())
+            elif isinstance(value, BaseModel):
+                found += secrets_of(value)
+    return found
+
+
+@contextlib.contextmanager
+def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
+    """Append the log to `output_dir/run.log` for the block (timestamped, every level the logger passes); an
+    exception that ends the block is logged there too, so the file says how the run ended."""
+    path = Path(output_dir) / RUN_LOG
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_redact)
+    logger.addHandler(handler)
+
+    def note(level: int, text: str) -> None:  # to the file only
+        handler.handle(logger.makeRecord(logger.name, level, __file__, 0, text, None, None))
+
+    note(logging.INFO, f"run of pid {os.getpid()}: {' '.join(sys.argv)}")
+    try:
+        yield path
+    except BaseException as exc:
+        note(logging.ERROR, f"run ended by {type(exc).__name__}" + (f": {exc}" if str(exc) else ""))
+        raise
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+class _BarSafe:
+    """A text stream whose complete lines are written with the bar cleared first and redrawn after, so a
+    `print` from a hook (or a worker's output that Ray forwards) never lands inside the bar's line."""
+
+    def __init__(self, stream: Any, bar: Any):
+        self._stream, self._bar, self._pending = stream, bar, ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if "\n" in self._pending:
+            done, self._pending = self._pending.rsplit("\n", 1)
+            self._emit(done + "\n")
+        return len(text)
+
+    def _emit(self, text: str) -> None:
+        self._bar.clear()
+        self._stream.write(text)
+        self._stream.flush()
+        self._bar.refresh()
+
+    def flush(self) -> None:
+        if self._pending:
+            text, self._pending = self._pending, ""
+            self._emit(text + "\n")
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def bar_safe(bar: Any) -> Iterator[None]:
+    """stdout and stderr write around `bar` for the block."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _BarSafe(sys.stdout, bar), _BarSafe(sys.stderr, bar)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = saved

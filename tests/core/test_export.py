@@ -1,0 +1,119 @@
+"""`output_dir/final`: after every run that trains, the model in Hugging Face format, loadable by
+`AutoModelForCausalLM.from_pretrained` (vLLM reads the same folder), with its tokenizer, and the weights the
+run trained: the same as the last checkpoint's (a LoRA adapter merged into its base)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+
+def rlcore(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m rlcore ARGS` in tmp_path, as a user types it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
+    return subprocess.run([sys.executable, "-m", "rlcore", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def load(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+def state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float() for k, v in model.state_dict().items()}
+
+
+def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def run_ok(tmp_path: Path, algorithm: str, *overrides: str) -> Path:
+    done = rlcore(tmp_path, "run", "--plugin", algorithm, "output_dir=out", *overrides)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[0].startswith(f'{{"algorithm": "{algorithm}"')
+    out = tmp_path / "out"
+    assert f"the trained model (step 2) is in out/final, in Hugging Face format" in done.stderr
+    return out
+
+
+@pytest.mark.parametrize("engine", ["hf", "megatron"])
+def test_grpo_writes_the_trained_model_as_a_hugging_face_folder(tmp_path, engine):
+    if engine == "megatron":
+        pytest.importorskip("megatron.core")
+    out = run_ok(tmp_path, "grpo", "max_steps=2", f"train.engine={engine}")
+    model, tokenizer = load(out / "final")
+    assert tokenizer("ab").input_ids  # the tokenizer came along
+    saved = out / "checkpoint-2" / "model" / "model"
+    assert_same_weights(state(model), state(load(saved)[0]))  # the weights the run trained, not the start's
+    start = load(out / "tiny-model")[0]
+    assert any(not torch.equal(a, b) for a, b in zip(state(model).values(), state(start).values()))
+    assert json.loads((out / "final" / "rlcore_checkpoint.json").read_text()) == {"step": 2, "final": True}
+
+
+def test_grpo_with_lora_writes_the_merged_model(tmp_path):
+    from peft import PeftModel
+
+    out = run_ok(tmp_path, "grpo", "max_steps=2", "train.lora_rank=4")
+    model, _ = load(out / "final")
+    base = load(out / "tiny-model")[0]
+    merged = PeftModel.from_pretrained(base, out / "checkpoint-2" / "model" / "model").merge_and_unload()
+    assert not any("lora" in k for k in state(model))
+    assert_same_weights(state(model), state(merged))
+
+
+@pytest.mark.parametrize("algorithm", ["sft", "pt"])
+def test_sft_and_pt_write_the_trained_model(tmp_path, algorithm):
+    pytest.importorskip("trl")
+    out = run_ok(tmp_path, algorithm, "max_steps=2")
+    model, tokenizer = load(out / "final")
+    assert tokenizer("ab").input_ids
+    assert_same_weights(state(model), state(load(out / "checkpoint-2" / "model")[0]))
+
+
+def test_sft_with_lora_writes_the_merged_model(tmp_path):
+    pytest.importorskip("trl")
+    from peft import PeftModel
+
+    out = run_ok(tmp_path, "sft", "max_steps=2", "lora_rank=4")
+    model, _ = load(out / "final")
+    base = load(out / "tiny-model")[0]
+    merged = PeftModel.from_pretrained(base, out / "checkpoint-2" / "model").merge_and_unload()
+    assert_same_weights(state(model), state(merged))
+
+
+def test_gkd_writes_the_student(tmp_path):
+    out = run_ok(tmp_path, "gkd", "max_steps=2")
+    model, _ = load(out / "final")
+    assert_same_weights(state(model), state(load(out / "checkpoint-2" / "model" / "model")[0]))
+
+
+def test_a_final_folder_rlcore_did_not_write_is_refused(tmp_path):
+    (tmp_path / "out" / "final").mkdir(parents=True)
+    (tmp_path / "out" / "final" / "mine.txt").write_text("a user's file")
+    done = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out", "max_steps=1")
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0].startswith("rlcore: error: output_dir 'out' holds final, which rlcore did not write")
+    assert (tmp_path / "out" / "final" / "mine.txt").read_text() == "a user's file"
+
+
+def test_an_algorithm_without_a_model_writes_no_final_and_leaves_a_users_final_alone(tmp_path):
+    (tmp_path / "out" / "final").mkdir(parents=True)
+    (tmp_path / "out" / "final" / "mine.txt").write_text("a user's file")
+    done = rlcore(tmp_path, "run", "--plugin", "example", "output_dir=out")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[0].startswith('{"algorithm": "example"')
+    assert sorted(p.name for p in (tmp_path / "out" / "final").iterdir()) == ["mine.txt"]

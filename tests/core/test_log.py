@@ -1,0 +1,111 @@
+"""rlcore's log (core/log.py) as a user meets it through `python -m rlcore run`: the level (--log-level,
+log_level), output_dir/run.log, third-party progress bars off unless debug, a hook's print on a line of its
+own beside the bar, one metric name for the learning rate, and no secret in the log."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+
+def rlcore(cwd: Path, *args: str, **options) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
+    return subprocess.run([sys.executable, "-m", "rlcore", *args], cwd=cwd, env=env, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL, **({"capture_output": True} | options))
+
+
+def test_info_by_default_with_run_log_and_no_third_party_bars(tmp_path):
+    done = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out", "max_steps=2", "logging_steps=1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[0].startswith('{"algorithm": "grpo"')
+    assert done.stderr.splitlines()[0] == "rlcore: train: 1 worker, in this process, engine hf"
+    assert "Loading weights" not in done.stderr and "Writing model shards" not in done.stderr
+    log = (tmp_path / "out" / "run.log").read_text()
+    for line in ("INFO rlcore: train: 1 worker, in this process, engine hf", "INFO rlcore: grpo step 1/2: reward=",
+                 "INFO rlcore: grpo step 2/2: reward=", "INFO rlcore: the trained model (step 2) is in out/final"):
+        assert line in log
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert all("learning_rate" in row and "lr" not in row for row in rows)  # SFT's name, TRL's too
+
+
+def test_log_level_warning_keeps_stderr_and_run_log_to_warnings(tmp_path):
+    done = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out", "max_steps=1", "--log-level", "warning")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rlcore: train:" not in done.stderr and "final" not in done.stderr
+    log = (tmp_path / "out" / "run.log").read_text().splitlines()
+    assert len(log) == 1 and "INFO rlcore: run of pid" in log[0]  # the header only: no info line passed
+    config = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out2", "max_steps=1", "log_level=warning")
+    assert config.returncode == 0 and "rlcore: train:" not in config.stderr
+
+
+HOOK = """
+from rlcore import hookimpl
+
+@hookimpl
+def rlcore_step_end(trainer, step, metrics):
+    print(f"hook says {step}")
+"""
+
+
+def test_a_hooks_print_lands_on_a_line_of_its_own_beside_the_bar_and_debug_shows_the_bars(tmp_path):
+    (tmp_path / "hook.py").write_text(HOOK)
+    done = rlcore(tmp_path, "run", "--plugin", "grpo", "--with", "./hook.py", "output_dir=out", "max_steps=3",
+                  "--log-level", "debug", capture_output=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert done.returncode == 0, done.stdout[-2000:]
+    shown = [line.rsplit("\r", 1)[-1] for line in done.stdout.split("\n")]  # what a terminal shows of each line
+    assert [line for line in shown if "hook says" in line] == ["hook says 1", "hook says 2", "hook says 3"]
+    assert "Loading weights" in done.stdout  # debug: transformers' own bars too
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    """An OpenAI-style endpoint that refuses the key and echoes it in its error, as some servers do."""
+
+    def do_POST(self):
+        key = self.headers.get("Authorization", "").removeprefix("Bearer ")
+        body = json.dumps({"error": {"message": f"Incorrect API key provided: {key}", "type": "invalid_request_error"}})
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def refusing_endpoint():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_api_key_never_reaches_stderr_or_run_log(tmp_path, refusing_endpoint):
+    (tmp_path / "d.jsonl").write_text('{"messages": [{"role": "user", "content": "Q?"}]}\n')
+    secret = "sk-test-SECRET-1234"
+    done = rlcore(tmp_path, "run", "--plugin", "distill", f"api_base={refusing_endpoint}", "model=t", "dataset=d.jsonl",
+                  f"api_key={secret}", "output_dir=out", "max_retries=0")
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1].startswith("rlcore: error: the teacher t at")
+    assert "Incorrect API key provided: **********" in done.stderr
+    log = (tmp_path / "out" / "run.log").read_text()
+    assert "Incorrect API key provided: **********" in log and "api_key=**********" in log
+    assert secret not in done.stderr + done.stdout + log
+
+
+def test_sft_placement_names_its_engine_as_a_user_knows_it(tmp_path):
+    pytest.importorskip("trl")
+    done = rlcore(tmp_path, "run", "--plugin", "sft", "output_dir=out", "max_steps=1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.splitlines()[0] == "rlcore: default: 1 worker, in this process, engine hf (TRL's SFTTrainer)"
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert "learning_rate" in rows[0] and "lr" not in rows[0]
