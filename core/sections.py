@@ -69,6 +69,16 @@ class NonfiniteKeys(BaseConfig):
     )
 
 
+class PromptKeys(BaseConfig):
+    """How a dataset row's prompt becomes the tokens a policy answers (GRPO's and GKD's prompts alike)."""
+
+    use_chat_template: bool = Field(True, description="wrap prompts with the tokenizer's chat template")
+    system: str | None = Field(
+        None, description="a system message opening every prompt that has none of its own (the row's wins, as in ms-swift)"
+    )
+    max_prompt_length: int = Field(512, ge=1, description="prompts are cut to their last max_prompt_length tokens")
+
+
 class TrainingConfig(LoggingKeys, CheckpointKeys, OptimizerKeys, RunConfig):
     """A `RunConfig` for an algorithm that trains: the run's keys plus the optimizer, checkpoint and logging
     keys `rlcore.Trainer` and the train engines read."""

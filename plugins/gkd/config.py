@@ -8,7 +8,9 @@ from pydantic import Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, GenerateRoleConfig
 from rlcore.resources import parse_ranks
-from rlcore.sections import NonfiniteKeys, OptimizerKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig, default_of
+from rlcore.sections import (
+    NonfiniteKeys, OptimizerKeys, PromptKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig, default_of,
+)
 
 
 class TeacherRoleConfig(GenerateRoleConfig):
@@ -28,7 +30,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
 }
 
 
-class GKDConfig(NonfiniteKeys, TrainingConfig):
+class GKDConfig(NonfiniteKeys, PromptKeys, TrainingConfig):
     """Generalized Knowledge Distillation (Agarwal et al., 2024; TRL's GKDTrainer): on-policy distillation."""
 
     # models and data
@@ -48,11 +50,6 @@ class GKDConfig(NonfiniteKeys, TrainingConfig):
     dataset: str | list[str] | None = Field(
         None, description="JSONL/JSON/Parquet file(s) with messages (ending in the assistant's turn) or prompt + completion"
     )
-    use_chat_template: bool = Field(True, description="wrap prompts with the tokenizer's chat template")
-    system: str | None = Field(
-        None, description="a system message opening every prompt that has none of its own (the row's wins, as in ms-swift)"
-    )
-    max_prompt_length: int = Field(512, ge=1, description="prompts are cut to their last max_prompt_length tokens")
     max_completion_length: int = Field(128, ge=1, description="tokens of a completion at most, generated or from the data")
 
     # schedule

@@ -8,7 +8,7 @@ from pydantic import AliasChoices, Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, RoleConfig
 from rlcore.resources import parse_ranks
-from rlcore.sections import NonfiniteKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig
+from rlcore.sections import NonfiniteKeys, PromptKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig
 
 
 class ReferenceRoleConfig(RoleConfig):
@@ -37,7 +37,7 @@ class OrmRoleConfig(RoleConfig):
     batch_size: int = Field(16, ge=1, description="pairs scored per forward pass")
 
 
-class GRPOConfig(NonfiniteKeys, TrainingConfig):
+class GRPOConfig(NonfiniteKeys, PromptKeys, TrainingConfig):
     """Group Relative Policy Optimization (DeepSeekMath; TRL's GRPOTrainer)."""
 
     # model and data
@@ -50,11 +50,6 @@ class GRPOConfig(NonfiniteKeys, TrainingConfig):
     dataset: str | list[str] | None = Field(
         None, description="JSONL/JSON/Parquet file(s) with a prompt or messages column; unset: the toy task"
     )
-    use_chat_template: bool = Field(True, description="wrap prompts with the tokenizer's chat template")
-    system: str | None = Field(
-        None, description="a system message opening every prompt that has none of its own (the row's wins, as in ms-swift)"
-    )
-    max_prompt_length: int = Field(512, ge=1, description="prompts are cut to their last max_prompt_length tokens")
 
     # schedule
     max_steps: int = Field(30, ge=1, description="optimizer steps to run")

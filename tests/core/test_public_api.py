@@ -63,6 +63,7 @@ EXPECTED = [
     "CheckpointKeys",
     "LoggingKeys",
     "NonfiniteKeys",
+    "PromptKeys",
     "TrainRoleConfig",
     "RolloutRoleConfig",
     "GenerateRoleConfig",
