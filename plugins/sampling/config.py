@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from rlcore import ConfigProblems, GenerateRoleConfig, RoleConfig, RunConfig, default_of
+from rlcore import ConfigProblems, GenerateRoleConfig, LoggingKeys, RoleConfig, RunConfig, default_of
 
 from .select import AGGREGATIONS
 
@@ -39,7 +39,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
 }
 
 
-class SampleConfig(RunConfig):
+class SampleConfig(LoggingKeys, RunConfig):
     """Best-of-N sampling: N candidates per prompt, scored by an ORM and/or a PRM, the best kept with a rejected
     partner, written as resumable JSONL."""
 
