@@ -147,6 +147,7 @@ def _own_process_groups() -> Iterator[None]:
 
             kwargs["preexec_fn"] = preexec
             super().__init__(*args, **kwargs)
+            _groups.append(self.pid)  # its group: what it starts stays in it (the raylet's agents)
 
     services.ConsolePopen = GroupLeader
     try:
@@ -175,6 +176,7 @@ def _start_local(**options: Any) -> None:
                  if key not in os.environ}
     os.environ.update(inherited)
     started = time.time()
+    _groups.clear()  # this start's groups only: an earlier start's pids may belong to someone else by now
     try:
         with _loopback_kept(), _no_head_extras(), _own_process_groups():
             ray.init(
@@ -185,7 +187,7 @@ def _start_local(**options: Any) -> None:
                 **options,
             )
     except BaseException:  # SIGTERM mid-start (Ray's handler: SystemExit), a failed start: not yet recorded
-        _end(_ray_children_since(started))
+        _end(_ray_children_since(started) + _in_groups(_groups))  # agents whose raylet is gone: by their group
         raise
     finally:
         for key in inherited:
@@ -202,6 +204,7 @@ def _start_local(**options: Any) -> None:
 # -------------------------------------------------------------------------
 
 RECORDS = Path(tempfile.gettempdir()) / f"rlcore-ray-{os.getuid()}"
+_groups: list[int] = []  # the process groups the local Ray's processes started here lead (their pids)
 _record_path: Path | None = None  # the record of the local Ray this process started
 _atexit_registered = False
 
@@ -227,7 +230,7 @@ def _record(node: Any) -> None:
         except psutil.Error:
             continue
     record = {"driver": [me.pid, me.create_time()], "node_id": node.node_id,
-              "session_dir": node.get_session_dir_path(), "pids": pids}
+              "session_dir": node.get_session_dir_path(), "pids": pids, "groups": list(_groups)}
     try:
         RECORDS.mkdir(mode=0o700, exist_ok=True)
         path = RECORDS / f"{me.pid}.json"
@@ -264,7 +267,28 @@ def _leftovers(record: dict[str, Any]) -> list[Any]:
                     found[process.pid] = process
             except psutil.Error:
                 continue
+    for process in _in_groups(record.get("groups", [])):
+        found.setdefault(process.pid, process)
     return [p for p in found.values() if _running(p)]
+
+
+def _in_groups(groups: list[int]) -> list[Any]:
+    """This user's live processes in `groups`, the process groups that the local Ray's GCS and raylet lead
+    (`_own_process_groups`): Ray's dashboard and runtime-env agents stay in their raylet's group when it is
+    gone before them, reparented to init, their environment hidden by their process titles."""
+    import psutil
+
+    if not groups:
+        return []
+    wanted, mine, found = set(groups), os.getpid(), []
+    for process in psutil.process_iter():
+        try:
+            if (process.pid != mine and process.uids().real == os.getuid() and os.getpgid(process.pid) in wanted
+                    and _running(process)):
+                found.append(process)
+        except (OSError, psutil.Error):
+            continue
+    return found
 
 
 def _ray_children_since(started: float) -> list[Any]:
