@@ -13,7 +13,6 @@ from rlcore.rewards import call_reward, check_reward, resolve_reward
 from rlcore.testing import build_tiny_model
 
 from .config import GRPOConfig
-from .objective import old_logprobs_in_step
 from .toy import toy_dataset
 
 
@@ -251,6 +250,8 @@ class ExperienceMaker:
     def logprobs(self, scored: Scored, train: Any, reference: Any) -> Batch:
         """The round's batch with advantages, and old/reference log-probs where the loss needs them; with the
         sampler correction, its ratio per token (and its metrics added to the round's)."""
+        from .objective import old_logprobs_in_step  # with the loss module: torch
+
         cfg = self.config
         batch = self.build_batch(scored.prompt_ids, scored.generations)
         batch["advantages"] = scored.advantages

@@ -10,11 +10,16 @@ from rlcore.engine_checks import aligned_rows, check_ids
 from rlcore.engines import ModelOutputs, Projection, TopK
 from rlcore.errors import ConfigError
 
-from . import head
-
 if TYPE_CHECKING:
     import torch
 
+
+
+def _head() -> Any:
+    """`rlcore.plugins.hf.head`, imported at first use: it imports torch, which importing the plugin must not."""
+    from . import head
+
+    return head
 
 def load_causal_lm(model: str, dtype: str, device: torch.device) -> Any:
     """AutoModelForCausalLM from a local directory or a hub id, on `device`, in eval mode."""
@@ -107,7 +112,7 @@ class HeadModelOutputs(ModelOutputs):
     def logprobs(self) -> torch.Tensor:
         if "logprobs" not in self._cache:
             targets = self.input_ids[:, 1:][self.rows]
-            values = head.token_logprobs(self.hidden[self.rows], self.weight, self.bias, targets, self.temperature,
+            values = _head().token_logprobs(self.hidden[self.rows], self.weight, self.bias, targets, self.temperature,
                                          use_trl=self.use_trl)
             self._cache["logprobs"] = self._scatter(values)
         return self._cache["logprobs"]
@@ -115,22 +120,22 @@ class HeadModelOutputs(ModelOutputs):
     def logprobs_at(self, ids: torch.Tensor) -> torch.Tensor:
         check_ids(ids, self.input_ids)
         ids = ids.to(self.hidden.device, non_blocking=True)[:, 1:][self.rows]
-        return self._scatter(head.logprobs_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
+        return self._scatter(_head().logprobs_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
 
     def logits_at(self, ids: torch.Tensor) -> torch.Tensor:
         check_ids(ids, self.input_ids)
         ids = ids.to(self.hidden.device, non_blocking=True)[:, 1:][self.rows]
-        return self._scatter(head.logits_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
+        return self._scatter(_head().logits_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
 
     def full_logprobs(self) -> torch.Tensor:
         if "full" not in self._cache:
-            self._cache["full"] = self._scatter(head.full_logprobs(self.hidden[self.rows], self.weight, self.bias,
+            self._cache["full"] = self._scatter(_head().full_logprobs(self.hidden[self.rows], self.weight, self.bias,
                                                                    self.temperature))
         return self._cache["full"]
 
     def topk(self, k: int) -> TopK:
         """The k most likely tokens of every row, in `TopK`'s layout (ids 0 where a row holds no distribution)."""
-        values, ids = head.topk_logprobs(self.hidden[self.rows], self.weight, self.bias,
+        values, ids = _head().topk_logprobs(self.hidden[self.rows], self.weight, self.bias,
                                          min(k, self.weight.shape[0]), self.temperature)
         return TopK(ids=self._scatter(ids), logprobs=self._scatter(values))
 
