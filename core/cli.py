@@ -294,6 +294,7 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
 
 
 def _run(args: argparse.Namespace) -> int:
+    log.hold()  # the notes and checks before the run takes its output_dir go to its run.log too
     if args.log_level:
         log.setup(args.log_level)  # the plugins and the config load at that level already
     plugins, algorithm, config = _configured(args, resume=args.resume)

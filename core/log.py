@@ -99,6 +99,34 @@ def secrets_of(config: Any) -> list[str]:
     return found
 
 
+class _Held(logging.Handler):
+    """What is logged before a run's `run.log` opens (the config's notes, the checks before the lock), kept to
+    be written there first."""
+
+    LIMIT = 1000  # records; a run logs a few dozen before its lock
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) < self.LIMIT:
+            self.records.append(record)
+
+
+_held: _Held | None = None
+
+
+def hold() -> None:
+    """Keep every record from now until the next `to_file`, which writes them first (the CLI's `run`)."""
+    global _held
+    if _held is not None:
+        logger.removeHandler(_held)
+    _held = _Held()
+    _held.addFilter(_redact)
+    logger.addHandler(_held)
+
+
 @contextlib.contextmanager
 def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
     """Append the log to `output_dir/run.log` for the block (timestamped, every level the logger passes); an
@@ -113,6 +141,13 @@ def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
         handler.handle(logger.makeRecord(logger.name, level, __file__, 0, text, None, None))
 
     note(logging.INFO, f"run of pid {os.getpid()}: {' '.join(sys.argv)}")
+    global _held
+    if _held is not None:  # what was logged before the run took its output_dir
+        logger.removeHandler(_held)
+        for record in _held.records:
+            if record.levelno >= logger.getEffectiveLevel():
+                handler.handle(record)
+        _held = None
     try:
         yield path
     except BaseException as exc:

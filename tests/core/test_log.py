@@ -45,6 +45,17 @@ def test_log_level_warning_keeps_stderr_and_run_log_to_warnings(tmp_path):
     assert config.returncode == 0 and "rlcore: train:" not in config.stderr
 
 
+def test_what_is_said_before_the_run_takes_its_output_dir_is_in_run_log_too(tmp_path):
+    """The config's notes come before the lock on output_dir (and run.log with it): they are kept for it."""
+    done = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out", "max_steps=1", "attn_implementation=sdpa")
+    assert done.returncode == 0, done.stderr[-2000:]
+    note = "rlcore: TRL's attn_implementation: 'sdpa' (the engine picks its attention kernel"
+    assert done.stderr.splitlines()[0].startswith(note)
+    log = (tmp_path / "out" / "run.log").read_text().splitlines()
+    assert "INFO rlcore: run of pid" in log[0] and f"INFO {note}" in log[1]
+    assert sum(note in line for line in log) == 1
+
+
 HOOK = """
 from rlcore import hookimpl
 
