@@ -6,7 +6,10 @@ sys.path)."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rlcore import hookimpl
@@ -121,3 +124,21 @@ def profile_nth_call(owner: Any, name: str, nth: int, sink: dict[str, Any], rows
         return out
 
     setattr(owner, name, profiled)
+
+
+def git_commit() -> str:
+    """The checkout's commit, for a results JSON ("unknown" outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def build_on_gpu(path: Path, shape: dict[str, Any]) -> str:
+    """A random model of `shape` at `path`, drawn on the GPU in a child process (seconds; the parent keeps no
+    CUDA memory)."""
+    code = ("import sys; from rlcore.testing import build_tiny_model; "
+            f"build_tiny_model(sys.argv[1], device='cuda', **{shape!r})")
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+    return str(path)

@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fair import git_commit
+
 MICRO, ACCUM, TOKENS, STEPS, SKIP = 8, 8, 256, 6, 2
 VOCAB = 151936
 STUDENT = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
@@ -76,14 +78,6 @@ def dataset_file(root: Path) -> Path:
         rows.append({"messages": [user, {"role": "assistant", "content": "An answer."}], "prompt": [user]})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def torch_peak_gib() -> float | None:

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import same_stop_tokens
+from fair import build_on_gpu, git_commit, same_stop_tokens
 
 H200_BF16_DENSE_TFLOPS = 989.0  # the datasheet's dense bf16 peak, for the utilisation column
 
@@ -83,14 +83,6 @@ def lookup(obj: Any, path: str) -> Any:
 
 
 # -- the runs, each in its own process ------------------------------------------------------------
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def train_flops(config: Any, lengths: list[int]) -> float:
@@ -232,15 +224,6 @@ def implementation(config: Any, train_kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def build_model(tmp: Path) -> str:
-    """The random model, drawn on the GPU in a child process (the parent keeps no CUDA memory)."""
-    path = tmp / "qwen2-0.5b-shaped"
-    code = ("import sys; from rlcore.testing import build_tiny_model; "
-            f"build_tiny_model(sys.argv[1], device='cuda', **{SHAPE!r})")
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
-    return str(path)
-
-
 def subprocess_run(what: str, model: str, tmp: Path, processes: int = 1, mode: str = "colocate",
                    train_kwargs: str = "{}") -> dict:
     out = tmp / f"{what}.json"
@@ -355,7 +338,7 @@ def main() -> None:
     path = Path(args.json or f"benchmarks/results/grpo_gpu-{args.mode}-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        model = build_model(tmp)
+        model = build_on_gpu(tmp / "qwen2-0.5b-shaped", SHAPE)
         same_stop_tokens(model)  # before either side loads the model
         trl_processes = 2 if args.mode == "separate" else 1
         if args.only:

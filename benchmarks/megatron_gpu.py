@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fair import git_commit
+
 PROMPTS, GENERATIONS, TOKENS, STEPS, SKIP = 8, 8, 256, 8, 2
 SMALL = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=2048, dtype="bfloat16")  # Qwen2-0.5B's shape
@@ -227,8 +229,7 @@ def main() -> None:
     if args.run:  # a child: one engine's run
         Path(args.out).write_text(json.dumps(run_grpo(args.model, Path(args.out).with_suffix(""), args.run, args.part)))
         return
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-    record: dict[str, Any] = {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": commit.stdout.strip() or None,
+    record: dict[str, Any] = {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
                               "steps": STEPS, "skip": SKIP,
                               "prompts": PROMPTS, "generations": GENERATIONS, "completion_tokens": TOKENS}
     with tempfile.TemporaryDirectory() as tmp:

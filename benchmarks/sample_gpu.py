@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from fair import build_on_gpu, git_commit
 from grpo_gpu import SHAPE
 
 PROMPTS, WARMUP, CANDIDATES, TOKENS, BATCH = 256, 128, 8, 256, 128
@@ -106,23 +107,6 @@ def child(what: str, model: str, data: Path, tmp: Path, workers: int = 1) -> dic
     return result
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def build_model(tmp: Path) -> str:
-    """The random model, drawn on the GPU in a child (seconds; the parent keeps no CUDA memory)."""
-    path = tmp / "qwen2-0.5b-shaped"
-    code = ("import sys; from rlcore.testing import build_tiny_model; "
-            f"build_tiny_model(sys.argv[1], device='cuda', **{SHAPE!r})")
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
-    return str(path)
-
-
 def gpu_count() -> int:
     out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"], capture_output=True,
                          text=True)
@@ -152,7 +136,7 @@ def main() -> None:
     sides: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        model = build_model(tmp)
+        model = build_on_gpu(tmp / "qwen2-0.5b-shaped", SHAPE)
         data = prompts_file(tmp)
         for what in wanted:
             sides[what] = child("raw", model, data, tmp) if what == "raw" else \

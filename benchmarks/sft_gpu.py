@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import chat_rows
+from fair import build_on_gpu, chat_rows, git_commit
 
 SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=4096, dtype="bfloat16")
@@ -62,14 +62,6 @@ def rlcore_step_end(trainer, step, metrics):
     with open({out!r}, "w") as f:
         json.dump(rows, f)
 '''
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def measures(stamps: list[dict], skip: int) -> dict:
@@ -145,13 +137,10 @@ def trl_child(model: str, data: str, out: str, steps: int, output_dir: str) -> N
 
 def build(tmp: Path) -> tuple[str, str]:
     """The model (drawn on the GPU in a child: the parent holds no CUDA memory) and the chat rows."""
-    model = tmp / "qwen2-0.5b-shape"
-    code = "import sys; from rlcore.testing import build_tiny_model; " \
-           f"build_tiny_model(sys.argv[1], device='cuda', **{SHAPE!r})"
-    subprocess.run([sys.executable, "-c", code, str(model)], check=True)
+    model = build_on_gpu(tmp / "qwen2-0.5b-shape", SHAPE)
     data = tmp / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(ROWS, question=(4, 60), answer=(8, 600))))
-    return str(model), str(data)
+    return model, str(data)
 
 
 def explain(sides: dict[str, dict]) -> list[str]:
