@@ -49,7 +49,8 @@ class MegatronTrainEngine(TrainEngine):
     """A megatron-core GPTModel on one worker of a tensor x pipeline x data parallel group.
 
     Options are `MegatronOptions`: the hf engine's (`rlcore.TrainOptions`) plus `tensor_model_parallel_size`,
-    `pipeline_model_parallel_size`, `make_vocab_size_divisible_by` and `use_distributed_optimizer`.
+    `pipeline_model_parallel_size`, `make_vocab_size_divisible_by`, `use_distributed_optimizer` and `master_weights` (false: bf16 AdamW
+    without fp32 master params, gradients or moments, the hf engine's numerics and memory).
     LoRA is not offered (`lora_rank` must be 0). Every problem with the options, the architecture and the
     parallel sizes is reported at once, before any weight is allocated.
     """
@@ -197,14 +198,16 @@ class MegatronTrainEngine(TrainEngine):
             from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
             from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+            # without master weights megatron's FP32Optimizer steps the bf16 params with their bf16 main_grad
+            mixed = o["master_weights"] and self.dtype != torch.float32
             ddp_config = DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=o["use_distributed_optimizer"],
+                grad_reduce_in_fp32=mixed, overlap_grad_reduce=False, use_distributed_optimizer=o["use_distributed_optimizer"],
             )
             model = DistributedDataParallel(self.config, ddp_config, model)
             self.optimizer = get_megatron_optimizer(OptimizerConfig(
                 optimizer="adam", lr=o["learning_rate"], min_lr=0.0, weight_decay=o["weight_decay"],
                 adam_beta1=o["adam_beta1"], adam_beta2=o["adam_beta2"], adam_eps=o["adam_epsilon"],
-                clip_grad=o["max_grad_norm"] or 0.0, bf16=self.config.bf16, fp16=self.config.fp16,
+                clip_grad=o["max_grad_norm"] or 0.0, bf16=self.config.bf16 and mixed, fp16=self.config.fp16,
                 params_dtype=self.dtype, use_distributed_optimizer=o["use_distributed_optimizer"],
             ), [model])
             self.config.no_sync_func = model.no_sync

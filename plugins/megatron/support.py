@@ -24,6 +24,10 @@ class MegatronOptions(TrainOptions):
     pipeline_model_parallel_size: int = 1
     make_vocab_size_divisible_by: int = 128
     use_distributed_optimizer: bool = True
+    # fp32 main params, fp32 gradients and fp32 Adam moments beside the bf16 model (megatron's mixed precision:
+    # 18 bytes a parameter); false: AdamW on the bf16 params themselves with bf16 gradients and moments, as the hf
+    # engine trains (8 bytes a parameter). On CUDA with dtype bfloat16 and use_distributed_optimizer false.
+    master_weights: bool = True
 
 
 def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
@@ -39,6 +43,12 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
     need(o["lora_rank"] == 0, "lora_rank", "must be 0: the megatron engine trains every weight (use engine hf for LoRA)")
     problems += OptimizerOptions(**{k: o[k] for k in OptimizerOptions.keys()}).problems()
     need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
+    if not o["master_weights"]:
+        need(o["dtype"] in ("bfloat16", "auto"), "master_weights",
+             f"needs dtype bfloat16 (dtype is {o['dtype']!r}: fp16 needs fp32 master weights and a loss scale; "
+             "fp32 has no master copy to drop)")
+        need(not o["use_distributed_optimizer"], "master_weights",
+             "needs use_distributed_optimizer=false too (megatron's distributed optimizer always keeps fp32 main params)")
     if isinstance(o["device"], str) and o["device"].startswith("cpu"):
         world = int(os.environ.get("WORLD_SIZE", "1"))
         need(o["dtype"] in ("float32", "auto"), "dtype", "must be float32 on the CPU (bf16 and fp16 need CUDA)")

@@ -8,7 +8,8 @@ fails or hangs does not stop the others. On the GPU: GRPO with the hf and the me
 (examples/ray/grpo colocate.yaml and colocate_device_groups.yaml on Ray: vLLM sleeps, the policy offloads),
 GKD with each engine (teacher_colocated.yaml: a colocated, offloaded teacher), SFT full and LoRA
 (examples/ray/sft), best-of-N sampling with a vLLM sampler, and distill against a `vllm serve` this script
-starts on 127.0.0.1 and stops after. `--cpu` (or RLCORE_SMOKE_CPU=1) runs the same rows on the CPU, in one
+starts on 127.0.0.1 and stops after, serving the `final/` folder an earlier row exported (grpo-megatron's, whose
+weights went megatron -> Hugging Face names), so vLLM loading what `rlcore run` writes is checked too. `--cpu` (or RLCORE_SMOKE_CPU=1) runs the same rows on the CPU, in one
 process each (no Ray), with the hf rollout and sampler engines, and distill against a stand-in for `vllm serve`
 (the hf engine behind the same two endpoints): the plumbing, not vLLM.
 
@@ -358,17 +359,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(model: str, gpu: bool, log, deadline: float) -> tuple[subprocess.Popen, str]:
-    """`vllm serve MODEL` on a free port of 127.0.0.1 (the `vllm` console script's entry point, through this
-    interpreter), or on the CPU this module's stand-in for it; returns the server once /v1/models answers, with
-    its base URL."""
+def serve(model: str, gpu: bool, log, deadline: float, name: str) -> tuple[subprocess.Popen, str]:
+    """`vllm serve MODEL --served-model-name NAME` on a free port of 127.0.0.1 (the `vllm` console script's entry
+    point, through this interpreter), or on the CPU this module's stand-in for it; returns the server once
+    /v1/models answers, with its base URL."""
     port = free_port()
     if gpu:
         cli = "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())"
         cmd = [sys.executable, "-c", cli, "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype",
-               "bfloat16", "--gpu-memory-utilization", "0.3", "--max-model-len", "512", "--enforce-eager"]
+               "bfloat16", "--gpu-memory-utilization", "0.3", "--max-model-len", "512", "--enforce-eager",
+               "--served-model-name", name]
     else:
-        cmd = [sys.executable, __file__, STAND_IN, model, str(port)]
+        cmd = [sys.executable, __file__, STAND_IN, model, str(port), name]
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -389,7 +391,7 @@ def serve(model: str, gpu: bool, log, deadline: float) -> tuple[subprocess.Popen
 STAND_IN = "--serve-on-cpu"
 
 
-def serve_on_cpu(model: str, port: str) -> None:
+def serve_on_cpu(model: str, port: str, name: str) -> None:
     """A stand-in for `vllm serve` on the CPU: GET /v1/models and POST /v1/chat/completions, answered by the hf
     rollout engine, so that --cpu runs the distill row's client, server start and teardown too."""
     import threading
@@ -412,7 +414,7 @@ def serve_on_cpu(model: str, port: str) -> None:
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            self.reply({"object": "list", "data": [{"id": model, "object": "model"}]})
+            self.reply({"object": "list", "data": [{"id": name, "object": "model"}]})
 
         def do_POST(self) -> None:
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -430,6 +432,20 @@ def serve_on_cpu(model: str, port: str) -> None:
     ThreadingHTTPServer(("127.0.0.1", int(port)), Handler).serve_forever()
 
 
+FINAL_SERVED = ("grpo-megatron", "grpo-hf", "sft-full")  # rows whose exported model the served row prefers
+
+
+def served_model(work: Path, student: str) -> str:
+    """What a row that serves starts `vllm serve` on: the `final/` folder an earlier row of this run exported
+    (megatron's weights mapped back to Hugging Face names first), so that vLLM loading what rlcore writes is
+    checked too; the student when no such row ran."""
+    for name in FINAL_SERVED:
+        final = work / name / "run" / "final"
+        if (final / "config.json").is_file():
+            return str(final)
+    return student
+
+
 def run_row(row: Row, work: Path, out: Path, student: str, gpu: bool) -> Result:
     """Run one row with its timeout; never raises."""
     run_dir = work / row.name
@@ -442,7 +458,8 @@ def run_row(row: Row, work: Path, out: Path, student: str, gpu: bool) -> Result:
     with open(log_path, "w") as log:
         try:
             if row.serve:
-                server, api_base = serve(student, gpu, log, deadline)
+                served = served_model(work, student)
+                server, api_base = serve(served, gpu, log, deadline, name=student)
                 cmd.append(f"api_base={api_base}")
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
@@ -456,6 +473,8 @@ def run_row(row: Row, work: Path, out: Path, student: str, gpu: bool) -> Result:
             expect(code == 0, f"rlcore run exited {code}")
             log.flush()
             detail = row.check(run_dir / "run", log_path.read_text(errors="replace"))
+            if row.serve and served != student:
+                detail += f"; served {Path(served).relative_to(work)} (what `rlcore run` exported)"
             status = "PASS"
         except Failed as exc:
             status, detail = "FAIL", str(exc)
@@ -582,6 +601,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [STAND_IN]:
-        serve_on_cpu(*sys.argv[2:4])
+        serve_on_cpu(*sys.argv[2:5])
     else:
         sys.exit(main())

@@ -145,8 +145,9 @@ def _loss(outputs, micro):
     return -(outputs.logprobs() * micro["completion_mask"]).sum() / 400, {}
 
 
-@pytest.mark.parametrize("distributed", [True, False], ids=["distributed-optimizer", "float16-optimizer"])
-def test_bf16_step_offload_reload_save_load(model_dir, tmp_path, distributed):
+@pytest.mark.parametrize("distributed,master", [(True, True), (False, True), (False, False)],
+                         ids=["distributed-optimizer", "float16-optimizer", "bf16-adamw-no-master-weights"])
+def test_bf16_step_offload_reload_save_load(model_dir, tmp_path, distributed, master):
     """Train, offload everything (the engine's GPU memory falls to near zero), reload (weights and optimizer
     state bitwise), train on (the loss keeps falling), save and load (the next step is the same)."""
     import torch
@@ -154,13 +155,15 @@ def test_bf16_step_offload_reload_save_load(model_dir, tmp_path, distributed):
     from rlcore.plugins.megatron import make_train_engine
 
     options = dict(model=model_dir, device="cuda", dtype="bfloat16", learning_rate=1e-3, max_steps=6,
-                   lr_scheduler_type="cosine", use_distributed_optimizer=distributed, seed=0)
+                   lr_scheduler_type="cosine", use_distributed_optimizer=distributed, master_weights=master, seed=0)
     engine = make_train_engine(**options)
     batch = _bf16_batch()
     first = engine.train_step(batch, _loss, 4)
     weights = {n: t.clone() for n, t in engine.hf_tensors()}
     state = [t.clone() for t in engine._optimizer_tensors()]
     assert len(state) >= 3 * len(list(engine.module.parameters()))  # main params, both Adam moments (and steps)
+    moments = [t for t in state if t.dim() > 0]
+    assert {t.dtype for t in moments} == ({torch.float32} if master else {torch.bfloat16})  # what the option says
     torch.cuda.synchronize()
     held, owned = torch.cuda.memory_allocated(), engine.gpu_bytes()
     engine.offload()
