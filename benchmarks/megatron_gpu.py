@@ -149,10 +149,10 @@ def run_train_phase(model: str, variant: str) -> dict:
             "tokens": int(mask.sum())}
 
 
-def train_phase_part(tmp: Path) -> dict:
+def train_phase_part(tmp: Path, variants: tuple[str, ...] = TRAIN_VARIANTS) -> dict:
     model = build({**SMALL}, "qwen2-0.5b-shape-gpu", device="cuda")
     rows = []
-    for variant in TRAIN_VARIANTS:
+    for variant in variants:
         out = tmp / f"train-{variant}.json"
         cmd = [sys.executable, __file__, "--train-variant", variant, "--model", model, "--out", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -239,6 +239,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["one", "two", "both", "train"], default="both")
     parser.add_argument("--train-variant", choices=TRAIN_VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--variants", default=",".join(TRAIN_VARIANTS),
+                        help=f"--part train: the engines to run, hf first (default {','.join(TRAIN_VARIANTS)})")
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200-x2"))
     parser.add_argument("--json", default=str(RESULTS))
     parser.add_argument("--run", choices=ONE_ENGINES, help=argparse.SUPPRESS)
@@ -256,7 +258,7 @@ def main() -> None:
                               "prompts": PROMPTS, "generations": GENERATIONS, "completion_tokens": TOKENS}
     with tempfile.TemporaryDirectory() as tmp:
         if args.part == "train":
-            record["one_gpu_train_phase"] = train_phase_part(Path(tmp))
+            record["one_gpu_train_phase"] = train_phase_part(Path(tmp), tuple(args.variants.split(",")))
         if args.part in ("one", "both"):
             model = build(SMALL, "qwen2-0.5b-shape")
             rows = [subprocess_run(model, engine, "one", Path(tmp)) for engine in ONE_ENGINES]

@@ -9,9 +9,8 @@
 - `forward_backward_local`: the no-pipelining schedule (`forward_backward_no_pipelining`, which counts
   tokens in a `device="cuda"` tensor) with the same arguments and results: per micro-batch, forward, the
   loss function's (loss, metrics), loss / num_microbatches backward.
-- `CpuOptimizer`: megatron's optimizers keep flags in `device="cuda"` tensors; this is torch's AdamW with
-  the part of `MegatronOptimizer`'s interface the engine uses (`step()` -> (ok, grad_norm, zeros) after
-  clipping, `zero_grad`, `param_groups` for megatron's `OptimizerParamScheduler`, state dicts).
+- megatron's optimizers keep flags in `device="cuda"` tensors: on the CPU the engine steps with
+  `adamw.TorchAdamW` instead.
 """
 
 from __future__ import annotations
@@ -60,31 +59,3 @@ def forward_backward_local(
                 (loss / num_microbatches).backward()
         store.append(metrics)
     return store
-
-
-class CpuOptimizer:
-    """torch AdamW with gradient clipping, shaped like the `MegatronOptimizer` calls the engine makes."""
-
-    def __init__(self, params: list[torch.nn.Parameter], *, lr: float, weight_decay: float, betas: tuple[float, float],
-                 eps: float, clip_grad: float):
-        self.params = [p for p in params if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        self.clip_grad = clip_grad
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> tuple[bool, float, None]:
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad or math.inf)
-        self.optimizer.step()
-        return True, float(norm), None
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)

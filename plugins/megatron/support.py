@@ -26,7 +26,8 @@ class MegatronOptions(TrainOptions):
     use_distributed_optimizer: bool = True
     # fp32 main params, fp32 gradients and fp32 Adam moments beside the bf16 model (megatron's mixed precision:
     # 18 bytes a parameter); false: AdamW on the bf16 params themselves with bf16 gradients and moments, as the hf
-    # engine trains (8 bytes a parameter). On CUDA with dtype bfloat16 and use_distributed_optimizer false.
+    # engine trains (8 bytes a parameter). With dtype bfloat16, use_distributed_optimizer false and tensor and
+    # pipeline size 1 (see adamw.TorchAdamW).
     master_weights: bool = True
 
 
@@ -49,6 +50,9 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
              "fp32 has no master copy to drop)")
         need(not o["use_distributed_optimizer"], "master_weights",
              "needs use_distributed_optimizer=false too (megatron's distributed optimizer always keeps fp32 main params)")
+        need(o["tensor_model_parallel_size"] == 1 and o["pipeline_model_parallel_size"] == 1, "master_weights",
+             "needs tensor_model_parallel_size and pipeline_model_parallel_size 1 (its gradient norm is not "
+             "reduced over a model-parallel group); data parallelism is fine")
     if isinstance(o["device"], str) and o["device"].startswith("cpu"):
         world = int(os.environ.get("WORLD_SIZE", "1"))
         need(o["dtype"] in ("float32", "auto"), "dtype", "must be float32 on the CPU (bf16 and fp16 need CUDA)")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlcore.plugins.megatron import cpu_shim
+from rlcore.plugins.megatron.adamw import TorchAdamW
 from rlcore.plugins.megatron.vocab_parallel import VocabParallelOutputs
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is for machines without CUDA")
@@ -55,19 +56,32 @@ def test_forward_backward_local_is_megatrons_no_pipelining_contract():
     assert seen == [{"x": 1.0}] and weight.grad.item() == pytest.approx(9.0)  # forward_only: no backward
 
 
-def test_cpu_optimizer_clips_steps_and_restores():
+def test_torch_adamw_clips_steps_and_restores():
     p = torch.nn.Parameter(torch.zeros(4))
-    opt = cpu_shim.CpuOptimizer([p], lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, clip_grad=1.0)
+    opt = TorchAdamW([p], lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, clip_grad=1.0)
     p.grad = torch.full((4,), 3.0)
     ok, norm, zeros = opt.step()
     assert ok and norm == pytest.approx(6.0) and zeros is None
     assert torch.allclose(p.detach(), torch.full((4,), -0.1), atol=1e-6)  # Adam's first step: lr * sign
     state = opt.state_dict()
-    other = cpu_shim.CpuOptimizer([torch.nn.Parameter(torch.zeros(4))], lr=0.1, weight_decay=0.0, betas=(0.9, 0.999),
-                                  eps=1e-8, clip_grad=0.0)
+    other = TorchAdamW([torch.nn.Parameter(torch.zeros(4))], lr=0.1, weight_decay=0.0, betas=(0.9, 0.999),
+                       eps=1e-8, clip_grad=0.0)
     other.load_state_dict(state)
     assert other.optimizer.state_dict()["state"][0]["exp_avg"].equal(state["state"][0]["exp_avg"])
     assert opt.param_groups[0]["lr"] == 0.1
+
+
+def test_torch_adamw_steps_on_megatron_ddp_main_grad():
+    """Under megatron's DDP the reduced gradient is in `main_grad` (a bf16 buffer without master weights), not
+    `.grad`: the step takes it from there, clipped like any other."""
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    p.main_grad = torch.full((4,), 3.0, dtype=torch.bfloat16)
+    opt = TorchAdamW([p], lr=0.1, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, clip_grad=1.0)
+    ok, norm, _ = opt.step()
+    assert ok and norm == pytest.approx(6.0)
+    assert torch.allclose(p.detach().float(), torch.full((4,), -0.1), atol=1e-3)
+    assert opt.optimizer.state[p]["exp_avg"].dtype == torch.bfloat16  # bf16 moments: no fp32 copy anywhere
+    assert opt.scale_loss(torch.tensor(2.0)) == 2.0
 
 
 # -- vocab-parallel log-probs over two gloo ranks -------------------------------------------------------------
