@@ -6,6 +6,7 @@ The scripts import it as `fair` (they run as `python benchmarks/<name>.py`, with
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -189,11 +190,26 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
 
 
+def run_child(cmd: list[str], env: dict[str, str] | None = None) -> None:
+    """Run `cmd` with its output passed through as it comes; on a non-zero exit, a CalledProcessError that carries
+    the end of the child's stderr (its traceback), for the side's results row."""
+    tail: collections.deque[str] = collections.deque(maxlen=400)
+    with subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace") as child:
+        for line in child.stderr:
+            sys.stderr.write(line)
+            tail.append(line)
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, cmd, stderr="".join(tail))
+
+
 def failure(error: BaseException) -> dict[str, Any]:
     """A side that failed, as its results row, so one side's crash leaves the others' results: what was raised
     and the end of its traceback, or of a failed child's stderr where the error carries it (a child whose output
     was not captured printed its own traceback in the log)."""
-    row: dict[str, Any] = {"failed": f"{type(error).__name__}: {str(error)[:300]}"}
+    if isinstance(error, subprocess.CalledProcessError):
+        row: dict[str, Any] = {"failed": f"the child process exited with status {error.returncode}"}
+    else:
+        row = {"failed": f"{type(error).__name__}: {str(error)[:300]}"}
     tail = getattr(error, "stderr", None)
     if isinstance(tail, bytes):
         tail = tail.decode(errors="replace")

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import failure, git_commit, results_path, write_json
+from fair import failure, git_commit, results_path, run_child, write_json
 
 MICRO, ACCUM, TOKENS, STEPS, SKIP = 8, 8, 256, 6, 2
 VOCAB = 151936
@@ -343,7 +343,7 @@ def child(what: str, tmp: Path, data: Path | None = None, smoke: bool = False) -
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     started = time.perf_counter()
     with PeakMemory() as memory:
-        subprocess.run(cmd, check=True, env=env)
+        run_child(cmd, env)
     if what == "build":
         return None
     result = json.loads(out.read_text())

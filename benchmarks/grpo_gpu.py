@@ -34,14 +34,13 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from fair import build_model, failure, git_commit, results_path, same_stop_tokens, write_json
+from fair import build_model, failure, git_commit, results_path, run_child, same_stop_tokens, write_json
 
 H200_BF16_DENSE_TFLOPS = 989.0  # the datasheet's dense bf16 peak, for the utilisation column
 
@@ -251,7 +250,7 @@ def subprocess_run(what: str, model: str, tmp: Path, processes: int = 1, mode: s
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         cmd = [sys.executable, *script]
     started = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env)
+    run_child(cmd, env)
     result = json.loads(out.read_text())
     result["wall_s"] = time.perf_counter() - started
     return result

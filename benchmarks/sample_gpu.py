@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fair import build_model, failure, git_commit, results_path, write_json
+from fair import build_model, failure, git_commit, results_path, run_child, write_json
 from grpo_gpu import SHAPE
 
 PROMPTS, WARMUP, CANDIDATES, TOKENS, BATCH = 256, 128, 8, 256, 128
@@ -136,8 +136,8 @@ def run_rlcore(model: str, data: Path, workers: int, out: Path, smoke: bool = Fa
 
 def child(what: str, model: str, data: Path, tmp: Path, workers: int = 1, smoke: bool = False) -> dict:
     out = tmp / f"{what}-{workers}.json"
-    subprocess.run([sys.executable, __file__, "--run", what, "--model", model, "--data", str(data), "--out", str(out),
-                    "--workers", str(workers)] + (["--smoke"] if smoke else []), check=True)
+    run_child([sys.executable, __file__, "--run", what, "--model", model, "--data", str(data), "--out", str(out),
+               "--workers", str(workers)] + (["--smoke"] if smoke else []))
     result = json.loads(out.read_text())
     result["candidates_per_s"] = result["candidates"] / result["seconds"]
     return result
