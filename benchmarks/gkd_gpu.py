@@ -21,6 +21,8 @@ run in a process of its own:
     python benchmarks/gkd_gpu.py --only trl --only full; python benchmarks/gkd_gpu.py --only topk --only memory
                                                   # the same in two calls of about 4 and 2.5 minutes
     python benchmarks/gkd_gpu.py --only full      # one side; sides run in separate calls add up in the JSON
+    python benchmarks/gkd_gpu.py --merge a.json --merge b.json --json c.json   # two calls' JSONs (each machine
+                                                  # starts bare) as one table and one JSON, with the targets; no run
     python benchmarks/gkd_gpu.py --smoke          # tiny models on the CPU, no vLLM: the code paths only (TRL's
                                                   # and rlcore's GPU configs are built there too)
     python benchmarks/gkd_gpu.py --only full --profile   # + torch's profile of rlcore's last train phase
@@ -424,6 +426,9 @@ def main() -> None:
     parser.add_argument("--only", choices=choices, action="append", help="run this side (repeatable)")
     parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU, no vLLM, 2 steps: the code paths only")
     parser.add_argument("--profile", action="store_true", help="profile rlcore's last train phase (not measured)")
+    parser.add_argument("--merge", action="append", default=[], metavar="JSON",
+                        help="an earlier call's results (repeatable): its sides are kept beside this run's (later ones "
+                        "win); with no --only nothing runs: the merged table, targets and JSON only")
     parser.add_argument("--run", choices=[*choices, "build"], help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -447,15 +452,20 @@ def main() -> None:
 
     if args.profile:
         os.environ["RLCORE_BENCH_PROFILE"] = "1"  # the children read it
-    wanted = args.only or list(SIDES)
+    wanted = args.only or ([] if args.merge else list(SIDES))
     started = time.perf_counter()
     path = results_path(args.json, f"gkd_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
-    kept = json.loads(path.read_text()).get("sides", {}) if args.only and path.exists() else {}
-    sides: dict[str, dict] = {}  # sides run in calls of their own (--only) add up in one file
+    kept: dict[str, dict] = {}  # sides run in calls of their own (--only, --merge) add up in one file
+    for earlier in [path] * bool(args.only and path.exists()) + [Path(m) for m in args.merge]:
+        kept.update(json.loads(earlier.read_text()).get("sides", {}))
+    sides: dict[str, dict] = {}
+    if not wanted:
+        write_json(path, record(kept, args, started))
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        child("build", tmp, smoke=args.smoke)
-        data = dataset_file(tmp)
+        if wanted:
+            child("build", tmp, smoke=args.smoke)
+            data = dataset_file(tmp)
         for what in wanted:
             try:
                 sides[what] = summarise(child(what, tmp, data, args.smoke), 0 if args.smoke else SKIP)
