@@ -10,6 +10,7 @@ import collections
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -188,6 +189,13 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
     """Write `record` at `path` (after every side, so a run cut short keeps the sides it finished)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a child's torch.distributed rendezvous (MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_child(cmd: list[str], env: dict[str, str] | None = None) -> None:

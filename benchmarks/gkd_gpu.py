@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import failure, git_commit, results_path, run_child, write_json
+from fair import failure, free_port, git_commit, results_path, run_child, write_json
 
 MICRO, ACCUM, TOKENS, STEPS, SKIP = 8, 8, 256, 6, 2
 VOCAB = 151936
@@ -339,8 +339,8 @@ def child(what: str, tmp: Path, data: Path | None = None, smoke: bool = False) -
     cmd = [sys.executable, __file__, "--run", what, "--tmp", str(tmp)] + (["--smoke"] if smoke else [])
     if data is not None:
         cmd += ["--data", str(data)]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0"}  # vLLM's multiprocessing as each side sets it (rlcore's engine: in process)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0"}  # a world of one, as TRL documents colocated vLLM in one process (grpo_gpu.py's too)
     if what != "served":
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     started = time.perf_counter()

@@ -32,7 +32,6 @@ import argparse
 import enum
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -40,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import build_model, failure, git_commit, results_path, run_child, same_stop_tokens, write_json
+from fair import build_model, failure, free_port, git_commit, results_path, run_child, same_stop_tokens, write_json
 
 H200_BF16_DENSE_TFLOPS = 989.0  # the datasheet's dense bf16 peak, for the utilisation column
 
@@ -73,12 +72,6 @@ COMPARED = [(key, key, key) for key in SAME] + [
     ("vllm_max_model_len", "rollout.vllm_max_model_len", "vllm_max_model_length"),
     ("vllm sleep mode", "rollout.engine_kwargs.vllm_enable_sleep_mode", "vllm_enable_sleep_mode"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def lookup(obj: Any, path: str) -> Any:
