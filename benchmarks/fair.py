@@ -1,14 +1,21 @@
 """What the benchmarks share to make a comparison fair: the same step clock on both sides (one for an rlcore
 trainer, a plugin; one for a transformers Trainer, TRL's), the same stop tokens, the same synthetic chat
-data. The scripts import it as `fair` (they run as `python benchmarks/<name>.py`, with this folder on
-sys.path)."""
+data; and what keeps a short GPU lease from being wasted: each benchmark's `--smoke` (tiny models on the CPU,
+TRL's GPU config built there too), results written after every side, a failed side recorded beside the others.
+The scripts import it as `fair` (they run as `python benchmarks/<name>.py`, with this folder on sys.path)."""
 
 from __future__ import annotations
 
+import collections
+import json
+import os
 import random
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +134,25 @@ def profile_nth_call(owner: Any, name: str, nth: int, sink: dict[str, Any], rows
 
 
 def git_commit() -> str:
-    """The checkout's commit, for a results JSON ("unknown" outside a git checkout)."""
+    """The checkout's commit, for a results JSON: `RLCORE_COMMIT` where set (a copy of the working tree, as the GPU
+    machine gets, may have no .git or a stale one), else git's HEAD ("unknown" outside a git checkout)."""
+    if os.environ.get("RLCORE_COMMIT"):
+        return os.environ["RLCORE_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def build_model(path: Path, shape: dict[str, Any], smoke: dict[str, Any] | None = None) -> str:
+    """The benchmark's random model of `shape`, drawn on the GPU (`build_on_gpu`); with `smoke` (a tiny shape), that
+    tiny model on the CPU instead, in this process."""
+    if smoke is None:
+        return build_on_gpu(path, shape)
+    from rlcore.testing import build_tiny_model
+
+    return str(build_tiny_model(path, **smoke))
 
 
 def build_on_gpu(path: Path, shape: dict[str, Any]) -> str:
@@ -142,3 +162,67 @@ def build_on_gpu(path: Path, shape: dict[str, Any]) -> str:
             f"build_tiny_model(sys.argv[1], device='cuda', **{shape!r})")
     subprocess.run([sys.executable, "-c", code, str(path)], check=True)
     return str(path)
+
+
+def trl_args(cls: type, kwargs: dict[str, Any], smoke: dict[str, Any] | None = None) -> Any:
+    """TRL's config `cls` (a `TrainingArguments` dataclass) from the GPU run's `kwargs`. With `smoke` (the CPU
+    run's replacements, e.g. `use_vllm=False, bf16=False, use_cpu=True`), the GPU run's config is built first on
+    the CPU (`use_cpu` added), so a field that the installed TRL lacks, or a value it refuses, fails there; then
+    the config with the replacements is returned."""
+    if smoke is None:
+        return cls(**kwargs)
+    cls(**{**kwargs, "use_cpu": True})
+    return cls(**{**kwargs, **smoke})
+
+
+def results_path(given: str | None, default: str, smoke: bool) -> Path:
+    """Where a benchmark writes its results JSON: `--json` where given; else `default` under benchmarks/results,
+    or, for `--smoke`, the same name in the system's temporary folder (a dry run's numbers are not results)."""
+    if given:
+        return Path(given)
+    if smoke:
+        return Path(tempfile.gettempdir()) / default.replace(".json", "-smoke.json")
+    return Path(__file__).parent / "results" / default
+
+
+def write_json(path: Path, record: dict[str, Any]) -> None:
+    """Write `record` at `path` (after every side, so a run cut short keeps the sides it finished)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a child's torch.distributed rendezvous (MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_child(cmd: list[str], env: dict[str, str] | None = None) -> None:
+    """Run `cmd` with its output passed through as it comes; on a non-zero exit, a CalledProcessError that carries
+    the end of the child's stderr (its traceback), for the side's results row."""
+    tail: collections.deque[str] = collections.deque(maxlen=400)
+    with subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace") as child:
+        for line in child.stderr:
+            sys.stderr.write(line)
+            tail.append(line)
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, cmd, stderr="".join(tail))
+
+
+def failure(error: BaseException) -> dict[str, Any]:
+    """A side that failed, as its results row, so one side's crash leaves the others' results: what was raised
+    and the end of its traceback, or of a failed child's stderr where the error carries it (a child whose output
+    was not captured printed its own traceback in the log)."""
+    if isinstance(error, subprocess.CalledProcessError):
+        row: dict[str, Any] = {"failed": f"the child process exited with status {error.returncode}"}
+    else:
+        row = {"failed": f"{type(error).__name__}: {str(error)[:300]}"}
+    tail = getattr(error, "stderr", None)
+    if isinstance(tail, bytes):
+        tail = tail.decode(errors="replace")
+    if not tail and not isinstance(error, subprocess.CalledProcessError):
+        tail = "".join(traceback.format_exception(error))
+    if tail:
+        row["error_tail"] = tail[-3000:]
+    return row

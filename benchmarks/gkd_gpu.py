@@ -4,7 +4,8 @@ The same work on every side: a random Qwen2-0.5B-shaped student (hidden 896, 24 
 Qwen2-1.5B-shaped teacher (hidden 1536, 28 layers), vocabulary 151,936 (Qwen2's), bf16; every step on-policy
 (lmbda 1: `DistillationTrainer` is on-policy only), 64 completions of up to 256 tokens a step (8 per
 micro-batch x 8 accumulation steps), beta 0.5, temperature 1, gradient checkpointing off, vLLM colocated at
-0.3 of the GPU with `max_num_seqs` 64 and no sleep mode. Each run in a process of its own:
+0.3 of the GPU with `max_num_seqs` 64, `max_num_batched_tokens` 4096 (TRL's fixed value) and no sleep mode. Each
+run in a process of its own:
 
 - `trl`: `trl.DistillationTrainer` (`use_vllm=True`, `vllm_mode="colocate"`; its loss is always the chunked
   `ChunkedDivergenceFunction` over hidden states and LM heads), teacher on the same GPU;
@@ -20,14 +21,18 @@ micro-batch x 8 accumulation steps), beta 0.5, temperature 1, gradient checkpoin
     python benchmarks/gkd_gpu.py --only trl --only full; python benchmarks/gkd_gpu.py --only topk --only memory
                                                   # the same in two calls of about 4 and 2.5 minutes
     python benchmarks/gkd_gpu.py --only full      # one side; sides run in separate calls add up in the JSON
-    python benchmarks/gkd_gpu.py --smoke          # tiny models on the CPU, no vLLM: the code paths only
+    python benchmarks/gkd_gpu.py --merge a.json --merge b.json --json c.json   # two calls' JSONs (each machine
+                                                  # starts bare) as one table and one JSON, with the targets; no run
+    python benchmarks/gkd_gpu.py --smoke          # tiny models on the CPU, no vLLM: the code paths only (TRL's
+                                                  # and rlcore's GPU configs are built there too)
     python benchmarks/gkd_gpu.py --only full --profile   # + torch's profile of rlcore's last train phase
 
 The table gives each side's median step time (steps 3-6), completion tokens per second, the peak GPU memory
 (device-wide, sampled every 0.2 s while the run's process lives, above what was in use before it) and torch's
 peak allocation in the run's process, and the ratio to DistillationTrainer's tokens/s; targets: full >= 1.5x
-with peak <= DistillationTrainer's, topk >= 2x. `--json PATH` (default benchmarks/results/gkd_gpu-<date>-<kind>.json)
-keeps every side's settings, the git commit and the targets met.
+with peak <= DistillationTrainer's, topk >= 2x. `--json PATH` (default benchmarks/results/gkd_gpu-<date>-<kind>.json;
+with --smoke, the temporary folder) keeps every side's settings, the git commit (`RLCORE_COMMIT` where set) and the
+targets met, written after every side; a side that fails is recorded as such and the others still run.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import git_commit
+from fair import failure, free_port, git_commit, results_path, run_child, write_json
 
 MICRO, ACCUM, TOKENS, STEPS, SKIP = 8, 8, 256, 6, 2
 VOCAB = 151936
@@ -57,7 +62,7 @@ SMOKE_TEACHER = dict(hidden_size=96, num_layers=2, vocab_size=1024, max_position
 SAME: dict[str, Any] = dict(beta=0.5, temperature=1.0, learning_rate=1e-6, per_device_train_batch_size=MICRO,
                             gradient_accumulation_steps=ACCUM, seed=42, max_completion_length=TOKENS,
                             lr_scheduler_type="constant", max_grad_norm=1.0, weight_decay=0.0)
-GPU_MEMORY, MAX_MODEL_LEN = 0.3, 1024
+GPU_MEMORY, MAX_MODEL_LEN, MAX_BATCHED_TOKENS = 0.3, 1024, 4096  # TRL fixes max_num_batched_tokens at 4096
 TARGETS = {"full": 1.5, "topk": 2.0}
 LENGTHS = (256, 512, 1024)  # the memory sweep's sequence lengths
 SIDES = ("trl", "full", "topk", "memory")  # the default run; trl-gkd and served with --only
@@ -100,28 +105,28 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
     plugins = load_plugins()
     plugins.register(clock, "clock")
     steps = 2 if smoke else STEPS
-    if smoke:  # the CPU: the hf rollout engine, float32
-        rollout = {"engine": "hf", "dtype": "float32"}
-        train = {"dtype": "float32"}
-        extra: dict[str, Any] = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_completion_length=8)
-    else:
-        rollout = {"engine": "vllm", "gpus": 1, "dtype": "bfloat16", "vllm_gpu_memory_utilization": GPU_MEMORY,
-                   "vllm_max_model_len": MAX_MODEL_LEN, "vllm_engine_kwargs": {"max_num_seqs": MICRO * ACCUM}}
-        train = {"gpus": 1, "dtype": "bfloat16", "gradient_checkpointing": False}
-        extra = {}
+    rollout: dict[str, Any] = {
+        "engine": "vllm", "gpus": 1, "dtype": "bfloat16", "vllm_gpu_memory_utilization": GPU_MEMORY,
+        "vllm_max_model_len": MAX_MODEL_LEN, "engine_kwargs": {"vllm_enable_sleep_mode": False},  # as TRL's, no sleep mode
+        "vllm_engine_kwargs": {"max_num_seqs": MICRO * ACCUM, "max_num_batched_tokens": MAX_BATCHED_TOKENS}}
+    train: dict[str, Any] = {"gpus": 1, "dtype": "bfloat16", "gradient_checkpointing": False}
     common = dict(SAME, lmbda=1.0, model=student, dataset=data, output_dir=str(out), max_steps=steps, save_steps=100_000,
-                  train=train, eval_size=0, **extra)
-    if not smoke:
-        common["colocate_groups"] = [["train", "rollout"]]
-    if what == "served":  # Ray: train and rollout share GPU 0, the teacher serves its top-64 from GPU 1
-        config = GKDConfig(**common, rollout=rollout, gkd_logits_topk=64,
-                           teacher={**rollout, "model": teacher, "vllm_gpu_memory_utilization": 0.8},
-                           offload_model=False, offload_optimizer=False)
-        trainer = GKDTrainer(config, plugins, use_ray=True)
-    else:  # one process: vLLM awake throughout (no sleep), the teacher inside the train worker
-        config = GKDConfig(**common, rollout=rollout, teacher_model=teacher, sleep_level=0,
-                           gkd_logits_topk=64 if what == "topk" else None)
-        trainer = GKDTrainer(config, plugins)
+                  eval_size=0, colocate_groups=[["train", "rollout"]])
+
+    def gkd_config(rollout: dict[str, Any], train: dict[str, Any], **extra: Any) -> GKDConfig:
+        keys = {**common, "train": train, "rollout": rollout, **extra}
+        if what == "served":  # Ray: train and rollout share GPU 0, the teacher serves its top-64 from GPU 1
+            return GKDConfig(**keys, gkd_logits_topk=64, offload_model=False, offload_optimizer=False,
+                             teacher={**rollout, "model": teacher, "vllm_gpu_memory_utilization": 0.8})
+        # one process: vLLM awake throughout (no sleep), the teacher inside the train worker
+        return GKDConfig(**keys, teacher_model=teacher, sleep_level=0, gkd_logits_topk=64 if what == "topk" else None)
+
+    config = gkd_config(rollout, train)  # the GPU run's config, validated on the CPU too under --smoke
+    if smoke:  # the CPU: the hf rollout engine, float32, no GPUs to share
+        rollout, train = {"engine": "hf", "dtype": "float32"}, {"dtype": "float32", "gradient_checkpointing": False}
+        config = gkd_config(rollout, train, colocate_groups=[], per_device_train_batch_size=2,
+                            gradient_accumulation_steps=2, max_completion_length=8)
+    trainer = GKDTrainer(config, plugins, use_ray=what == "served")
     profile: dict[str, Any] = {}
     if os.environ.get("RLCORE_BENCH_PROFILE") and what != "served":  # the last step's train phase, profiled
         from fair import profile_nth_call
@@ -149,25 +154,22 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
 def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool) -> dict:
     """`trl.DistillationTrainer` as TRL documents it for colocated vLLM: `use_vllm=True, vllm_mode="colocate"`."""
     from datasets import load_dataset
-    from fair import trainer_clock
+    from fair import trainer_clock, trl_args
     from transformers import AutoTokenizer, GenerationConfig
     from trl import DistillationConfig, DistillationTrainer
 
     clock = trainer_clock("completions/mean_length")
-    same = dict(SAME)
-    if smoke:
-        same.update(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_completion_length=8)
-        vllm: dict[str, Any] = dict(use_vllm=False, bf16=False, use_cpu=True)
-    else:
-        stop = GenerationConfig.from_pretrained(student).eos_token_id  # same_stop_tokens wrote rlcore's there
-        vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=GPU_MEMORY,
-                    vllm_max_model_length=MAX_MODEL_LEN, vllm_enable_sleep_mode=False, bf16=True,
-                    generation_kwargs={"stop_token_ids": stop})
-    dtype = "float32" if smoke else "bfloat16"
-    args = DistillationConfig(**same, **vllm, output_dir=str(out), max_steps=2 if smoke else STEPS, report_to=[],
-                              logging_steps=1, save_strategy="no", disable_tqdm=True, gradient_checkpointing=False,
-                              optim="adamw_torch",  # rlcore's torch.optim.AdamW
-                              model_init_kwargs={"dtype": dtype}, teacher_model_init_kwargs={"dtype": dtype})
+    stop = GenerationConfig.from_pretrained(student).eos_token_id  # same_stop_tokens wrote rlcore's there
+    gpu = dict(SAME, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=GPU_MEMORY,
+               vllm_max_model_length=MAX_MODEL_LEN, vllm_enable_sleep_mode=False, bf16=True,
+               generation_kwargs={"stop_token_ids": stop},  # vLLM stops there, as rlcore asks its engine to
+               output_dir=str(out), max_steps=STEPS, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
+               gradient_checkpointing=False, optim="adamw_torch",  # rlcore's torch.optim.AdamW
+               model_init_kwargs={"dtype": "bfloat16"}, teacher_model_init_kwargs={"dtype": "bfloat16"})
+    cpu = dict(use_vllm=False, bf16=False, use_cpu=True, generation_kwargs=None, max_steps=2,
+               per_device_train_batch_size=2, gradient_accumulation_steps=2, max_completion_length=8,
+               model_init_kwargs={"dtype": "float32"}, teacher_model_init_kwargs={"dtype": "float32"})
+    args = trl_args(DistillationConfig, gpu, cpu if smoke else None)
     tokenizer = AutoTokenizer.from_pretrained(student, padding_side="left")
     dataset = load_dataset("json", data_files=data, split="train").remove_columns("messages")
     trainer = DistillationTrainer(model=student, teacher_model=teacher, args=args, train_dataset=dataset,
@@ -177,7 +179,10 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool) -> di
                     use_vllm=args.use_vllm, vllm_mode=args.vllm_mode, vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                     vllm_max_model_length=args.vllm_max_model_length, vllm_enable_sleep_mode=args.vllm_enable_sleep_mode,
                     max_num_seqs=args.per_device_train_batch_size * args.gradient_accumulation_steps,
-                    loss="ChunkedDivergenceFunction (trl/kernels/chunked_divergence.py)", optim=str(args.optim))
+                    max_num_batched_tokens=MAX_BATCHED_TOKENS,  # TRL's VLLMGeneration fixes it
+                    loss="ChunkedDivergenceFunction (trl/kernels/chunked_divergence.py)",
+                    optim=getattr(args.optim, "value", str(args.optim)),
+                    distributed=str(args.distributed_state.distributed_type))  # RANK/LOCAL_RANK set: DDP of one process
     trainer.train()
     completions = args.per_device_train_batch_size * args.gradient_accumulation_steps
     tokens = [log["completions/mean_length"] * completions for log in clock.logs]
@@ -334,13 +339,13 @@ def child(what: str, tmp: Path, data: Path | None = None, smoke: bool = False) -
     cmd = [sys.executable, __file__, "--run", what, "--tmp", str(tmp)] + (["--smoke"] if smoke else [])
     if data is not None:
         cmd += ["--data", str(data)]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0"}  # vLLM's multiprocessing as each side sets it (rlcore's engine: in process)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0"}  # a world of one, as TRL documents colocated vLLM in one process (grpo_gpu.py's too)
     if what != "served":
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     started = time.perf_counter()
     with PeakMemory() as memory:
-        subprocess.run(cmd, check=True, env=env)
+        run_child(cmd, env)
     if what == "build":
         return None
     result = json.loads(out.read_text())
@@ -369,9 +374,12 @@ def summarise(result: dict, skip: int) -> dict:
 
 
 def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
-    base = sides.get("trl", {}).get("tokens_per_s")
+    base = sides.get("trl", {}).get("tokens_per_s")  # None where TRL's side is absent or failed
     print(f"\n{'':<38}{'step (s)':>10}{'tokens/s':>11}{'peak GiB':>10}{'torch GiB':>11}{'x TRL':>8}  target")
     for what, side in sides.items():
+        if "failed" in side:
+            print(f"{LABELS.get(what, what):<38}FAILED: {side['failed']}")
+            continue
         if what == "memory":
             continue
         ratio = side["tokens_per_s"] / base if base else float("nan")
@@ -388,7 +396,7 @@ def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
         if side.get("profile"):
             print(f"\n{LABELS[what]}: the last train phase under torch's profiler ({side['profile']['seconds']:.3f} s):\n"
                   f"{side['profile']['table']}")
-    if "memory" in sides:
+    if "lengths" in sides.get("memory", {}):
         mem = sides["memory"]
         print(f"\nloss forward+backward of {mem['rows']} rows, torch peak above the engines (GiB):")
         print(f"{'T':>6}{'chunked':>10}{'logits':>10}{'B*T*V fp32':>12}{'chunked/logits':>16}")
@@ -399,11 +407,11 @@ def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
 
 
 def targets_met(sides: dict[str, dict]) -> dict[str, bool]:
-    if "trl" not in sides:
+    if "tokens_per_s" not in sides.get("trl", {}):
         return {}
     trl, met = sides["trl"], {}
     for what, target in TARGETS.items():
-        if what in sides:
+        if "tokens_per_s" in sides.get(what, {}):
             met[what] = sides[what]["tokens_per_s"] >= target * trl["tokens_per_s"]
     if "full" in met:
         met["full"] = met["full"] and sides["full"]["peak_gpu_gib"] <= trl["peak_gpu_gib"]
@@ -418,6 +426,9 @@ def main() -> None:
     parser.add_argument("--only", choices=choices, action="append", help="run this side (repeatable)")
     parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU, no vLLM, 2 steps: the code paths only")
     parser.add_argument("--profile", action="store_true", help="profile rlcore's last train phase (not measured)")
+    parser.add_argument("--merge", action="append", default=[], metavar="JSON",
+                        help="an earlier call's results (repeatable): its sides are kept beside this run's (later ones "
+                        "win); with no --only nothing runs: the merged table, targets and JSON only")
     parser.add_argument("--run", choices=[*choices, "build"], help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -441,33 +452,43 @@ def main() -> None:
 
     if args.profile:
         os.environ["RLCORE_BENCH_PROFILE"] = "1"  # the children read it
-    wanted = args.only or list(SIDES)
+    wanted = args.only or ([] if args.merge else list(SIDES))
     started = time.perf_counter()
+    path = results_path(args.json, f"gkd_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
+    kept: dict[str, dict] = {}  # sides run in calls of their own (--only, --merge) add up in one file
+    for earlier in [path] * bool(args.only and path.exists()) + [Path(m) for m in args.merge]:
+        kept.update(json.loads(earlier.read_text()).get("sides", {}))
+    sides: dict[str, dict] = {}
+    if not wanted:
+        write_json(path, record(kept, args, started))
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        child("build", tmp, smoke=args.smoke)
-        data = dataset_file(tmp)
-        sides = {}
+        if wanted:
+            child("build", tmp, smoke=args.smoke)
+            data = dataset_file(tmp)
         for what in wanted:
-            sides[what] = {**summarise(child(what, tmp, data, args.smoke), 0 if args.smoke else SKIP), "commit": git_commit()}
+            try:
+                sides[what] = summarise(child(what, tmp, data, args.smoke), 0 if args.smoke else SKIP)
+            except Exception as error:  # noqa: BLE001 - the other sides still run; the child's log says why
+                sides[what] = failure(error)
+            sides[what]["commit"] = git_commit()
             print(json.dumps({what: sides[what]}, default=str))
-    path = Path(args.json or f"benchmarks/results/gkd_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
-    if args.only and path.exists() and not args.smoke:  # sides run in calls of their own add up in one file
-        sides = {**json.loads(path.read_text()).get("sides", {}), **sides}
-    met = targets_met(sides)
-    print_table(sides, met)
-    if args.smoke:
-        return
-    result = {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "sides": sides,
-              "labels": {k: v for k, v in LABELS.items() if k in sides},
-              "targets": {"full": "tokens/s >= 1.5 x DistillationTrainer's, peak GPU memory <= its peak",
-                          "topk": "tokens/s >= 2 x DistillationTrainer's"},
-              "met": met, "wall_s": round(time.perf_counter() - started, 1),
-              "work": f"{MICRO * ACCUM} completions x {TOKENS} tokens a step, lmbda 1, beta {SAME['beta']}, vocabulary {VOCAB}, "
-                      f"student Qwen2-0.5B shape, teacher Qwen2-1.5B shape, bf16, median of steps {SKIP + 1}-{STEPS}"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+            write_json(path, record({**kept, **sides}, args, started))
+    print_table({**kept, **sides}, targets_met({**kept, **sides}))
+    print(f"wrote {path}")
+    if any("failed" in side for side in sides.values()):
+        raise SystemExit(f"failed: {', '.join(k for k, v in sides.items() if 'failed' in v)}")
 
+
+def record(sides: dict[str, dict], args: argparse.Namespace, started: float) -> dict:
+    """The results JSON: every side's row (settings and commit included), the targets and which were met."""
+    return {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "smoke": args.smoke,
+            "sides": sides, "labels": {k: v for k, v in LABELS.items() if k in sides},
+            "targets": {"full": "tokens/s >= 1.5 x DistillationTrainer's, peak GPU memory <= its peak",
+                        "topk": "tokens/s >= 2 x DistillationTrainer's"},
+            "met": targets_met(sides), "wall_s": round(time.perf_counter() - started, 1),
+            "work": f"{MICRO * ACCUM} completions x {TOKENS} tokens a step, lmbda 1, beta {SAME['beta']}, vocabulary {VOCAB}, "
+                    f"student Qwen2-0.5B shape, teacher Qwen2-1.5B shape, bf16, median of steps {SKIP + 1}-{STEPS}"}
 
 if __name__ == "__main__":
     main()

@@ -14,13 +14,16 @@ says where they differ.
     python benchmarks/grpo_gpu.py --only rlcore       # one side (kept in the JSON, no ratio)
     python benchmarks/grpo_gpu.py --train-kwargs '{"chunked_lm_head": false}'   # rlcore's train engine option
     python benchmarks/grpo_gpu.py --only rlcore --profile   # + torch's profile of the last train phase
+    python benchmarks/grpo_gpu.py --smoke             # a tiny model on the CPU, hf rollout, TRL without vLLM,
+                                                      # 2 steps: the code paths only (both GPU configs built too)
 
 Each framework runs in a subprocess of its own (one vLLM per process); the random model is drawn on the GPU in
 a child of its own first (seconds). The table gives each median step time, completion tokens per second, the
 ratio, rlcore's phases, its train phase's achieved TFLOP/s (model FLOPs of the tokens trained: 6 x matmul
 parameters x tokens + causal attention, over the phase's seconds) and weight-sync seconds and GB/s, then every
 compared setting and what differs by design, implementation choices included. About 4 minutes on one H200.
-`--json PATH` (default benchmarks/results/grpo_gpu-<mode>-<date>-<kind>.json) keeps them with the git commit.
+`--json PATH` (default benchmarks/results/grpo_gpu-<mode>-<date>-<kind>.json) keeps them with the git commit
+(`RLCORE_COMMIT` where set), written after each side; a side that fails is recorded and the other still runs.
 """
 
 from __future__ import annotations
@@ -29,16 +32,14 @@ import argparse
 import enum
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from fair import build_on_gpu, git_commit, same_stop_tokens
+from fair import build_model, failure, free_port, git_commit, results_path, run_child, same_stop_tokens, write_json
 
 H200_BF16_DENSE_TFLOPS = 989.0  # the datasheet's dense bf16 peak, for the utilisation column
 
@@ -46,6 +47,10 @@ PROMPTS, GENERATIONS, TOKENS, STEPS, SKIP = 8, 8, 256, 8, 2
 SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=2048, dtype="bfloat16")
 MICRO, ACCUM = 16, 4  # one train GPU: 16 x 4 = 64 completions per optimizer step, one step per generation
+SMOKE_SHAPE = dict(hidden_size=64, num_layers=2, vocab_size=1024)  # --smoke: a tiny model on the CPU
+# --smoke: 2 prompts x 4 generations x 8 tokens, micro-batches of 4 x 2, 2 steps, none skipped
+SMOKE = dict(num_generations=4, max_completion_length=8, per_device_train_batch_size=4)
+SMOKE_ACCUM, SMOKE_STEPS = 2, 2
 GPU_MEMORY, MAX_MODEL_LEN, MAX_BATCHED_TOKENS = 0.3, 1024, 4096  # TRL fixes max_num_batched_tokens at 4096
 # Keys both GRPOConfigs spell the same way, set to the same values (TRL's defaults where they differ from rlcore's
 # are named in the comments).
@@ -67,12 +72,6 @@ COMPARED = [(key, key, key) for key in SAME] + [
     ("vllm_max_model_len", "rollout.vllm_max_model_len", "vllm_max_model_length"),
     ("vllm sleep mode", "rollout.engine_kwargs.vllm_enable_sleep_mode", "vllm_enable_sleep_mode"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def lookup(obj: Any, path: str) -> Any:
@@ -110,7 +109,7 @@ def count_train_flops(engine_class: Any, model: str) -> list[float]:
     return calls
 
 
-def run_rlcore(model: str, out: Path, mode: str, train_kwargs: dict[str, Any]) -> dict:
+def run_rlcore(model: str, out: Path, mode: str, train_kwargs: dict[str, Any], smoke: bool = False) -> dict:
     from fair import StepClock
 
     from rlcore import load_plugins
@@ -128,26 +127,30 @@ def run_rlcore(model: str, out: Path, mode: str, train_kwargs: dict[str, Any]) -
     vllm = {"engine": "vllm", "gpus": 1, "dtype": "bfloat16", "vllm_gpu_memory_utilization": GPU_MEMORY,
             "vllm_max_model_len": MAX_MODEL_LEN, "engine_kwargs": {"vllm_enable_sleep_mode": False},
             "vllm_engine_kwargs": {"max_num_seqs": MICRO * ACCUM, "max_num_batched_tokens": MAX_BATCHED_TOKENS}}
-    common = dict(SAME, model=model, output_dir=str(out), max_steps=STEPS, save_steps=100_000,
-                  gradient_accumulation_steps=ACCUM,
-                  train={"gpus": 1, "dtype": "bfloat16", "gradient_checkpointing": False, "engine_kwargs": train_kwargs})
+    steps = SMOKE_STEPS if smoke else STEPS
+    train = {"gpus": 1, "dtype": "bfloat16", "gradient_checkpointing": False, "engine_kwargs": train_kwargs}
+    common = dict(SAME, model=model, output_dir=str(out), max_steps=steps, save_steps=100_000,
+                  gradient_accumulation_steps=ACCUM)
     flops = count_train_flops(HFTrainEngine, model) if mode == "colocate" else []  # in this process only
     profile: dict[str, Any] = {}
     if os.environ.get("RLCORE_BENCH_PROFILE") and mode == "colocate":  # the last step's train phase, profiled
         from fair import profile_nth_call
 
-        profile_nth_call(HFTrainEngine, "train_step", STEPS - 1, profile)
+        profile_nth_call(HFTrainEngine, "train_step", steps - 1, profile)
     if mode == "colocate":  # one process, one GPU, vLLM awake throughout: as TRL's colocate mode without sleep
-        config = GRPOConfig(**common, rollout=vllm, colocate_groups=[["train", "rollout"]], sleep_level=0)
-        trainer = GRPOTrainer(config, plugins)
+        config = GRPOConfig(**common, train=train, rollout=vllm, colocate_groups=[["train", "rollout"]], sleep_level=0)
     else:  # Ray: train on one GPU, vLLM on the other, NCCL weight sync, the next round generated during
         # training. RLCORE_VLLM_IN_PROCESS=0 puts vLLM's engine core in processes of its own.
-        config = GRPOConfig(**common, rollout={**vllm, "vllm_in_process": os.environ.get("RLCORE_VLLM_IN_PROCESS", "1") == "1"},
-                            async_generate=True)
-        trainer = GRPOTrainer(config, plugins, use_ray=True)
+        config = GRPOConfig(**common, train=train, async_generate=True,
+                            rollout={**vllm, "vllm_in_process": os.environ.get("RLCORE_VLLM_IN_PROCESS", "1") == "1"})
+    if smoke:  # the GPU run's config validated above; this one runs on the CPU: hf rollout, float32, one process
+        config = GRPOConfig(**{**common, **SMOKE, "gradient_accumulation_steps": SMOKE_ACCUM},
+                            train={**train, "gpus": 0, "dtype": "float32"}, rollout={"engine": "hf", "dtype": "float32"},
+                            sleep_level=0, async_generate=config.async_generate)
+    trainer = GRPOTrainer(config, plugins, use_ray=mode != "colocate" and not smoke)
     settings = {label: lookup(config, path) for label, path, _ in COMPARED}
     settings["stop_token_ids"] = lookup(trainer, "experience.stop_ids")
-    settings["completions per optimizer step"] = MICRO * ACCUM  # one train worker
+    settings["completions per optimizer step"] = config.per_device_train_batch_size * config.gradient_accumulation_steps
     settings.update(implementation(config, train_kwargs))
     if config.async_generate:  # the rollout's log-probs are the old policy's: rlcore does not correct there
         settings["vllm_importance_sampling_correction"] = "not applied (async)"
@@ -162,9 +165,9 @@ def run_rlcore(model: str, out: Path, mode: str, train_kwargs: dict[str, Any]) -
             "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}}
 
 
-def run_trl(model: str, out: Path, processes: int) -> dict:
+def run_trl(model: str, out: Path, processes: int, smoke: bool = False) -> dict:
     from datasets import Dataset
-    from fair import trainer_clock
+    from fair import trainer_clock, trl_args
     from transformers import GenerationConfig
     from trl import GRPOConfig, GRPOTrainer
 
@@ -173,7 +176,7 @@ def run_trl(model: str, out: Path, processes: int) -> dict:
     clock = trainer_clock("completions/mean_length")
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]} for r in toy_dataset()]
     stop = GenerationConfig.from_pretrained(model).eos_token_id  # same_stop_tokens wrote rlcore's stop ids there
-    args = GRPOConfig(
+    gpu = dict(
         **SAME, output_dir=str(out), max_steps=STEPS, gradient_accumulation_steps=ACCUM // processes,
         gradient_checkpointing=False, optim="adamw_torch",  # rlcore's torch.optim.AdamW (TRL's default: fused)
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=GPU_MEMORY,
@@ -182,11 +185,14 @@ def run_trl(model: str, out: Path, processes: int) -> dict:
         bf16=True, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
         model_init_kwargs={"dtype": "bfloat16"},
     )
+    cpu = dict(SMOKE, gradient_accumulation_steps=SMOKE_ACCUM, max_steps=SMOKE_STEPS, use_vllm=False, bf16=False,
+               use_cpu=True, generation_kwargs=None, model_init_kwargs={"dtype": "float32"})
+    args = trl_args(GRPOConfig, gpu, cpu if smoke else None)
     trainer = GRPOTrainer(model=model, reward_funcs=toy_reward, args=args, train_dataset=Dataset.from_list(rows),
                           callbacks=[clock])
     settings = {label: lookup(args, path) for label, _, path in COMPARED}
     settings["stop_token_ids"] = sorted(trainer.eos_token_ids)
-    settings["completions per optimizer step"] = MICRO * (ACCUM // processes) * processes
+    settings["completions per optimizer step"] = args.per_device_train_batch_size * args.gradient_accumulation_steps * processes
     settings.update({
         "log-probs": "TRL's chunked kernel (trl/kernels/chunked_logprob.py)",
         "old log-probs": "a separate no-grad forward (vLLM IS correction on)",
@@ -217,7 +223,7 @@ def implementation(config: Any, train_kwargs: dict[str, Any]) -> dict[str, Any]:
         "log-probs": f"hidden states + LM head in chunks ({kernel})" if chunked else "full [B, T, V] logits",
         "old log-probs": "the train step's own forward (one step per round)" if old_logprobs_in_step(config)
         else "a separate no-grad forward",
-        "attn_implementation": "sdpa (transformers' default)",
+        "attn_implementation": "sdpa",  # transformers' default, as TRL's model loads
         "padding": "right-padded, each micro-batch cut to its longest row; LM head on real tokens only",
         "optimizer": "adamw_torch",
         "vllm max_num_batched_tokens": MAX_BATCHED_TOKENS,
@@ -225,44 +231,45 @@ def implementation(config: Any, train_kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def subprocess_run(what: str, model: str, tmp: Path, processes: int = 1, mode: str = "colocate",
-                   train_kwargs: str = "{}") -> dict:
+                   train_kwargs: str = "{}", smoke: bool = False) -> dict:
     out = tmp / f"{what}.json"
     script = [__file__, "--run", what, "--model", model, "--out", str(out), "--mode", mode, "--train-kwargs", train_kwargs]
+    script += ["--smoke"] if smoke else []
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    if what == "trl" and processes > 1:
+    if what == "trl" and processes > 1 and not smoke:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
                "--main_process_port", env["MASTER_PORT"], *script, "--processes", str(processes)]
     else:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         cmd = [sys.executable, *script]
     started = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env)
+    run_child(cmd, env)
     result = json.loads(out.read_text())
     result["wall_s"] = time.perf_counter() - started
     return result
 
 
-def summarise(result: dict, completions: int) -> dict:
+def summarise(result: dict, completions: int, skip: int = SKIP) -> dict:
     if result.get("profile"):  # the profiled last step is not measured
         for key in ("step_s", "mean_length", "train_flops", "sync_s", "sync_gb_s"):
             result[key] = (result.get(key) or [])[:-1] or result.get(key)
         result["phases"] = {k: v[:-1] for k, v in result.get("phases", {}).items()}
-    steps = result["step_s"][SKIP:]
+    steps = result["step_s"][skip:]
     step = statistics.median(steps)
-    length = statistics.median(result["mean_length"][SKIP:]) if result["mean_length"] else float("nan")
+    length = statistics.median(result["mean_length"][skip:]) if result["mean_length"] else float("nan")
     out = {"step_s": round(step, 4), "tokens_per_s": round(length * completions / step, 1), "steps_measured": len(steps),
-           "settings": result["settings"]}
+           "settings": result["settings"], "wall_s": round(result["wall_s"], 1)}
     if result.get("sync_s"):
-        sync = [s for s in result["sync_s"][SKIP:] if s is not None]
-        rate = [g for g in result["sync_gb_s"][SKIP:] if g is not None]
+        sync = [s for s in result["sync_s"][skip:] if s is not None]
+        rate = [g for g in result["sync_gb_s"][skip:] if g is not None]
         out.update(sync_s=round(statistics.median(sync), 4), sync_gb_s=round(statistics.median(rate), 2))
     if result.get("train_flops") and result.get("phases", {}).get("time/train"):
-        per_step = [f / s for f, s in zip(result["train_flops"], result["phases"]["time/train"])][SKIP:]
+        per_step = [f / s for f, s in zip(result["train_flops"], result["phases"]["time/train"])][skip:]
         tflops = statistics.median(per_step) / 1e12
         out["train_tflops"] = round(tflops, 1)
         out["train_mfu"] = round(tflops / H200_BF16_DENSE_TFLOPS, 3)
     if result.get("phases"):  # where a step's time goes (the driver's view; async generation overlaps train)
-        out["phases_s"] = {k.removeprefix("time/"): round(statistics.median(v[SKIP:]), 4) for k, v in result["phases"].items()}
+        out["phases_s"] = {k.removeprefix("time/"): round(statistics.median(v[skip:]), 4) for k, v in result["phases"].items()}
         out["per_step_s"] = {"step": [round(s, 3) for s in result["step_s"]],
                              **{k.removeprefix("time/"): [round(s, 3) for s in v] for k, v in result["phases"].items()}}
     if result.get("profile"):
@@ -312,9 +319,11 @@ def print_table(mode: str, ours: dict, theirs: dict, ratio: float, target: str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["colocate", "separate"], default="colocate")
-    parser.add_argument("--json", help="where to write the results")
+    parser.add_argument("--json", help="where to write the results (default benchmarks/results/grpo_gpu-<mode>-<date>-<kind>.json)")
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200"), help="machine kind, for the record")
-    parser.add_argument("--only", choices=["rlcore", "trl"], help="run one side and print it (no ratio, no JSON)")
+    parser.add_argument("--only", choices=["rlcore", "trl"], help="run one side (kept in the JSON beside the other's)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, hf rollout, TRL without vLLM, "
+                        "2 steps: the code paths only (both GPU configs are built there too)")
     parser.add_argument("--run", choices=["rlcore", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -326,62 +335,70 @@ def main() -> None:
         os.environ["RLCORE_BENCH_PROFILE"] = "1"  # the children read it
 
     if args.run:  # a child: one framework, results to --out (rank 0 of a data-parallel TRL run writes)
-        result = run_rlcore(args.model, Path(args.out).parent / "rlcore", args.mode, json.loads(args.train_kwargs)) \
-            if args.run == "rlcore" \
-            else run_trl(args.model, Path(args.out).parent / "trl", args.processes)
+        out = Path(args.out).parent
+        result = run_rlcore(args.model, out / "rlcore", args.mode, json.loads(args.train_kwargs), args.smoke) \
+            if args.run == "rlcore" else run_trl(args.model, out / "trl", args.processes, args.smoke)
         if int(os.environ.get("RANK", "0")) == 0:
             Path(args.out).write_text(json.dumps(result))
         return
 
-    completions = PROMPTS * GENERATIONS
+    completions = SMOKE["num_generations"] * 2 if args.smoke else PROMPTS * GENERATIONS
     started = time.perf_counter()
-    path = Path(args.json or f"benchmarks/results/grpo_gpu-{args.mode}-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
+    path = results_path(args.json, f"grpo_gpu-{args.mode}-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
+    record = json.loads(path.read_text()) if args.only and path.exists() else {}  # sides run with --only add up
+    record.update({"mode": args.mode, "kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
+                   "smoke": args.smoke, "work": f"{PROMPTS} prompts x {GENERATIONS} generations x {TOKENS} tokens, "
+                   f"Qwen2-0.5B shape, bf16, median of steps {SKIP + 1}-{STEPS}"})
+    trl_processes = 2 if args.mode == "separate" else 1
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        model = build_on_gpu(tmp / "qwen2-0.5b-shaped", SHAPE)
+        model = build_model(tmp / "qwen2-0.5b-shaped", SHAPE, SMOKE_SHAPE if args.smoke else None)
         same_stop_tokens(model)  # before either side loads the model
-        trl_processes = 2 if args.mode == "separate" else 1
-        if args.only:
-            processes = trl_processes if args.only == "trl" else 1
-            side = summarise(subprocess_run(args.only, model, tmp, processes=processes, mode=args.mode,
-                                            train_kwargs=args.train_kwargs), completions)
-            print(json.dumps(side))
-            if "train_tflops" in side:
-                print(f"rlcore train phase: {side['train_tflops']:.1f} TFLOP/s; phases {side.get('phases_s')}")
-            if side.get("profile"):
-                print(f"rlcore's last train phase under torch's profiler ({side['profile']['seconds']:.3f} s):\n"
-                      f"{side['profile']['table']}")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            kept = json.loads(path.read_text()) if path.exists() else {}  # sides run in calls of their own add up
-            kept.update({"mode": args.mode, "kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
-                         args.only: {**side, "commit": git_commit()}, f"{args.only}_wall_s": round(time.perf_counter() - started, 1)})
-            if args.only == "rlcore":
-                kept["train_kwargs"] = args.train_kwargs
-            if "rlcore" in kept and "trl" in kept and args.mode == "colocate":
-                kept["ratio"] = round(kept["rlcore"]["step_s"] / kept["trl"]["step_s"], 3)
-                kept["met"] = kept["ratio"] <= 0.5
-                print(f"rlcore / TRL step time: {kept['ratio']:.3f} (target <= 0.5: {'met' if kept['met'] else 'NOT met'})")
-            path.write_text(json.dumps(kept, indent=2) + "\n")
-            return
-        ours = summarise(subprocess_run("rlcore", model, tmp, mode=args.mode, train_kwargs=args.train_kwargs), completions)
-        theirs = summarise(subprocess_run("trl", model, tmp, processes=trl_processes), completions)
+        for side in [args.only] if args.only else ["rlcore", "trl"]:
+            try:
+                result = subprocess_run(side, model, tmp, processes=trl_processes if side == "trl" else 1, mode=args.mode,
+                                        train_kwargs=args.train_kwargs, smoke=args.smoke)
+                record[side] = summarise(result, completions, 0 if args.smoke else SKIP)
+            except Exception as error:  # noqa: BLE001 - the other side still runs; the child's log says why
+                record[side] = failure(error)
+            record[side]["commit"] = git_commit()
+            if side == "rlcore":
+                record["train_kwargs"] = args.train_kwargs
+            record["wall_s"] = round(time.perf_counter() - started, 1)
+            write_json(path, record)
+    ours, theirs = record.get("rlcore", {}), record.get("trl", {})
+    if "step_s" in ours and "step_s" in theirs:
+        compare(args.mode, ours, theirs, record)
+        write_json(path, record)
+    else:
+        for side in ("rlcore", "trl"):
+            row = record.get(side, {})
+            print(f"{side}: " + (f"FAILED: {row['failed']}" if "failed" in row else
+                                 f"step {row['step_s']:.3f} s, {row['tokens_per_s']:.0f} tokens/s, phases {row.get('phases_s')}"
+                                 if "step_s" in row else "not run"))
+            if "train_tflops" in row:
+                print(f"rlcore train phase: {row['train_tflops']:.1f} TFLOP/s achieved (model FLOPs)")
+            if row.get("profile"):
+                print(f"rlcore's last train phase under torch's profiler ({row['profile']['seconds']:.3f} s):\n"
+                      f"{row['profile']['table']}")
+    print(f"wrote {path}")
+    failed = [side for side in ("rlcore", "trl") if "failed" in record.get(side, {})]
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}")
 
-    if args.mode == "colocate":
+
+def compare(mode: str, ours: dict, theirs: dict, record: dict) -> None:
+    """Both sides' table, the ratio and its target, into `record` too."""
+    if mode == "colocate":
         ratio, target = ours["step_s"] / theirs["step_s"], "ratio <= 0.5 (rlcore / TRL step time)"
         labels = ("rlcore colocate", "TRL colocate")
     else:
         ratio, target = ours["tokens_per_s"] / theirs["tokens_per_s"], "speedup >= 1.3 (rlcore / TRL tokens/s)"
         labels = ("rlcore 1-step-off async", "TRL sync DP x2")
-    result = {"mode": args.mode, "kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
-              "train_kwargs": args.train_kwargs, "wall_s": round(time.perf_counter() - started, 1), "rlcore": ours, "trl": theirs,
-              "ratio": round(ratio, 3), "target": target,
-              "met": ratio <= 0.5 if args.mode == "colocate" else ratio >= 1.3, "labels": list(labels), "by_design": differences(args.mode),
-              "differ": [k for k, v in ours["settings"].items() if theirs["settings"].get(k, "-") != v],
-              "work": f"{PROMPTS} prompts x {GENERATIONS} generations x {TOKENS} tokens, Qwen2-0.5B shape, bf16, median of steps {SKIP + 1}-{STEPS}"}
-    print_table(args.mode, ours, theirs, ratio, target, labels)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-
+    record.update(ratio=round(ratio, 3), target=target, met=ratio <= 0.5 if mode == "colocate" else ratio >= 1.3,
+                  labels=list(labels), by_design=differences(mode),
+                  differ=[k for k, v in ours["settings"].items() if theirs["settings"].get(k, "-") != v])
+    print_table(mode, ours, theirs, ratio, target, labels)
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,9 @@
 
 Each engine runs in a subprocess of its own (one vLLM per process). The table gives median step time, median
 `time/train`, completion tokens per second and the peak GPU memory (nvidia-smi, every GPU, sampled every 0.2 s);
-a run that fails says how (an out-of-memory error is a result for part two). JSON: benchmarks/results/megatron_gpu.json.
+a run that fails says how (an out-of-memory error is a result for part two). `--json PATH` (default
+benchmarks/results/megatron_gpu.json) is written after each part. `--smoke --part one` runs part one's code paths on
+the CPU (a tiny model, the hf rollout engine in vLLM's place, float32, 2 steps).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import git_commit
+from fair import git_commit, results_path, write_json
 
 PROMPTS, GENERATIONS, TOKENS, STEPS, SKIP = 8, 8, 256, 8, 2
 SMALL = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
@@ -41,9 +43,14 @@ RESULTS = Path(__file__).parent / "results" / "megatron_gpu.json"
 COMMON = dict(learning_rate=1e-6, lr_scheduler_type="constant", max_grad_norm=1.0, beta=0.0, loss_type="dapo",
               num_generations=GENERATIONS, max_completion_length=TOKENS, per_device_train_batch_size=16,
               gradient_accumulation_steps=4, seed=42, max_steps=STEPS, save_steps=100_000)
+# --smoke (part one's code paths on the CPU): a tiny model, the hf rollout engine for vLLM, float32, 2 prompts x 4
+# generations x 8 tokens, 2 steps, none skipped
+SMOKE_SHAPE = dict(hidden_size=64, num_layers=2, vocab_size=1024)
+SMOKE = dict(num_generations=4, max_completion_length=8, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+             max_steps=2)
 
 
-def run_grpo(model: str, out: Path, engine: str, part: str) -> dict:
+def run_grpo(model: str, out: Path, engine: str, part: str, smoke: bool = False) -> dict:
     """One GRPO run in this process; per-step seconds and metrics."""
     from fair import StepClock
 
@@ -65,13 +72,17 @@ def run_grpo(model: str, out: Path, engine: str, part: str) -> dict:
     config = GRPOConfig(**COMMON, model=model, output_dir=str(out), train=train, rollout=rollout,
                         colocate_groups=[["train", "rollout"]], sleep_level=1 if part == "two" else 0,
                         offload_model=part == "two", offload_optimizer=part == "two")
-    trainer = GRPOTrainer(config, plugins, use_ray=part == "two")
+    if smoke:  # the GPU run's config validated above; this one runs on the CPU
+        config = GRPOConfig(**{**COMMON, **SMOKE}, model=model, output_dir=str(out), sleep_level=0,
+                            train={**train, "gpus": 0, "dtype": "float32"}, rollout={"engine": "hf", "dtype": "float32"})
+    trainer = GRPOTrainer(config, plugins, use_ray=part == "two" and not smoke)
     clock.start()
     trainer.fit()
     rows = clock.rows
     return {"step_s": clock.step_s(),
             "train_s": [r.get("time/train", float("nan")) for r in rows],
-            "mean_length": [r["completions/mean_length"] for r in rows]}
+            "mean_length": [r["completions/mean_length"] for r in rows],
+            "completions": config.per_device_train_batch_size * config.gradient_accumulation_steps}
 
 
 class PeakMemory:
@@ -86,8 +97,11 @@ class PeakMemory:
 
     def _poll(self) -> None:
         while not self.stop.wait(0.2):
-            done = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True)
+            try:
+                done = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                                      capture_output=True, text=True, timeout=10)
+            except (OSError, subprocess.TimeoutExpired):  # no nvidia-smi (the CPU, --smoke): no peak
+                return
             for line in done.stdout.splitlines():
                 index, used = (int(x) for x in line.split(","))
                 self.peak[index] = max(self.peak.get(index, 0), used)
@@ -195,9 +209,10 @@ def one_gpu_record(rows: list[dict]) -> dict:
     return {"runs": rows, "ratios": ratios, "target": "time/train <= 1.0x hf (stretch 0.8x), peak GPU memory <= hf's"}
 
 
-def subprocess_run(model: str, engine: str, part: str, tmp: Path) -> dict:
+def subprocess_run(model: str, engine: str, part: str, tmp: Path, smoke: bool = False) -> dict:
     out = tmp / f"{part}-{engine}.json"
     cmd = [sys.executable, __file__, "--run", engine, "--part", part, "--model", model, "--out", str(out)]
+    cmd += ["--smoke"] if smoke else []
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     if part == "two" and engine == "hf":  # the hf engine on one GPU, as a user would try first
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")[0]
@@ -212,10 +227,12 @@ def subprocess_run(model: str, engine: str, part: str, tmp: Path) -> dict:
         result["error_tail"] = tail
         return result
     raw = json.loads(out.read_text())
-    step, train = statistics.median(raw["step_s"][SKIP:]), statistics.median(raw["train_s"][SKIP:])
-    length = statistics.median(raw["mean_length"][SKIP:])
-    result.update(step_s=round(step, 3), train_s=round(train, 3),
-                  tokens_per_s=round(length * PROMPTS * GENERATIONS / step, 1), steps_measured=len(raw["step_s"][SKIP:]))
+    skip = 0 if smoke else SKIP
+    step, train = statistics.median(raw["step_s"][skip:]), statistics.median(raw["train_s"][skip:])
+    length = statistics.median(raw["mean_length"][skip:])
+    result.update(step_s=round(step, 3), train_s=round(train, 3), tokens_per_s=round(length * raw["completions"] / step, 1),
+                  steps_measured=len(raw["step_s"][skip:]), per_step_s=[round(s, 3) for s in raw["step_s"]],
+                  per_step_train_s=[round(s, 3) for s in raw["train_s"]])
     return result
 
 
@@ -224,6 +241,22 @@ def build(shape: dict, name: str, device: str = "cuda") -> str:
     from rlcore.testing import build_tiny_model
 
     return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-bench" / name, **shape, device=device))
+
+
+def part_one(tmp: Path, smoke: bool) -> dict:
+    """GRPO colocated with vLLM on one GPU, megatron's train engine against hf's (--smoke: the CPU, hf rollout)."""
+    model = build(SMOKE_SHAPE, "tiny-smoke", device="cpu") if smoke else build(SMALL, "qwen2-0.5b-shape")
+    rows = [subprocess_run(model, engine, "one", tmp, smoke) for engine in ONE_ENGINES]
+    record = one_gpu_record(rows)
+    print_table("one H200, GRPO colocated with vLLM, Qwen2-0.5B shape (megatron: fp32 main params, grads and moments; "
+                "megatron-bf16 and hf: bf16 AdamW)", rows)
+    for r in record["ratios"]:
+        print(f"{r['engine']:14} time/train x hf {r['train_x_hf']}, peak GPU x hf {r['peak_x_hf']}: "
+              f"{'met' if r['met'] else 'NOT met'} (target time <= 1.0x, stretch 0.8x; peak <= 1.0x)")
+    for row in rows:
+        if "failed" in row:
+            print(f"{row['engine']} failed ({row['failed']}); the end of its output:\n{row['error_tail']}")
+    return record
 
 
 def print_table(title: str, rows: list[dict]) -> None:
@@ -242,7 +275,9 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(TRAIN_VARIANTS),
                         help=f"--part train: the engines to run, hf first (default {','.join(TRAIN_VARIANTS)})")
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200-x2"))
-    parser.add_argument("--json", default=str(RESULTS))
+    parser.add_argument("--json", help="where to write the results (default benchmarks/results/megatron_gpu.json)")
+    parser.add_argument("--smoke", action="store_true", help="part one's code paths on the CPU: a tiny model, the hf "
+                        "rollout engine for vLLM, float32, 2 steps (the GPU run's configs are built there too)")
     parser.add_argument("--run", choices=ONE_ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -251,31 +286,28 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(run_train_phase(args.model, args.train_variant)))
         return
     if args.run:  # a child: one engine's run
-        Path(args.out).write_text(json.dumps(run_grpo(args.model, Path(args.out).with_suffix(""), args.run, args.part)))
+        result = run_grpo(args.model, Path(args.out).with_suffix(""), args.run, args.part, args.smoke)
+        Path(args.out).write_text(json.dumps(result))
         return
+    if args.smoke and args.part != "one":
+        parser.error("--smoke runs part one's code paths only: add --part one")
+    path = results_path(args.json, RESULTS.name, args.smoke)
     record: dict[str, Any] = {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
-                              "steps": STEPS, "skip": SKIP,
+                              "smoke": args.smoke, "steps": STEPS, "skip": SKIP,
                               "prompts": PROMPTS, "generations": GENERATIONS, "completion_tokens": TOKENS}
     with tempfile.TemporaryDirectory() as tmp:
         if args.part == "train":
             record["one_gpu_train_phase"] = train_phase_part(Path(tmp), tuple(args.variants.split(",")))
         if args.part in ("one", "both"):
-            model = build(SMALL, "qwen2-0.5b-shape")
-            rows = [subprocess_run(model, engine, "one", Path(tmp)) for engine in ONE_ENGINES]
-            record["one_gpu_qwen2_0.5b_colocated"] = one_gpu_record(rows)
-            print_table("one H200, GRPO colocated with vLLM, Qwen2-0.5B shape (megatron: fp32 main params, grads and "
-                        "moments; megatron-bf16 and hf: bf16 AdamW)", rows)
-            for r in record["one_gpu_qwen2_0.5b_colocated"]["ratios"]:
-                print(f"{r['engine']:14} time/train x hf {r['train_x_hf']}, peak GPU x hf {r['peak_x_hf']}: "
-                      f"{'met' if r['met'] else 'NOT met'} (target time <= 1.0x, stretch 0.8x; peak <= 1.0x)")
+            record["one_gpu_qwen2_0.5b_colocated"] = part_one(Path(tmp), args.smoke)
+            write_json(path, record)
         if args.part in ("two", "both"):
             model = build(LARGE, "qwen2.5-7b-shape")
             rows = [subprocess_run(model, "megatron", "two", Path(tmp)), subprocess_run(model, "hf", "two", Path(tmp))]
             record["two_gpu_qwen2.5_7b_colocated_tp2"] = {"runs": rows}
             print_table("two H200s, GRPO colocated on Ray, Qwen2.5-7B shape: megatron TP2 (+ vLLM TP2) vs hf on one GPU", rows)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(record, indent=2))
-    print(f"\nwrote {args.json}")
+    write_json(path, record)
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ throughputs is the stalls' share, printed.
 
     python benchmarks/sft_gpu.py                  # both sides, one GPU, about 3 minutes
     python benchmarks/sft_gpu.py --only trl       # one side (kept in the JSON)
+    python benchmarks/sft_gpu.py --smoke          # a tiny model on the CPU, float32, 3 steps: the code paths only
 
-Target (issue 24): rlcore's median step <= 1.0 x TRL's. Results: benchmarks/results/sft_gpu-<date>-<kind>.json
-with both sides' settings and the git commit.
+Target (issue 24): rlcore's median step <= 1.0 x TRL's. Results (`--json PATH`, default
+benchmarks/results/sft_gpu-<date>-<kind>.json, written after each side) with both sides' settings and the git
+commit; a side that fails is recorded with its stderr's end and the other still runs.
 """
 
 from __future__ import annotations
@@ -37,11 +39,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import build_on_gpu, chat_rows, git_commit
+from fair import build_model, chat_rows, failure, git_commit, results_path, write_json
 
 SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=4096, dtype="bfloat16")
 ROWS, STEPS, SKIP, MICRO = 2048, 25, 5, 4
+# --smoke: a tiny model on the CPU, 64 rows, blocks of 256 tokens, float32, 3 steps with the first skipped
+SMOKE_SHAPE = dict(hidden_size=64, num_layers=2, vocab_size=1024, max_position_embeddings=512)
+SMOKE_ROWS, SMOKE_STEPS, SMOKE_SKIP = 64, 3, 1
+SMOKE = dict(max_length=256, bf16=False)
 # Keys TRL's SFTConfig and rlcore's SFTConfig spell the same way, set to the same values on both sides.
 SAME: dict[str, Any] = dict(
     max_length=2048, packing=True, padding_free=True, per_device_train_batch_size=MICRO, gradient_accumulation_steps=1,
@@ -79,39 +85,40 @@ def measures(stamps: list[dict], skip: int) -> dict:
             "per_step_s": [round(s, 4) for s in seconds], "per_step_tokens": tokens}
 
 
-def run_rlcore(model: str, data: str, tmp: Path, steps: int) -> dict:
+def run_rlcore(model: str, data: str, tmp: Path, steps: int, smoke: bool = False) -> dict:
     out, stamps, plugin = tmp / "rlcore", tmp / "rlcore.json", tmp / "timing_rlcore.py"
     plugin.write_text(TIMING.format(out=str(stamps)))
-    overrides = [f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in SAME.items()]
+    same = {**SAME, **SMOKE} if smoke else SAME
+    overrides = [f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in same.items()]
+    device = ["default.gpus=0", "dtype=float32"] if smoke else ["default.gpus=1", "dtype=bfloat16"]
     cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", "sft", "--with", str(plugin), "--use-ray",
-           f"model={model}", f"dataset={data}", f"output_dir={out}", f"max_steps={steps}", "default.gpus=1",
-           "dtype=bfloat16", "save_steps=0", *overrides]
+           f"model={model}", f"dataset={data}", f"output_dir={out}", f"max_steps={steps}", *device, "save_steps=0",
+           *overrides]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-    if done.returncode:
-        raise SystemExit(f"rlcore failed:\n{done.stderr[-4000:]}")
-    settings = {**SAME, "framework": "rlcore run --plugin sft --use-ray, 1 worker (TRL's SFTTrainer inside)",
+    done.check_returncode()  # the CalledProcessError carries the child's stderr into the results row
+    settings = {**same, "framework": "rlcore run --plugin sft --use-ray, 1 worker (TRL's SFTTrainer inside)",
                 "stamped": "on the driver at each step's end (Ray's call inside)"}
     return {"stamps": json.loads(stamps.read_text()), "wall_s": round(time.perf_counter() - started, 1),
             "cmd": " ".join(cmd[1:]), "settings": settings}
 
 
-def run_trl(model: str, data: str, tmp: Path, steps: int) -> dict:
+def run_trl(model: str, data: str, tmp: Path, steps: int, smoke: bool = False) -> dict:
     stamps = tmp / "trl.json"
     cmd = [sys.executable, __file__, "--trl-child", "--model", model, "--data", data, "--out", str(stamps),
-           "--steps", str(steps), "--output-dir", str(tmp / "trl")]
+           "--steps", str(steps), "--output-dir", str(tmp / "trl")] + (["--smoke"] if smoke else [])
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"TRL's SFTTrainer failed:\n{done.stderr[-4000:]}")
+    done.check_returncode()  # the CalledProcessError carries the child's stderr into the results row
     result = json.loads(stamps.read_text())
     return {"stamps": result["stamps"], "wall_s": round(time.perf_counter() - started, 1), "cmd": " ".join(cmd[1:]),
             "settings": result["settings"]}
 
 
-def trl_child(model: str, data: str, out: str, steps: int, output_dir: str) -> None:
+def trl_child(model: str, data: str, out: str, steps: int, output_dir: str, smoke: bool = False) -> None:
     """TRL's SFTTrainer in this one process, as its documentation runs it; stamps at each step's log."""
     from datasets import load_dataset
+    from fair import trl_args
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
@@ -122,9 +129,10 @@ def trl_child(model: str, data: str, out: str, steps: int, output_dir: str) -> N
             if logs and "num_tokens" in logs:
                 rows.append({"step": state.global_step, "t": time.perf_counter(), "num_tokens": logs["num_tokens"]})
 
-    args = SFTConfig(**SAME, output_dir=output_dir, max_steps=steps, logging_steps=1, save_strategy="no",
-                     report_to="none", disable_tqdm=True)
-    trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype="bfloat16"), args=args,
+    args = trl_args(SFTConfig, dict(SAME, output_dir=output_dir, max_steps=steps, logging_steps=1, save_strategy="no",
+                                    report_to="none", disable_tqdm=True), dict(SMOKE, use_cpu=True) if smoke else None)
+    dtype = "float32" if smoke else "bfloat16"
+    trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype=dtype), args=args,
                          train_dataset=load_dataset("json", data_files=data, split="train"),
                          processing_class=AutoTokenizer.from_pretrained(model), callbacks=[Clock()])
     settings = {k: getattr(args, k) for k in SAME}
@@ -135,11 +143,13 @@ def trl_child(model: str, data: str, out: str, steps: int, output_dir: str) -> N
     Path(out).write_text(json.dumps({"stamps": rows, "settings": settings}, default=str))
 
 
-def build(tmp: Path) -> tuple[str, str]:
-    """The model (drawn on the GPU in a child: the parent holds no CUDA memory) and the chat rows."""
-    model = build_on_gpu(tmp / "qwen2-0.5b-shape", SHAPE)
+def build(tmp: Path, smoke: bool = False) -> tuple[str, str]:
+    """The model (drawn on the GPU in a child: the parent holds no CUDA memory; --smoke: a tiny one on the CPU)
+    and the chat rows."""
+    model = build_model(tmp / "qwen2-0.5b-shape", SHAPE, SMOKE_SHAPE if smoke else None)
     data = tmp / "chats.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(ROWS, question=(4, 60), answer=(8, 600))))
+    rows = chat_rows(SMOKE_ROWS if smoke else ROWS, question=(4, 60), answer=(8, 600))
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return model, str(data)
 
 
@@ -163,59 +173,74 @@ def explain(sides: dict[str, dict]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--only", choices=["rlcore", "trl"], help="run one side")
+    parser.add_argument("--steps", type=int, help=f"optimizer steps (default {STEPS}; --smoke {SMOKE_STEPS})")
+    parser.add_argument("--only", choices=["rlcore", "trl"], help="run one side (kept in the JSON beside the other's)")
     parser.add_argument("--json", help="default benchmarks/results/sft_gpu-<date>-<kind>.json")
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200"), help="machine kind, for the record")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, float32, 3 steps: the code "
+                        "paths only (TRL's GPU config is built there too)")
     parser.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
     for flag in ("--model", "--data", "--out", "--output-dir"):
         parser.add_argument(flag, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    steps, skip = (args.steps or SMOKE_STEPS, SMOKE_SKIP) if args.smoke else (args.steps or STEPS, SKIP)
     if args.trl_child:
-        trl_child(args.model, args.data, args.out, args.steps, args.output_dir)
+        trl_child(args.model, args.data, args.out, steps, args.output_dir, args.smoke)
         return
 
     started = time.perf_counter()
+    path = results_path(args.json, f"sft_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
+    kept = json.loads(path.read_text()).get("sides", {}) if args.only and path.exists() else {}
+    sides: dict[str, dict] = {}  # sides run in calls of their own (--only) add up in one file
     tmp = Path(tempfile.mkdtemp(prefix="rlcore-sft-bench-"))
     try:
-        model, data = build(tmp)
-        runs = {"trl": run_trl, "rlcore": run_rlcore}
-        raw = {name: run(model, data, tmp, args.steps) for name, run in runs.items() if args.only in (None, name)}
+        model, data = build(tmp, args.smoke)
+        for name, run in {"trl": run_trl, "rlcore": run_rlcore}.items():
+            if args.only not in (None, name):
+                continue
+            try:
+                raw = run(model, data, tmp, steps, args.smoke)
+                sides[name] = {**measures(raw["stamps"], skip), **{k: raw[k] for k in ("settings", "wall_s", "cmd")}}
+            except Exception as error:  # noqa: BLE001 - the other side still runs
+                sides[name] = failure(error)
+            sides[name]["commit"] = git_commit()
+            write_json(path, result({**kept, **sides}, args, steps, skip, started))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    sides = {name: measures(r["stamps"], SKIP) for name, r in raw.items()}
-    for name, r in raw.items():
-        r["commit"] = git_commit()
-    path = Path(args.json or f"benchmarks/results/sft_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json")
-    if args.only and path.exists():  # sides run in calls of their own add up in one file
-        kept = json.loads(path.read_text()).get("sides", {})
-        for name, side in kept.items():
-            if name not in sides:
-                sides[name] = {k: v for k, v in side.items() if k not in ("settings", "wall_s", "cmd", "commit")}
-                raw[name] = side
+    record = result({**kept, **sides}, args, steps, skip, started)
+    write_json(path, record)
     print(f"\nSFT on one GPU, Qwen2-0.5B shape (random bf16), packing + padding_free, max_length {SAME['max_length']}, "
-          f"per-device batch {MICRO}, steps {SKIP + 1}-{args.steps}")
+          f"per-device batch {MICRO}, steps {skip + 1}-{steps}")
     print(f"{'side':<26}{'median step s':>14}{'mean step s':>12}{'window tok/s':>14}{'tokens/step':>13}{'stall s':>9}")
-    for name, m in sides.items():
+    for name, m in record["sides"].items():
+        if "failed" in m:
+            print(f"{name:<26}FAILED: {m['failed']}")
+            continue
         print(f"{name:<26}{m['median_step_s']:>14.3f}{m['mean_step_s']:>12.3f}{m['tokens_per_s']:>14,.0f}"
               f"{m['median_tokens_per_step']:>13,.0f}{m['stall_s']:>9.2f}")
-    lines = explain(sides)
-    print("\n".join(lines))
-    result: dict[str, Any] = {"benchmark": "sft_gpu", "kind": args.kind, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                              "commit": git_commit(), "shape": SHAPE, "rows": ROWS, "skip": SKIP, "same": SAME,
-                              "sides": {n: {**sides[n], "settings": raw[n]["settings"], "wall_s": raw[n]["wall_s"],
-                                            "cmd": raw[n]["cmd"], "commit": raw[n]["commit"]} for n in sides},
-                              "explanation": lines, "wall_s": round(time.perf_counter() - started, 1),
-                              "target": "rlcore's median step <= 1.0 x TRL's"}
-    if len(sides) == 2:
-        ratio = sides["rlcore"]["median_step_s"] / sides["trl"]["median_step_s"]
-        result.update(ratio_median_step=round(ratio, 3), met=ratio <= 1.0,
-                      ratio_window_throughput=round(sides["rlcore"]["tokens_per_s"] / sides["trl"]["tokens_per_s"], 3))
-        print(f"rlcore / TRL median step: {ratio:.3f} (target <= 1.0: {'met' if ratio <= 1.0 else 'NOT met'})")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, default=str))
+    print("\n".join(record["explanation"]))
+    if "ratio_median_step" in record:
+        ratio = record["ratio_median_step"]
+        print(f"rlcore / TRL median step: {ratio:.3f} (target <= 1.0: {'met' if record['met'] else 'NOT met'})")
     print(f"wrote {path}")
+    failed = [name for name, side in sides.items() if "failed" in side]
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}")
 
+
+def result(sides: dict[str, dict], args: argparse.Namespace, steps: int, skip: int, started: float) -> dict[str, Any]:
+    """The results JSON: both sides' measures, settings and commits, what lies between the measures, the target."""
+    measured = {name: side for name, side in sides.items() if "failed" not in side}
+    record: dict[str, Any] = {"benchmark": "sft_gpu", "kind": args.kind, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                              "commit": git_commit(), "smoke": args.smoke, "shape": SHAPE, "rows": ROWS, "steps": steps,
+                              "skip": skip, "same": SAME, "sides": sides, "explanation": explain(measured),
+                              "wall_s": round(time.perf_counter() - started, 1),
+                              "target": "rlcore's median step <= 1.0 x TRL's"}
+    if len(measured) == 2:
+        ratio = measured["rlcore"]["median_step_s"] / measured["trl"]["median_step_s"]
+        record.update(ratio_median_step=round(ratio, 3), met=ratio <= 1.0,
+                      ratio_window_throughput=round(measured["rlcore"]["tokens_per_s"] / measured["trl"]["tokens_per_s"], 3))
+    return record
 
 if __name__ == "__main__":
     main()

@@ -26,8 +26,8 @@ class MegatronOptions(TrainOptions):
     use_distributed_optimizer: bool = True
     # fp32 main params, fp32 gradients and fp32 Adam moments beside the bf16 model (megatron's mixed precision:
     # 18 bytes a parameter); false: AdamW on the bf16 params themselves with bf16 gradients and moments, as the hf
-    # engine trains (8 bytes a parameter). With dtype bfloat16, use_distributed_optimizer false and tensor and
-    # pipeline size 1 (see adamw.TorchAdamW).
+    # engine trains (8 bytes a parameter). With dtype bfloat16 (float32: no effect), use_distributed_optimizer
+    # false and tensor and pipeline size 1 (see adamw.TorchAdamW).
     master_weights: bool = True
 
 
@@ -45,9 +45,9 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
     problems += OptimizerOptions(**{k: o[k] for k in OptimizerOptions.keys()}).problems()
     need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
     if not o["master_weights"]:
-        need(o["dtype"] in ("bfloat16", "auto"), "master_weights",
-             f"needs dtype bfloat16 (dtype is {o['dtype']!r}: fp16 needs fp32 master weights and a loss scale; "
-             "fp32 has no master copy to drop)")
+        need(o["dtype"] != "float16", "master_weights",
+             "needs dtype bfloat16 (or float32, which has no master copy to drop): fp16 needs fp32 master weights "
+             "and a loss scale")
         need(not o["use_distributed_optimizer"], "master_weights",
              "needs use_distributed_optimizer=false too (megatron's distributed optimizer always keeps fp32 main params)")
         need(o["tensor_model_parallel_size"] == 1 and o["pipeline_model_parallel_size"] == 1, "master_weights",

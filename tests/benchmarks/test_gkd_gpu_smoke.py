@@ -12,9 +12,12 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gkd_gpu.py"
 
 
-def test_the_gkd_benchmark_runs_every_side_on_the_cpu():
-    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke"], capture_output=True, text=True, timeout=600)
+def test_the_gkd_benchmark_runs_every_side_on_the_cpu(tmp_path):
+    path = tmp_path / "gkd.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--json", str(path)], capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert set(json.loads(path.read_text())["sides"]) == {"trl", "full", "topk", "memory"}
     sides = {}
     for line in done.stdout.splitlines():
         if line.startswith("{\""):  # the sides, as JSON (TRL prints its logs as Python dicts)

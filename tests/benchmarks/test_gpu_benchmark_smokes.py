@@ -1,0 +1,56 @@
+"""Each GPU benchmark's `--smoke`: every side on a tiny model on the CPU (vLLM's place taken by the hf engine, TRL
+without vLLM), after each side's GPU config is built there; the results JSON at `--json` and the final table. A
+benchmark that fails here would fail on the GPU after a lease's start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def smoke(script: str, tmp_path: Path, *extra: str) -> tuple[dict, str]:
+    path = tmp_path / f"{script}.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), "--smoke", "--json", str(path), *extra],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"wrote {path}" in done.stdout
+    return json.loads(path.read_text()), done.stdout
+
+
+def test_grpo_gpu_runs_both_sides_and_compares_their_settings(tmp_path):
+    result, out = smoke("grpo_gpu", tmp_path)
+    assert result["smoke"] and result["rlcore"]["steps_measured"] == result["trl"]["steps_measured"] == 2
+    assert result["rlcore"]["settings"]["num_generations"] == result["trl"]["settings"]["num_generations"] == 4
+    assert "ratio" in result and "ratio" in out  # the table
+
+
+@pytest.mark.ray
+def test_sft_gpu_runs_both_sides_on_the_same_tokens(tmp_path):
+    result, out = smoke("sft_gpu", tmp_path)
+    rlcore, trl = result["sides"]["rlcore"], result["sides"]["trl"]
+    assert rlcore["window_tokens"] == trl["window_tokens"] > 0
+    assert "ratio_median_step" in result and "rlcore / TRL median step" in out
+
+
+@pytest.mark.ray
+def test_sample_gpu_runs_the_raw_side_and_one_worker(tmp_path):
+    result, out = smoke("sample_gpu", tmp_path)
+    assert set(result["sides"]) == {"raw", "rlcore1"}
+    assert result["sides"]["raw"]["candidates"] == result["sides"]["rlcore1"]["candidates"] == 16
+    assert "one_worker_vs_raw" in result["ratios"] and "one_worker_vs_raw" in out
+
+
+def test_megatron_gpu_part_one_runs_each_train_engine(tmp_path):
+    pytest.importorskip("megatron.core")
+    result, _ = smoke("megatron_gpu", tmp_path, "--part", "one")
+    runs = result["one_gpu_qwen2_0.5b_colocated"]["runs"]
+    assert [r["engine"] for r in runs] == ["megatron", "megatron-bf16", "hf"]
+    assert all("failed" not in r and r["steps_measured"] == 2 for r in runs)
+    ratios = result["one_gpu_qwen2_0.5b_colocated"]["ratios"]
+    assert [r["engine"] for r in ratios] == ["megatron", "megatron-bf16"] and all(r["train_x_hf"] > 0 for r in ratios)
