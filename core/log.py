@@ -1,6 +1,8 @@
 """rlcore's log: Python `logging` under the logger "rlcore", on stderr beside the progress bar and, for a run, in
 `output_dir/run.log`. Third-party progress bars (transformers' "Loading weights", "Writing model shards") are
-off unless the level is debug, and a hook's `print` while the bar runs lands on a line of its own.
+off unless the level is debug, and a hook's `print` while the bar runs lands on a line of its own. Python warnings
+of a run are records too, each distinct one once: a library's (megatron-core's "Transformer Engine and Apex are not
+installed") in run.log, on stderr only at debug; the user's own (a plugin file's) on stderr as well.
 
 ```python
 from rlcore.log import logger
@@ -11,9 +13,13 @@ logger.warning("step %d: %s", step, what)        # stderr: "rlcore: warning: ste
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import site
 import sys
+import sysconfig
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +36,8 @@ class _Stderr(logging.Handler):
     """`rlcore: warning: ...` on the stderr of the moment (a test's capture, the bar-safe stream of `bar_safe`)."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "library", False) and logger.getEffectiveLevel() > logging.DEBUG:
+            return  # a library's warning: run.log keeps it
         try:
             text = self.format(record)
             name = "rlcore" if record.name.startswith("rlcore") else record.name
@@ -77,6 +85,65 @@ def setup(level: str = "info") -> None:
                             ("datasets.utils.logging", "disable_progress_bar", "enable_progress_bar")):
         if module in sys.modules:  # not imported here: `rlcore --help` stays fast; the environment covers later imports
             getattr(sys.modules[module], off if quiet else on)()
+
+
+_warned: set[tuple[str, str]] = set()  # (category, text) of the warnings logged so far
+_told = False  # whether stderr was told where libraries' warnings go
+_run_log: Path | None = None  # the run.log open now
+
+
+def route_warnings() -> None:
+    """From now on, Python warnings are records of `rlcore.warnings`, each distinct one once (the CLI's `run`)."""
+    warnings.showwarning = _log_warning
+
+
+def _log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    global _told
+    if file is not None:  # a caller that names its stream gets Python's own
+        warnings._showwarning_orig(message, category, filename, lineno, file, line)  # type: ignore[attr-defined]
+        return
+    key = (category.__name__, str(message))
+    if key in _warned:
+        return
+    _warned.add(key)
+    where, library = _origin(filename)
+    logger.getChild("warnings").warning("%s from %s:%s: %s", category.__name__, where, lineno, message,
+                                        extra={"library": library})
+    if library and not _told and logger.getEffectiveLevel() == logging.INFO:  # hidden, but not silently
+        _told = True
+        logger.info(f"libraries' warnings are written to {_run_log or RUN_LOG} only; --log-level debug shows them "
+                    "here too")
+
+
+def _origin(filename: str) -> tuple[str, bool]:
+    """Where a warning came from, shortened, and whether that is a library's code (the standard library, an
+    installed package, rlcore's own modules) rather than the user's (a plugin file, a script)."""
+    if filename.startswith("<"):
+        return filename, filename.startswith("<frozen ")
+    path = os.path.abspath(filename)
+    for root, base in _library_roots():
+        if path.startswith(root + os.sep):
+            return os.path.relpath(path, base), True
+    cwd = os.getcwd()
+    return (os.path.relpath(path, cwd) if path.startswith(cwd + os.sep) else path), False
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> list[tuple[str, str]]:
+    """(folder, what a path in it is shown relative to): rlcore's packages (an editable install's too),
+    site-packages and the standard library, the longest first so a path is shortened to its package."""
+    import importlib.util
+
+    roots = {(str(Path(__file__).parent), str(Path(__file__).parent.parent))}
+    for name in ("rlcore.plugins", "rlcore.contrib"):
+        with contextlib.suppress(ImportError, ValueError, AttributeError):
+            for folder in importlib.util.find_spec(name).submodule_search_locations:
+                roots.add((folder, str(Path(folder).parent)))
+    sites = site.getsitepackages() + [site.getusersitepackages()]
+    sites += [sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib", "platstdlib")]
+    roots.update((folder, folder) for folder in sites)
+    return sorted({(os.path.abspath(r), os.path.abspath(b)) for r, b in roots}, key=lambda rb: len(rb[0]), reverse=True)
 
 
 def redact(values: Iterable[str]) -> None:
@@ -131,7 +198,8 @@ def hold() -> None:
 def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
     """Append the log to `output_dir/run.log` for the block (timestamped, every level the logger passes); an
     exception that ends the block is logged there too, so the file says how the run ended."""
-    path = Path(output_dir) / RUN_LOG
+    global _held, _run_log
+    path = _run_log = Path(output_dir) / RUN_LOG
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_redact)
@@ -141,7 +209,6 @@ def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
         handler.handle(logger.makeRecord(logger.name, level, __file__, 0, text, None, None))
 
     note(logging.INFO, f"run of pid {os.getpid()}: {' '.join(sys.argv)}")
-    global _held
     if _held is not None:  # what was logged before the run took its output_dir
         logger.removeHandler(_held)
         for record in _held.records:
@@ -156,6 +223,7 @@ def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
     finally:
         logger.removeHandler(handler)
         handler.close()
+        _run_log = None
 
 
 class _BarSafe:

@@ -1,6 +1,7 @@
 """rlcore's log (core/log.py) as a user meets it through `python -m rlcore run`: the level (--log-level,
 log_level), output_dir/run.log, third-party progress bars off unless debug, a hook's print on a line of its
-own beside the bar, one metric name for the learning rate, and no secret in the log."""
+own beside the bar, Python warnings as records (a library's in run.log, on stderr only at debug), one metric name
+for the learning rate, and no secret in the log."""
 
 from __future__ import annotations
 
@@ -21,16 +22,39 @@ def rlcore(cwd: Path, *args: str, **options) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL, **({"capture_output": True} | options))
 
 
-def test_info_by_default_with_run_log_and_no_third_party_bars(tmp_path):
-    done = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out", "max_steps=2", "logging_steps=1")
+NOISY = """
+import warnings
+
+import numpy
+from rlcore import hookimpl
+
+warnings.warn("noisy.py's own warning")  # the user's code: on stderr too
+
+@hookimpl
+def rlcore_step_end(trainer, step, metrics):
+    numpy.mean([])  # a library's RuntimeWarning ("Mean of empty slice"), at every step
+"""
+
+
+def test_info_by_default_with_run_log_and_no_third_party_bars_or_warnings(tmp_path):
+    (tmp_path / "noisy.py").write_text(NOISY)
+    done = rlcore(tmp_path, "run", "--plugin", "grpo", "--with", "./noisy.py", "output_dir=out", "max_steps=2",
+                  "logging_steps=1")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[0].startswith('{"algorithm": "grpo"')
-    assert done.stderr.splitlines()[0] == "rlcore: train: 1 worker, in this process, engine hf"
+    said = done.stderr.splitlines()
+    assert said[0] == "rlcore: warning: UserWarning from noisy.py:7: noisy.py's own warning"
+    assert said[1] == "rlcore: train: 1 worker, in this process, engine hf"
     assert "Loading weights" not in done.stderr and "Writing model shards" not in done.stderr
+    assert "Mean of empty slice" not in done.stderr and "RuntimeWarning" not in done.stderr
+    assert done.stderr.count("rlcore: libraries' warnings are written to out/run.log only; --log-level debug") == 1
     log = (tmp_path / "out" / "run.log").read_text()
     for line in ("INFO rlcore: train: 1 worker, in this process, engine hf", "INFO rlcore: grpo step 1/2: reward=",
-                 "INFO rlcore: grpo step 2/2: reward=", "INFO rlcore: the trained model (step 2) is in out/final"):
+                 "INFO rlcore: grpo step 2/2: reward=", "INFO rlcore: the trained model (step 2) is in out/final",
+                 "WARNING rlcore.warnings: UserWarning from noisy.py:7: noisy.py's own warning",
+                 "WARNING rlcore.warnings: RuntimeWarning from numpy/"):
         assert line in log
+    assert log.count("Mean of empty slice") == 1  # each distinct warning once, though both steps warned
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert all("learning_rate" in row and "lr" not in row for row in rows)  # SFT's name, TRL's too
 
@@ -57,15 +81,18 @@ def test_what_is_said_before_the_run_takes_its_output_dir_is_in_run_log_too(tmp_
 
 
 HOOK = """
+
+import numpy
 from rlcore import hookimpl
 
 @hookimpl
 def rlcore_step_end(trainer, step, metrics):
     print(f"hook says {step}")
+    numpy.mean([])
 """
 
 
-def test_a_hooks_print_lands_on_a_line_of_its_own_beside_the_bar_and_debug_shows_the_bars(tmp_path):
+def test_a_hooks_print_lands_on_a_line_of_its_own_beside_the_bar_and_debug_shows_bars_and_warnings(tmp_path):
     (tmp_path / "hook.py").write_text(HOOK)
     done = rlcore(tmp_path, "run", "--plugin", "grpo", "--with", "./hook.py", "output_dir=out", "max_steps=3",
                   "--log-level", "debug", capture_output=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -73,6 +100,9 @@ def test_a_hooks_print_lands_on_a_line_of_its_own_beside_the_bar_and_debug_shows
     shown = [line.rsplit("\r", 1)[-1] for line in done.stdout.split("\n")]  # what a terminal shows of each line
     assert [line for line in shown if "hook says" in line] == ["hook says 1", "hook says 2", "hook says 3"]
     assert "Loading weights" in done.stdout  # debug: transformers' own bars too
+    warned = [line for line in shown if "Mean of empty slice" in line]  # and libraries' warnings, each once
+    assert len(warned) == 1 and warned[0].startswith("rlcore: warning: RuntimeWarning from numpy/"), warned
+    assert "libraries' warnings are written to" not in done.stdout
 
 
 class _Refusing(BaseHTTPRequestHandler):
