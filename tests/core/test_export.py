@@ -90,9 +90,12 @@ def test_grpo_with_lora_writes_the_merged_model(run_ok):
 
 
 @pytest.mark.parametrize("algorithm", ["sft", "pt"])
-def test_sft_and_pt_write_the_trained_model(run_ok, algorithm):
+def test_sft_and_pt_write_the_trained_model_and_name_their_engine_as_a_user_knows_it(run_ok, algorithm):
     pytest.importorskip("trl")
-    out, _ = run_ok(algorithm, "max_steps=2")
+    out, done = run_ok(algorithm, "max_steps=2")
+    trainer = "TRL's SFTTrainer" if algorithm == "sft" else "transformers' Trainer"  # never the internal build_sft
+    assert done.stderr.splitlines()[0] == f"rlcore: default: 1 worker, in this process, engine hf ({trainer})"
+    assert all("learning_rate" in json.loads(row) for row in (out / "metrics.jsonl").read_text().splitlines())
     model, tokenizer = load(out / "final")
     assert tokenizer("ab").input_ids
     assert_same_weights(state(model), state(load(out / "checkpoint-2" / "model")[0]))

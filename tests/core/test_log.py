@@ -36,22 +36,29 @@ def rlcore_step_end(trainer, step, metrics):
 """
 
 
-def test_info_by_default_with_run_log_and_no_third_party_bars_or_warnings(tmp_path):
+def test_info_by_default_into_run_log_with_what_came_before_and_no_third_party_bars_or_warnings(tmp_path):
+    """One run: the level (info), run.log with what was said before the run took its output_dir (the config's
+    notes come before the lock on output_dir), no third-party bars, a library's warnings in run.log only."""
     (tmp_path / "noisy.py").write_text(NOISY)
     done = rlcore(tmp_path, "run", "--plugin", "grpo", "--with", "./noisy.py", "output_dir=out", "max_steps=2",
-                  "logging_steps=1")
+                  "logging_steps=1", "attn_implementation=sdpa")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[0].startswith('{"algorithm": "grpo"')
     said = done.stderr.splitlines()
-    assert said[0] == "rlcore: warning: UserWarning from noisy.py:7: noisy.py's own warning"
-    assert said[1] == "rlcore: train: 1 worker, in this process, engine hf"
+    own = "rlcore: warning: UserWarning from noisy.py:7: noisy.py's own warning"
+    note = "rlcore: TRL's attn_implementation: 'sdpa' (the engine picks its attention kernel"
+    assert said[0] == own and said[1].startswith(note)
+    assert said[2] == "rlcore: train: 1 worker, in this process, engine hf"
     assert "Loading weights" not in done.stderr and "Writing model shards" not in done.stderr
     assert "Mean of empty slice" not in done.stderr and "RuntimeWarning" not in done.stderr
     assert done.stderr.count("rlcore: libraries' warnings are written to out/run.log only; --log-level debug") == 1
     log = (tmp_path / "out" / "run.log").read_text()
+    lines = log.splitlines()
+    assert "INFO rlcore: run of pid" in lines[0]
+    assert f"WARNING {own.replace('rlcore: warning:', 'rlcore.warnings:')}" in lines[1] and f"INFO {note}" in lines[2]
+    assert sum(note in line for line in lines) == 1
     for line in ("INFO rlcore: train: 1 worker, in this process, engine hf", "INFO rlcore: grpo step 1/2: reward=",
                  "INFO rlcore: grpo step 2/2: reward=", "INFO rlcore: the trained model (step 2) is in out/final",
-                 "WARNING rlcore.warnings: UserWarning from noisy.py:7: noisy.py's own warning",
                  "WARNING rlcore.warnings: RuntimeWarning from numpy/"):
         assert line in log
     assert log.count("Mean of empty slice") == 1  # each distinct warning once, though both steps warned
@@ -67,17 +74,6 @@ def test_log_level_warning_keeps_stderr_and_run_log_to_warnings(tmp_path):
     assert len(log) == 1 and "INFO rlcore: run of pid" in log[0]  # the header only: no info line passed
     config = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out2", "max_steps=1", "log_level=warning")
     assert config.returncode == 0 and "rlcore: train:" not in config.stderr
-
-
-def test_what_is_said_before_the_run_takes_its_output_dir_is_in_run_log_too(tmp_path):
-    """The config's notes come before the lock on output_dir (and run.log with it): they are kept for it."""
-    done = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out", "max_steps=1", "attn_implementation=sdpa")
-    assert done.returncode == 0, done.stderr[-2000:]
-    note = "rlcore: TRL's attn_implementation: 'sdpa' (the engine picks its attention kernel"
-    assert done.stderr.splitlines()[0].startswith(note)
-    log = (tmp_path / "out" / "run.log").read_text().splitlines()
-    assert "INFO rlcore: run of pid" in log[0] and f"INFO {note}" in log[1]
-    assert sum(note in line for line in log) == 1
 
 
 HOOK = """
@@ -142,11 +138,3 @@ def test_an_api_key_never_reaches_stderr_or_run_log(tmp_path, refusing_endpoint)
     assert "Incorrect API key provided: **********" in log and "api_key=**********" in log
     assert secret not in done.stderr + done.stdout + log
 
-
-def test_sft_placement_names_its_engine_as_a_user_knows_it(tmp_path):
-    pytest.importorskip("trl")
-    done = rlcore(tmp_path, "run", "--plugin", "sft", "output_dir=out", "max_steps=1")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stderr.splitlines()[0] == "rlcore: default: 1 worker, in this process, engine hf (TRL's SFTTrainer)"
-    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert "learning_rate" in rows[0] and "lr" not in rows[0]
