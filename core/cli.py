@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser(_keys_help(argv))
     args = parser.parse_args(_dashed_overrides(argv, parser))
+    log.route_warnings(hide_libraries=args.command == "run")  # a run's run.log keeps a library's warnings
     try:
         return args.func(args)
     except BrokenPipeError:  # `rlcore plugins | head`
@@ -220,7 +221,7 @@ def _load(given: str | list[str]) -> tuple[Plugins, str]:
     for warning in caught:
         if issubclass(warning.category, PluginLoadWarning):
             logger.warning(str(warning.message))
-        else:  # what a plugin's import warned, as any other warning (a run logs them)
+        else:  # what a plugin's import warned, as any other warning
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     for line in plugins.replaced:
         print(f"rlcore: {line}", file=sys.stderr)
@@ -298,7 +299,6 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
 
 
 def _run(args: argparse.Namespace) -> int:
-    log.route_warnings()  # a library's warnings go to run.log, on stderr only at debug
     log.hold()  # the notes and checks before the run takes its output_dir go to its run.log too
     if args.log_level:
         log.setup(args.log_level)  # the plugins and the config load at that level already

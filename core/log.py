@@ -1,8 +1,8 @@
 """rlcore's log: Python `logging` under the logger "rlcore", on stderr beside the progress bar and, for a run, in
 `output_dir/run.log`. Third-party progress bars (transformers' "Loading weights", "Writing model shards") are
 off unless the level is debug, and a hook's `print` while the bar runs lands on a line of its own. Python warnings
-of a run are records too, each distinct one once: a library's (megatron-core's "Transformer Engine and Apex are not
-installed") in run.log, on stderr only at debug; the user's own (a plugin file's) on stderr as well.
+are records too, each distinct one once; in a run a library's (megatron-core's "Transformer Engine and Apex are
+not installed") go to run.log and reach stderr only at debug, while the user's own (a plugin file's) show there too.
 
 ```python
 from rlcore.log import logger
@@ -90,10 +90,14 @@ def setup(level: str = "info") -> None:
 _warned: set[tuple[str, str]] = set()  # (category, text) of the warnings logged so far
 _told = False  # whether stderr was told where libraries' warnings go
 _run_log: Path | None = None  # the run.log open now
+_hide_libraries = False  # a library's warnings off stderr above debug (a run, whose run.log keeps them)
 
 
-def route_warnings() -> None:
-    """From now on, Python warnings are records of `rlcore.warnings`, each distinct one once (the CLI's `run`)."""
+def route_warnings(hide_libraries: bool = False) -> None:
+    """From now on Python warnings are records of `rlcore.warnings`, each distinct one once; with `hide_libraries`
+    (the CLI's `run`: run.log keeps them) a library's reach stderr only at debug."""
+    global _hide_libraries
+    _hide_libraries = hide_libraries
     warnings.showwarning = _log_warning
 
 
@@ -108,6 +112,7 @@ def _log_warning(message: Warning | str, category: type[Warning], filename: str,
         return
     _warned.add(key)
     where, library = _origin(filename)
+    library = library and _hide_libraries  # elsewhere nothing keeps them but stderr
     logger.getChild("warnings").warning("%s from %s:%s: %s", category.__name__, where, lineno, message,
                                         extra={"library": library})
     if library and not _told and logger.getEffectiveLevel() == logging.INFO:  # hidden, but not silently

@@ -66,6 +66,18 @@ def test_info_by_default_into_run_log_with_what_came_before_and_no_third_party_b
     assert all("learning_rate" in row and "lr" not in row for row in rows)  # SFT's name, TRL's too
 
 
+def test_outside_a_run_warnings_are_rlcore_lines_each_once_a_librarys_too(tmp_path):
+    """`config show` has no run.log to keep a library's warnings: stderr shows them, as rlcore's lines."""
+    (tmp_path / "loud.py").write_text("import warnings\n\nimport numpy\n\nwarnings.warn('loud.py warns')\n"
+                                      "numpy.mean([])\nnumpy.mean([])\n")
+    done = rlcore(tmp_path, "config", "show", "--plugin", "grpo", "--with", "./loud.py")
+    assert done.returncode == 0 and done.stdout.startswith("# GRPOConfig"), done.stderr
+    said = done.stderr.splitlines()
+    assert said[0] == "rlcore: warning: UserWarning from loud.py:5: loud.py warns"
+    assert said[1].startswith("rlcore: warning: RuntimeWarning from numpy/") and said[1].endswith(": Mean of empty slice")
+    assert len(said) == 3 and "numpy" in said[2]  # numpy's second warning of the same call; the repeat call: none
+
+
 def test_log_level_warning_keeps_stderr_and_run_log_to_warnings(tmp_path):
     done = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out", "max_steps=1", "--log-level", "warning")
     assert done.returncode == 0, done.stderr[-2000:]
