@@ -3,6 +3,7 @@
 off unless the level is debug, and a hook's `print` while the bar runs lands on a line of its own. Python warnings
 are records too, each distinct one once; in a run a library's (megatron-core's "Transformer Engine and Apex are
 not installed") go to run.log and reach stderr only at debug, while the user's own (a plugin file's) show there too.
+A Ray worker's library warnings come back through Ray's forwarded output and are logged the same way.
 
 ```python
 from rlcore.log import logger
@@ -16,6 +17,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import site
 import sys
 import sysconfig
@@ -103,8 +105,41 @@ def route_warnings(hide_libraries: bool = False) -> None:
 
 def _log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                  file: Any = None, line: str | None = None) -> None:
-    global _told
     if file is not None:  # a caller that names its stream gets Python's own
+        warnings._showwarning_orig(message, category, filename, lineno, file, line)  # type: ignore[attr-defined]
+        return
+    where, library = _origin(filename)
+    _say(category.__name__, f"{where}:{lineno}", str(message), library)
+
+
+def _say(category: str, where: str, message: str, library: bool) -> None:
+    """Log a warning once per distinct (category, text); a library's off stderr where run.log keeps it."""
+    global _told
+    if (category, message) in _warned:
+        return
+    _warned.add((category, message))
+    library = library and _hide_libraries  # elsewhere nothing keeps them but stderr
+    logger.getChild("warnings").warning("%s from %s: %s", category, where, message, extra={"library": library})
+    if library and not _told and logger.getEffectiveLevel() == logging.INFO:  # hidden, but not silently
+        _told = True
+        logger.info(f"libraries' warnings are written to {_run_log or RUN_LOG} only; --log-level debug shows them "
+                    "here too")
+
+
+LIBRARY_LINE = "rlcore: library warning: "  # a Ray worker's line for a library's warning, which the driver logs
+_LIBRARY_TEXT = re.compile(r"(\w+) from (.+?:\d+): (.*)")
+
+
+def route_worker_warnings() -> None:
+    """In a Ray worker: each distinct warning once on its stderr, which Ray forwards to the driver; a library's as
+    a LIBRARY_LINE, which the driver's log takes out of Ray's output (`take_worker_lines`), the user's as rlcore's
+    warning line, shown as it is."""
+    warnings.showwarning = _worker_warning
+
+
+def _worker_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    file: Any = None, line: str | None = None) -> None:
+    if file is not None:
         warnings._showwarning_orig(message, category, filename, lineno, file, line)  # type: ignore[attr-defined]
         return
     key = (category.__name__, str(message))
@@ -112,13 +147,25 @@ def _log_warning(message: Warning | str, category: type[Warning], filename: str,
         return
     _warned.add(key)
     where, library = _origin(filename)
-    library = library and _hide_libraries  # elsewhere nothing keeps them but stderr
-    logger.getChild("warnings").warning("%s from %s:%s: %s", category.__name__, where, lineno, message,
-                                        extra={"library": library})
-    if library and not _told and logger.getEffectiveLevel() == logging.INFO:  # hidden, but not silently
-        _told = True
-        logger.info(f"libraries' warnings are written to {_run_log or RUN_LOG} only; --log-level debug shows them "
-                    "here too")
+    text = " ".join(str(message).split()) if library else str(message)  # one line, for the driver to read back
+    sys.stderr.write(f"{LIBRARY_LINE if library else 'rlcore: warning: '}{category.__name__} from {where}:{lineno}: "
+                     f"{text}\n")
+    sys.stderr.flush()
+
+
+def take_worker_lines(data: dict[str, Any]) -> None:
+    """A batch of a Ray worker's output, before Ray prints it: a library's warning leaves the batch and is logged
+    here as one of the driver's own (run.log; stderr at debug), once however many workers said it."""
+    lines = data.get("lines") or []
+    kept = []
+    for line in lines:
+        said = _LIBRARY_TEXT.fullmatch(line[len(LIBRARY_LINE):]) if line.startswith(LIBRARY_LINE) else None
+        if said:
+            _say(said[1], said[2], said[3], library=True)
+        else:
+            kept.append(line)
+    if len(kept) < len(lines):
+        data["lines"] = kept
 
 
 def _origin(filename: str) -> tuple[str, bool]:
