@@ -91,6 +91,7 @@ def setup(level: str = "info") -> None:
 
 _warned: set[tuple[str, str]] = set()  # (category, text) of the warnings logged so far
 _told = False  # whether stderr was told where libraries' warnings go
+_hidden = False  # whether a library's warning was kept off stderr
 _run_log: Path | None = None  # the run.log open now
 _hide_libraries = False  # a library's warnings off stderr above debug (a run, whose run.log keeps them)
 
@@ -114,16 +115,22 @@ def _log_warning(message: Warning | str, category: type[Warning], filename: str,
 
 def _say(category: str, where: str, message: str, library: bool) -> None:
     """Log a warning once per distinct (category, text); a library's off stderr where run.log keeps it."""
-    global _told
+    global _hidden
     if (category, message) in _warned:
         return
     _warned.add((category, message))
     library = library and _hide_libraries  # elsewhere nothing keeps them but stderr
     logger.getChild("warnings").warning("%s from %s: %s", category, where, message, extra={"library": library})
-    if library and not _told and logger.getEffectiveLevel() == logging.INFO:  # hidden, but not silently
+    _hidden = _hidden or library
+    _tell()
+
+
+def _tell() -> None:
+    """Once run.log is open and holds a library's warning kept off stderr, say so on stderr (at info)."""
+    global _told
+    if _hidden and not _told and _run_log is not None and logger.getEffectiveLevel() == logging.INFO:
         _told = True
-        logger.info(f"libraries' warnings are written to {_run_log or RUN_LOG} only; --log-level debug shows them "
-                    "here too")
+        logger.info(f"libraries' warnings are written to {_run_log} only; --log-level debug shows them here too")
 
 
 LIBRARY_LINE = "rlcore: library warning: "  # a Ray worker's line for a library's warning, which the driver logs
@@ -267,6 +274,7 @@ def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
             if record.levelno >= logger.getEffectiveLevel():
                 handler.handle(record)
         _held = None
+    _tell()  # a library's warning said before the run took its output_dir is in run.log now
     try:
         yield path
     except BaseException as exc:

@@ -508,6 +508,7 @@ def test_a_librarys_warning_in_a_ray_worker_is_logged_once_by_the_driver(ray_run
     monkeypatch.setattr(log, "_warned", set())
     monkeypatch.setattr(log, "_hide_libraries", True)  # as in `rlcore run`
     monkeypatch.setattr(log, "_told", True)
+    monkeypatch.setattr(log, "_hidden", False)
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
