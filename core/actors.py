@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import cluster
+from . import cluster, log
 from .rendezvous import find_free_port
 from .transport import decode, encode
 from .dispatch import Mesh
@@ -104,6 +104,7 @@ class WorkerActor:
         return find_free_port(ip)
 
     def _rlcore_setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
+        log.route_worker_warnings()  # a library's (megatron-core's on import) to the driver's run.log
         os.environ.update(env)
         global _actor
         _actor = ActorContext(group, rank)

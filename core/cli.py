@@ -28,7 +28,7 @@ from .config import (
 from .extras import check_run, plugin_needs
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
 from .log import LEVELS, STOP, logger
-from .manager import Plugins, is_file_or_module, load_plugins, plugin_name
+from .manager import PluginLoadWarning, Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
 from .ms_swift import Translation, launch_options, translate
 from .plot import plot_metrics
@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser(_keys_help(argv))
     args = parser.parse_args(_dashed_overrides(argv, parser))
+    log.route_warnings(hide_libraries=args.command == "run")  # a run's run.log keeps a library's warnings
     try:
         return args.func(args)
     except BrokenPipeError:  # `rlcore plugins | head`
@@ -164,7 +165,8 @@ def _parser(keys_help: str = "") -> argparse.ArgumentParser:
     run.add_argument("--use-ray", action="store_true", help="place roles on a Ray cluster (default: one process)")
     run.add_argument("--resume", action="store_true", help="continue the run in output_dir (sets resume=auto)")
     run.add_argument("--log-level", choices=LEVELS, help="stderr and output_dir/run.log: debug also shows third-party "
-                     "progress bars (default: the config's log_level, info)")
+                     "progress bars and libraries' Python warnings, which run.log has at every level but error "
+                     "(default: the config's log_level, info)")
     run.set_defaults(func=_run)
 
     listing = commands.add_parser("plugins", help="list installed plugins and what each provides")
@@ -214,10 +216,13 @@ def _load(given: str | list[str]) -> tuple[Plugins, str]:
     the algorithm: exactly one --plugin provides it; the other plugins join the run."""
     given = [given] if isinstance(given, str) else list(given)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("always", PluginLoadWarning)
         plugins = load_plugins(extra=tuple(p for p in given if is_file_or_module(p)))
     for warning in caught:
-        print(f"rlcore: warning: {warning.message}", file=sys.stderr)
+        if issubclass(warning.category, PluginLoadWarning):
+            logger.warning(str(warning.message))
+        else:  # what a plugin's import warned, as any other warning
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     for line in plugins.replaced:
         print(f"rlcore: {line}", file=sys.stderr)
     for spec in given:

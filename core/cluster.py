@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import signals, watchdog
+from . import log, signals, watchdog
 from .errors import RlcoreError, RoleFailed
 from .log import logger
 
@@ -68,6 +68,7 @@ def init(
             f"resources. Drop the overrides, or unset {ADDRESS_ENV} to start a local Ray."
         )
     if ray.is_initialized():
+        _take_worker_warnings()
         return ray.cluster_resources()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     watchdog.reset()
@@ -86,7 +87,22 @@ def init(
             f"cannot attach to the Ray cluster at '{address}': {exc}. Start it with `ray start --head`, "
             f"or leave the address (and {ADDRESS_ENV}) unset to start a local Ray."
         ) from exc
+    _take_worker_warnings()
     return ray.cluster_resources()
+
+
+def _take_worker_warnings() -> None:
+    """The workers' output Ray forwards passes rlcore's log before Ray prints it (`log.take_worker_lines`), so a
+    library's warning in a worker lands in run.log. Ray's dispatcher is private: without it the lines print as
+    they are."""
+    try:
+        from ray._private.worker import global_worker_stdstream_dispatcher as dispatcher
+
+        with dispatcher._lock:
+            others = [pair for pair in dispatcher.handlers if pair[0] != "rlcore_warnings"]
+            dispatcher.handlers = [("rlcore_warnings", log.take_worker_lines), *others]
+    except (ImportError, AttributeError):
+        pass
 
 
 @contextlib.contextmanager

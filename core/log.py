@@ -1,6 +1,9 @@
 """rlcore's log: Python `logging` under the logger "rlcore", on stderr beside the progress bar and, for a run, in
 `output_dir/run.log`. Third-party progress bars (transformers' "Loading weights", "Writing model shards") are
-off unless the level is debug, and a hook's `print` while the bar runs lands on a line of its own.
+off unless the level is debug, and a hook's `print` while the bar runs lands on a line of its own. Python warnings
+are records too, each distinct one once; in a run a library's (megatron-core's "Transformer Engine and Apex are
+not installed") go to run.log and reach stderr only at debug, while the user's own (a plugin file's) show there too.
+A Ray worker's library warnings come back through Ray's forwarded output and are logged the same way.
 
 ```python
 from rlcore.log import logger
@@ -11,9 +14,14 @@ logger.warning("step %d: %s", step, what)        # stderr: "rlcore: warning: ste
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import re
+import site
 import sys
+import sysconfig
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +38,8 @@ class _Stderr(logging.Handler):
     """`rlcore: warning: ...` on the stderr of the moment (a test's capture, the bar-safe stream of `bar_safe`)."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "library", False) and logger.getEffectiveLevel() > logging.DEBUG:
+            return  # a library's warning: run.log keeps it
         try:
             text = self.format(record)
             name = "rlcore" if record.name.startswith("rlcore") else record.name
@@ -77,6 +87,122 @@ def setup(level: str = "info") -> None:
                             ("datasets.utils.logging", "disable_progress_bar", "enable_progress_bar")):
         if module in sys.modules:  # not imported here: `rlcore --help` stays fast; the environment covers later imports
             getattr(sys.modules[module], off if quiet else on)()
+
+
+_warned: set[tuple[str, str]] = set()  # (category, text) of the warnings logged so far
+_told = False  # whether stderr was told where libraries' warnings go
+_hidden = False  # whether a library's warning was kept off stderr
+_run_log: Path | None = None  # the run.log open now
+_hide_libraries = False  # a library's warnings off stderr above debug (a run, whose run.log keeps them)
+
+
+def route_warnings(hide_libraries: bool = False) -> None:
+    """From now on Python warnings are records of `rlcore.warnings`, each distinct one once; with `hide_libraries`
+    (the CLI's `run`: run.log keeps them) a library's reach stderr only at debug."""
+    global _hide_libraries
+    _hide_libraries = hide_libraries
+    warnings.showwarning = _log_warning
+
+
+def _log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    if file is not None:  # a caller that names its stream gets Python's own
+        warnings._showwarning_orig(message, category, filename, lineno, file, line)  # type: ignore[attr-defined]
+        return
+    where, library = _origin(filename)
+    _say(category.__name__, f"{where}:{lineno}", str(message), library)
+
+
+def _say(category: str, where: str, message: str, library: bool) -> None:
+    """Log a warning once per distinct (category, text); a library's off stderr where run.log keeps it."""
+    global _hidden
+    if (category, message) in _warned:
+        return
+    _warned.add((category, message))
+    library = library and _hide_libraries  # elsewhere nothing keeps them but stderr
+    logger.getChild("warnings").warning("%s from %s: %s", category, where, message, extra={"library": library})
+    _hidden = _hidden or library
+    _tell()
+
+
+def _tell() -> None:
+    """Once run.log is open and holds a library's warning kept off stderr, say so on stderr (at info)."""
+    global _told
+    if _hidden and not _told and _run_log is not None and logger.getEffectiveLevel() == logging.INFO:
+        _told = True
+        logger.info(f"libraries' warnings are written to {_run_log} only; --log-level debug shows them here too")
+
+
+LIBRARY_LINE = "rlcore: library warning: "  # a Ray worker's line for a library's warning, which the driver logs
+_LIBRARY_TEXT = re.compile(r"(\w+) from (.+?:\d+): (.*)")
+
+
+def route_worker_warnings() -> None:
+    """In a Ray worker: each distinct warning once on its stderr, which Ray forwards to the driver; a library's as
+    a LIBRARY_LINE, which the driver's log takes out of Ray's output (`take_worker_lines`), the user's as rlcore's
+    warning line, shown as it is."""
+    warnings.showwarning = _worker_warning
+
+
+def _worker_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    file: Any = None, line: str | None = None) -> None:
+    if file is not None:
+        warnings._showwarning_orig(message, category, filename, lineno, file, line)  # type: ignore[attr-defined]
+        return
+    key = (category.__name__, str(message))
+    if key in _warned:
+        return
+    _warned.add(key)
+    where, library = _origin(filename)
+    text = " ".join(str(message).split()) if library else str(message)  # one line, for the driver to read back
+    sys.stderr.write(f"{LIBRARY_LINE if library else 'rlcore: warning: '}{category.__name__} from {where}:{lineno}: "
+                     f"{text}\n")
+    sys.stderr.flush()
+
+
+def take_worker_lines(data: dict[str, Any]) -> None:
+    """A batch of a Ray worker's output, before Ray prints it: a library's warning leaves the batch and is logged
+    here as one of the driver's own (run.log; stderr at debug), once however many workers said it."""
+    lines = data.get("lines") or []
+    kept = []
+    for line in lines:
+        said = _LIBRARY_TEXT.fullmatch(line[len(LIBRARY_LINE):]) if line.startswith(LIBRARY_LINE) else None
+        if said:
+            _say(said[1], said[2], said[3], library=True)
+        else:
+            kept.append(line)
+    if len(kept) < len(lines):
+        data["lines"] = kept
+
+
+def _origin(filename: str) -> tuple[str, bool]:
+    """Where a warning came from, shortened, and whether that is a library's code (the standard library, an
+    installed package, rlcore's own modules) rather than the user's (a plugin file, a script)."""
+    if filename.startswith("<"):
+        return filename, filename.startswith("<frozen ")
+    path = os.path.abspath(filename)
+    for root, base in _library_roots():
+        if path.startswith(root + os.sep):
+            return os.path.relpath(path, base), True
+    cwd = os.getcwd()
+    return (os.path.relpath(path, cwd) if path.startswith(cwd + os.sep) else path), False
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> list[tuple[str, str]]:
+    """(folder, what a path in it is shown relative to): rlcore's packages (an editable install's too),
+    site-packages and the standard library, the longest first so a path is shortened to its package."""
+    import importlib.util
+
+    roots = {(str(Path(__file__).parent), str(Path(__file__).parent.parent))}
+    for name in ("rlcore.plugins", "rlcore.contrib"):
+        with contextlib.suppress(ImportError, ValueError, AttributeError):
+            for folder in importlib.util.find_spec(name).submodule_search_locations:
+                roots.add((folder, str(Path(folder).parent)))
+    sites = site.getsitepackages() + [site.getusersitepackages()]
+    sites += [sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib", "platstdlib")]
+    roots.update((folder, folder) for folder in sites)
+    return sorted({(os.path.abspath(r), os.path.abspath(b)) for r, b in roots}, key=lambda rb: len(rb[0]), reverse=True)
 
 
 def redact(values: Iterable[str]) -> None:
@@ -131,7 +257,8 @@ def hold() -> None:
 def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
     """Append the log to `output_dir/run.log` for the block (timestamped, every level the logger passes); an
     exception that ends the block is logged there too, so the file says how the run ended."""
-    path = Path(output_dir) / RUN_LOG
+    global _held, _run_log
+    path = _run_log = Path(output_dir) / RUN_LOG
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_redact)
@@ -141,13 +268,13 @@ def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
         handler.handle(logger.makeRecord(logger.name, level, __file__, 0, text, None, None))
 
     note(logging.INFO, f"run of pid {os.getpid()}: {' '.join(sys.argv)}")
-    global _held
     if _held is not None:  # what was logged before the run took its output_dir
         logger.removeHandler(_held)
         for record in _held.records:
             if record.levelno >= logger.getEffectiveLevel():
                 handler.handle(record)
         _held = None
+    _tell()  # a library's warning said before the run took its output_dir is in run.log now
     try:
         yield path
     except BaseException as exc:
@@ -156,6 +283,7 @@ def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
     finally:
         logger.removeHandler(handler)
         handler.close()
+        _run_log = None
 
 
 class _BarSafe:

@@ -2,7 +2,9 @@
 
 The default panels are the algorithm's own (`Trainer.plot_keys`, which the run notes in output_dir's
 rlcore_run.json), those the file has; a metric null at every step (GRPO's `kl` with beta 0) gets no blank
-panel: a line under the panels names it."""
+panel, nor one that repeats an earlier panel (GKD's `jsd` is its `loss` with sft_alpha 0): a line under the
+panels names each. A metric's `KEY_start` (GKD's `eval/jsd_start`, before training) is the first point of its
+panel, at step 0."""
 
 from __future__ import annotations
 
@@ -79,13 +81,26 @@ def figure(rows: list[dict[str, Any]], keys: list[str], title: str) -> Any:
     except ImportError as exc:
         raise RlcoreError("plot needs matplotlib: pip install 'rlcore[plot]'") from exc
 
-    points = {key: [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-              for key in keys}
-    drawn = [key for key in keys if points[key]] or keys[:1]
+    def values(key: str) -> list[tuple[Any, float]]:
+        return [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+
+    # `KEY_start` (GKD's eval/jsd_start: measured before training) is KEY's point at the step before its row's
+    points = {key: [(step - 1, v) for step, v in values(f"{key}_start")][:1] + values(key) for key in keys}
     empty = [key for key in keys if not points[key]]
-    fig, axes = plt.subplots(len(drawn), 1, figsize=(7, 1.9 * len(drawn) + 0.6 + 0.2 * bool(empty)), sharex=True,
+    drawn: list[str] = []
+    same: dict[str, str] = {}  # a metric equal to an earlier panel's at every step -> that panel
+    for key in (k for k in keys if points[k]):
+        twin = next((k for k in drawn if _same(points[k], points[key])), None)
+        if twin is None:
+            drawn.append(key)
+        else:
+            same[key] = twin
+    drawn = drawn or keys[:1]
+    notes = [f"null at every step (not computed in this run), so not drawn: {', '.join(empty)}"] if empty else []
+    notes += [f"{key}: the same as {twin} at every step, so not drawn" for key, twin in same.items()]
+    fig, axes = plt.subplots(len(drawn), 1, figsize=(7, 1.9 * len(drawn) + 0.6 + 0.2 * len(notes)), sharex=True,
                              squeeze=False)
-    steps = [r["step"] for r in rows if isinstance(r.get("step"), (int, float))]
+    steps = [x for key in drawn for x, _ in points[key]]
     for ax, key in zip(axes[:, 0], drawn):
         xy = points[key]
         ax.plot([p[0] for p in xy], [p[1] for p in xy], marker="." if len(xy) < 50 else None)
@@ -98,10 +113,13 @@ def figure(rows: list[dict[str, Any]], keys: list[str], title: str) -> Any:
     if steps:
         axis.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
     fig.suptitle(title, fontsize=9)
-    rect = (0, 0, 1, 1)
-    if empty:  # logged, but null at every step: not computed in this run
-        fig.text(0.01, 0.005, f"null at every step (not computed in this run), so not drawn: {', '.join(empty)}",
-                 fontsize=7, color="0.35", va="bottom")
-        rect = (0, 0.2 / fig.get_figheight(), 1, 1)
-    fig.tight_layout(rect=rect)
+    for i, note in enumerate(reversed(notes)):  # what is not drawn, and why, one line each under the panels
+        fig.text(0.01, (0.05 + 0.2 * i) / fig.get_figheight(), note, fontsize=7, color="0.35", va="bottom")
+    fig.tight_layout(rect=(0, 0.2 * len(notes) / fig.get_figheight(), 1, 1))
     return fig
+
+
+def _same(a: list[tuple[Any, float]], b: list[tuple[Any, float]]) -> bool:
+    """The same steps and, to float32's precision, the same values."""
+    return len(a) == len(b) and all(sa == sb and math.isclose(va, vb, rel_tol=1e-6, abs_tol=1e-12)
+                                    for (sa, va), (sb, vb) in zip(a, b))

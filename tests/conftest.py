@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +42,24 @@ def ray_local():
     if (resources.get("CPU", 0), resources.get("GPU", 0)) != (RAY_CPUS, RAY_GPUS):
         start_local_ray()
     yield ray
+
+
+@pytest.fixture(scope="session")
+def unlisted_metrics() -> Callable[[Path], list[str]]:
+    """`unlisted_metrics(path)`: the names in a metrics.jsonl that the README's table of metric names does not
+    list (a `<part>` there stands for any one part of a name): [] for a run that keeps to the vocabulary."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("| quantity | name | algorithms |", text.index("**Metric names.**"))
+    rows = text[start:text.index("\n\n", start)].splitlines()[2:]
+    names = [name for row in rows for name in re.findall(r"`([^`]+)`", row.split("|")[2])]
+    patterns = [re.compile("/".join("[^/]+" if re.fullmatch(r"<\w+>", part) else re.escape(part)
+                                    for part in name.split("/"))) for name in names]
+
+    def unlisted(path: Path) -> list[str]:
+        keys = {key for line in Path(path).read_text().splitlines() for key in json.loads(line)}
+        return sorted(key for key in keys if not any(p.fullmatch(key) for p in patterns))
+
+    return unlisted
 
 
 def pytest_sessionfinish(session, exitstatus):

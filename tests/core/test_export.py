@@ -41,20 +41,34 @@ def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tens
         torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=1e-5, msg=name)
 
 
-def run_ok(tmp_path: Path, algorithm: str, *overrides: str) -> Path:
-    done = rlcore(tmp_path, "run", "--plugin", algorithm, "output_dir=out", *overrides)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[0].startswith(f'{{"algorithm": "{algorithm}"')
-    out = tmp_path / "out"
-    assert f"the trained model (step 2) is in out/final, in Hugging Face format" in done.stderr
-    return out
+@pytest.fixture
+def run_ok(tmp_path, unlisted_metrics):
+    """`run_ok(ALGORITHM, KEY=VALUE ...)`: `rlcore run` in tmp_path that trains 2 steps into out/ and keeps to the
+    README's metric names; returns out/ and the completed process."""
+
+    def run(algorithm: str, *overrides: str) -> tuple[Path, subprocess.CompletedProcess]:
+        done = rlcore(tmp_path, "run", "--plugin", algorithm, "output_dir=out", *overrides)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.splitlines()[0].startswith(f'{{"algorithm": "{algorithm}"')
+        out = tmp_path / "out"
+        assert "the trained model (step 2) is in out/final, in Hugging Face format" in done.stderr
+        assert unlisted_metrics(out / "metrics.jsonl") == []  # one vocabulary: README's table of metric names
+        return out, done
+
+    return run
 
 
 @pytest.mark.parametrize("engine", ["hf", "megatron"])
-def test_grpo_writes_the_trained_model_as_a_hugging_face_folder(tmp_path, engine):
+def test_grpo_writes_the_trained_model_as_a_hugging_face_folder(run_ok, engine):
     if engine == "megatron":
         pytest.importorskip("megatron.core")
-    out = run_ok(tmp_path, "grpo", "max_steps=2", f"train.engine={engine}")
+    out, done = run_ok("grpo", "max_steps=2", f"train.engine={engine}")
+    if engine == "megatron":  # megatron-core's import warnings: in run.log, each text once, not on the console
+        assert "Transformer Engine and Apex are not installed" not in done.stderr
+        log = (out / "run.log").read_text()
+        fallback = "Transformer Engine and Apex are not installed. Falling back to local implementations of " \
+                   "multi_tensor_applier and multi_tensor_scale"  # megatron-core warns it from two modules
+        assert log.count(fallback) == 1 and "WARNING rlcore.warnings: UserWarning from megatron/core/" in log
     model, tokenizer = load(out / "final")
     assert tokenizer("ab").input_ids  # the tokenizer came along
     saved = out / "checkpoint-2" / "model" / "model"
@@ -64,10 +78,10 @@ def test_grpo_writes_the_trained_model_as_a_hugging_face_folder(tmp_path, engine
     assert json.loads((out / "final" / "rlcore_checkpoint.json").read_text()) == {"step": 2, "final": True}
 
 
-def test_grpo_with_lora_writes_the_merged_model(tmp_path):
+def test_grpo_with_lora_writes_the_merged_model(run_ok):
     from peft import PeftModel
 
-    out = run_ok(tmp_path, "grpo", "max_steps=2", "train.lora_rank=4")
+    out, _ = run_ok("grpo", "max_steps=2", "train.lora_rank=4")
     model, _ = load(out / "final")
     base = load(out / "tiny-model")[0]
     merged = PeftModel.from_pretrained(base, out / "checkpoint-2" / "model" / "model").merge_and_unload()
@@ -76,27 +90,30 @@ def test_grpo_with_lora_writes_the_merged_model(tmp_path):
 
 
 @pytest.mark.parametrize("algorithm", ["sft", "pt"])
-def test_sft_and_pt_write_the_trained_model(tmp_path, algorithm):
+def test_sft_and_pt_write_the_trained_model_and_name_their_engine_as_a_user_knows_it(run_ok, algorithm):
     pytest.importorskip("trl")
-    out = run_ok(tmp_path, algorithm, "max_steps=2")
+    out, done = run_ok(algorithm, "max_steps=2")
+    trainer = "TRL's SFTTrainer" if algorithm == "sft" else "transformers' Trainer"  # never the internal build_sft
+    assert done.stderr.splitlines()[0] == f"rlcore: default: 1 worker, in this process, engine hf ({trainer})"
+    assert all("learning_rate" in json.loads(row) for row in (out / "metrics.jsonl").read_text().splitlines())
     model, tokenizer = load(out / "final")
     assert tokenizer("ab").input_ids
     assert_same_weights(state(model), state(load(out / "checkpoint-2" / "model")[0]))
 
 
-def test_sft_with_lora_writes_the_merged_model(tmp_path):
+def test_sft_with_lora_writes_the_merged_model(run_ok):
     pytest.importorskip("trl")
     from peft import PeftModel
 
-    out = run_ok(tmp_path, "sft", "max_steps=2", "lora_rank=4")
+    out, _ = run_ok("sft", "max_steps=2", "lora_rank=4")
     model, _ = load(out / "final")
     base = load(out / "tiny-model")[0]
     merged = PeftModel.from_pretrained(base, out / "checkpoint-2" / "model").merge_and_unload()
     assert_same_weights(state(model), state(merged))
 
 
-def test_gkd_writes_the_student(tmp_path):
-    out = run_ok(tmp_path, "gkd", "max_steps=2")
+def test_gkd_writes_the_student(run_ok):
+    out, _ = run_ok("gkd", "max_steps=2")
     model, _ = load(out / "final")
     assert_same_weights(state(model), state(load(out / "checkpoint-2" / "model" / "model")[0]))
 

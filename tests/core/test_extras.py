@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -71,11 +72,15 @@ def test_config_validate_names_the_extra_too(without, tmp_path):
 
 
 def test_plugins_marks_an_installed_plugin_whose_library_is_not_importable(without):
-    listed = {row["name"]: row for row in json.loads(without("megatron", "plugins", "--json").stdout)}
+    done = without("megatron", "plugins", "--json")
+    assert done.returncode == 0 and done.stdout.startswith("[\n"), done.stderr
+    listed = {row["name"]: row for row in json.loads(done.stdout)}
     assert listed["megatron"]["missing"] == "megatron.core is not importable: pip install 'rlcore[megatron]'"
     assert listed["megatron"]["provides"]["engines"]  # still listed with what it registers
     assert listed["grpo"]["missing"] == ""
     unblocked = {row["name"]: row for row in json.loads(without("", "plugins", "--json").stdout)}
     assert unblocked["megatron"]["missing"] == ""  # nothing blocked: megatron-core is installed here
-    table = without("megatron", "plugins").stdout
+    done = without("megatron", "plugins")
+    table = done.stdout
+    assert done.returncode == 0 and re.match(r"\w+ \S+ \(distribution: ", table), table[:200]  # a plugin per block
     assert "  NOT USABLE: megatron.core is not importable: pip install 'rlcore[megatron]'" in table.split("megatron 0.1.0")[1]

@@ -1,6 +1,7 @@
 """rlcore's log (core/log.py) as a user meets it through `python -m rlcore run`: the level (--log-level,
 log_level), output_dir/run.log, third-party progress bars off unless debug, a hook's print on a line of its
-own beside the bar, one metric name for the learning rate, and no secret in the log."""
+own beside the bar, Python warnings as records (a library's in run.log, on stderr only at debug), one metric name
+for the learning rate, and no secret in the log."""
 
 from __future__ import annotations
 
@@ -21,18 +22,60 @@ def rlcore(cwd: Path, *args: str, **options) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL, **({"capture_output": True} | options))
 
 
-def test_info_by_default_with_run_log_and_no_third_party_bars(tmp_path):
-    done = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out", "max_steps=2", "logging_steps=1")
+NOISY = """
+import warnings
+
+import numpy
+from rlcore import hookimpl
+
+warnings.warn("noisy.py's own warning")  # the user's code: on stderr too
+
+@hookimpl
+def rlcore_step_end(trainer, step, metrics):
+    numpy.mean([])  # a library's RuntimeWarning ("Mean of empty slice"), at every step
+"""
+
+
+def test_info_by_default_into_run_log_with_what_came_before_and_no_third_party_bars_or_warnings(tmp_path):
+    """One run: the level (info), run.log with what was said before the run took its output_dir (the config's
+    notes come before the lock on output_dir), no third-party bars, a library's warnings in run.log only."""
+    (tmp_path / "noisy.py").write_text(NOISY)
+    done = rlcore(tmp_path, "run", "--plugin", "grpo", "--with", "./noisy.py", "output_dir=out", "max_steps=2",
+                  "logging_steps=1", "attn_implementation=sdpa")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[0].startswith('{"algorithm": "grpo"')
-    assert done.stderr.splitlines()[0] == "rlcore: train: 1 worker, in this process, engine hf"
+    said = done.stderr.splitlines()
+    own = "rlcore: warning: UserWarning from noisy.py:7: noisy.py's own warning"
+    note = "rlcore: TRL's attn_implementation: 'sdpa' (the engine picks its attention kernel"
+    assert said[0] == own and said[1].startswith(note)
+    assert said[2] == "rlcore: train: 1 worker, in this process, engine hf"
     assert "Loading weights" not in done.stderr and "Writing model shards" not in done.stderr
+    assert "Mean of empty slice" not in done.stderr and "RuntimeWarning" not in done.stderr
+    assert done.stderr.count("rlcore: libraries' warnings are written to out/run.log only; --log-level debug") == 1
     log = (tmp_path / "out" / "run.log").read_text()
+    lines = log.splitlines()
+    assert "INFO rlcore: run of pid" in lines[0]
+    assert f"WARNING {own.replace('rlcore: warning:', 'rlcore.warnings:')}" in lines[1] and f"INFO {note}" in lines[2]
+    assert sum(note in line for line in lines) == 1
     for line in ("INFO rlcore: train: 1 worker, in this process, engine hf", "INFO rlcore: grpo step 1/2: reward=",
-                 "INFO rlcore: grpo step 2/2: reward=", "INFO rlcore: the trained model (step 2) is in out/final"):
+                 "INFO rlcore: grpo step 2/2: reward=", "INFO rlcore: the trained model (step 2) is in out/final",
+                 "WARNING rlcore.warnings: RuntimeWarning from numpy/"):
         assert line in log
+    assert log.count("Mean of empty slice") == 1  # each distinct warning once, though both steps warned
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert all("learning_rate" in row and "lr" not in row for row in rows)  # SFT's name, TRL's too
+
+
+def test_outside_a_run_warnings_are_rlcore_lines_each_once_a_librarys_too(tmp_path):
+    """`config show` has no run.log to keep a library's warnings: stderr shows them, as rlcore's lines."""
+    (tmp_path / "loud.py").write_text("import warnings\n\nimport numpy\n\nwarnings.warn('loud.py warns')\n"
+                                      "numpy.mean([])\nnumpy.mean([])\n")
+    done = rlcore(tmp_path, "config", "show", "--plugin", "grpo", "--with", "./loud.py")
+    assert done.returncode == 0 and done.stdout.startswith("# GRPOConfig"), done.stderr
+    said = done.stderr.splitlines()
+    assert said[0] == "rlcore: warning: UserWarning from loud.py:5: loud.py warns"
+    assert said[1].startswith("rlcore: warning: RuntimeWarning from numpy/") and said[1].endswith(": Mean of empty slice")
+    assert len(said) == 3 and "numpy" in said[2]  # numpy's second warning of the same call; the repeat call: none
 
 
 def test_log_level_warning_keeps_stderr_and_run_log_to_warnings(tmp_path):
@@ -45,27 +88,19 @@ def test_log_level_warning_keeps_stderr_and_run_log_to_warnings(tmp_path):
     assert config.returncode == 0 and "rlcore: train:" not in config.stderr
 
 
-def test_what_is_said_before_the_run_takes_its_output_dir_is_in_run_log_too(tmp_path):
-    """The config's notes come before the lock on output_dir (and run.log with it): they are kept for it."""
-    done = rlcore(tmp_path, "run", "--plugin", "grpo", "output_dir=out", "max_steps=1", "attn_implementation=sdpa")
-    assert done.returncode == 0, done.stderr[-2000:]
-    note = "rlcore: TRL's attn_implementation: 'sdpa' (the engine picks its attention kernel"
-    assert done.stderr.splitlines()[0].startswith(note)
-    log = (tmp_path / "out" / "run.log").read_text().splitlines()
-    assert "INFO rlcore: run of pid" in log[0] and f"INFO {note}" in log[1]
-    assert sum(note in line for line in log) == 1
-
-
 HOOK = """
+
+import numpy
 from rlcore import hookimpl
 
 @hookimpl
 def rlcore_step_end(trainer, step, metrics):
     print(f"hook says {step}")
+    numpy.mean([])
 """
 
 
-def test_a_hooks_print_lands_on_a_line_of_its_own_beside_the_bar_and_debug_shows_the_bars(tmp_path):
+def test_a_hooks_print_lands_on_a_line_of_its_own_beside_the_bar_and_debug_shows_bars_and_warnings(tmp_path):
     (tmp_path / "hook.py").write_text(HOOK)
     done = rlcore(tmp_path, "run", "--plugin", "grpo", "--with", "./hook.py", "output_dir=out", "max_steps=3",
                   "--log-level", "debug", capture_output=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -73,6 +108,9 @@ def test_a_hooks_print_lands_on_a_line_of_its_own_beside_the_bar_and_debug_shows
     shown = [line.rsplit("\r", 1)[-1] for line in done.stdout.split("\n")]  # what a terminal shows of each line
     assert [line for line in shown if "hook says" in line] == ["hook says 1", "hook says 2", "hook says 3"]
     assert "Loading weights" in done.stdout  # debug: transformers' own bars too
+    warned = [line for line in shown if "Mean of empty slice" in line]  # and libraries' warnings, each once
+    assert len(warned) == 1 and warned[0].startswith("rlcore: warning: RuntimeWarning from numpy/"), warned
+    assert "libraries' warnings are written to" not in done.stdout
 
 
 class _Refusing(BaseHTTPRequestHandler):
@@ -112,11 +150,3 @@ def test_an_api_key_never_reaches_stderr_or_run_log(tmp_path, refusing_endpoint)
     assert "Incorrect API key provided: **********" in log and "api_key=**********" in log
     assert secret not in done.stderr + done.stdout + log
 
-
-def test_sft_placement_names_its_engine_as_a_user_knows_it(tmp_path):
-    pytest.importorskip("trl")
-    done = rlcore(tmp_path, "run", "--plugin", "sft", "output_dir=out", "max_steps=1")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stderr.splitlines()[0] == "rlcore: default: 1 worker, in this process, engine hf (TRL's SFTTrainer)"
-    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert "learning_rate" in rows[0] and "lr" not in rows[0]

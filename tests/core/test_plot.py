@@ -79,19 +79,26 @@ def test_plot_takes_a_run_directory_and_draws_the_algorithms_panels(tmp_path):
 
 
 def test_the_default_panels_are_the_algorithms_own_that_the_file_has(tmp_path):
-    """GKD's note names eval/jsd, logged at a few steps only: it is a panel with a point per eval."""
+    """GKD's note names eval/jsd, logged at a few steps only: it is a panel with a point per eval, the one before
+    training (eval/jsd_start, in step 1's row) at step 0."""
     from rlcore.checkpoint import note_run
     from rlcore.plot import figure, plot_metrics
 
     run = tmp_path / "gkd-run"
     run.mkdir()
-    rows = [{"step": s, "loss": 1 / s, "jsd": 0.5 / s, **({"eval/jsd": 0.4 / s} if s % 5 == 0 else {})} for s in range(1, 21)]
+    rows = [{"step": s, "loss": 1 / s, "jsd": 0.5 / s, **({"eval/jsd": 0.4 / s} if s % 5 == 0 else {}),
+             **({"eval/jsd_start": 0.6} if s == 1 else {})} for s in range(1, 21)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     note_run(run, "finished", {"algorithm": "gkd", "plot_keys": ["loss", "eval/jsd", "jsd", "grad_norm"]})
     png = plot_metrics(run)
     assert png == run / "metrics.png"
     fig = figure(rows, ["loss", "eval/jsd", "jsd"], "gkd")
-    assert [len(ax.lines[0].get_xdata()) for ax in fig.axes] == [20, 4, 20]
+    assert [len(ax.lines[0].get_xdata()) for ax in fig.axes] == [20, 5, 20]
+    assert list(fig.axes[1].lines[0].get_xdata())[:2] == [0, 5] and fig.axes[-1].get_xlim()[0] == -0.5
     from PIL import Image
 
     assert Image.open(png).size[1] == round(100 * (1.9 * 3 + 0.6))  # three panels: grad_norm, not logged, left out
+    alike = [{**r, "jsd": r["loss"] + 1e-9} for r in rows]  # sft_alpha 0: the loss is the jsd, to float32's precision
+    fig = figure(alike, ["loss", "eval/jsd", "jsd"], "gkd")
+    assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "eval/jsd"]
+    assert [t.get_text() for t in fig.texts] == ["gkd", "jsd: the same as loss at every step, so not drawn"]

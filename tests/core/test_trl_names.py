@@ -1,5 +1,5 @@
 """TRL's names and spelling from the command line: a TRL-style YAML validates for grpo and sft with each key in one
-place, unknown keys suggest only keys of the same meaning (also in role sections), `--flag` and `--key a b`, and
+place, TRL's names at the top of every other algorithm and in a role section, unknown keys suggest only keys of the same meaning (also in role sections), `--flag` and `--key a b`, and
 `run --help` listing the algorithm's keys."""
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def trl_files(tmp_path, tiny):
 def shown(done) -> dict:
     """The config `config show` printed (exit 0, its first line the config model's name)."""
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0].split(":")[0] in ("# GRPOConfig", "# SFTConfig")
+    assert done.stdout.splitlines()[0].split(":")[0] in ("# GRPOConfig", "# SFTConfig", "# GKDConfig", "# SampleConfig",
+                                                          "# DistillConfig")
     return yaml.safe_load(done.stdout)
 
 
@@ -79,6 +80,27 @@ def test_the_same_trl_keys_at_the_top_of_an_sft_yaml(python_m_rlcore, trl_files,
     assert (config["model"], config["gradient_checkpointing"], config["bf16"]) == (tiny, True, True)
     assert (config["lora_rank"], config["lora_dropout"]) == (8, 0.05)
     assert (config["num_train_epochs"], config["max_length"]) == (1.0, 64)
+
+
+@pytest.mark.parametrize(("algorithm", "args", "expected"), [
+    ("gkd", ["--model_name_or_path", "m", "--teacher_model_name_or_path", "t", "--max_new_tokens", "12",
+             "--gradient_checkpointing", "--use_peft", "--lora_r", "4", "--bf16"],
+     {"model": "m", "teacher_model": "t", "max_completion_length": 12, "train.gradient_checkpointing": True,
+      "train.lora_rank": 4, "train.dtype": "bfloat16"}),
+    ("sample", ["--model_name_or_path", "m", "--max_completion_length", "7"], {"model": "m", "max_new_tokens": 7}),
+    ("distill", ["--model_name_or_path", "m", "--max_completion_length", "7"], {"model": "m", "max_new_tokens": 7}),
+    ("grpo", ["--train.lora_r", "8", "--rollout.vllm_max_model_length", "512"],  # set in the role section
+     {"train.lora_rank": 8, "rollout.vllm_max_model_len": 512}),
+], ids=["gkd", "sample", "distill", "grpo-role-sections"])
+def test_trl_names_at_the_top_of_every_algorithm_and_in_role_sections(python_m_rlcore, algorithm, args, expected):
+    config = shown(python_m_rlcore("config", "show", "--plugin", algorithm, *args))
+    got = {}
+    for path in expected:
+        value = config
+        for part in path.split("."):
+            value = value[part]
+        got[path] = value
+    assert got == expected
 
 
 def test_bf16_where_there_is_no_mixed_precision_is_said():

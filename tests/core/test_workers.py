@@ -482,3 +482,49 @@ def test_a_call_past_the_call_timeout_stops_the_group_naming_every_silent_rank(r
     while time.monotonic() < deadline and any(map(_alive, pids)):
         time.sleep(0.1)
     assert not any(map(_alive, pids)), "the group's workers were not stopped"
+
+
+@worker(group="noisy")
+class Noisy:
+    @function(group="noisy", dispatch="all", collect="none")
+    def warn(self):
+        import warnings
+
+        import numpy
+
+        numpy.mean([])  # a library's RuntimeWarning: to the driver's log
+        warnings.warn("the worker's own")  # the user's code: Ray prints it as it is
+        return os.getpid()
+
+
+@pytest.mark.ray
+def test_a_librarys_warning_in_a_ray_worker_is_logged_once_by_the_driver(ray_runtime, monkeypatch, capfd):
+    """megatron-core warns on import inside a train worker: the driver's log (run.log) takes it out of Ray's
+    forwarded output, once for every worker that said it, and stderr does not show it above debug."""
+    import logging
+
+    from rlcore import log
+
+    monkeypatch.setattr(log, "_warned", set())
+    monkeypatch.setattr(log, "_hide_libraries", True)  # as in `rlcore run`
+    monkeypatch.setattr(log, "_told", True)
+    monkeypatch.setattr(log, "_hidden", False)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log.logger.addHandler(handler)
+    try:
+        ray_runtime(cpu_slots(noisy=2))
+        assert len(set(Noisy().warn())) == 2
+        err = ""
+        deadline = time.monotonic() + 20  # Ray forwards a worker's output within a second or so
+        while time.monotonic() < deadline and not (err.count("the worker's own") == 2 and records):
+            time.sleep(0.2)
+            err += capfd.readouterr().err
+    finally:
+        log.logger.removeHandler(handler)
+    said = [r.getMessage() for r in records if "Mean of empty slice" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("RuntimeWarning from numpy/"), said
+    assert records[0].name == "rlcore.warnings" and records[0].library
+    assert "Mean of empty slice" not in err and "rlcore: library warning:" not in err
+    assert err.count("rlcore: warning: UserWarning from ") == 2  # the user's, from each worker, as Ray prints it

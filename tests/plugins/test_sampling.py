@@ -385,7 +385,7 @@ def test_kill_9_at_any_point_then_resume_gives_the_same_bytes(plugins, fakes, tm
 # -- the embedded demo --------------------------------------------------------------------------------------
 
 
-def test_the_embedded_demo(tmp_path):
+def test_the_embedded_demo(tmp_path, unlisted_metrics):
     """`rlcore run --plugin sample`: the tiny model samples 8 toy prompts, the toy reward picks the best of 4."""
     out = tmp_path / "demo"
     done = subprocess.run([sys.executable, "-m", "rlcore", "run", "--plugin", "sample", f"output_dir={out}"],
@@ -396,3 +396,12 @@ def test_the_embedded_demo(tmp_path):
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == summary["rows"] and all(r["target"] == "aeiou" and "rejected_response" in r for r in rows)
     assert "prompt/s" in done.stderr and "pass_rate=" in done.stderr
+    assert unlisted_metrics(out / "metrics.jsonl") == []  # README's metric names
+    from rlcore.metrics import MetricsWriter
+    from rlcore.plot import figure, run_note
+
+    rows = MetricsWriter(out / "metrics.jsonl").read()
+    fig = figure(rows, run_note(out / "metrics.jsonl")["plot_keys"], "sample")  # what `rlcore plot` draws
+    assert [ax.get_ylabel() for ax in fig.axes] == ["pass_rate", "kept", "prompts_per_s", "candidates/mean_chars",
+                                                    "orm/mean"]
+    assert [t for t in fig.axes[-1].get_xticks() if 0.5 <= t <= len(rows) + 0.5] == [1, 2]  # whole batches

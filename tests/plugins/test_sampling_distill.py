@@ -111,7 +111,7 @@ def distill(tmp_path, out, **keys):
     return SampleTrainer(config, load_plugins()).fit(), tmp_path / out
 
 
-def test_retries_on_500_and_429_give_the_same_file_as_a_teacher_that_never_fails(serve, tmp_path):
+def test_retries_on_500_and_429_give_the_same_file_as_a_teacher_that_never_fails(serve, tmp_path, unlisted_metrics):
     clean = serve()
     distill(tmp_path, "clean", api_base=clean.url)
     flaky = serve(failures=[500, 429])
@@ -125,6 +125,7 @@ def test_retries_on_500_and_429_give_the_same_file_as_a_teacher_that_never_fails
     assert 1 <= flaky.most_inflight <= 2  # max_concurrency
     retries = [json.loads(line)["teacher/retries"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert retries == [4, 8]  # two conversations a batch, each failed twice
+    assert unlisted_metrics(out / "metrics.jsonl") == []  # README's metric names
 
 
 @pytest.mark.parametrize("failures, message", [
