@@ -201,6 +201,11 @@ def _library_roots() -> list[tuple[str, str]]:
                 roots.add((folder, str(Path(folder).parent)))
     sites = site.getsitepackages() + [site.getusersitepackages()]
     sites += [sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib", "platstdlib")]
+    # PYTHONPATH's folders hold installed packages too (`pip install --target DIR`, as the GPU kit installs
+    # megatron-core and vLLM); the working directory, where a user's own files are, stays theirs
+    cwd = os.path.abspath(os.getcwd())
+    sites += [folder for folder in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+              if folder and os.path.abspath(folder) != cwd]
     roots.update((folder, folder) for folder in sites)
     return sorted({(os.path.abspath(r), os.path.abspath(b)) for r, b in roots}, key=lambda rb: len(rb[0]), reverse=True)
 

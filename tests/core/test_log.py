@@ -150,3 +150,18 @@ def test_an_api_key_never_reaches_stderr_or_run_log(tmp_path, refusing_endpoint)
     assert "Incorrect API key provided: **********" in log and "api_key=**********" in log
     assert secret not in done.stderr + done.stdout + log
 
+
+
+def test_a_package_on_pythonpath_counts_as_a_librarys_code(tmp_path, monkeypatch):
+    """`pip install --target DIR` + PYTHONPATH (how the GPU kit installs megatron-core and vLLM): a warning from
+    there is a library's, kept to run.log; a file of the user's elsewhere is theirs."""
+    from rlcore import log
+
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    log._library_roots.cache_clear()
+    try:
+        where, library = log._origin(str(tmp_path / "site" / "megatron" / "core" / "optimizer.py"))
+        assert (where, library) == (os.path.join("megatron", "core", "optimizer.py"), True)
+        assert log._origin(str(tmp_path / "my_plugin.py")) == (str(tmp_path / "my_plugin.py"), False)
+    finally:
+        log._library_roots.cache_clear()
