@@ -103,6 +103,20 @@ class WorkerActor:
     def _rlcore_free_port(self, ip: str) -> int:
         return find_free_port(ip)
 
+    def _rlcore_import(self, modules: tuple[str, ...]) -> list[str]:
+        """Import the engine's heavy modules ahead of its build (queued before `_rlcore_setup`); one that fails
+        is left for the build to report in full. Returns those that failed."""
+        import importlib
+
+        log.route_worker_warnings()  # warnings on import (megatron-core's) go where setup's would
+        failed = []
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the build imports it again and raises with its context
+                failed.append(name)
+        return failed
+
     def _rlcore_setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
         log.route_worker_warnings()  # a library's (megatron-core's on import) to the driver's run.log
         os.environ.update(env)
@@ -181,6 +195,11 @@ class RemoteGroup:
             cluster.kill(actors)
             raise cluster.role_error(exc, role=role, rank=None, node="", pid=None, method="start") from exc
         return cls(role, actors, infos, mesh, call_timeout)
+
+    def import_ahead(self, modules: tuple[str, ...]) -> None:
+        """Have every actor import `modules` now, without waiting: the actor runs it before `setup`'s build."""
+        if modules:
+            self._submit(lambda: [a._rlcore_import.remote(tuple(modules)) for a in self.actors], "import")
 
     def setup(self, cls: type, args: tuple, kwargs: dict, extra_plugins: tuple[str, ...] = ()) -> list[Any]:
         """Give every actor its group environment and build the instance (returns the pending refs);

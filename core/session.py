@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cluster, workers
+from . import cluster, manager, workers
 from .actors import wait
 from .dispatch import Mesh
 from .errors import ConfigError
@@ -177,6 +177,8 @@ class RoleSession:
         roles run in is given the session's plugins: workers resolve engines and names with them."""
         try:
             with self._placement():
+                for role in list(self.setups)[1:]:  # their imports run while the roles before them build
+                    workers.start_ahead(bind(self.setups[role].worker, role), role, self.imports(role))
                 for role in self.setups:
                     self.groups[role] = self._build(role)
                 for src, dst in self.syncs:
@@ -196,6 +198,14 @@ class RoleSession:
 
     def get(self, role: str) -> Any:
         return self.groups.get(role)
+
+    def imports(self, role: str) -> tuple[str, ...]:
+        """The heavy modules the role's engine imports (its `EngineSpec.imports`, of any kind by that name)."""
+        engine = self.setups[role].engine
+        if not isinstance(engine, str):
+            return tuple(getattr(engine, "imports", ()))
+        plugins = self.plugins or manager.plugins()
+        return tuple(dict.fromkeys(m for spec in plugins.engines if spec.name == engine for m in spec.imports))
 
     def _build(self, role: str) -> Any:
         setup = self.setups[role]

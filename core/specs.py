@@ -86,6 +86,9 @@ class EngineSpec:
     kind: EngineKind
     factory: Callable[..., Any]
     description: str = ""
+    # the heavy modules `factory` imports ("vllm", "megatron.core"): on Ray each worker imports them as soon as
+    # it starts, while the roles built before it build (their GPU memory is still taken one role at a time)
+    imports: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -274,6 +274,7 @@ class Runtime:
         self.start_timeout = start_timeout
         self.call_timeout = call_timeout
         self._groups: list[RemoteGroup] = []
+        self._ahead: dict[tuple[type, str], RemoteGroup] = {}  # started by `start_ahead`, not built yet
         self._validate()
 
     def _validate(self) -> None:
@@ -305,6 +306,20 @@ class Runtime:
             if not cluster.is_initialized():
                 raise RlcoreError("runtime(use_ray=True) needs a running Ray; call rlcore.cluster.init() first")
 
+    def start_ahead(self, cls: type, group: str, imports: tuple[str, ...]) -> None:
+        """Start `group`'s actors for `cls` now and have them import `imports` (the engine's heavy modules)
+        while other groups build; `launch` later builds `cls` in these actors instead of starting new ones."""
+        if not self.use_ray or group not in self.slots or (cls, group) in self._ahead:
+            return
+        mesh = self.meshes.get(group) or Mesh(dp=len(self.slots[group]))
+        started = RemoteGroup.start(cls, group, self.slots[group], mesh, self.start_timeout, self.call_timeout)
+        self._ahead[(cls, group)] = started
+        try:
+            started.import_ahead(imports)
+        except BaseException:
+            self._ahead.pop((cls, group)).stop("its imports could not be submitted")
+            raise
+
     def launch(self, cls: type, groups: list[str], args: tuple, kwargs: dict) -> dict[str, RemoteGroup]:
         """Start one actor per slot of each group and build the class in all of them."""
         missing = [g for g in groups if g not in self.slots]
@@ -317,7 +332,8 @@ class Runtime:
         try:
             for g in groups:
                 mesh = self.meshes.get(g) or Mesh(dp=len(self.slots[g]))
-                started[g] = RemoteGroup.start(cls, g, self.slots[g], mesh, self.start_timeout, self.call_timeout)
+                started[g] = self._ahead.pop((cls, g), None) or RemoteGroup.start(
+                    cls, g, self.slots[g], mesh, self.start_timeout, self.call_timeout)
             shared_args, shared_kwargs = encode(args, True), encode(kwargs, True)
             extra = (self.plugins or manager.plugins()).extra  # the actors load the same module and file plugins
             pending = [(g, g.setup(cls, shared_args, shared_kwargs, extra)) for g in started.values()]
@@ -333,9 +349,10 @@ class Runtime:
     def stop(self) -> None:
         """Kill the actors this runtime started; later calls on their proxies raise RoleFailed."""
         global _runtime
-        for g in self._groups:
+        for g in [*self._groups, *self._ahead.values()]:
             g.stop("the runtime was stopped")
         self._groups.clear()
+        self._ahead.clear()
         if _runtime is self:
             _runtime = None
 
@@ -354,6 +371,14 @@ def runtime(slots: dict[str, list[Slot]] | None = None, use_ray: bool | None = N
         raise RlcoreError("a worker runtime is already running; stop it (runtime.stop()) before starting another")
     _runtime = Runtime(slots, use_ray, **options)
     return _runtime
+
+
+def start_ahead(cls: type, group: str, imports: tuple[str, ...]) -> None:
+    """On Ray: start `group`'s actors for the @worker class `cls` and have them import `imports` now, so that
+    building it later (`cls(...)`) finds them started and imported (`Runtime.start_ahead`). In one process,
+    or outside a runtime: nothing."""
+    if _runtime is not None:
+        _runtime.start_ahead(cls, group, imports)
 
 
 def worker_rank() -> int:

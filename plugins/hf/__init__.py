@@ -42,7 +42,12 @@ def make_rollout_engine(**options: Any) -> Any:
 
 @hookimpl
 def rlcore_engines():
-    yield EngineSpec("hf", kind="train", factory=make_train_engine, description="transformers + torch; DDP over a group")
-    yield EngineSpec("hf", kind="forward", factory=make_forward_engine, description="the hf train engine without optimizer: reference and teacher models")
-    yield EngineSpec("hf", kind="rollout", factory=make_rollout_engine, description="transformers sampling loop with a KV cache")
-    yield EngineSpec("hf", kind="teacher", factory=make_rollout_engine, description="the hf rollout engine serving top-k log-probs")
+    imports = ("torch", "transformers")  # what a worker imports ahead of the build (EngineSpec.imports)
+    yield EngineSpec("hf", kind="train", factory=make_train_engine, description="transformers + torch; DDP over a group",
+                     imports=imports)
+    yield EngineSpec("hf", kind="forward", factory=make_forward_engine,
+                     description="the hf train engine without optimizer: reference and teacher models", imports=imports)
+    yield EngineSpec("hf", kind="rollout", factory=make_rollout_engine,
+                     description="transformers sampling loop with a KV cache", imports=imports)
+    yield EngineSpec("hf", kind="teacher", factory=make_rollout_engine,
+                     description="the hf rollout engine serving top-k log-probs", imports=imports)

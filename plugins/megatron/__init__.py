@@ -15,6 +15,9 @@ from .support import MegatronOptions
 
 __all__ = ["make_forward_engine", "make_train_engine"]
 
+# what a worker imports ahead of the build (EngineSpec.imports): megatron-core's model, DDP and optimizer
+IMPORTS = ("torch", "transformers", "megatron.core.models.gpt", "megatron.core.distributed", "megatron.core.optimizer")
+
 # What a forward engine takes: the model, where and how to split it; nothing about training.
 FORWARD_OPTIONS = (
     "model", "dtype", "device", "logprob_micro_batch_size", "seed", "dist_timeout_s",
@@ -50,7 +53,7 @@ def make_forward_engine(**options: Any) -> Any:
 
 @hookimpl
 def rlcore_engines():
-    yield EngineSpec("megatron", kind="train", factory=make_train_engine,
+    yield EngineSpec("megatron", kind="train", factory=make_train_engine, imports=IMPORTS,
                      description="megatron-core GPTModel (local spec): TP/PP/DP, distributed optimizer, vocab-parallel log-probs")
-    yield EngineSpec("megatron", kind="forward", factory=make_forward_engine,
+    yield EngineSpec("megatron", kind="forward", factory=make_forward_engine, imports=IMPORTS,
                      description="the megatron train engine without optimizer: reference and teacher models")

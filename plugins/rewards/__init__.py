@@ -55,5 +55,5 @@ def make_orm_scorer(**options):
 
 @hookimpl
 def rlcore_engines():
-    yield EngineSpec("hf", kind="reward", factory=make_orm_scorer,
+    yield EngineSpec("hf", kind="reward", factory=make_orm_scorer, imports=("torch", "transformers"),
                      description="a sequence-classification reward model (one label) scoring (prompt, completion) pairs")

@@ -14,5 +14,7 @@ __all__ = ["VLLMRolloutEngine"]
 
 @hookimpl
 def rlcore_engines():
-    yield EngineSpec("vllm", kind="rollout", factory=VLLMRolloutEngine, description="vLLM offline engine; sleep mode, in-process weight loading")
-    yield EngineSpec("vllm", kind="teacher", factory=VLLMRolloutEngine, description="vLLM prompt top-k log-probs for distillation")
+    yield EngineSpec("vllm", kind="rollout", factory=VLLMRolloutEngine, description="vLLM offline engine; sleep mode, in-process weight loading",
+                     imports=("vllm",))
+    yield EngineSpec("vllm", kind="teacher", factory=VLLMRolloutEngine, description="vLLM prompt top-k log-probs for distillation",
+                     imports=("vllm",))

@@ -74,3 +74,31 @@ def test_a_tensor_parallel_group_runs_every_rank_and_answers_from_rank_0(ray_loc
         assert _calls(log) == ["0 export", "0 topk"]
     assert top == {"rank": 0, "rows": 8}
     assert [(n, float(t)) for bucket in buckets for n, t in bucket] == [("w", 0.0)]
+
+
+class ImportProbe:
+    """Writes, when it is built, whether the module its factory declares (`imports`) was imported already in
+    this worker: with the engine's imports done ahead (the roles after the first), it was."""
+
+    imports = ("tabnanny",)  # a module nothing else here imports (rich, which Ray workers load, imports colorsys)
+
+    def __init__(self, log: str, role: str, **options):
+        with Path(log).open("a") as f:
+            f.write(f"{role} {'tabnanny' in sys.modules}\n")
+
+
+def test_the_roles_after_the_first_import_their_engines_modules_before_they_build(ray_local, tmp_path):
+    """On Ray every role but the first is started and imports its engine's `imports` (`EngineSpec.imports`)
+    while the roles before it build, and is then built in those same actors; the first role builds at once."""
+    from rlcore.roles import GenerateWorker
+
+    plugins = load_plugins()
+    plan = plan_from_config({"train": {"gpus": 1}, "rollout": {"gpus": 1}}, roles=["train", "rollout"], plugins=plugins)
+    log = tmp_path / "built.log"
+    setups = {role: RoleSetup(worker, ImportProbe, {"log": str(log), "role": role})
+              for role, worker in (("train", TrainWorker), ("rollout", GenerateWorker))}
+    session = RoleSession(plan, setups, use_ray=True, plugins=plugins)
+    assert session.imports("rollout") == ("tabnanny",)
+    with session.start():
+        pass
+    assert sorted(log.read_text().splitlines()) == ["rollout True", "train False"]
