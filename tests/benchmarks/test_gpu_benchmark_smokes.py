@@ -30,6 +30,7 @@ def test_grpo_gpu_runs_both_sides_and_compares_their_settings(tmp_path):
     assert "ratio" in result and "ratio" in out  # the table
 
 
+@pytest.mark.prelease
 @pytest.mark.ray
 def test_sft_gpu_runs_both_sides_on_the_same_tokens(tmp_path):
     result, out = smoke("sft_gpu", tmp_path)
@@ -38,6 +39,7 @@ def test_sft_gpu_runs_both_sides_on_the_same_tokens(tmp_path):
     assert "ratio_median_step" in result and "rlcore / TRL median step" in out
 
 
+@pytest.mark.prelease
 @pytest.mark.ray
 def test_sample_gpu_runs_the_raw_side_and_one_worker(tmp_path):
     result, out = smoke("sample_gpu", tmp_path)
@@ -46,6 +48,7 @@ def test_sample_gpu_runs_the_raw_side_and_one_worker(tmp_path):
     assert "one_worker_vs_raw" in result["ratios"] and "one_worker_vs_raw" in out
 
 
+@pytest.mark.prelease
 def test_megatron_gpu_part_one_runs_each_train_engine(tmp_path):
     pytest.importorskip("megatron.core")
     result, _ = smoke("megatron_gpu", tmp_path, "--part", "one")
