@@ -194,6 +194,9 @@ class RemoteGroup:
         except ray.exceptions.RayError as exc:
             cluster.kill(actors)
             raise cluster.role_error(exc, role=role, rank=None, node="", pid=None, method="start") from exc
+        except BaseException:  # a signal's stop while the actors start: none of them is left behind
+            cluster.kill(actors)
+            raise
         return cls(role, actors, infos, mesh, call_timeout)
 
     def import_ahead(self, modules: tuple[str, ...]) -> None:

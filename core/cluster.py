@@ -202,13 +202,13 @@ def _start_local(**options: Any) -> None:
                 dashboard_host="127.0.0.1",
                 **options,
             )
+        _record(ray._private.worker._global_node)  # a signal while it records: the start is ended below too
     except BaseException:  # SIGTERM mid-start (Ray's handler: SystemExit), a failed start: not yet recorded
         _end(_ray_children_since(started) + _in_groups(_groups))  # agents whose raylet is gone: by their group
         raise
     finally:
         for key in inherited:
             os.environ.pop(key, None)
-    _record(ray._private.worker._global_node)
     global _atexit_registered
     if not _atexit_registered:
         atexit.register(shutdown)  # before Ray's own atexit shutdown, which leaves the record behind

@@ -1,6 +1,7 @@
 """`benchmarks/gkd_gpu.py --smoke`: every side's code path (TRL's DistillationTrainer with the installed TRL's
 argument names, rlcore full vocabulary and top-64 with a colocated teacher, the memory sweep through both LM-head
-paths) on tiny models on the CPU, without vLLM."""
+paths) on tiny models on the CPU, without vLLM. Marked `prelease` (about 35 s): run before a GPU lease with
+`python -m pytest -m prelease tests/benchmarks`, not in the default run."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gkd_gpu.py"
 
 
+@pytest.mark.prelease
 def test_the_gkd_benchmark_runs_every_side_on_the_cpu(tmp_path):
     path = tmp_path / "gkd.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--json", str(path)], capture_output=True, text=True,

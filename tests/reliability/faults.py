@@ -203,15 +203,16 @@ class Run:
         except subprocess.TimeoutExpired:
             pass
 
-    def leftovers(self, grace: float = 10.0) -> int:
-        """How many processes of the session outlive the driver by `grace` seconds (then they are killed)."""
+    def leftovers(self, grace: float = 10.0) -> list[str]:
+        """The titles of the session's processes that outlive the driver by `grace` seconds (then killed)."""
         deadline = time.monotonic() + grace
         left = self.members()
         while left and time.monotonic() < deadline:
             time.sleep(0.2)
             left = self.members()
+        titles = [_title(p.pid)[:60] for p in left]
         self.kill()
-        return len(left)
+        return titles
 
     def worker(self, role: str, timeout: float) -> psutil.Process:
         """The Ray worker process of `role` (found by its process title), waiting for it to start."""
@@ -354,7 +355,7 @@ class Scene:
         if run.ray:
             left = run.leftovers()
             if left:
-                raise Broken(f"{left} Ray process(es) of {run.name} outlived it by 10 s")
+                raise Broken(f"{len(left)} Ray process(es) of {run.name} outlived it by 10 s: {left}")
 
     def close(self) -> None:
         for run in self.runs:
