@@ -198,8 +198,10 @@ ONE_ENGINES = ("megatron", "megatron-bf16", "hf")
 
 def one_gpu_record(rows: list[dict]) -> dict:
     """Each megatron run's time/train and device-wide peak against hf's, and whether the targets are met."""
+    def peak(r: dict) -> float:
+        return max(r.get("peak_gpu_mib", {}).values(), default=float("nan"))
+
     hf = rows[-1]
-    peak = lambda r: max(r.get("peak_gpu_mib", {}).values(), default=float("nan"))  # noqa: E731
     ratios = []
     for r in rows[:-1]:
         train = r.get("train_s", float("nan")) / hf.get("train_s", float("nan"))

@@ -10,6 +10,7 @@ through the transport in `rlcore.transport`, and collects the results. This modu
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import time
@@ -103,19 +104,15 @@ class WorkerActor:
     def _rlcore_free_port(self, ip: str) -> int:
         return find_free_port(ip)
 
-    def _rlcore_import(self, modules: tuple[str, ...]) -> list[str]:
+    def _rlcore_import(self, modules: tuple[str, ...]) -> None:
         """Import the engine's heavy modules ahead of its build (queued before `_rlcore_setup`); one that fails
-        is left for the build to report in full. Returns those that failed."""
+        is left for the build to report in full."""
         import importlib
 
         log.route_worker_warnings()  # warnings on import (megatron-core's) go where setup's would
-        failed = []
         for name in modules:
-            try:
+            with contextlib.suppress(Exception):  # the build imports it again and raises with its context
                 importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - the build imports it again and raises with its context
-                failed.append(name)
-        return failed
 
     def _rlcore_setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
         log.route_worker_warnings()  # a library's (megatron-core's on import) to the driver's run.log

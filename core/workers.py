@@ -306,14 +306,17 @@ class Runtime:
             if not cluster.is_initialized():
                 raise RlcoreError("runtime(use_ray=True) needs a running Ray; call rlcore.cluster.init() first")
 
+    def _start(self, cls: type, group: str) -> RemoteGroup:
+        """`group`'s actors for `cls`, one per slot, with the group's mesh (all data-parallel by default)."""
+        mesh = self.meshes.get(group) or Mesh(dp=len(self.slots[group]))
+        return RemoteGroup.start(cls, group, self.slots[group], mesh, self.start_timeout, self.call_timeout)
+
     def start_ahead(self, cls: type, group: str, imports: tuple[str, ...]) -> None:
         """Start `group`'s actors for `cls` now and have them import `imports` (the engine's heavy modules)
         while other groups build; `launch` later builds `cls` in these actors instead of starting new ones."""
         if not self.use_ray or group not in self.slots or (cls, group) in self._ahead:
             return
-        mesh = self.meshes.get(group) or Mesh(dp=len(self.slots[group]))
-        started = RemoteGroup.start(cls, group, self.slots[group], mesh, self.start_timeout, self.call_timeout)
-        self._ahead[(cls, group)] = started
+        started = self._ahead[(cls, group)] = self._start(cls, group)
         try:
             started.import_ahead(imports)
         except BaseException:
@@ -331,9 +334,7 @@ class Runtime:
         started: dict[str, RemoteGroup] = {}
         try:
             for g in groups:
-                mesh = self.meshes.get(g) or Mesh(dp=len(self.slots[g]))
-                started[g] = self._ahead.pop((cls, g), None) or RemoteGroup.start(
-                    cls, g, self.slots[g], mesh, self.start_timeout, self.call_timeout)
+                started[g] = self._ahead.pop((cls, g), None) or self._start(cls, g)
             shared_args, shared_kwargs = encode(args, True), encode(kwargs, True)
             extra = (self.plugins or manager.plugins()).extra  # the actors load the same module and file plugins
             pending = [(g, g.setup(cls, shared_args, shared_kwargs, extra)) for g in started.values()]

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 

@@ -181,7 +181,7 @@ class MegatronTrainEngine(TrainEngine):
             )
 
     def _wrap_and_optimize(self, o: dict[str, Any]) -> None:
-        """Float16Module for bf16/fp16; then, to train: megatron DDP + its optimizer (CUDA) or the CPU shim's."""
+        """Float16Module for bf16/fp16; then, to train: megatron DDP (CUDA) and megatron-core's optimizer or torch's AdamW."""
         import torch
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -194,34 +194,36 @@ class MegatronTrainEngine(TrainEngine):
         if self.forward_only:
             self.model = model.requires_grad_(False).eval()
             return
-        from .adamw import TorchAdamW
-
-        adamw = dict(lr=o["learning_rate"], weight_decay=o["weight_decay"], betas=(o["adam_beta1"], o["adam_beta2"]),
-                     eps=o["adam_epsilon"], clip_grad=o["max_grad_norm"] or 0.0)
+        # megatron-core's optimizers on CUDA with master weights (mixed precision), else torch's AdamW on the params
+        # themselves: on the CPU, and bf16 without master weights stepping on its bf16 main_grad (adamw.TorchAdamW)
+        mixed = self.cuda and (o["master_weights"] or self.dtype == torch.float32)
         if self.cuda:
             from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-            # without master weights the bf16 params step with their bf16 main_grad (see adamw.TorchAdamW)
-            mixed = o["master_weights"] or self.dtype == torch.float32
             ddp_config = DistributedDataParallelConfig(
                 grad_reduce_in_fp32=mixed, overlap_grad_reduce=False, use_distributed_optimizer=o["use_distributed_optimizer"],
             )
             model = DistributedDataParallel(self.config, ddp_config, model)
-            if mixed:
-                self.optimizer = get_megatron_optimizer(OptimizerConfig(
-                    optimizer="adam", lr=o["learning_rate"], min_lr=0.0, weight_decay=o["weight_decay"],
-                    adam_beta1=o["adam_beta1"], adam_beta2=o["adam_beta2"], adam_eps=o["adam_epsilon"],
-                    clip_grad=o["max_grad_norm"] or 0.0, bf16=self.config.bf16, fp16=self.config.fp16,
-                    params_dtype=self.dtype, use_distributed_optimizer=o["use_distributed_optimizer"],
-                ), [model])
-            else:
-                self.optimizer = TorchAdamW(list(model.parameters()), **adamw)
             self.config.no_sync_func = model.no_sync
             self.config.finalize_model_grads_func = finalize_model_grads
-            self.config.grad_scale_func = self.optimizer.scale_loss
+        if mixed:
+            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+            self.optimizer = get_megatron_optimizer(OptimizerConfig(
+                optimizer="adam", lr=o["learning_rate"], min_lr=0.0, weight_decay=o["weight_decay"],
+                adam_beta1=o["adam_beta1"], adam_beta2=o["adam_beta2"], adam_eps=o["adam_epsilon"],
+                clip_grad=o["max_grad_norm"] or 0.0, bf16=self.config.bf16, fp16=self.config.fp16,
+                params_dtype=self.dtype, use_distributed_optimizer=o["use_distributed_optimizer"],
+            ), [model])
         else:
-            self.optimizer = TorchAdamW(list(model.parameters()), **adamw)
+            from .adamw import TorchAdamW
+
+            self.optimizer = TorchAdamW(
+                list(model.parameters()), lr=o["learning_rate"], weight_decay=o["weight_decay"],
+                betas=(o["adam_beta1"], o["adam_beta2"]), eps=o["adam_epsilon"], clip_grad=o["max_grad_norm"] or 0.0,
+            )
+        if self.cuda:
+            self.config.grad_scale_func = self.optimizer.scale_loss
         self.model = model.eval()
         warmup = 0 if o["lr_scheduler_type"] == "constant" else o["warmup_steps"]
         self.scheduler = OptimizerParamScheduler(
