@@ -75,11 +75,21 @@ def run_grpo(model: str, out: Path, engine: str, part: str, smoke: bool = False)
     if smoke:  # the GPU run's config validated above; this one runs on the CPU
         config = GRPOConfig(**{**COMMON, **SMOKE}, model=model, output_dir=str(out), sleep_level=0,
                             train={**train, "gpus": 0, "dtype": "float32"}, rollout={"engine": "hf", "dtype": "float32"})
+    profile: dict[str, Any] = {}
+    if os.environ.get("RLCORE_BENCH_PROFILE"):  # the last step's train phase under torch's profiler
+        from fair import profile_nth_call
+
+        if engine.startswith("megatron"):
+            from rlcore.plugins.megatron.engine import MegatronTrainEngine as Engine
+        else:
+            from rlcore.plugins.hf.train import HFTrainEngine as Engine
+        profile_nth_call(Engine, "train_step", config.max_steps - 1, profile)
     trainer = GRPOTrainer(config, plugins, use_ray=part == "two" and not smoke)
     clock.start()
     trainer.fit()
     rows = clock.rows
-    return {"step_s": clock.step_s(),
+    return {"step_s": clock.step_s(), "profile": profile,
+            "phases": {k: [r.get(k) for r in rows] for k in sorted({k for r in rows for k in r}) if k.startswith("time/")},
             "train_s": [r.get("time/train", float("nan")) for r in rows],
             "mean_length": [r["completions/mean_length"] for r in rows],
             "completions": config.per_device_train_batch_size * config.gradient_accumulation_steps}
@@ -234,7 +244,11 @@ def subprocess_run(model: str, engine: str, part: str, tmp: Path, smoke: bool = 
     length = statistics.median(raw["mean_length"][skip:])
     result.update(step_s=round(step, 3), train_s=round(train, 3), tokens_per_s=round(length * raw["completions"] / step, 1),
                   steps_measured=len(raw["step_s"][skip:]), per_step_s=[round(s, 3) for s in raw["step_s"]],
-                  per_step_train_s=[round(s, 3) for s in raw["train_s"]])
+                  per_step_train_s=[round(s, 3) for s in raw["train_s"]],
+                  phases_s={k: round(statistics.median([v for v in vs[skip:] if v is not None] or [float("nan")]), 4)
+                            for k, vs in raw.get("phases", {}).items()})
+    if raw.get("profile"):
+        result["profile"] = raw["profile"]
     return result
 
 
@@ -255,6 +269,11 @@ def part_one(tmp: Path, smoke: bool) -> dict:
     for r in record["ratios"]:
         print(f"{r['engine']:14} time/train x hf {r['train_x_hf']}, peak GPU x hf {r['peak_x_hf']}: "
               f"{'met' if r['met'] else 'NOT met'} (target time <= 1.0x, stretch 0.8x; peak <= 1.0x)")
+    for row in rows:
+        print(f"{row['engine']:14} phases (median s): " + ", ".join(f"{k[5:]} {v}" for k, v in row.get("phases_s", {}).items()))
+        if row.get("profile"):
+            print(f"{row['engine']}: the last train phase under torch's profiler, {row['profile']['seconds']:.3f} s\n"
+                  f"{row['profile']['table']}")
     for row in rows:
         if "failed" in row:
             print(f"{row['engine']} failed ({row['failed']}); the end of its output:\n{row['error_tail']}")
@@ -280,6 +299,8 @@ def main() -> None:
     parser.add_argument("--json", help="where to write the results (default benchmarks/results/megatron_gpu.json)")
     parser.add_argument("--smoke", action="store_true", help="part one's code paths on the CPU: a tiny model, the hf "
                         "rollout engine for vLLM, float32, 2 steps (the GPU run's configs are built there too)")
+    parser.add_argument("--profile", action="store_true", help="part one: each engine's last train phase under "
+                        "torch's profiler; its table is printed and kept in the JSON")
     parser.add_argument("--run", choices=ONE_ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -291,6 +312,8 @@ def main() -> None:
         result = run_grpo(args.model, Path(args.out).with_suffix(""), args.run, args.part, args.smoke)
         Path(args.out).write_text(json.dumps(result))
         return
+    if args.profile:
+        os.environ["RLCORE_BENCH_PROFILE"] = "1"  # read by the children
     if args.smoke and args.part != "one":
         parser.error("--smoke runs part one's code paths only: add --part one")
     path = results_path(args.json, RESULTS.name, args.smoke)

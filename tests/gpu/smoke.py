@@ -54,6 +54,14 @@ BUDGET_S = 480  # the default rows, on one H200 once the packages are installed
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
        "DO_NOT_TRACK": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", "RLCORE_DEBUG": "1"}
 
+# Every vLLM engine of the smoke takes a fixed KV cache instead of sizing one from the memory it sees free: vLLM 0.26
+# then skips its memory profile, so two vLLM rows can share the GPU (a profile beside another process's allocations
+# counts them as its own); 1 GiB holds about 500k tokens of the student. FlashInfer's autotune (about 20 s at a
+# first start, up to 70 s for `vllm serve`) tunes kernels for tiny models that nothing here times.
+KV_CACHE_BYTES = 1 << 30
+VLLM_KWARGS = f"{{kv_cache_memory_bytes: {KV_CACHE_BYTES}, enable_flashinfer_autotune: false}}"
+SERVE_FLAGS = ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--no-enable-flashinfer-autotune"]
+
 # head_dim 64: vLLM 0.26's warm-up hit an illegal memory access at head_dim 16 (tests/gpu/test_gkd_gpu.py)
 GPU_SHAPES = {
     "student": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512,
@@ -218,7 +226,8 @@ class Row:
     check: Callable[[Path, str], str]  # (output_dir, log) -> what it saw; raises Failed
     timeout_s: float
     serve: bool = False  # a `vllm serve` of the student on 127.0.0.1 for the row's duration (api_base is added)
-    vllm: bool = True  # starts a vLLM engine: such rows run one at a time (see `lanes`)
+    vllm: bool = True  # starts a vLLM engine (see `lanes`)
+    lane: int = 0  # the vLLM lane (0 or 1) the row runs in beside the others
     default: bool = True  # run when no rows are named
     output_key: str = "output_dir"  # where the row's run directory is given
 
@@ -261,7 +270,8 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
     sleep_level 1); the overrides only shrink them and, on the CPU, swap vLLM for the hf engines."""
     student, teacher = models["student"], models["teacher"]
     ray = ["--use-ray"] if gpu else []
-    vllm = ["vllm_gpu_memory_utilization=0.3", "vllm_enforce_eager=true", "vllm_max_model_len=512"]
+    vllm = ["vllm_gpu_memory_utilization=0.3", "vllm_enforce_eager=true", "vllm_max_model_len=512",
+            f"vllm_engine_kwargs={VLLM_KWARGS}"]
     # GRPO and GKD keep the GPU's placement on the CPU (one process: nothing checks it against a cluster) and
     # put the engines on the CPU with their `device` option
     rollout = ([f"rollout.{k}" for k in vllm] + ["train.dtype=bfloat16", "rollout.dtype=bfloat16"] if gpu else
@@ -294,7 +304,8 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
     swift = ms_swift_files(models, data, Path(data["sums"]).parent)
     swift_scale = [f"train_iters={STEPS}", "max_completion_length=32", "max_length=256",
                    *(["train.gpus=1", "rollout.gpus=1", "rollout.vllm_gpu_memory_utilization=0.3",
-                      "rollout.vllm_max_model_len=512", "rollout.vllm_enforce_eager=true"] if gpu else
+                      "rollout.vllm_max_model_len=512", "rollout.vllm_enforce_eager=true",
+                      f"rollout.vllm_engine_kwargs={VLLM_KWARGS}"] if gpu else
                      ["use_vllm=false", "train.gpus=0", "rollout.gpus=0", "colocate_groups=[]"])]
 
     def placed(engine: str) -> str:  # the placement `rlcore run` prints for the train role, colocated with rollout
@@ -304,9 +315,9 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
         Row("grpo-hf", [*grpo, "--config", str(EXAMPLES / "grpo" / "colocate.yaml"), *per_role],
             check_grpo(placed("hf")), 180),  # the first row: Ray's and vLLM's first start on the machine (cold)
         Row("grpo-megatron", [*grpo, "--config", str(EXAMPLES / "grpo" / "colocate_device_groups.yaml"), *one_group,
-                              "train.engine=megatron"], check_grpo(placed("megatron")), 150),
+                              "train.engine=megatron"], check_grpo(placed("megatron")), 180, lane=1),  # cold too, beside grpo-hf
         Row("gkd-hf", gkd, check_gkd(placed("hf")), 120),
-        Row("gkd-megatron", [*gkd, "train.engine=megatron"], check_gkd(placed("megatron")), 150),
+        Row("gkd-megatron", [*gkd, "train.engine=megatron"], check_gkd(placed("megatron")), 150, lane=1),
         Row("sft-full", ["--plugin", "sft", *ray, "--config", str(EXAMPLES / "sft" / "multi_node.yaml"), *sft,
                          f"dataset={data['chats']}", "device_groups.nproc_per_node=1", "device_groups.nnodes=1",
                          "gradient_checkpointing=false", "ray_address=null",
@@ -316,7 +327,7 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
         Row("sft-lora", ["--plugin", "sft", *ray, "--config", str(EXAMPLES / "sft" / "lora.yaml"), *sft,
                          f"dataset={data['pairs']}", f"default.gpus={int(gpu)}"], check_sft(lora=True), 90, vllm=False),
         Row("sample", sample, check_samples(16, rejected=True), 120),
-        Row("distill", distill, check_samples(32, rejected=False), 150, serve=True),
+        Row("distill", distill, check_samples(32, rejected=False), 150, serve=True, lane=1),  # after grpo-megatron
         # not in the default run (the 8 minutes): GKD with a vLLM teacher group sharing the GPU (two vLLM engines
         # taking turns beside megatron), and ms-swift's own YAML shapes, read without --plugin
         Row("gkd-shared-megatron", ["--plugin", "gkd", *ray, "--config", str(EXAMPLES / "gkd" / "teacher_shared.yaml"),
@@ -378,7 +389,7 @@ def serve(model: str, gpu: bool, log, deadline: float, name: str) -> tuple[subpr
         cli = "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())"
         cmd = [sys.executable, "-c", cli, "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype",
                "bfloat16", "--gpu-memory-utilization", "0.3", "--max-model-len", "512", "--enforce-eager",
-               "--served-model-name", name]
+               "--served-model-name", name, *SERVE_FLAGS]
     else:
         cmd = [sys.executable, __file__, STAND_IN, model, str(port), name]
     log.write(f"$ {' '.join(cmd)}\n")
@@ -500,9 +511,9 @@ def run_row(row: Row, work: Path, out: Path, student: str, gpu: bool) -> Result:
 
 
 def lanes(rows: list[Row], run: Callable[[Row], Result], out: Path, parallel: bool) -> dict[str, Result]:
-    """Run the rows, reporting each as it ends. With `parallel`, two lanes share the GPU: the rows that start a
-    vLLM engine one after another (vLLM sizes its cache from the memory it sees free, and a colocated engine
-    sleeps and wakes), and beside them the rows that start none (SFT)."""
+    """Run the rows, reporting each as it ends. With `parallel`, three lanes share the GPU: two of rows that start
+    a vLLM engine (each row's `lane`; every engine takes a fixed KV cache, so none sizes its cache from memory
+    another row holds), and beside them the rows that start none (SFT)."""
     done: dict[str, Result] = {}
 
     def lane(part: list[Row]) -> None:
@@ -510,7 +521,8 @@ def lanes(rows: list[Row], run: Callable[[Row], Result], out: Path, parallel: bo
             done[row.name] = run(row)
             report(done[row.name], out)
 
-    parts = [[r for r in rows if r.vllm], [r for r in rows if not r.vllm]] if parallel else [rows]
+    parts = ([[r for r in rows if r.vllm and r.lane == 0], [r for r in rows if r.vllm and r.lane == 1],
+              [r for r in rows if not r.vllm]] if parallel else [rows])
     threads = [threading.Thread(target=lane, args=(part,), daemon=True) for part in parts if part]
     for thread in threads:
         thread.start()
@@ -545,7 +557,7 @@ def tail(path: Path, n: int = TAIL_LINES) -> str:
     return "\n".join("    | " + line[:240] for line in shown)
 
 
-PRINTING = threading.Lock()  # two lanes report
+PRINTING = threading.Lock()  # the lanes report
 
 
 def report(result: Result, out: Path) -> None:
