@@ -226,8 +226,9 @@ class Row:
     check: Callable[[Path, str], str]  # (output_dir, log) -> what it saw; raises Failed
     timeout_s: float
     serve: bool = False  # a `vllm serve` of the student on 127.0.0.1 for the row's duration (api_base is added)
-    vllm: bool = True  # starts a vLLM engine (see `lanes`)
+    vllm: bool = True  # starts a vLLM engine in its run: goes in one of the vLLM lanes (see `lanes`)
     lane: int = 0  # the vLLM lane (0 or 1) the row runs in beside the others
+    after: tuple[str, ...] = ()  # rows (of those run) that must have ended before this one starts
     default: bool = True  # run when no rows are named
     output_key: str = "output_dir"  # where the row's run directory is given
 
@@ -327,7 +328,9 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
         Row("sft-lora", ["--plugin", "sft", *ray, "--config", str(EXAMPLES / "sft" / "lora.yaml"), *sft,
                          f"dataset={data['pairs']}", f"default.gpus={int(gpu)}"], check_sft(lora=True), 90, vllm=False),
         Row("sample", sample, check_samples(16, rejected=True), 120),
-        Row("distill", distill, check_samples(32, rejected=False), 150, serve=True, lane=1),  # after grpo-megatron
+        # beside the SFT rows, once grpo-megatron's final/ is written: a first `vllm serve` on a machine stalled more
+        # than 120 s (silent) in vLLM's kernel warm-up on the H200, so it must not hold up a vLLM lane
+        Row("distill", distill, check_samples(32, rejected=False), 240, serve=True, vllm=False, after=FINAL_SERVED),
         # not in the default run (the 8 minutes): GKD with a vLLM teacher group sharing the GPU (two vLLM engines
         # taking turns beside megatron), and ms-swift's own YAML shapes, read without --plugin
         Row("gkd-shared-megatron", ["--plugin", "gkd", *ray, "--config", str(EXAMPLES / "gkd" / "teacher_shared.yaml"),
@@ -511,15 +514,24 @@ def run_row(row: Row, work: Path, out: Path, student: str, gpu: bool) -> Result:
 
 
 def lanes(rows: list[Row], run: Callable[[Row], Result], out: Path, parallel: bool) -> dict[str, Result]:
-    """Run the rows, reporting each as it ends. With `parallel`, three lanes share the GPU: two of rows that start
-    a vLLM engine (each row's `lane`; every engine takes a fixed KV cache, so none sizes its cache from memory
-    another row holds), and beside them the rows that start none (SFT)."""
+    """Run the rows, reporting each as it ends; a row waits for its `after` rows. With `parallel`, three lanes share
+    the GPU: two of rows that start a vLLM engine in-process (each row's `lane`; every engine takes a fixed KV cache,
+    so none sizes its cache from memory another row holds), and beside them the other rows (SFT, then distill's
+    `vllm serve`). Without, the rows run in their order, which puts each `after` row first."""
     done: dict[str, Result] = {}
+    ended = {row.name: threading.Event() for row in rows}
 
     def lane(part: list[Row]) -> None:
         for row in part:
-            done[row.name] = run(row)
-            report(done[row.name], out)
+            later = {r.name for r in part[part.index(row):]}  # in this lane's order, not waited for (never ends)
+            for name in row.after:
+                if name in ended and name not in later:
+                    ended[name].wait()
+            try:
+                done[row.name] = run(row)
+                report(done[row.name], out)
+            finally:
+                ended[row.name].set()
 
     parts = ([[r for r in rows if r.vllm and r.lane == 0], [r for r in rows if r.vllm and r.lane == 1],
               [r for r in rows if not r.vllm]] if parallel else [rows])
