@@ -50,7 +50,9 @@ class MegatronTrainEngine(TrainEngine):
 
     Options are `MegatronOptions`: the hf engine's (`rlcore.TrainOptions`) plus `tensor_model_parallel_size`,
     `pipeline_model_parallel_size`, `make_vocab_size_divisible_by`, `use_distributed_optimizer` and `master_weights` (false: bf16 AdamW
-    without fp32 master params, gradients or moments, the hf engine's numerics and memory).
+    without fp32 master params, gradients or moments, the hf engine's numerics and memory) and `chunked_lm_head`
+    (true: at tensor size 1 the output layer runs in chunks of positions on the last hidden states, as the hf
+    engine's does; no [B, T, V] logits unless a loss asks for the full vocabulary).
     LoRA is not offered (`lora_rank` must be 0). Every problem with the options, the architecture and the
     parallel sizes is reported at once, before any weight is allocated.
     """
@@ -83,6 +85,7 @@ class MegatronTrainEngine(TrainEngine):
             torch.cuda.set_device(self.device)
         self.dtype = torch_dtype(dtype, self.cuda)
         self.logprob_micro_batch_size = o.logprob_micro_batch_size
+        self.chunked_lm_head = bool(o.chunked_lm_head) and tp == 1  # the vocabulary whole on one rank
         self.global_step = 0
         self._host = HostOffload()
         torch.manual_seed(seed)
@@ -256,7 +259,9 @@ class MegatronTrainEngine(TrainEngine):
             positions = torch.arange(T, device=ids.device)[None].expand_as(ids)
             # rows are right-padded, so causal is the whole mask (`attention.py`); SDPA builds none
             mask = torch.ones(T, T, dtype=torch.bool, device=ids.device).triu(1)[None, None] if self.causal_mask else None
-            return model(ids, positions, mask), lambda logits: loss_func_of(logits, micro)
+            with self._hidden_states_out():
+                out = model(ids, positions, mask)
+            return out, lambda logits: loss_func_of(logits, micro)
 
         width = micros[0]["input_ids"].shape[1]
         return self._schedule()(
@@ -265,7 +270,42 @@ class MegatronTrainEngine(TrainEngine):
             decoder_seq_length=width, forward_only=forward_only,
         )
 
+    @contextlib.contextmanager
+    def _hidden_states_out(self) -> Iterator[None]:
+        """With `chunked_lm_head`, the last stage's forward returns the last hidden states [B, T, H] in place of
+        logits: its output layer passes them through (for that forward only; its weight stays where the
+        mapping and the optimizer have it, and `_outputs` applies it in chunks)."""
+        layer = getattr(self.module, "output_layer", None) if self.chunked_lm_head and self.last_stage else None
+        if layer is None:
+            yield
+            return
+        layer.forward = lambda hidden_states, *args, **kwargs: (hidden_states, None)
+        try:
+            yield
+        finally:
+            del layer.forward  # the class's forward again
+
+    def _output_head(self) -> Any:
+        """The output layer's weight (the embedding's where they are tied) without the vocabulary padding."""
+        from types import SimpleNamespace
+
+        module = self.module
+        tied = getattr(module, "share_embeddings_and_output_weights", False)
+        weight = module.shared_embedding_or_output_weight() if tied else module.output_layer.weight
+        bias = getattr(module.output_layer, "bias", None)
+        vocab = self.spec.vocab_size
+        return SimpleNamespace(weight=weight[:vocab], bias=None if bias is None else bias[:vocab])
+
     def _outputs(self, logits: Any, micro: Batch, temperature: float) -> Any:
+        """`ModelOutputs` of a last stage's forward: of its hidden states through the output layer in chunks
+        (`chunked_lm_head`), else of its vocab-parallel logits."""
+        if self.chunked_lm_head:
+            from rlcore.plugins.hf.common import HeadModelOutputs
+
+            head = self._output_head()
+            # Float16Module hands the last stage's output back in float32: the head runs in the model's dtype
+            hidden = logits.to(head.weight.dtype)
+            return HeadModelOutputs(hidden, head, micro["input_ids"], micro["attention_mask"], temperature)
         from .vocab_parallel import VocabParallelOutputs
 
         return VocabParallelOutputs(logits, micro["input_ids"], micro["attention_mask"], self.spec.vocab_size,

@@ -29,6 +29,11 @@ class MegatronOptions(TrainOptions):
     # engine trains (8 bytes a parameter). With dtype bfloat16 (float32: no effect), use_distributed_optimizer
     # false and tensor and pipeline size 1 (see adamw.TorchAdamW).
     master_weights: bool = True
+    # tensor size 1: the model returns its last hidden states and the output layer is applied in chunks of positions
+    # (the hf engine's `HeadModelOutputs`: TRL's chunked log-prob kernel on CUDA), so no [B, T, V] logits exist for
+    # a loss that does not ask for the full vocabulary; false, or tensor parallel: the vocab-parallel ops over the
+    # output layer's logits
+    chunked_lm_head: bool = True
 
 
 def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:

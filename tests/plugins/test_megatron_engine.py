@@ -85,6 +85,41 @@ def test_logits_and_log_probs_equal_transformers(tiny):
     torch.testing.assert_close(top.logprobs, expected_top.logprobs, atol=1e-4, rtol=0)
 
 
+def test_the_chunked_output_layer_gives_the_vocab_parallel_values_and_steps(tiny):
+    """`chunked_lm_head` (the default at tensor size 1) applies the output layer to the last hidden states in
+    chunks: the same log-probs, top-k, full log-softmax and train steps as the vocab-parallel ops over the logits,
+    and the loss never sees a logits tensor."""
+    from rlcore.plugins.hf.common import HeadModelOutputs
+    from rlcore.plugins.megatron.vocab_parallel import VocabParallelOutputs
+
+    engines = {chunked: make_train_engine(model=tiny, learning_rate=1e-3, seed=0, chunked_lm_head=chunked)
+               for chunked in (True, False)}
+    batch = _batch()
+    got = {chunked: (e.forward_logprobs(batch, 0.7), e.forward_topk(batch, 5, 0.7), e.forward_topk(batch, None))
+           for chunked, e in engines.items()}
+    torch.testing.assert_close(got[True][0], got[False][0], atol=1e-5, rtol=0)
+    assert torch.equal(got[True][1].ids, got[False][1].ids)
+    torch.testing.assert_close(got[True][1].logprobs, got[False][1].logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[True][2], got[False][2], atol=1e-5, rtol=0)
+    seen: dict[bool, set[type]] = {True: set(), False: set()}
+
+    def nll_of(chunked):
+        def nll(outputs, micro):
+            seen[chunked].add(type(outputs))
+            return _nll(outputs, micro)
+        return nll
+
+    steps = {chunked: [e.train_step(batch, nll_of(chunked), micro_batch_size=2) for _ in range(3)]
+             for chunked, e in engines.items()}
+    assert seen == {True: {HeadModelOutputs}, False: {VocabParallelOutputs}}
+    for a, b in zip(steps[True], steps[False]):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    assert steps[True][-1]["loss"] < steps[True][0]["loss"]
+    # the output layer's own forward is back after each pass: the module gives logits again
+    module = engines[True].module
+    assert "forward" not in vars(module.output_layer)
+
+
 def _nll(outputs, micro):
     """Mean negative log-likelihood of the completion tokens: a loss both engines must lower alike."""
     mask = micro["completion_mask"].float()
