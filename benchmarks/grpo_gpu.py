@@ -214,7 +214,7 @@ def implementation(config: Any, train_kwargs: dict[str, Any]) -> dict[str, Any]:
     from rlcore.plugins.grpo.objective import old_logprobs_in_step
     import torch
 
-    from rlcore.plugins.hf.head import triton_device, trl_logprob_function
+    from rlcore.head import triton_device, trl_logprob_function
 
     chunked = train_kwargs.get("chunked_lm_head", True)
     on_triton = torch.cuda.is_available() and triton_device(torch.device("cuda"))

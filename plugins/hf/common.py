@@ -7,19 +7,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from rlcore.engine_checks import aligned_rows, check_ids
-from rlcore.engines import ModelOutputs, Projection, TopK
+from rlcore.engines import ModelOutputs, TopK
 from rlcore.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
 
-
-def _head() -> Any:
-    """`rlcore.plugins.hf.head`, imported at first use: it imports torch, which importing the plugin must not."""
-    from . import head
-
-    return head
 
 def load_causal_lm(model: str, dtype: str, device: torch.device) -> Any:
     """AutoModelForCausalLM from a local directory or a hub id, on `device`, in eval mode."""
@@ -85,64 +79,6 @@ class HFModelOutputs(ModelOutputs):
         return TopK(ids=top.indices.masked_fill(~self.valid[..., None], 0), logprobs=top.values)
 
 
-class HeadModelOutputs(ModelOutputs):
-    """`ModelOutputs` from a causal LM's last hidden states [B, T, H] and its LM head: every result is computed
-    through `rlcore.plugins.hf.head` in chunks of positions, on the rows that hold a distribution only (not row
-    0, not padding), so no [B, T, V] tensor exists unless `full_logprobs` is asked for. Same values as
-    `HFModelOutputs` of the logits the head would give."""
-
-    def __init__(self, hidden: torch.Tensor, lm_head: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 temperature: float = 1.0, use_trl: bool | None = None):
-        self.hidden = hidden[:, :-1]  # position t-1 predicts token t
-        self.weight, self.bias = lm_head.weight, lm_head.bias
-        self.input_ids = input_ids
-        self.valid = attention_mask.bool().clone()
-        self.valid[:, 0] = False
-        self.rows = self.valid[:, 1:]  # [B, T-1]: the positions whose prediction a loss can read
-        self.temperature = temperature
-        self.use_trl = use_trl
-        self._cache: dict[str, torch.Tensor] = {}
-
-    def _scatter(self, values: torch.Tensor) -> torch.Tensor:
-        """Values of the predicting rows ([N, ...]) as [B, T, ...] aligned with input_ids, 0 elsewhere."""
-        out = values.new_zeros(*self.valid.shape, *values.shape[1:])
-        out[self.valid] = values
-        return out
-
-    def logprobs(self) -> torch.Tensor:
-        if "logprobs" not in self._cache:
-            targets = self.input_ids[:, 1:][self.rows]
-            values = _head().token_logprobs(self.hidden[self.rows], self.weight, self.bias, targets, self.temperature,
-                                         use_trl=self.use_trl)
-            self._cache["logprobs"] = self._scatter(values)
-        return self._cache["logprobs"]
-
-    def logprobs_at(self, ids: torch.Tensor) -> torch.Tensor:
-        check_ids(ids, self.input_ids)
-        ids = ids.to(self.hidden.device, non_blocking=True)[:, 1:][self.rows]
-        return self._scatter(_head().logprobs_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
-
-    def logits_at(self, ids: torch.Tensor) -> torch.Tensor:
-        check_ids(ids, self.input_ids)
-        ids = ids.to(self.hidden.device, non_blocking=True)[:, 1:][self.rows]
-        return self._scatter(_head().logits_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
-
-    def full_logprobs(self) -> torch.Tensor:
-        if "full" not in self._cache:
-            self._cache["full"] = self._scatter(_head().full_logprobs(self.hidden[self.rows], self.weight, self.bias,
-                                                                   self.temperature))
-        return self._cache["full"]
-
-    def topk(self, k: int) -> TopK:
-        """The k most likely tokens of every row, in `TopK`'s layout (ids 0 where a row holds no distribution)."""
-        values, ids = _head().topk_logprobs(self.hidden[self.rows], self.weight, self.bias,
-                                         min(k, self.weight.shape[0]), self.temperature)
-        return TopK(ids=self._scatter(ids), logprobs=self._scatter(values))
-
-    def projection(self) -> Projection:
-        return Projection(hidden=self._scatter(self.hidden[self.rows]), weight=self.weight, bias=self.bias)
-
-
 def chunked_head_of(model: Any) -> Any | None:
     """The LM head (an `nn.Linear`) a chunked path can apply to `model`'s last hidden states itself, or None
     where the model's logits are more than that (a logit scale, soft-capping, an adapter on the head) or its
@@ -173,4 +109,6 @@ def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
         return HFModelOutputs(logits, input_ids, attention_mask, temperature)
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
                 logits_to_keep=1)
+    from rlcore.head import HeadModelOutputs  # torch, at first use: importing the plugin imports none
+
     return HeadModelOutputs(out.hidden_states[-1], lm_head, input_ids, attention_mask, temperature, use_trl)

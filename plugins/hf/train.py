@@ -50,7 +50,7 @@ class HFTrainEngine(TrainEngine):
     by the cosine and linear schedules; `max_grad_norm=0` turns clipping off; `lora_rank=0` trains every weight;
     `logprob_micro_batch_size` bounds the rows of one forward-only pass (so [B, T, V] logits never exist
     for the whole batch at once). `chunked_lm_head` (on by default) has the model return its last hidden
-    states and applies the LM head in chunks of positions (`rlcore.plugins.hf.head`; TRL's chunked log-prob
+    states and applies the LM head in chunks of positions (`rlcore.head`; TRL's chunked log-prob
     kernel where TRL is installed), so no [B, T, V] logits exist for log-probs, top-k or a distillation loss;
     models whose logits are more than a plain head (soft-capping, a logit scale) keep the logits path.
     `forward_only=True` builds the model without optimizer (see the module docstring).

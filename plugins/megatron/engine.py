@@ -300,7 +300,7 @@ class MegatronTrainEngine(TrainEngine):
         """`ModelOutputs` of a last stage's forward: of its hidden states through the output layer in chunks
         (`chunked_lm_head`), else of its vocab-parallel logits."""
         if self.chunked_lm_head:
-            from rlcore.plugins.hf.common import HeadModelOutputs
+            from rlcore.head import HeadModelOutputs
 
             head = self._output_head()
             # Float16Module hands the last stage's output back in float32: the head runs in the model's dtype

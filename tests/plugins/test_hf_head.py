@@ -1,4 +1,4 @@
-"""The LM head in chunks (`rlcore.plugins.hf.head`) against a plain log-softmax of the whole logits: values and
+"""The LM head in chunks (`rlcore.head`) against a plain log-softmax of the whole logits: values and
 gradients, through TRL's kernel and through the torch chunks; the train engine's chunked outputs against its
 logits path; and no [N, V] tensor on the chunked path."""
 
@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlcore import Batch
-from rlcore.plugins.hf import head
+from rlcore import head
 from rlcore.plugins.hf.train import HFTrainEngine
 
 N, H, V = 37, 16, 300

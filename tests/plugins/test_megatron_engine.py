@@ -89,7 +89,7 @@ def test_the_chunked_output_layer_gives_the_vocab_parallel_values_and_steps(tiny
     """`chunked_lm_head` (the default at tensor size 1) applies the output layer to the last hidden states in
     chunks: the same log-probs, top-k, full log-softmax and train steps as the vocab-parallel ops over the logits,
     and the loss never sees a logits tensor."""
-    from rlcore.plugins.hf.common import HeadModelOutputs
+    from rlcore.head import HeadModelOutputs
     from rlcore.plugins.megatron.vocab_parallel import VocabParallelOutputs
 
     engines = {chunked: make_train_engine(model=tiny, learning_rate=1e-3, seed=0, chunked_lm_head=chunked)

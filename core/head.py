@@ -8,15 +8,21 @@ TRL is installed (`use_trl` None; True forces it, also on the CPU, where TRL fol
 is slower than the chunks here); otherwise, and for the rest, torch ops over chunks of `chunk` rows, each
 recomputed in backward (`torch.utils.checkpoint`), so memory holds one [chunk, V] block at a time.
 The logits of a chunk are computed in the hidden states' dtype, as the model's own `lm_head` computes them.
+`HeadModelOutputs` is the `ModelOutputs` of these functions, which the hf engine and the megatron engine (tensor
+size 1) give a loss when `chunked_lm_head` is on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from .engine_checks import check_ids
+from .engines import ModelOutputs, Projection, TopK
 
 CHUNK_ROWS = 1024  # rows of one [chunk, V] block (unless a call says): 1024 x 151,936 x 4 bytes = 0.6 GiB
 TRL_VOCAB_CHUNK = 32768  # the vocabulary width of TRL's tiles, as TRL's own trainers use it
@@ -123,3 +129,61 @@ def full_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                   temperature: float = 1.0) -> torch.Tensor:
     """The whole log-softmax [N, V] (float32): what a loss that reads every probability needs."""
     return torch.log_softmax(_logits(hidden, weight, bias, temperature), dim=-1)
+
+
+class HeadModelOutputs(ModelOutputs):
+    """`ModelOutputs` from a causal LM's last hidden states [B, T, H] and its LM head: every result is computed
+    through this module's functions in chunks of positions, on the rows that hold a distribution only (not row
+    0, not padding), so no [B, T, V] tensor exists unless `full_logprobs` is asked for. Same values as
+    `HFModelOutputs` of the logits the head would give."""
+
+    def __init__(self, hidden: torch.Tensor, lm_head: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 temperature: float = 1.0, use_trl: bool | None = None):
+        self.hidden = hidden[:, :-1]  # position t-1 predicts token t
+        self.weight, self.bias = lm_head.weight, lm_head.bias
+        self.input_ids = input_ids
+        self.valid = attention_mask.bool().clone()
+        self.valid[:, 0] = False
+        self.rows = self.valid[:, 1:]  # [B, T-1]: the positions whose prediction a loss can read
+        self.temperature = temperature
+        self.use_trl = use_trl
+        self._cache: dict[str, torch.Tensor] = {}
+
+    def _scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """Values of the predicting rows ([N, ...]) as [B, T, ...] aligned with input_ids, 0 elsewhere."""
+        out = values.new_zeros(*self.valid.shape, *values.shape[1:])
+        out[self.valid] = values
+        return out
+
+    def logprobs(self) -> torch.Tensor:
+        if "logprobs" not in self._cache:
+            targets = self.input_ids[:, 1:][self.rows]
+            values = token_logprobs(self.hidden[self.rows], self.weight, self.bias, targets, self.temperature,
+                                         use_trl=self.use_trl)
+            self._cache["logprobs"] = self._scatter(values)
+        return self._cache["logprobs"]
+
+    def logprobs_at(self, ids: torch.Tensor) -> torch.Tensor:
+        check_ids(ids, self.input_ids)
+        ids = ids.to(self.hidden.device, non_blocking=True)[:, 1:][self.rows]
+        return self._scatter(logprobs_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
+
+    def logits_at(self, ids: torch.Tensor) -> torch.Tensor:
+        check_ids(ids, self.input_ids)
+        ids = ids.to(self.hidden.device, non_blocking=True)[:, 1:][self.rows]
+        return self._scatter(logits_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
+
+    def full_logprobs(self) -> torch.Tensor:
+        if "full" not in self._cache:
+            self._cache["full"] = self._scatter(full_logprobs(self.hidden[self.rows], self.weight, self.bias,
+                                                                   self.temperature))
+        return self._cache["full"]
+
+    def topk(self, k: int) -> TopK:
+        """The k most likely tokens of every row, in `TopK`'s layout (ids 0 where a row holds no distribution)."""
+        values, ids = topk_logprobs(self.hidden[self.rows], self.weight, self.bias,
+                                         min(k, self.weight.shape[0]), self.temperature)
+        return TopK(ids=self._scatter(ids), logprobs=self._scatter(values))
+
+    def projection(self) -> Projection:
+        return Projection(hidden=self._scatter(self.hidden[self.rows]), weight=self.weight, bias=self.bias)
