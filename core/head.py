@@ -159,7 +159,7 @@ class HeadModelOutputs(ModelOutputs):
         if "logprobs" not in self._cache:
             targets = self.input_ids[:, 1:][self.rows]
             values = token_logprobs(self.hidden[self.rows], self.weight, self.bias, targets, self.temperature,
-                                         use_trl=self.use_trl)
+                                    use_trl=self.use_trl)
             self._cache["logprobs"] = self._scatter(values)
         return self._cache["logprobs"]
 
@@ -176,13 +176,13 @@ class HeadModelOutputs(ModelOutputs):
     def full_logprobs(self) -> torch.Tensor:
         if "full" not in self._cache:
             self._cache["full"] = self._scatter(full_logprobs(self.hidden[self.rows], self.weight, self.bias,
-                                                                   self.temperature))
+                                                              self.temperature))
         return self._cache["full"]
 
     def topk(self, k: int) -> TopK:
         """The k most likely tokens of every row, in `TopK`'s layout (ids 0 where a row holds no distribution)."""
         values, ids = topk_logprobs(self.hidden[self.rows], self.weight, self.bias,
-                                         min(k, self.weight.shape[0]), self.temperature)
+                                    min(k, self.weight.shape[0]), self.temperature)
         return TopK(ids=self._scatter(ids), logprobs=self._scatter(values))
 
     def projection(self) -> Projection:

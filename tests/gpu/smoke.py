@@ -304,9 +304,7 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
 
     swift = ms_swift_files(models, data, Path(data["sums"]).parent)
     swift_scale = [f"train_iters={STEPS}", "max_completion_length=32", "max_length=256",
-                   *(["train.gpus=1", "rollout.gpus=1", "rollout.vllm_gpu_memory_utilization=0.3",
-                      "rollout.vllm_max_model_len=512", "rollout.vllm_enforce_eager=true",
-                      f"rollout.vllm_engine_kwargs={VLLM_KWARGS}"] if gpu else
+                   *(["train.gpus=1", "rollout.gpus=1", *(f"rollout.{k}" for k in vllm)] if gpu else
                      ["use_vllm=false", "train.gpus=0", "rollout.gpus=0", "colocate_groups=[]"])]
 
     def placed(engine: str) -> str:  # the placement `rlcore run` prints for the train role, colocated with rollout
