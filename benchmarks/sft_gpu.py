@@ -93,12 +93,13 @@ def run_rlcore(model: str, data: str, tmp: Path, steps: int, smoke: bool = False
     device = ["default.gpus=0", "dtype=float32"] if smoke else ["default.gpus=1", "dtype=bfloat16"]
     cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", "sft", "--with", str(plugin), "--use-ray",
            f"model={model}", f"dataset={data}", f"output_dir={out}", f"max_steps={steps}", *device, "save_steps=0",
-           *overrides]
+           "run_ahead=true", *overrides]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     done.check_returncode()  # the CalledProcessError carries the child's stderr into the results row
     settings = {**same, "framework": "rlcore run --plugin sft --use-ray, 1 worker (TRL's SFTTrainer inside)",
-                "stamped": "on the driver at each step's end (Ray's call inside)"}
+                "stamped": "on the driver at each step's end (Ray's call inside)",
+                "run_ahead": "each step begins while the driver logs the last (rlcore's default)"}
     return {"stamps": json.loads(stamps.read_text()), "wall_s": round(time.perf_counter() - started, 1),
             "cmd": " ".join(cmd[1:]), "settings": settings}
 

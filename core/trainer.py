@@ -133,6 +133,12 @@ class Trainer:
         """One optimizer step; its metrics."""
         raise NotImplementedError(f"{type(self).__name__} must implement train_step() (or fit())")
 
+    def steps_begun_ahead(self) -> list[dict[str, Any]]:
+        """When a signal ends the loop: the metrics of steps the algorithm's engines had already begun past
+        `self.step` (a trainer that runs its next step while the loop logs the last), each finished now. The loop
+        counts and logs them before its checkpoint, so the checkpoint holds what the engines hold. None by default."""
+        return []
+
     @contextlib.contextmanager
     def start(self) -> Iterator[None]:
         """The context the loop runs in (an algorithm starts its roles here)."""
@@ -212,6 +218,10 @@ class Trainer:
                         if save_steps and self.step % save_steps == 0:
                             self.save()
                             saved = self.step
+                    for last in self.steps_begun_ahead() if stop.signal else ():
+                        self._check_finite(last, held)
+                        self.step += 1
+                        self.log(last, bar)
                 if self.step > saved or (not save_steps and self.step and not stop.signal):
                     where = self.save()
                 if self.exports_model and not stop.signal and self.step >= self.max_steps:

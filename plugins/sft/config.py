@@ -46,6 +46,10 @@ class LMConfig(TrainingConfig):
     bf16: bool = Field(False, description="bfloat16 mixed precision (autocast)")
     fp16: bool = Field(False, description="float16 mixed precision (autocast with a loss scaler)")
     dataloader_num_workers: int = Field(0, ge=0, description="data-loading processes per worker")
+    run_ahead: bool = Field(
+        True, description="each worker starts its next optimizer step while the driver logs the last one (not before "
+        "a checkpoint or the last step; a signal then stops after that step); false: every step waits for the driver"
+    )
 
     # LoRA (ms-swift's names; through peft)
     lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights")

@@ -148,8 +148,17 @@ class LMTrainer(RoleTrainer):
 
     def train_step(self) -> dict[str, Any]:
         with self.timer("train"):
-            logs = self.session[ROLE].step()
+            logs = self.session[ROLE].step(self._ahead(self.step + 1))
         return dict(logs)
+
+    def _ahead(self, step: int) -> bool:
+        """Whether the workers may begin the step after `step` before the driver asks: the loop will ask for it
+        unless a signal comes (see steps_begun_ahead), for it is neither past the last step nor after a save."""
+        save = self.save_steps and step % self.save_steps == 0
+        return bool(self.config.run_ahead) and step < self.max_steps and not save
+
+    def steps_begun_ahead(self) -> list[dict[str, Any]]:
+        return [dict(logs) for logs in self.session[ROLE].ahead_logs()]
 
     # -- checkpoints: the trainer's own (model, optimizer, scheduler, RNG, step) and rlcore's state ------
 

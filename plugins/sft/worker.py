@@ -6,7 +6,9 @@ schedulers, mixed precision, resume with data skipping) runs in a thread of the 
 each step boundary: after `on_train_begin`, and after each step's logs. There it waits for the driver's next
 command: run one more step, save a checkpoint, finish, or stop. So rlcore's loop (progress, metrics JSONL and
 hooks, signals, atomic checkpoints, --resume) and the trainer's loop both stay whole, at the cost of one call
-per optimizer step.
+per optimizer step. That call's round trip is hidden where the driver will ask for the next step anyway
+(`run_ahead`): the command for it is queued as the step's logs leave, so the trainer never waits for the driver
+except before a checkpoint, the last step, or a stop.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class HFRunner:
         self.commands: queue.Queue = queue.Queue()
         self.replies: queue.Queue = queue.Queue()
         self.paused_at = -1
+        self.ahead = False  # a "step" command was sent past the last reply (see step)
         self.thread: threading.Thread | None = None
         self.done = False
 
@@ -140,22 +143,46 @@ class HFRunner:
         self._reply("paused")
         return self.paused_at
 
-    def step(self) -> dict[str, Any]:
-        self.commands.put(("step", None))
-        return self._reply("paused")
+    def step(self, ahead: bool = False) -> dict[str, Any]:
+        """Run the next optimizer step; its logs. With `ahead`, the step after it starts at once, while the logs
+        travel to the driver and it logs them (the driver passes it where it will ask for that step anyway: not
+        before a save or the last step); the next `step()`, `ahead_logs()` or `close()` takes that step's reply."""
+        if not self.ahead:
+            self.commands.put(("step", None))
+        self.ahead = False
+        logs = self._reply("paused")
+        if ahead:
+            self.commands.put(("step", None))
+            self.ahead = True
+        return logs
+
+    def ahead_logs(self) -> list[dict[str, Any]]:
+        """The logs of the step begun ahead, once it has finished (none if no step runs ahead)."""
+        if not self.ahead:
+            return []
+        self.ahead = False
+        return [self._reply("paused")]
 
     def save(self, path: str) -> None:
+        self._not_ahead("save")
         self.commands.put(("save", path))
         self._reply("saved")
 
     def save_hf(self, path: str) -> None:
+        self._not_ahead("save_hf")
         self.commands.put(("save_hf", path))
         self._reply("saved")
 
+    def _not_ahead(self, what: str) -> None:
+        if self.ahead:  # the trainer would save a step the driver has not counted
+            raise RlcoreError(f"{what}() while a step runs ahead: take its logs first (step() or ahead_logs())")
+
     def close(self) -> dict[str, Any] | None:
-        """Let a finished loop end (its summary metrics), or unwind one stopped early."""
+        """Let a finished loop end (its summary metrics), or unwind one stopped early (after the step begun ahead,
+        if one was)."""
         if self.thread is None or self.done:
             return None
+        self.ahead_logs()
         finished = self.paused_at >= self.trainer.state.max_steps
         self.commands.put(("finish" if finished else "stop", None))
         out = self._reply("done" if finished else "stopped")
@@ -197,8 +224,12 @@ class LMWorker:
         return self.runner.begin(resume)
 
     @function(collect="first")
-    def step(self) -> dict[str, Any]:
-        return self.runner.step()
+    def step(self, ahead: bool = False) -> dict[str, Any]:
+        return self.runner.step(ahead)
+
+    @function(collect="first")
+    def ahead_logs(self) -> list[dict[str, Any]]:
+        return self.runner.ahead_logs()
 
     @function(collect="first")
     def save(self, path: str) -> None:

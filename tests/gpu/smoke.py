@@ -60,7 +60,10 @@ ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE"
 # first start, up to 70 s for `vllm serve`) tunes kernels for tiny models that nothing here times.
 KV_CACHE_BYTES = 1 << 30
 VLLM_KWARGS = f"{{kv_cache_memory_bytes: {KV_CACHE_BYTES}, enable_flashinfer_autotune: false}}"
-SERVE_FLAGS = ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--no-enable-flashinfer-autotune"]
+# `vllm serve` warms its kernels up with max-num-seqs requests at once (1024 by default on an H200); distill.yaml
+# sends at most 32 at a time (max_concurrency).
+SERVE_FLAGS = ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--no-enable-flashinfer-autotune",
+               "--max-num-seqs", "32"]
 
 # head_dim 64: vLLM 0.26's warm-up hit an illegal memory access at head_dim 16 (tests/gpu/test_gkd_gpu.py)
 GPU_SHAPES = {
@@ -375,6 +378,16 @@ def stop(proc: subprocess.Popen) -> None:
             continue
 
 
+def dump_stacks(proc: subprocess.Popen) -> None:
+    """Have every process of a stalled server's group write its Python threads' stacks into the row's log (they run
+    with PYTHONFAULTHANDLER=1, whose handler answers SIGABRT), so a silent start shows where it waits."""
+    try:
+        os.killpg(proc.pid, signal.SIGABRT)
+        proc.wait(timeout=5)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -396,7 +409,7 @@ def serve(model: str, gpu: bool, log, deadline: float, name: str) -> tuple[subpr
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, **ENV})
+                              env={**os.environ, **ENV, "PYTHONFAULTHANDLER": "1"})
     while True:
         if server.poll() is not None:
             raise Failed(f"the server exited {server.returncode} before answering")
@@ -405,8 +418,10 @@ def serve(model: str, gpu: bool, log, deadline: float, name: str) -> tuple[subpr
             return server, f"http://127.0.0.1:{port}/v1"
         except OSError:
             if time.monotonic() > deadline:
+                dump_stacks(server)
                 stop(server)
-                raise Failed("the server did not answer before the row's timeout") from None
+                raise Failed("the server did not answer before the row's timeout (its processes' stacks are in "
+                             "the row's log)") from None
             time.sleep(1)
 
 

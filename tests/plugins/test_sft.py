@@ -109,20 +109,37 @@ class SignalAt:
             os.kill(os.getpid(), self.sig)
 
 
-def test_resume_after_an_interrupt_continues_the_same_loss_curve(straight, tiny_model, chats, tmp_path, capfd):
+@pytest.mark.parametrize("run_ahead", [True, False])
+def test_resume_after_an_interrupt_continues_the_same_loss_curve(straight, tiny_model, chats, tmp_path, capfd,
+                                                                  run_ahead):
+    """SIGINT as step 2 is logged: the run saves and stops, and --resume gives the uninterrupted curve (which ran
+    ahead: each step began while the driver logged the one before). Running ahead, step 3 had begun: the run
+    counts it and saves checkpoint-3, which holds the trainer at step 3; waiting for the driver, checkpoint-2."""
     plugins = load_plugins()
     plugins.register(SignalAt(2, signal.SIGINT), "interrupt")
+    at = 3 if run_ahead else 2
     with pytest.raises(KeyboardInterrupt):
-        make(plugins, tmp_path / "run", tiny_model, chats, **ONE_PROCESS).fit()
-    assert f"stopped by SIGINT after step 2; saved {tmp_path / 'run' / 'checkpoint-2'}" in capfd.readouterr().err
-    assert len(losses(tmp_path / "run")) == 2
-    with pytest.raises(ConfigError, match="already holds checkpoint-2; resume it with --resume"):
+        make(plugins, tmp_path / "run", tiny_model, chats, run_ahead=run_ahead, **ONE_PROCESS).fit()
+    assert f"stopped by SIGINT after step {at}; saved {tmp_path / 'run' / f'checkpoint-{at}'}" in capfd.readouterr().err
+    assert losses(tmp_path / "run") == pytest.approx(straight[:at], abs=1e-4)
+    state = json.loads((tmp_path / "run" / f"checkpoint-{at}" / "model" / "trainer_state.json").read_text())
+    assert state["global_step"] == at
+    with pytest.raises(ConfigError, match=f"already holds checkpoint-{at}; resume it with --resume"):
         make(load_plugins(), tmp_path / "run", tiny_model, chats, **ONE_PROCESS)  # never overwritten
     resumed = make(load_plugins(), tmp_path / "run", tiny_model, chats, resume="auto", **ONE_PROCESS)
     resumed.fit()
     assert losses(tmp_path / "run") == pytest.approx(straight, abs=1e-4)
     state = json.loads((tmp_path / "run" / "checkpoint-4" / "model" / "trainer_state.json").read_text())
     assert state["global_step"] == 4  # the trainer's own step, optimizer and data position went on
+
+
+def test_running_ahead_waits_at_each_checkpoint(straight, plugins, tiny_model, chats, tmp_path):
+    """save_steps 2: the step after a checkpoint's begins only once it is written, so checkpoint-2 holds step 2."""
+    make(plugins, tmp_path / "run", tiny_model, chats, save_steps=2, **ONE_PROCESS).fit()
+    assert losses(tmp_path / "run") == pytest.approx(straight, abs=1e-4)
+    for step in (2, 4):
+        state = json.loads((tmp_path / "run" / f"checkpoint-{step}" / "model" / "trainer_state.json").read_text())
+        assert state["global_step"] == step
 
 
 def test_the_embedded_demo_loss_falls(tmp_path):
