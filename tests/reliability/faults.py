@@ -19,12 +19,12 @@ import json
 import math
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -153,14 +153,14 @@ class Run:
                  file_size_limit: int | None = None, command: tuple[str, ...] = ("run", "--plugin", "grpo"),
                  env: dict[str, str | None] | None = None):
         self.work, self.name, self.ray = work, name, ray
-        cmd = [sys.executable, "-m", "rlcore", *command]
+        cmd = [*_limited(file_size_limit), sys.executable, "-m", "rlcore", *command]
         cmd += ["--use-ray"] if ray else []
         cmd += ["--with", plugin_with] if plugin_with else []
         self.cmd = cmd + list(args)
         environment = {k: v for k, v in {**_env(), **(env or {})}.items() if v is not None}  # None: unset
         with open(work / f"{name}.out", "w") as out, open(work / f"{name}.err", "w") as err:
             self.proc = subprocess.Popen(self.cmd, cwd=work, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                         env=environment, start_new_session=True, preexec_fn=_limit(file_size_limit))
+                                         env=environment, start_new_session=True)
         self.pid = self.proc.pid
         self.started = time.monotonic()
 
@@ -226,12 +226,16 @@ class Run:
         raise Broken(f"no {title} process appeared (exit {self.proc.poll()}): {tail(self.stderr)}")
 
 
-def _limit(file_size: int | None) -> Callable[[], None] | None:
-    """A full disk for files over `file_size` bytes (RLIMIT_FSIZE: Python ignores SIGXFSZ, so such a write
-    fails with OSError, as on a full disk)."""
+def _limited(file_size: int | None) -> list[str]:
+    """The prefix of a command that runs it on a full disk for files over `file_size` bytes: RLIMIT_FSIZE set
+    in the child, which then execs the command in its own pid (Python ignores SIGXFSZ, so such a write fails with
+    OSError, as on a full disk). Not a preexec_fn, which is unsafe where threads run (test_faults runs scenarios
+    in threads)."""
     if file_size is None:
-        return None
-    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+        return []
+    limit = ("import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
+             "os.execv(sys.argv[2], sys.argv[2:])")
+    return [sys.executable, "-c", limit, str(file_size)]
 
 
 def _title(pid: int) -> str:
@@ -364,9 +368,17 @@ class Scene:
             step()
 
 
-@functools.cache
+_BASE_LOCK = threading.Lock()  # scenarios may run in threads (test_faults.py)
+
+
 def _base_run() -> Path:
     """A finished run of BASE_STEPS steps, made once per process (removed at exit)."""
+    with _BASE_LOCK:
+        return _make_base_run()
+
+
+@functools.cache
+def _make_base_run() -> Path:
     work = Path(tempfile.mkdtemp(prefix="rlcore-fault-base-"))
     atexit.register(shutil.rmtree, work, ignore_errors=True)
     run = Run(work, "base", [*QUICK, f"max_steps={BASE_STEPS}", f"output_dir={work / 'run'}"])
