@@ -295,7 +295,8 @@ def main() -> None:
     parser.add_argument("--train-variant", choices=TRAIN_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--variants", default=",".join(TRAIN_VARIANTS),
                         help=f"--part train: the engines to run, hf first (default {','.join(TRAIN_VARIANTS)})")
-    parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200-x2"))
+    parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND"),
+                        help="machine kind, for the record (default nvidia-h200 for --part one or train, else -x2)")
     parser.add_argument("--json", help="where to write the results (default benchmarks/results/megatron_gpu.json)")
     parser.add_argument("--smoke", action="store_true", help="part one's code paths on the CPU: a tiny model, the hf "
                         "rollout engine for vLLM, float32, 2 steps (the GPU run's configs are built there too)")
@@ -317,7 +318,8 @@ def main() -> None:
     if args.smoke and args.part != "one":
         parser.error("--smoke runs part one's code paths only: add --part one")
     path = results_path(args.json, RESULTS.name, args.smoke)
-    record: dict[str, Any] = {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
+    kind = args.kind or ("nvidia-h200" if args.part in ("one", "train") else "nvidia-h200-x2")
+    record: dict[str, Any] = {"kind": kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
                               "smoke": args.smoke, "steps": STEPS, "skip": SKIP,
                               "prompts": PROMPTS, "generations": GENERATIONS, "completion_tokens": TOKENS}
     with tempfile.TemporaryDirectory() as tmp:
