@@ -19,6 +19,7 @@ throughputs is the stalls' share, printed.
     python benchmarks/sft_gpu.py                  # both sides, one GPU, about 3 minutes
     python benchmarks/sft_gpu.py --only trl       # one side (kept in the JSON)
     python benchmarks/sft_gpu.py --smoke          # a tiny model on the CPU, float32, 3 steps: the code paths only
+    python benchmarks/sft_gpu.py --profile        # + one step of each side under torch's profiler (where the time goes)
 
 Target (issue 24): rlcore's median step <= 1.0 x TRL's. Results (`--json PATH`, default
 benchmarks/results/sft_gpu-<date>-<kind>.json, written after each side) with both sides' settings and the git
@@ -85,7 +86,7 @@ def measures(stamps: list[dict], skip: int) -> dict:
             "per_step_s": [round(s, 4) for s in seconds], "per_step_tokens": tokens}
 
 
-def run_rlcore(model: str, data: str, tmp: Path, steps: int, smoke: bool = False) -> dict:
+def run_rlcore(model: str, data: str, tmp: Path, steps: int, smoke: bool = False, profile: bool = False) -> dict:
     out, stamps, plugin = tmp / "rlcore", tmp / "rlcore.json", tmp / "timing_rlcore.py"
     plugin.write_text(TIMING.format(out=str(stamps)))
     same = {**SAME, **SMOKE} if smoke else SAME
@@ -94,26 +95,29 @@ def run_rlcore(model: str, data: str, tmp: Path, steps: int, smoke: bool = False
     cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", "sft", "--with", str(plugin), "--use-ray",
            f"model={model}", f"dataset={data}", f"output_dir={out}", f"max_steps={steps}", *device, "save_steps=0",
            "run_ahead=true", *overrides]
+    extra, profiled = profile_env(tmp, "rlcore", steps) if profile else ({}, None)
     started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    done = subprocess.run(cmd, capture_output=True, text=True,
+                          env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **extra})
     done.check_returncode()  # the CalledProcessError carries the child's stderr into the results row
     settings = {**same, "framework": "rlcore run --plugin sft --use-ray, 1 worker (TRL's SFTTrainer inside)",
                 "stamped": "on the driver at each step's end (Ray's call inside)",
                 "run_ahead": "each step begins while the driver logs the last (rlcore's default)"}
     return {"stamps": json.loads(stamps.read_text()), "wall_s": round(time.perf_counter() - started, 1),
-            "cmd": " ".join(cmd[1:]), "settings": settings}
+            "cmd": " ".join(cmd[1:]), "settings": settings, "profile": profiled and read_profile(profiled)}
 
 
-def run_trl(model: str, data: str, tmp: Path, steps: int, smoke: bool = False) -> dict:
+def run_trl(model: str, data: str, tmp: Path, steps: int, smoke: bool = False, profile: bool = False) -> dict:
     stamps = tmp / "trl.json"
     cmd = [sys.executable, __file__, "--trl-child", "--model", model, "--data", data, "--out", str(stamps),
            "--steps", str(steps), "--output-dir", str(tmp / "trl")] + (["--smoke"] if smoke else [])
+    extra, profiled = profile_env(tmp, "trl", steps) if profile else ({}, None)
     started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **extra})
     done.check_returncode()  # the CalledProcessError carries the child's stderr into the results row
     result = json.loads(stamps.read_text())
     return {"stamps": result["stamps"], "wall_s": round(time.perf_counter() - started, 1), "cmd": " ".join(cmd[1:]),
-            "settings": result["settings"]}
+            "settings": result["settings"], "profile": profiled and read_profile(profiled)}
 
 
 def trl_child(model: str, data: str, out: str, steps: int, output_dir: str, smoke: bool = False) -> None:
@@ -142,6 +146,71 @@ def trl_child(model: str, data: str, out: str, steps: int, output_dir: str, smok
                     framework="trl.SFTTrainer, one process", stamped="on_log at each step (logging_steps 1)")
     trainer.train()
     Path(out).write_text(json.dumps({"stamps": rows, "settings": settings}, default=str))
+# --profile, rlcore's side: a sitecustomize on the PYTHONPATH of the run (the driver and its Ray workers inherit it)
+# that wraps TRL's SFTTrainer.training_step as soon as trl.trainer.sft_trainer is imported, in whichever process
+# trains, and writes the profiled step's table to {out}
+PROFILE_SITE = '''
+import importlib.abc, importlib.util, json, sys
+sys.path.insert(0, {fair!r})
+
+
+def _patch(module):
+    from fair import profile_nth_call
+    sink = {{}}
+    profile_nth_call(module.SFTTrainer, "training_step", {nth}, sink)
+    profiled = module.SFTTrainer.training_step
+
+    def training_step(*args, **kwargs):
+        out = profiled(*args, **kwargs)
+        if "table" in sink and not sink.get("written"):
+            sink["written"] = True
+            with open({out!r}, "w") as f:
+                json.dump({{k: v for k, v in sink.items() if k != "written"}}, f)
+        return out
+
+    module.SFTTrainer.training_step = training_step
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "trl.trainer.sft_trainer":
+            return None
+        sys.meta_path.remove(self)  # once: the real spec, its loader patching the module after it runs
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Finder())
+'''
+
+
+def profile_env(tmp: Path, side: str, steps: int) -> tuple[dict[str, str], Path]:
+    """--profile: the environment that profiles TRL's training_step at the second-to-last step (0-based
+    steps - 2) of `side`'s run, and the file its table goes to."""
+    out, site = tmp / f"profile-{side}.json", tmp / f"site-{side}"
+    site.mkdir()
+    nth = max(0, steps - 2)
+    (site / "sitecustomize.py").write_text(PROFILE_SITE.format(fair=str(Path(__file__).resolve().parent), nth=nth,
+                                                               out=str(out)))
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path}, out
+
+
+def read_profile(out: Path) -> dict | None:
+    """The profiled step ({seconds, self_cuda_s, self_cpu_s, table}), printed; None if it was not written."""
+    if not out.is_file():
+        return None
+    found = json.loads(out.read_text())
+    print(f"\n{out.stem}: one training_step under torch's profiler, {found['seconds']:.3f} s "
+          f"(CUDA busy {found.get('self_cuda_s', 0):.3f} s, CPU {found['self_cpu_s']:.3f} s)\n{found['table']}")
+    return found
 
 
 def build(tmp: Path, smoke: bool = False) -> tuple[str, str]:
@@ -180,6 +249,9 @@ def main() -> None:
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200"), help="machine kind, for the record")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, float32, 3 steps: the code "
                         "paths only (TRL's GPU config is built there too)")
+    parser.add_argument("--profile", action="store_true", help="each side's second-to-last training_step under "
+                        "torch's profiler (the same wrapper on both; its table is printed and kept in the JSON; the "
+                        "step times of such a run include it)")
     parser.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
     for flag in ("--model", "--data", "--out", "--output-dir"):
         parser.add_argument(flag, help=argparse.SUPPRESS)
@@ -200,8 +272,10 @@ def main() -> None:
             if args.only not in (None, name):
                 continue
             try:
-                raw = run(model, data, tmp, steps, args.smoke)
+                raw = run(model, data, tmp, steps, args.smoke, args.profile)
                 sides[name] = {**measures(raw["stamps"], skip), **{k: raw[k] for k in ("settings", "wall_s", "cmd")}}
+                if args.profile:  # the profiled step is among those measured: a --profile run's times are not a result
+                    sides[name]["profile"] = raw["profile"] or "not written (the profiled step did not run)"
             except Exception as error:  # noqa: BLE001 - the other side still runs
                 sides[name] = failure(error)
             sides[name]["commit"] = git_commit()

@@ -32,11 +32,16 @@ def test_grpo_gpu_runs_both_sides_and_compares_their_settings(tmp_path):
 
 @pytest.mark.prelease
 @pytest.mark.ray
-def test_sft_gpu_runs_both_sides_on_the_same_tokens(tmp_path):
-    result, out = smoke("sft_gpu", tmp_path)
+def test_sft_gpu_runs_both_sides_on_the_same_tokens_and_profiles_a_step_of_each(tmp_path):
+    """--profile reaches TRL's training_step in rlcore's Ray worker as in TRL's own process."""
+    result, out = smoke("sft_gpu", tmp_path, "--profile")
     rlcore, trl = result["sides"]["rlcore"], result["sides"]["trl"]
     assert rlcore["window_tokens"] == trl["window_tokens"] > 0
     assert "ratio_median_step" in result and "rlcore / TRL median step" in out
+    for side in ("rlcore", "trl"):
+        profile = result["sides"][side]["profile"]
+        assert profile["seconds"] > 0 and "aten::" in profile["table"], profile
+        assert f"profile-{side}: one training_step under torch's profiler" in out
 
 
 @pytest.mark.prelease
