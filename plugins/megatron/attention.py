@@ -1,5 +1,6 @@
 """The megatron engine's layer spec: megatron-core's local spec (no Transformer Engine, no Apex) with its core
-attention replaced by `SdpaAttention`, which runs torch's `scaled_dot_product_attention`.
+attention replaced by `SdpaAttention`, which runs torch's `scaled_dot_product_attention`, and its MLP by
+`SwiGLUMLP`, whose activation keeps only its input for backward.
 
 The local spec's `DotProductAttention` materialises [B, heads, T, T] scores (and a softmax in fp32 beside
 them) and repeats the key/value heads for grouped-query attention. SDPA picks a flash or memory-efficient
@@ -49,10 +50,55 @@ class SdpaAttention(MegatronModule):
         return out.permute(2, 0, 1, 3).reshape(T, B, -1)
 
 
-def layer_spec() -> Any:
-    """megatron-core's local GPT layer spec (RMSNorm) with `SdpaAttention` as its core attention."""
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up of the fc1 output [..., 2F] (gate first, as megatron stacks them), keeping only that input:
+    backward recomputes silu(gate). Megatron's unfused `glu` keeps the input, silu(gate) and a copy of `up`
+    (`up + glu_linear_offset`), 2F more per token and layer. The same kernels as autograd runs for `glu`, so the
+    values and gradients are the same."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        gate, up = torch.chunk(x, 2, dim=-1)
+        ctx.save_for_backward(x)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        gate, up = torch.chunk(x, 2, dim=-1)
+        return torch.cat([torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)], dim=-1)
+
+
+def _mlp_class() -> type:
+    from megatron.core.transformer.mlp import MLP
+
+    class SwiGLUMLP(MLP):
+        """megatron's MLP with its SwiGLU activation through `_SwiGLU` (fc1 -> swiglu -> fc2, bias-free as the
+        engine builds it); any other configuration takes megatron's own forward."""
+
+        def forward(self, hidden_states: torch.Tensor, per_token_scale: Any = None, **kwargs: Any) -> Any:
+            config = self.config
+            plain = (config.gated_linear_unit and config.activation_func is F.silu and per_token_scale is None
+                     and not config.bias_activation_fusion and not getattr(config, "use_te_activation_func", False)
+                     and getattr(config, "glu_linear_offset", 0.0) == 0.0
+                     and getattr(config, "activation_func_clamp_value", None) is None)
+            if not plain:
+                return super().forward(hidden_states, per_token_scale=per_token_scale, **kwargs)
+            intermediate, bias = self.linear_fc1(hidden_states)
+            if bias is not None:
+                intermediate = intermediate + bias
+            return self.linear_fc2(_SwiGLU.apply(intermediate))
+
+    return SwiGLUMLP
+
+
+def layer_spec(swiglu: bool = True) -> Any:
+    """megatron-core's local GPT layer spec (RMSNorm) with `SdpaAttention` as its core attention and, with
+    `swiglu`, `SwiGLUMLP` as its MLP."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+    if swiglu:
+        spec.submodules.mlp.module = _mlp_class()
     return spec

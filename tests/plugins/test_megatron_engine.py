@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from rlcore import ConfigError, RlcoreError, load_plugins
 from rlcore.batch import Batch
@@ -118,6 +119,46 @@ def test_the_chunked_output_layer_gives_the_vocab_parallel_values_and_steps(tiny
     # the output layer's own forward is back after each pass: the module gives logits again
     module = engines[True].module
     assert "forward" not in vars(module.output_layer)
+
+
+def test_the_swiglu_mlp_gives_megatrons_values_and_keeps_less_for_backward(tiny_model, monkeypatch):
+    """`SwiGLUMLP` (the engine's MLP) against megatron's own: the same losses and gradient norms step by step, while
+    the MLPs keep 2F fewer numbers per token and layer for backward (no silu(gate), no copy of `up`)."""
+    from rlcore.plugins.megatron import attention
+
+    spec = attention.layer_spec
+    engines = {}
+    for swiglu in (True, False):
+        monkeypatch.setattr(attention, "layer_spec", lambda swiglu=swiglu: spec(swiglu))
+        engines[swiglu] = make_train_engine(model=tiny_model, learning_rate=1e-3, seed=0)
+    assert {type(layer.mlp).__name__ for layer in engines[True].module.decoder.layers} == {"SwiGLUMLP"}
+    assert {type(layer.mlp).__name__ for layer in engines[False].module.decoder.layers} == {"MLP"}
+    batch = _batch()
+    kept: dict[bool, int] = {}
+    for swiglu, engine in engines.items():
+        storages: dict[int, int] = {}
+        inside = [False]
+        hooks = [h for layer in engine.module.decoder.layers for h in (
+            layer.mlp.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True)),
+            layer.mlp.register_forward_hook(lambda *_: inside.__setitem__(0, False)))]
+
+        def pack(t):
+            if inside[0] and not isinstance(t, torch.nn.Parameter):
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            engine.forward_logprobs(batch)  # inference: nothing kept
+            first = engine.train_step(batch, _nll, micro_batch_size=4)
+        for h in hooks:
+            h.remove()
+        kept[swiglu] = sum(storages.values())
+        steps = [first, *(engine.train_step(batch, _nll, micro_batch_size=4) for _ in range(2))]
+        engines[swiglu] = [(s["loss"], s["grad_norm"]) for s in steps]
+    assert engines[True] == engines[False]
+    tokens, layers = batch["input_ids"].numel(), 2  # every position of the right-padded rows runs the layers
+    ffn = AutoConfig.from_pretrained(tiny_model).intermediate_size
+    assert kept[False] - kept[True] == tokens * layers * 2 * ffn * 4  # float32
 
 
 def _nll(outputs, micro):
