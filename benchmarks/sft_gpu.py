@@ -146,9 +146,11 @@ def trl_child(model: str, data: str, out: str, steps: int, output_dir: str, smok
                     framework="trl.SFTTrainer, one process", stamped="on_log at each step (logging_steps 1)")
     trainer.train()
     Path(out).write_text(json.dumps({"stamps": rows, "settings": settings}, default=str))
-# --profile, rlcore's side: a sitecustomize on the PYTHONPATH of the run (the driver and its Ray workers inherit it)
-# that wraps TRL's SFTTrainer.training_step as soon as trl.trainer.sft_trainer is imported, in whichever process
-# trains, and writes the profiled step's table to {out}
+
+
+# --profile, both sides alike: a sitecustomize on the PYTHONPATH of a side's run (TRL's child; rlcore's driver and
+# the Ray workers that inherit it) that wraps TRL's SFTTrainer.training_step as soon as trl.trainer.sft_trainer is
+# imported, in whichever process trains, and writes the profiled step's table to {out}
 PROFILE_SITE = '''
 import importlib.abc, importlib.util, json, sys
 sys.path.insert(0, {fair!r})
