@@ -51,7 +51,7 @@ from typing import Any
 
 from fair import failure, free_port, git_commit, results_path, run_child, write_json
 
-MICRO, ACCUM, TOKENS, STEPS, SKIP = 8, 8, 256, 6, 2
+MICRO, ACCUM, TOKENS, STEPS, SKIP = 8, 8, 256, 10, 2
 VOCAB = 151936
 STUDENT = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
                vocab_size=VOCAB, max_position_embeddings=2048, dtype="bfloat16")

@@ -77,8 +77,10 @@ class DistillWorker(TrainWorker):
                 self.teacher.offload(params=True, grads=False, optimizer=False)
 
     def _teacher_forward(self, batch: Batch, k: int | None, temperature: float) -> Any:
+        from torch.profiler import record_function
+
         start = time.perf_counter()
-        with self._teacher_loaded():  # an offloaded teacher's head leaves the device again: no projection then
+        with record_function("rlcore.teacher"), self._teacher_loaded():  # an offloaded teacher's head leaves the device again: no projection then
             out = teacher_answer(self.teacher, batch, k, temperature, projection=not self.offload_teacher)
         self.teacher_seconds += time.perf_counter() - start
         return out

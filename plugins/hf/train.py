@@ -204,6 +204,8 @@ class HFTrainEngine(TrainEngine):
         """
         import torch
 
+        from torch.profiler import record_function
+
         check_train_step("hf", self.forward_only, micro_batch_size, temperature)
         token_columns(batch)
         num_micro = math.ceil(len(batch) / micro_batch_size)
@@ -225,9 +227,12 @@ class HFTrainEngine(TrainEngine):
             micro = trim_padding(micro).to(self.device)
             sync = self.ddp is None or i == num_micro - 1
             with nullcontext() if sync else self.ddp.no_sync():
-                outputs = self._outputs(module, micro["input_ids"], micro["attention_mask"], temperature)
-                loss, metrics = loss_fn(outputs, micro)
-                loss.backward()
+                with record_function("rlcore.forward"):  # the phases' names in a torch profile
+                    outputs = self._outputs(module, micro["input_ids"], micro["attention_mask"], temperature)
+                with record_function("rlcore.loss"):
+                    loss, metrics = loss_fn(outputs, micro)
+                with record_function("rlcore.backward"):
+                    loss.backward()
             total_loss += float(loss.detach())
             for key, value in metrics.items():
                 sums[key] += float(value)
@@ -236,7 +241,8 @@ class HFTrainEngine(TrainEngine):
         lr = self.scheduler.get_last_lr()[0]
         skipped = not math.isfinite(grad_norm)  # NaN or infinite gradients would make every weight NaN
         if not skipped:
-            self.optimizer.step()
+            with record_function("rlcore.optimizer"):
+                self.optimizer.step()
             self.scheduler.step()
             self.global_step += 1
         self.optimizer.zero_grad(set_to_none=True)
