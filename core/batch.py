@@ -66,6 +66,8 @@ def trim_padding(batch: Batch) -> Batch:
 class Batch(Mapping[str, Any]):
     """Columns of equal length. Tensors keep their type; anything else is stored as a list."""
 
+    host: Batch | None = None  # the CPU batch this one was moved from (`to`)
+
     def __init__(self, data: Mapping[str, Any] | None = None, **columns: Any):
         self._data: dict[str, Any] = {}
         for key, value in {**(data or {}), **columns}.items():
@@ -133,7 +135,24 @@ class Batch(Mapping[str, Any]):
         return self
 
     def to(self, device: Any) -> Batch:
-        return Batch({k: v.to(device) if _is_tensor(v) else v for k, v in self._data.items()})
+        """The batch on `device`. From the CPU to a GPU the copies are non-blocking (through pinned memory: a
+        copy from pageable memory waits for the GPU's queue to drain first), and the moved batch keeps this one
+        as its `host`, so that a loss can read a mask's positions on the CPU without waiting for the GPU."""
+        import torch
+
+        device = torch.device(device)
+        to_gpu = device.type != "cpu" and all(v.device.type == "cpu" for v in self._data.values() if _is_tensor(v))
+
+        def move(v: Any) -> Any:
+            if not _is_tensor(v):
+                return v
+            if to_gpu:
+                return v.pin_memory().to(device, non_blocking=True)
+            return v.to(device)
+
+        moved = Batch({k: move(v) for k, v in self._data.items()})
+        moved.host = self if to_gpu else self.host
+        return moved
 
     @staticmethod
     def concat(batches: Sequence[Batch], pad_value: Mapping[str, Any] | None = None) -> Batch:
@@ -167,3 +186,18 @@ class Batch(Mapping[str, Any]):
                 out[key] = [x for v in values for x in v]
         return Batch(out)
 
+
+def host_of(batch: Any) -> Batch | None:
+    """The CPU batch a device batch was moved from (`Batch.to`), or None (also for a plain mapping)."""
+    return getattr(batch, "host", None)
+
+
+def nonzero_positions(batch: Mapping[str, Any], key: str) -> Any:
+    """The flat positions (a long tensor on the column's device) where `batch[key]` is non-zero, in row-major
+    order: computed from the batch's `host` copy where it has one, so the GPU's queue is not drained for it
+    (a boolean index or `nonzero` of a GPU tensor waits for every kernel before it)."""
+    column, host = batch[key], host_of(batch)
+    if host is None or key not in host:
+        return column.reshape(-1).nonzero().squeeze(1)
+    positions = host[key].reshape(-1).nonzero().squeeze(1)
+    return positions.pin_memory().to(column.device, non_blocking=True) if column.device.type != "cpu" else positions

@@ -135,55 +135,84 @@ class HeadModelOutputs(ModelOutputs):
     """`ModelOutputs` from a causal LM's last hidden states [B, T, H] and its LM head: every result is computed
     through this module's functions in chunks of positions, on the rows that hold a distribution only (not row
     0, not padding), so no [B, T, V] tensor exists unless `full_logprobs` is asked for. Same values as
-    `HFModelOutputs` of the logits the head would give."""
+    `HFModelOutputs` of the logits the head would give.
+
+    The rows are picked by position (`index_select` / `index_copy`), not by a boolean mask: with `host_mask`
+    (the attention mask on the CPU, as `Batch.host` keeps it) the positions are found there and the GPU's
+    queue never drains for them; without it they are found once on the device."""
 
     def __init__(self, hidden: torch.Tensor, lm_head: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 temperature: float = 1.0, use_trl: bool | None = None):
+                 temperature: float = 1.0, use_trl: bool | None = None, host_mask: torch.Tensor | None = None):
         self.hidden = hidden[:, :-1]  # position t-1 predicts token t
         self.weight, self.bias = lm_head.weight, lm_head.bias
         self.input_ids = input_ids
         self.valid = attention_mask.bool().clone()
         self.valid[:, 0] = False
-        self.rows = self.valid[:, 1:]  # [B, T-1]: the positions whose prediction a loss can read
         self.temperature = temperature
         self.use_trl = use_trl
+        self._host_mask = host_mask
         self._cache: dict[str, torch.Tensor] = {}
+
+    def _positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(flat positions in [B, T] of the rows that hold a distribution, their predicting rows' flat positions
+        in the [B, T-1] hidden states), in row-major order, on the device."""
+        if "positions" not in self._cache:
+            B, T = self.valid.shape
+            valid = self.valid if self._host_mask is None else self._host_mask.bool().clone()
+            valid[:, 0] = False
+            positions = valid.reshape(-1).nonzero().squeeze(1)
+            if positions.device != self.valid.device:
+                positions = positions.pin_memory().to(self.valid.device, non_blocking=True)
+            self._cache["positions"] = positions
+            self._cache["rows"] = positions - positions // T - 1  # (b, t) -> b * (T - 1) + t - 1
+        return self._cache["positions"], self._cache["rows"]
+
+    def _rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The predicting rows [N, ...] of a [B, T-1, ...] tensor (the hidden states)."""
+        return tensor.reshape(-1, *tensor.shape[2:]).index_select(0, self._positions()[1])
+
+    def _at(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The rows [N, ...] of a [B, T, ...] tensor aligned with input_ids (ids asked about)."""
+        return tensor.reshape(-1, *tensor.shape[2:]).index_select(0, self._positions()[0])
 
     def _scatter(self, values: torch.Tensor) -> torch.Tensor:
         """Values of the predicting rows ([N, ...]) as [B, T, ...] aligned with input_ids, 0 elsewhere."""
-        out = values.new_zeros(*self.valid.shape, *values.shape[1:])
-        out[self.valid] = values
-        return out
+        B, T = self.valid.shape
+        out = values.new_zeros(B * T, *values.shape[1:])
+        return out.index_copy(0, self._positions()[0], values).view(B, T, *values.shape[1:])
 
     def logprobs(self) -> torch.Tensor:
         if "logprobs" not in self._cache:
-            targets = self.input_ids[:, 1:][self.rows]
-            values = token_logprobs(self.hidden[self.rows], self.weight, self.bias, targets, self.temperature,
+            targets = self._at(self.input_ids)
+            values = token_logprobs(self._rows(self.hidden), self.weight, self.bias, targets, self.temperature,
                                     use_trl=self.use_trl)
             self._cache["logprobs"] = self._scatter(values)
         return self._cache["logprobs"]
 
     def logprobs_at(self, ids: torch.Tensor) -> torch.Tensor:
         check_ids(ids, self.input_ids)
-        ids = ids.to(self.hidden.device, non_blocking=True)[:, 1:][self.rows]
-        return self._scatter(logprobs_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
+        ids = self._at(ids.to(self.hidden.device, non_blocking=True))
+        return self._scatter(logprobs_at(self._rows(self.hidden), self.weight, self.bias, ids, self.temperature))
 
     def logits_at(self, ids: torch.Tensor) -> torch.Tensor:
         check_ids(ids, self.input_ids)
-        ids = ids.to(self.hidden.device, non_blocking=True)[:, 1:][self.rows]
-        return self._scatter(logits_at(self.hidden[self.rows], self.weight, self.bias, ids, self.temperature))
+        ids = self._at(ids.to(self.hidden.device, non_blocking=True))
+        return self._scatter(logits_at(self._rows(self.hidden), self.weight, self.bias, ids, self.temperature))
 
     def full_logprobs(self) -> torch.Tensor:
         if "full" not in self._cache:
-            self._cache["full"] = self._scatter(full_logprobs(self.hidden[self.rows], self.weight, self.bias,
+            self._cache["full"] = self._scatter(full_logprobs(self._rows(self.hidden), self.weight, self.bias,
                                                               self.temperature))
         return self._cache["full"]
 
     def topk(self, k: int) -> TopK:
         """The k most likely tokens of every row, in `TopK`'s layout (ids 0 where a row holds no distribution)."""
-        values, ids = topk_logprobs(self.hidden[self.rows], self.weight, self.bias,
+        values, ids = topk_logprobs(self._rows(self.hidden), self.weight, self.bias,
                                     min(k, self.weight.shape[0]), self.temperature)
         return TopK(ids=self._scatter(ids), logprobs=self._scatter(values))
 
     def projection(self) -> Projection:
-        return Projection(hidden=self._scatter(self.hidden[self.rows]), weight=self.weight, bias=self.bias)
+        """The hidden states aligned with input_ids (row t: the state that predicts token t; 0 where a row holds
+        no distribution) and the head: a shift and a mask, no index to find."""
+        shifted = torch.cat([self.hidden.new_zeros(self.hidden.shape[0], 1, self.hidden.shape[2]), self.hidden], 1)
+        return Projection(hidden=shifted * self.valid[..., None].to(shifted.dtype), weight=self.weight, bias=self.bias)

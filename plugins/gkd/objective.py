@@ -39,6 +39,8 @@ class DistillObjective:
         """(sum of the per-token JSD over the completion tokens the teacher covers, their count)."""
         import torch
 
+        from rlcore.batch import nonzero_positions
+
         from .loss import jsd_sum, projected_jsd_sum, teacher_given, topk_jsd_terms
 
         mask = batch["completion_mask"].to(torch.float32)
@@ -57,9 +59,13 @@ class DistillObjective:
         if isinstance(given, Projection):
             student = outputs.projection()
             if student is not None:  # both heads in chunks over the completion tokens only
-                rows = mask.bool().to(student.hidden.device)
-                total = projected_jsd_sum(student.hidden[rows], student.weight, student.bias,
-                                          given.hidden.to(student.hidden.device)[rows], given.weight, given.bias,
+                rows = nonzero_positions(batch, "completion_mask").to(student.hidden.device)
+
+                def at_rows(hidden: torch.Tensor) -> torch.Tensor:
+                    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)
+
+                total = projected_jsd_sum(at_rows(student.hidden), student.weight, student.bias,
+                                          at_rows(given.hidden.to(student.hidden.device)), given.weight, given.bias,
                                           self.beta, T)
                 return total, mask.sum()
             given = projected_logprobs(given, T)
@@ -69,14 +75,15 @@ class DistillObjective:
     def __call__(self, outputs: ModelOutputs, batch: Any, teacher: TeacherFn | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         total, tokens = self.divergence(outputs, batch, teacher)
         loss = total
-        metrics = {"jsd": float(total.detach()) / max(float(tokens), 1.0)}
+        # tensors, which the engine reads once its step is done (a float here would wait for the GPU)
+        metrics = {"jsd": total.detach() / tokens.clamp_min(1.0)}
         if self.sft_alpha > 0:
             from .loss import sft_sum
 
             mask = batch["completion_mask"]
             ce = sft_sum(outputs.logprobs(), mask)
             loss = loss + self.sft_alpha * ce
-            metrics["sft_loss"] = float(ce.detach()) / max(float(mask.sum()), 1.0)
+            metrics["sft_loss"] = ce.detach() / mask.sum().clamp_min(1)
         return loss / self.num_items_in_batch, metrics
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlcore import Batch, GenerateWorker, TopK, TrainWorker, function, worker, worker_rank
-from rlcore.batch import pad_width
+from rlcore.batch import host_of, pad_width
 from rlcore.roles import make_engine
 
 from .objective import DistillObjective, GivenOutputs
@@ -23,6 +23,8 @@ def teacher_answer(engine: Any, batch: Batch, k: int | None, temperature: float,
     states and LM head (a `Projection`, where the engine has `forward_projection` and `projection` is on), else
     its top-k (`TopK`) or full log-probs [B, T, V] at `temperature`."""
     tokens = Batch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    host = host_of(batch)  # the micro-batch's CPU copy: the teacher's rows are found there, not on the GPU
+    tokens.host = None if host is None else Batch(input_ids=host["input_ids"], attention_mask=host["attention_mask"])
     if k is None and projection and hasattr(engine, "forward_projection"):
         given = engine.forward_projection(tokens)
         if given is not None:

@@ -99,10 +99,11 @@ def chunked_head_of(model: Any) -> Any | None:
 
 
 def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
-                  chunked: bool = False, use_trl: bool | None = None) -> ModelOutputs:
+                  chunked: bool = False, use_trl: bool | None = None, host_mask: torch.Tensor | None = None) -> ModelOutputs:
     """One forward pass of `model` (differentiable when grad is on): `HeadModelOutputs` of its last hidden
     states with `chunked` where `chunked_head_of(model)` allows it (the forward projects one position only),
-    else `HFModelOutputs` of its logits."""
+    else `HFModelOutputs` of its logits. `host_mask`: the attention mask on the CPU, where the caller has it
+    (the rows are found there, without waiting for the GPU)."""
     lm_head = chunked_head_of(model) if chunked else None
     if lm_head is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
@@ -111,4 +112,4 @@ def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
                 logits_to_keep=1)
     from rlcore.head import HeadModelOutputs  # torch, at first use: importing the plugin imports none
 
-    return HeadModelOutputs(out.hidden_states[-1], lm_head, input_ids, attention_mask, temperature, use_trl)
+    return HeadModelOutputs(out.hidden_states[-1], lm_head, input_ids, attention_mask, temperature, use_trl, host_mask)

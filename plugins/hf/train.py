@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcore.batch import Batch, pad_width, token_columns, trim_padding
+from rlcore.batch import Batch, host_of, pad_width, token_columns, trim_padding
 from rlcore.checkpoint import replace_dir
 from rlcore.rendezvous import join_torch_world
 from rlcore.engine_checks import check_temperature, check_train_step, common_problems, raise_problems, torch_device
@@ -143,16 +143,18 @@ class HFTrainEngine(TrainEngine):
             raise RlcoreError(f"forward_topk: k={k!r} must be a positive int or None (full vocabulary)")
         self._ensure_loaded()
         input_ids, attention_mask = token_columns(batch)
+        host = host_of(batch)
+        host_mask = attention_mask if host is None else host["attention_mask"]  # the widths: on the CPU if it can
         (B, T), V = input_ids.shape, self._vocab_size()
         width_k = V if k is None else min(k, V)
         where = self.device if on_device else "cpu"
         values = torch.zeros(B, T, width_k, dtype=torch.float32, device=where)
         ids = None if k is None else torch.zeros(B, T, width_k, dtype=torch.long, device=where)  # no [B, T, V] of ids
         with torch.inference_mode():
-            for rows, width in self._chunks(attention_mask):
+            for rows, width in self._chunks(host_mask):
                 outputs = self._outputs(
                     self.model, input_ids[rows, :width].to(self.device), attention_mask[rows, :width].to(self.device),
-                    temperature,
+                    temperature, host_mask=host_mask[rows, :width] if host_mask.device.type == "cpu" else None,
                 )
                 if ids is None:
                     values[rows, :width] = outputs.full_logprobs()
@@ -169,7 +171,9 @@ class HFTrainEngine(TrainEngine):
 
         self._ensure_loaded()
         input_ids, attention_mask = token_columns(batch)
-        width = max(int(attention_mask.sum(dim=1).max()), 1)
+        host = host_of(batch)
+        host_mask = attention_mask if host is None else host["attention_mask"]  # no wait for the GPU for the width
+        width = max(int(host_mask.sum(dim=1).max()), 1)
         with torch.no_grad():  # not inference_mode: a loss's backward saves these states
             outputs = self._outputs(self.model, input_ids[:, :width].to(self.device),
                                     attention_mask[:, :width].to(self.device), 1.0)
@@ -179,8 +183,10 @@ class HFTrainEngine(TrainEngine):
         hidden = pad_width(projection.hidden, input_ids.shape[1])
         return Projection(hidden=hidden, weight=projection.weight, bias=projection.bias)
 
-    def _outputs(self, module: Any, input_ids: Any, attention_mask: Any, temperature: float) -> Any:
-        return model_outputs(module, input_ids, attention_mask, temperature, chunked=self.chunked_lm_head)
+    def _outputs(self, module: Any, input_ids: Any, attention_mask: Any, temperature: float,
+                 host_mask: Any = None) -> Any:
+        return model_outputs(module, input_ids, attention_mask, temperature, chunked=self.chunked_lm_head,
+                             host_mask=host_mask)
 
     def _chunks(self, attention_mask: Any) -> Iterator[tuple[slice, int]]:
         """Row slices of at most `logprob_micro_batch_size`, each with its longest row's width."""
@@ -221,21 +227,22 @@ class HFTrainEngine(TrainEngine):
         self._ensure_loaded()
         module = self.ddp or self.model
         module.train()
-        sums: dict[str, float] = defaultdict(float)
-        total_loss = 0.0
+        sums: dict[str, Any] = defaultdict(float)
+        total_loss: Any = 0.0
         for i, micro in enumerate(batch.split(num_micro)):
             micro = trim_padding(micro).to(self.device)
             sync = self.ddp is None or i == num_micro - 1
             with nullcontext() if sync else self.ddp.no_sync():
                 with record_function("rlcore.forward"):  # the phases' names in a torch profile
-                    outputs = self._outputs(module, micro["input_ids"], micro["attention_mask"], temperature)
+                    outputs = self._outputs(module, micro["input_ids"], micro["attention_mask"], temperature,
+                                            host_mask=host["attention_mask"] if (host := host_of(micro)) else None)
                 with record_function("rlcore.loss"):
                     loss, metrics = loss_fn(outputs, micro)
                 with record_function("rlcore.backward"):
                     loss.backward()
-            total_loss += float(loss.detach())
+            total_loss = total_loss + loss.detach()  # tensors: read once the step is done, not per micro-batch
             for key, value in metrics.items():
-                sums[key] += float(value)
+                sums[key] = sums[key] + (value.detach() if isinstance(value, torch.Tensor) else value)
         module.eval()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, self.max_grad_norm or math.inf))
         lr = self.scheduler.get_last_lr()[0]
@@ -246,8 +253,8 @@ class HFTrainEngine(TrainEngine):
             self.scheduler.step()
             self.global_step += 1
         self.optimizer.zero_grad(set_to_none=True)
-        out = {"loss": total_loss}
-        out.update({key: value / num_micro for key, value in sums.items()})
+        out = {"loss": float(total_loss)}
+        out.update({key: float(value) / num_micro for key, value in sums.items()})
         out.update(grad_norm=grad_norm, learning_rate=float(lr))
         if skipped:
             out["update_skipped"] = 1.0

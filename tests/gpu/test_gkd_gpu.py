@@ -113,3 +113,47 @@ def test_vllm_prompt_top_k_is_aligned_with_the_student(tmp_path):
     valid = mask.bool()
     torch.testing.assert_close(top.logprobs[valid], hf[valid], atol=2e-3, rtol=0)  # raw log-probs, not processed
     assert float(total) / float(tokens) < 1e-3
+
+
+@pytest.mark.parametrize("topk", [None, 8])
+def test_a_train_step_waits_for_the_gpu_only_where_transformers_does(models, topk):
+    """A colocated teacher's GKD step over 4 micro-batches: the micro-batches' copies, the rows the loss reads and
+    its metrics never drain the GPU's queue (each would leave the GPU idle while Python queues the next kernels).
+    What still waits: transformers' check for an all-ones attention mask (one per model forward) and the
+    step's end (gradient norm, metrics)."""
+    import functools
+    import warnings
+
+    import torch
+
+    from rlcore import Batch, OptimizerOptions
+    from rlcore.batch import pad_tokens
+    from rlcore.plugins.gkd.objective import DistillObjective
+    from rlcore.plugins.gkd.workers import teacher_answer
+    from rlcore.plugins.hf.train import HFTrainEngine
+
+    student = HFTrainEngine(models["student"], dtype="bfloat16", device="cuda", optimizer=OptimizerOptions(learning_rate=1e-4))
+    teacher = HFTrainEngine(models["teacher"], dtype="bfloat16", device="cuda", forward_only=True)
+    rows = [list(range(5 + i % 3, 40 + 3 * i)) for i in range(16)]  # lengths differ: padding in every micro-batch
+    ids, mask = pad_tokens(rows, pad_id=0)
+    completion = mask.clone()
+    completion[:, :5] = 0
+    batch = Batch(input_ids=ids, attention_mask=mask, completion_mask=completion)
+    objective = DistillObjective(beta=0.5, temperature=1.0, topk=topk, num_items_in_batch=float(completion.sum()))
+    loss_fn = functools.partial(objective, teacher=lambda micro, k, t: teacher_answer(teacher, micro, k, t))
+    student.train_step(batch, loss_fn, micro_batch_size=4)  # the first step allocates and warms up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = student.train_step(batch, loss_fn, micro_batch_size=4)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    waits = [f"{w.filename}:{w.lineno}" for w in seen if "synchronizing" in str(w.message)]
+    ours = [w for w in waits if "transformers" not in w]
+    assert out["jsd"] > 0 and out["grad_norm"] > 0
+    # the step's end only: the gradient norm, the loss and the metrics, each read once by the engine (4 micro-batches
+    # each waiting at its copy, its rows, its teacher's rows and its metrics were some 30 waits)
+    assert len(ours) <= 4, f"{len(ours)} waits outside transformers: {ours}"
+    print(f"waits: {len(waits)} in all, {len(ours)} rlcore's: {sorted(set(waits))}")
