@@ -49,6 +49,10 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return logits / temperature if temperature != 1.0 else logits
 
 
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits / temperature if temperature != 1.0 else logits
+
+
 def _by_chunks(fn: Callable[..., torch.Tensor], hidden: torch.Tensor, *row_args: torch.Tensor | None,
                head: tuple, chunk: int) -> torch.Tensor:
     """`fn(hidden_chunk, *row_arg_chunks, *head)` over chunks of rows, concatenated; checkpointed when a
@@ -117,8 +121,13 @@ def topk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     values, ids, chunk = [], [], chunk or CHUNK_ROWS
     with torch.no_grad():
         for start in range(0, hidden.shape[0], chunk):
-            top = torch.log_softmax(_logits(hidden[start : start + chunk], weight, bias, temperature), -1).topk(k, -1)
-            values.append(top.values)
+            # the k largest of the logits in the model's dtype (a log-softmax keeps their order), less the
+            # normaliser: no [chunk, V] log-softmax is written, and topk reads half the bytes
+            h = hidden[start : start + chunk]
+            logits = F.linear(h, weight.to(h.dtype), None if bias is None else bias.to(h.dtype))
+            top = logits.topk(k, -1)
+            values.append(_scaled(top.values.float(), temperature)
+                          - torch.logsumexp(_scaled(logits.float(), temperature), -1, keepdim=True))
             ids.append(top.indices)
     if not values:
         return hidden.new_zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.long, device=hidden.device)

@@ -272,7 +272,7 @@ class ExperienceMaker:
                 cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max,
             )
             batch["importance_sampling_ratio"] = ratio.expand(mask.shape).contiguous()
-            scored.metrics.update(metrics)
+            scored.metrics.update({k: float(v) for k, v in metrics.items()})  # CPU tensors here: no wait
         if reference is not None:
             batch["ref_logprobs"] = reference.forward_logprobs(batch, cfg.temperature)
         return batch

@@ -62,7 +62,7 @@ def sampler_importance_ratio(
     mode: str = "sequence_mask",
     clip_min: float | None = None,
     clip_max: float | None = 3.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """TRL's importance-sampling correction of the rollout engine's sampling: (ratio, metrics).
 
     The ratio is exp(old - sampling) per completion token ([B, T]; 1 off the mask and where the sampler gave
@@ -93,18 +93,25 @@ def sampler_importance_ratio(
 
         on = mask.bool()
         delta = (old_logprobs - sampling_logprobs).abs()
-        delta = delta[on & ~torch.isnan(delta)]
-        flat = ratio.flatten() if sequence else ratio[on]
+        given = on & ~torch.isnan(delta)
+        over = torch.ones_like(ratio, dtype=torch.bool) if sequence else on
 
-        def stat(x: torch.Tensor, fn) -> float:
-            return float(fn(x)) if x.numel() else 0.0
+        def stat(x: torch.Tensor, where: torch.Tensor, how: str) -> torch.Tensor:
+            """mean, max or min of x where `where` holds (0 where it holds nowhere), without a boolean index: 0-dim
+            tensors, read once the step is done (an index or a float would wait for the GPU here)."""
+            if how == "mean":
+                value = torch.where(where, x, 0.0).sum() / where.sum().clamp(min=1)
+            else:
+                fill = -math.inf if how == "max" else math.inf
+                value = getattr(torch.where(where, x, fill), "amax" if how == "max" else "amin")()
+            return torch.where(where.any(), value, 0.0)
 
         metrics = {
-            "sampling/sampling_logp_difference/mean": stat(delta, torch.mean),
-            "sampling/sampling_logp_difference/max": stat(delta, torch.max),
-            "sampling/importance_sampling_ratio/min": stat(flat, torch.min),
-            "sampling/importance_sampling_ratio/mean": stat(flat, torch.mean),
-            "sampling/importance_sampling_ratio/max": stat(flat, torch.max),
+            "sampling/sampling_logp_difference/mean": stat(delta, given, "mean"),
+            "sampling/sampling_logp_difference/max": stat(delta, given, "max"),
+            "sampling/importance_sampling_ratio/min": stat(ratio, over, "min"),
+            "sampling/importance_sampling_ratio/mean": stat(ratio, over, "mean"),
+            "sampling/importance_sampling_ratio/max": stat(ratio, over, "max"),
         }
     return ratio, metrics
 
@@ -226,14 +233,15 @@ def _metrics(
     per_token_kl: torch.Tensor | None,
     epsilon_low: float,
     epsilon_high: float,
-) -> dict[str, float]:
-    """TRL's logged statistics, on this call's tokens (per sequence when the ratio is per sequence)."""
+) -> dict[str, torch.Tensor | float]:
+    """TRL's logged statistics, on this call's tokens (per sequence when the ratio is per sequence); 0-dim
+    tensors, which an engine reads once its step is done (reading each here would wait for the GPU)."""
     with torch.no_grad():
 
-        def masked_mean(x: torch.Tensor) -> float:
+        def masked_mean(x: torch.Tensor) -> torch.Tensor | float:
             if x.shape[1] == 1:  # one value per sequence
-                return float(x.mean().item()) if x.numel() else 0.0
-            return float(((x * mask).sum() / mask.sum().clamp(min=1.0)).item())
+                return x.mean() if x.numel() else 0.0
+            return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
         low = ((coef_1 < 1 - epsilon_low) & (adv < 0)).to(mask.dtype)
         high = ((coef_1 > 1 + epsilon_high) & (adv > 0)).to(mask.dtype)
