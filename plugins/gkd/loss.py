@@ -20,6 +20,7 @@ beta 1 is KL(S || P) (reverse KL). Summed over the vocabulary, averaged over the
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +44,8 @@ def generalized_jsd(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tens
         return (teacher_logprobs.exp() * (teacher_logprobs - student_logprobs)).sum(-1)
     if beta == 1:
         return (student_logprobs.exp() * (student_logprobs - teacher_logprobs)).sum(-1)
-    b = torch.tensor(beta, dtype=student_logprobs.dtype, device=student_logprobs.device)
-    mixture = torch.logsumexp(torch.stack([student_logprobs + torch.log1p(-b), teacher_logprobs + torch.log(b)]), dim=0)
+    # Python floats, not a tensor made on the device (a copy from the host that waits for the GPU's queue)
+    mixture = torch.logsumexp(torch.stack([student_logprobs + math.log1p(-beta), teacher_logprobs + math.log(beta)]), dim=0)
     kl_teacher = (teacher_logprobs.exp() * (teacher_logprobs - mixture)).sum(-1)
     kl_student = (student_logprobs.exp() * (student_logprobs - mixture)).sum(-1)
     return beta * kl_teacher + (1 - beta) * kl_student

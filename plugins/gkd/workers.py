@@ -11,6 +11,7 @@ from typing import Any
 
 from rlcore import Batch, GenerateWorker, TopK, TrainWorker, function, worker, worker_rank
 from rlcore.batch import host_of, pad_width
+from rlcore.engines import Projection
 from rlcore.roles import make_engine
 
 from .objective import DistillObjective, GivenOutputs
@@ -30,6 +31,46 @@ def teacher_answer(engine: Any, batch: Batch, k: int | None, temperature: float,
         if given is not None:
             return given
     return engine.forward_topk(tokens, k, temperature, on_device=True)  # used here: no round trip through CPU
+
+
+TEACHER_GROUP = 4  # micro-batches a colocated teacher answers per forward
+ROW = "_teacher_row"  # the column that tells a micro-batch's loss which rows of the step it holds
+
+
+class TeacherAnswers:
+    """A colocated teacher's side of a step's loss, answered `rows` rows at a time: fewer, larger forwards than one
+    per micro-batch (each forward's Python and kernel launches, and an offloaded teacher's move in and out, are paid
+    once per group), each micro-batch's loss then taking its own rows. A `Projection`'s hidden states or a `TopK`
+    are [rows, T, H or k], small beside the logits; full log-probs (an offloaded teacher's full vocabulary) are
+    [rows, T, V]: their groups are a micro-batch."""
+
+    def __init__(self, forward: Any, batch: Batch, rows: int, device: Any):
+        self.forward, self.batch, self.rows, self.device = forward, batch, rows, device
+        self.span, self.answer = (0, 0), None
+
+    def __call__(self, micro: Batch, k: int | None, temperature: float) -> Any:
+        host = host_of(micro)
+        index = (micro if host is None else host)[ROW]  # on the CPU where the micro-batch came from there: no wait
+        first, n = int(index[0]), len(index)
+        if int(index[-1]) - first + 1 != n:  # not a run of rows (engines split into runs): this micro-batch alone
+            return self.forward(micro, k, temperature)
+        if not (self.span[0] <= first and first + n <= self.span[1]):
+            self.span = (first, min(len(self.batch), first + max(n, self.rows)))
+            rows = self.batch.select(slice(*self.span))
+            tokens = Batch(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"])
+            self.answer = None  # the last group's answer goes before the next is made
+            self.answer = self.forward(tokens.to(self.device), k, temperature)
+        width, start = micro["input_ids"].shape[1], first - self.span[0]
+        return _rows_of(self.answer, slice(start, start + n), width)
+
+
+def _rows_of(answer: Any, rows: slice, width: int) -> Any:
+    """Rows `rows`, columns `:width` of a teacher's answer ([B, T, ...]: Projection, TopK or log-probs)."""
+    if isinstance(answer, Projection):
+        return Projection(hidden=answer.hidden[rows, :width], weight=answer.weight, bias=answer.bias)
+    if isinstance(answer, TopK):
+        return TopK(ids=answer.ids[rows, :width], logprobs=answer.logprobs[rows, :width])
+    return answer[rows, :width]
 
 
 def concat_topk(results: list[TopK]) -> TopK:
@@ -90,9 +131,17 @@ class DistillWorker(TrainWorker):
     @function(dispatch="dp", collect="mean")
     def distill_step(self, batch: Batch, objective: DistillObjective, micro_batch_size: int,
                      temperature: float) -> dict[str, float]:
-        """One optimizer step on the GKD loss; a colocated teacher answers each micro-batch in this process."""
+        """One optimizer step on the GKD loss; a colocated teacher answers the micro-batches in this process,
+        `TEACHER_GROUP` of them per forward (`TeacherAnswers`)."""
+        import torch
+
         start, self.teacher_seconds = time.perf_counter(), 0.0
-        teacher = self._teacher_forward if self.teacher is not None else None
+        teacher = None
+        if self.teacher is not None:
+            full_logprobs = self.offload_teacher and objective.topk is None  # [rows, T, V]: a micro-batch a group
+            group = micro_batch_size * (1 if full_logprobs else TEACHER_GROUP)
+            teacher = TeacherAnswers(self._teacher_forward, batch, group, getattr(self.teacher, "device", "cpu"))
+            batch = Batch({**batch, ROW: torch.arange(len(batch))})
         loss_fn = functools.partial(objective, teacher=teacher)
         out = self.engine.train_step(batch, loss_fn, micro_batch_size, temperature)
         out["time/train_worker"] = time.perf_counter() - start

@@ -108,8 +108,14 @@ def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     if lm_head is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         return HFModelOutputs(logits, input_ids, attention_mask, temperature)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
-                logits_to_keep=1)
+    base = getattr(model, "base_model", None)
+    if base is not None and base is not model and not hasattr(model, "module") and not hasattr(model, "get_base_model"):
+        # a plain causal LM: its decoder's last hidden state, without every layer's (output_hidden_states keeps
+        # them all until the outputs go) or the head's one position
+        hidden = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    else:  # through the wrapper's own forward (DDP's gradient hooks, peft's adapters)
+        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
+                       logits_to_keep=1).hidden_states[-1]
     from rlcore.head import HeadModelOutputs  # torch, at first use: importing the plugin imports none
 
-    return HeadModelOutputs(out.hidden_states[-1], lm_head, input_ids, attention_mask, temperature, use_trl, host_mask)
+    return HeadModelOutputs(hidden, lm_head, input_ids, attention_mask, temperature, use_trl, host_mask)

@@ -161,6 +161,45 @@ def test_a_colocated_teachers_step_is_the_same_through_projections_as_through_lo
     assert steps[True]["jsd"] > 0
 
 
+@pytest.mark.parametrize("topk", [None, 4])
+def test_a_teacher_answering_several_micro_batches_a_forward_gives_the_same_step(tiny_model, tmp_path, topk):
+    """`TeacherAnswers`: groups of 3 micro-batches (2 forwards for 5 micro-batches of rows of different lengths)
+    give the step that one forward per micro-batch gives."""
+    import functools
+
+    from rlcore import Batch
+    from rlcore.plugins.gkd.objective import DistillObjective
+    from rlcore.plugins.gkd.workers import ROW, TeacherAnswers, teacher_answer
+    from rlcore.plugins.hf.train import HFTrainEngine
+    from rlcore.testing import build_tiny_model
+
+    teacher = build_tiny_model(tmp_path / "teacher", hidden_size=96, intermediate_size=192, seed=5)
+    ids = torch.randint(0, 200, (10, 14), generator=torch.Generator().manual_seed(1))
+    attention = (torch.arange(14) < torch.tensor([14, 9, 12, 7, 14, 10, 8, 13, 11, 6])[:, None]).long()
+    completion = torch.zeros_like(ids)
+    completion[:, 4:] = 1
+    batch = Batch(input_ids=ids, attention_mask=attention, completion_mask=completion * attention)
+    objective = DistillObjective(beta=0.5, temperature=0.9, topk=topk, num_items_in_batch=float((completion * attention).sum()))
+    steps, forwards = {}, {}
+    for group in (1, 3):
+        student = HFTrainEngine(str(tiny_model), learning_rate=1e-3, max_grad_norm=0.0)
+        engine = HFTrainEngine(str(teacher), forward_only=True)
+        calls = []
+
+        def forward(micro, k, temperature, engine=engine, calls=calls):
+            calls.append(len(micro))
+            return teacher_answer(engine, micro, k, temperature)
+
+        answers = TeacherAnswers(forward, batch, rows=2 * group, device="cpu")
+        numbered = Batch({**batch, ROW: torch.arange(len(batch))})
+        steps[group] = student.train_step(numbered, functools.partial(objective, teacher=answers), 2, temperature=0.9)
+        forwards[group] = calls
+    assert forwards == {1: [2, 2, 2, 2, 2], 3: [6, 4]}
+    for key in ("loss", "jsd", "grad_norm"):
+        assert steps[3][key] == pytest.approx(steps[1][key], rel=1e-5)
+    assert steps[3]["jsd"] > 0
+
+
 def test_a_full_vocabulary_step_with_a_colocated_teacher_holds_no_tensor_of_b_t_v(tiny_model, tmp_path, monkeypatch):
     """On the CPU: the torch chunks (TRL's kernels, the default on CUDA, allocate [rows, 32768] tiles whatever the
     vocabulary, more than B x T x V of this tiny model's; their own tests above use a wider vocabulary)."""
