@@ -396,7 +396,9 @@ class MegatronTrainEngine(TrainEngine):
         def loss_func(logits: Any, micro: Batch) -> tuple[Any, dict[str, Any]]:
             loss, metrics = loss_fn(self._outputs(logits, micro, temperature), micro)
             # megatron's schedule divides by the micro-batch count; the contract's loss is already a share
-            return loss * num_micro, {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}
+            # tensors: read once the step is done (a float here would wait for the GPU each micro-batch)
+            kept = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
+            return loss * num_micro, {"loss": loss.detach(), **kept}
 
         self._zero_grad()
         self.model.train()
