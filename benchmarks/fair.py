@@ -191,6 +191,34 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
 
 
+def host_info() -> dict[str, Any]:
+    """The machine a result came from, for comparing runs across leases: machines lent under one kind differed by
+    about 1.5x in generation and step time, and both sides of these benchmarks are partly bound by Python's speed.
+    The CPU's model and count, the GPUs nvidia-smi lists, and `python_loop_s`: the seconds one thread takes for a
+    fixed loop of a million iterations (no CUDA is touched, so the parent of the measured runs holds no context)."""
+    info: dict[str, Any] = {"cpus": os.cpu_count()}
+    try:
+        models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")]
+        info["cpu"] = models[0] if models else None
+    except OSError:
+        info["cpu"] = None
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.max.sm,memory.total", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10)
+        info["gpus"] = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        info["gpus"] = []
+    best = float("inf")
+    for _ in range(3):
+        start, total = time.perf_counter(), 0
+        for i in range(1_000_000):
+            total += i
+        best = min(best, time.perf_counter() - start)
+    info["python_loop_s"] = round(best, 4)
+    return info
+
+
 def free_port() -> int:
     """A TCP port free on this host now, for a child's torch.distributed rendezvous (MASTER_PORT)."""
     with socket.socket() as s:

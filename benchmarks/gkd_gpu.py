@@ -15,7 +15,10 @@ run in a process of its own:
 - `memory`: no trainer: one micro-batch's loss forward + backward at T = 256, 512, 1024 with the engines'
   chunked LM-head path and with the [B, T, V] logits path (`chunked_lm_head=False`), torch's peak allocation;
 - `trl-gkd` (only with `--only`): TRL's older `GKDTrainer` with `model.generate` (2 steps: it is slow);
-- `served` (only with `--only`, two GPUs): rlcore on Ray, the teacher a vLLM group on GPU 1 serving top-64.
+- `served` (only with `--only`, two GPUs): rlcore on Ray, the teacher a vLLM group on GPU 1 serving top-64;
+- `full-liger` and `trl-liger` (only with `--only`): `full` with the hf engine's `liger_kernel` (liger-kernel's
+  RMSNorm, SwiGLU and rotary kernels in the student and the teacher) and TRL with `use_liger_kernel` (the same
+  kernels, the student's only: TRL's option does not reach the teacher); the liger-kernel wheel must be installed.
 
     python benchmarks/gkd_gpu.py                  # trl, full, topk, memory: about 6 minutes on one H200
     python benchmarks/gkd_gpu.py --only trl --only full; python benchmarks/gkd_gpu.py --only topk --only memory
@@ -49,7 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import failure, free_port, git_commit, results_path, run_child, write_json
+from fair import failure, free_port, git_commit, host_info, results_path, run_child, write_json
 
 MICRO, ACCUM, TOKENS, STEPS, SKIP = 8, 8, 256, 10, 2
 VOCAB = 151936
@@ -68,7 +71,9 @@ LENGTHS = (256, 512, 1024)  # the memory sweep's sequence lengths
 SIDES = ("trl", "full", "topk", "memory")  # the default run; trl-gkd and served with --only
 LABELS = {"trl": "TRL DistillationTrainer (vLLM)", "trl-gkd": "TRL GKDTrainer (generate)",
           "full": "rlcore colocated, full vocab", "topk": "rlcore colocated, top-64",
-          "served": "rlcore vLLM teacher (GPU 1), top-64"}
+          "served": "rlcore vLLM teacher (GPU 1), top-64",
+          "trl-liger": "TRL + use_liger_kernel (student)", "full-liger": "rlcore full vocab + liger (both)"}
+EXTRA = ("trl-gkd", "served", "trl-liger", "full-liger")  # sides run only when --only names them
 PROMPTS = ["Write a short story about a robot.", "Explain why the sky is blue.", "List three prime numbers.",
            "What is the capital of France?", "Describe a sunset.", "Give me a recipe for bread.",
            "How do airplanes fly?", "Summarise the water cycle."]
@@ -110,6 +115,8 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
         "vllm_max_model_len": MAX_MODEL_LEN, "engine_kwargs": {"vllm_enable_sleep_mode": False},  # as TRL's, no sleep mode
         "vllm_engine_kwargs": {"max_num_seqs": MICRO * ACCUM, "max_num_batched_tokens": MAX_BATCHED_TOKENS}}
     train: dict[str, Any] = {"gpus": 1, "dtype": "bfloat16", "gradient_checkpointing": False}
+    if what == "full-liger":  # liger-kernel's RMSNorm, SwiGLU and rotary kernels in the student and the teacher
+        train["engine_kwargs"] = {"liger_kernel": True}
     common = dict(SAME, lmbda=1.0, model=student, dataset=data, output_dir=str(out), max_steps=steps, save_steps=100_000,
                   eval_size=0, colocate_groups=[["train", "rollout"]])
 
@@ -123,7 +130,7 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
 
     config = gkd_config(rollout, train)  # the GPU run's config, validated on the CPU too under --smoke
     if smoke:  # the CPU: the hf rollout engine, float32, no GPUs to share
-        rollout, train = {"engine": "hf", "dtype": "float32"}, {"dtype": "float32", "gradient_checkpointing": False}
+        rollout, train = {"engine": "hf", "dtype": "float32"}, {**{k: v for k, v in train.items() if k != "gpus"}, "dtype": "float32"}
         config = gkd_config(rollout, train, colocate_groups=[], per_device_train_batch_size=2,
                             gradient_accumulation_steps=2, max_completion_length=8)
     trainer = GKDTrainer(config, plugins, use_ray=what == "served")
@@ -151,8 +158,10 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
             "settings": settings, "torch_peak_gib": torch_peak_gib(), "profile": profile}
 
 
-def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool) -> dict:
-    """`trl.DistillationTrainer` as TRL documents it for colocated vLLM: `use_vllm=True, vllm_mode="colocate"`."""
+def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger: bool = False) -> dict:
+    """`trl.DistillationTrainer` as TRL documents it for colocated vLLM: `use_vllm=True, vllm_mode="colocate"`.
+    `liger`: with transformers' `use_liger_kernel` (the student's RMSNorm, SwiGLU and rotary kernels; its loss
+    kernels off, as rlcore's `liger_kernel` has them; TRL's option does not reach the teacher)."""
     from datasets import load_dataset
     from fair import trainer_clock, trl_args
     from transformers import AutoTokenizer, GenerationConfig
@@ -165,8 +174,10 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool) -> di
                generation_kwargs={"stop_token_ids": stop},  # vLLM stops there, as rlcore asks its engine to
                output_dir=str(out), max_steps=STEPS, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
                gradient_checkpointing=False, optim="adamw_torch",  # rlcore's torch.optim.AdamW
-               model_init_kwargs={"dtype": "bfloat16"}, teacher_model_init_kwargs={"dtype": "bfloat16"})
-    cpu = dict(use_vllm=False, bf16=False, use_cpu=True, generation_kwargs=None, max_steps=2,
+               model_init_kwargs={"dtype": "bfloat16"}, teacher_model_init_kwargs={"dtype": "bfloat16"},
+               **({"use_liger_kernel": True, "liger_kernel_config": {"rope": True, "rms_norm": True, "swiglu": True,
+                   "cross_entropy": False, "fused_linear_cross_entropy": False}} if liger else {}))
+    cpu = dict(use_vllm=False, bf16=False, use_cpu=True, generation_kwargs=None, max_steps=2, use_liger_kernel=False,
                per_device_train_batch_size=2, gradient_accumulation_steps=2, max_completion_length=8,
                model_init_kwargs={"dtype": "float32"}, teacher_model_init_kwargs={"dtype": "float32"})
     args = trl_args(DistillationConfig, gpu, cpu if smoke else None)
@@ -176,6 +187,7 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool) -> di
                                   processing_class=tokenizer, callbacks=[clock])
     settings = {k: getattr(args, k) for k in SAME}
     settings.update(lmbda="1 (on-policy only)", gkd_logits_topk=None, gradient_checkpointing=args.gradient_checkpointing,
+                    use_liger_kernel=args.use_liger_kernel,
                     use_vllm=args.use_vllm, vllm_mode=args.vllm_mode, vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                     vllm_max_model_length=args.vllm_max_model_length, vllm_enable_sleep_mode=args.vllm_enable_sleep_mode,
                     max_num_seqs=args.per_device_train_batch_size * args.gradient_accumulation_steps,
@@ -422,7 +434,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="where to write the results (default benchmarks/results/gkd_gpu-<date>-<kind>.json)")
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200"), help="machine kind, for the record")
-    choices = [*SIDES, "trl-gkd", "served"]
+    choices = [*SIDES, *EXTRA]
     parser.add_argument("--only", choices=choices, action="append", help="run this side (repeatable)")
     parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU, no vLLM, 2 steps: the code paths only")
     parser.add_argument("--profile", action="store_true", help="profile rlcore's last train phase (not measured)")
@@ -439,8 +451,8 @@ def main() -> None:
         student, teacher = str(tmp / "student"), str(tmp / "teacher")
         if args.run == "build":
             return run_build(tmp, args.smoke)
-        if args.run == "trl":
-            result = run_trl(student, teacher, args.data, tmp / "out-trl", args.smoke)
+        if args.run in ("trl", "trl-liger"):
+            result = run_trl(student, teacher, args.data, tmp / f"out-{args.run}", args.smoke, liger=args.run == "trl-liger")
         elif args.run == "trl-gkd":
             result = run_trl_gkd(student, teacher, args.data, tmp / "out-trl-gkd", args.smoke)
         elif args.run == "memory":
@@ -450,6 +462,8 @@ def main() -> None:
         (tmp / f"{args.run}.json").write_text(json.dumps(result, default=str))
         return
 
+    if args.only or not args.merge:  # a merge alone runs nothing here: its sides' machine is not this one
+        HOST.update(host_info())
     if args.profile:
         os.environ["RLCORE_BENCH_PROFILE"] = "1"  # the children read it
     wanted = args.only or ([] if args.merge else list(SIDES))
@@ -480,9 +494,13 @@ def main() -> None:
         raise SystemExit(f"failed: {', '.join(k for k, v in sides.items() if 'failed' in v)}")
 
 
+HOST: dict[str, Any] = {}  # host_info() of the machine this call's sides ran on, measured once in main()
+
+
 def record(sides: dict[str, dict], args: argparse.Namespace, started: float) -> dict:
     """The results JSON: every side's row (settings and commit included), the targets and which were met."""
     return {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "smoke": args.smoke,
+            "host": HOST,
             "sides": sides, "labels": {k: v for k, v in LABELS.items() if k in sides},
             "targets": {"full": "tokens/s >= 1.5 x DistillationTrainer's, peak GPU memory <= its peak",
                         "topk": "tokens/s >= 2 x DistillationTrainer's"},

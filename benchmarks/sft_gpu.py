@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import build_model, chat_rows, failure, git_commit, results_path, write_json
+from fair import build_model, chat_rows, failure, git_commit, host_info, results_path, write_json
 
 SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=4096, dtype="bfloat16")
@@ -263,6 +263,7 @@ def main() -> None:
         trl_child(args.model, args.data, args.out, steps, args.output_dir, args.smoke)
         return
 
+    HOST.update(host_info())
     started = time.perf_counter()
     path = results_path(args.json, f"sft_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
     kept = json.loads(path.read_text()).get("sides", {}) if args.only and path.exists() else {}
@@ -305,11 +306,15 @@ def main() -> None:
         raise SystemExit(f"failed: {', '.join(failed)}")
 
 
+HOST: dict[str, Any] = {}  # host_info() of the machine this call ran on (main() measures it once)
+
+
 def result(sides: dict[str, dict], args: argparse.Namespace, steps: int, skip: int, started: float) -> dict[str, Any]:
     """The results JSON: both sides' measures, settings and commits, what lies between the measures, the target."""
     measured = {name: side for name, side in sides.items() if "failed" not in side}
     record: dict[str, Any] = {"benchmark": "sft_gpu", "kind": args.kind, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                              "commit": git_commit(), "smoke": args.smoke, "shape": SHAPE, "rows": ROWS, "steps": steps,
+                              "commit": git_commit(), "smoke": args.smoke, "host": HOST, "shape": SHAPE, "rows": ROWS,
+                              "steps": steps,
                               "skip": skip, "same": SAME, "sides": sides, "explanation": explain(measured),
                               "wall_s": round(time.perf_counter() - started, 1),
                               "target": "rlcore's median step <= 1.0 x TRL's"}

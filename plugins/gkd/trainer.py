@@ -88,6 +88,8 @@ class GKDTrainer(RoleTrainer):
                 teacher.update(cfg.train.parallel_options())
             if "device" in cfg.train.engine_kwargs:
                 teacher["device"] = cfg.train.engine_kwargs["device"]
+            if cfg.train.engine == "hf" and "liger_kernel" in cfg.train.engine_kwargs:  # the student's kernels too
+                teacher["liger_kernel"] = cfg.train.engine_kwargs["liger_kernel"]
             train["teacher"] = {"engine": cfg.train.engine, "options": teacher, "offload": cfg.offload_teacher_model}
         setups = {"train": RoleSetup(DistillWorker, cfg.train.engine, train)}
         if "rollout" in roles:

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcore import EngineSpec, TrainOptions, build_engine, hookimpl
+from rlcore import EngineSpec, build_engine, hookimpl
 from rlcore.testing import build_tiny_model
 
 from .rollout import HFRolloutEngine
-from .train import HFTrainEngine
+from .train import HFOptions, HFTrainEngine
 
 __all__ = ["build_tiny_model", "make_forward_engine", "make_rollout_engine", "make_train_engine"]
 
 # What a forward engine takes: the model and how to run it; nothing about training.
-FORWARD_OPTIONS = ("model", "dtype", "device", "logprob_micro_batch_size", "seed")
+FORWARD_OPTIONS = ("model", "dtype", "device", "logprob_micro_batch_size", "seed", "chunked_lm_head", "liger_kernel")
 
 
 def _build(cls: type, kind: str, options: dict[str, Any], known: tuple[str, ...] = (), **fixed: Any) -> Any:
@@ -26,7 +26,7 @@ def _build(cls: type, kind: str, options: dict[str, Any], known: tuple[str, ...]
 
 def make_train_engine(**options: Any) -> Any:
     """An `HFTrainEngine(**options)`; unknown options are a ConfigError naming the closest one."""
-    return _build(HFTrainEngine, "train", options, TrainOptions.keys())
+    return _build(HFTrainEngine, "train", options, HFOptions.keys())
 
 
 def make_forward_engine(**options: Any) -> Any:

@@ -28,6 +28,7 @@ from rlcore.rendezvous import join_torch_world
 from rlcore.engine_checks import check_temperature, check_train_step, common_problems, raise_problems, torch_device
 from rlcore.engines import LossFn, NamedTensors, Projection, TopK, TrainEngine, TrainOptions
 from rlcore.errors import RlcoreError
+from rlcore.log import logger
 
 from .common import load_causal_lm, model_outputs
 from .lora import lora_merged_tensors
@@ -37,9 +38,21 @@ STATE_FILE = "engine_state.pt"
 
 @dataclass(frozen=True)
 class HFOptions(TrainOptions):
-    """The train engines' options plus the hf engine's own: `chunked_lm_head` (see `HFTrainEngine`)."""
+    """The train engines' options plus the hf engine's own: `chunked_lm_head` and `liger_kernel` (see
+    `HFTrainEngine`)."""
 
     chunked_lm_head: bool = True
+    liger_kernel: bool = False
+
+    def problems(self) -> list[tuple[str, str]]:
+        problems = super().problems()
+        if self.liger_kernel and str(self.device).startswith("cuda"):
+            import importlib.util
+
+            if importlib.util.find_spec("liger_kernel") is None:
+                problems.append(("liger_kernel", "liger_kernel=True needs the liger-kernel package on the GPU's "
+                                 "machine: pip install liger-kernel, or set liger_kernel: false"))
+        return problems
 
 
 class HFTrainEngine(TrainEngine):
@@ -53,7 +66,11 @@ class HFTrainEngine(TrainEngine):
     states and applies the LM head in chunks of positions (`rlcore.head`; TRL's chunked log-prob
     kernel where TRL is installed), so no [B, T, V] logits exist for log-probs, top-k or a distillation loss;
     models whose logits are more than a plain head (soft-capping, a logit scale) keep the logits path.
-    `forward_only=True` builds the model without optimizer (see the module docstring).
+    `forward_only=True` builds the model without optimizer (see the module docstring). `liger_kernel` (off by
+    default) swaps the model's RMSNorm, SwiGLU MLP and rotary embedding for liger-kernel's fused Triton kernels
+    (`liger_kernel.transformers._apply_liger_kernel_to_instance`, as transformers' Trainer does for
+    `use_liger_kernel`; its loss kernels are left off, the chunked head computes the loss); on a device other
+    than CUDA the model keeps its torch modules, with a log line.
     """
 
     def __init__(self, options: TrainOptions | str | None = None, **keys: Any):
@@ -78,11 +95,15 @@ class HFTrainEngine(TrainEngine):
         if o.forward_only:  # no gradients to average: no torch.distributed world to join
             self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             self.model = load_causal_lm(model, dtype, self.device).requires_grad_(False)
+            if o.liger_kernel:
+                apply_liger(self.model, self.device)
             self.trainable, self.ddp, self.optimizer, self.scheduler = [], None, None, None
             return
         self.rank, self.world_size = join_torch_world(self.device, o.dist_timeout_s)
 
         self.model = load_causal_lm(model, dtype, self.device)
+        if o.liger_kernel:
+            apply_liger(self.model, self.device)
         if o.gradient_checkpointing:
             self.model.config.use_cache = False
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -415,3 +436,16 @@ def _untied_missing(model: Any, loaded: dict[str, Any], missing: list[str]) -> l
     state = model.state_dict()
     loaded_ptrs = {state[k].data_ptr() for k in loaded if k in state}
     return [k for k in missing if state[k].data_ptr() not in loaded_ptrs]
+
+
+def apply_liger(model: Any, device: Any) -> bool:
+    """liger-kernel's fused RMSNorm, SwiGLU and rotary kernels in `model` (a CUDA device only: they are Triton
+    kernels); its cross-entropy kernels stay off. Whether they were applied."""
+    if device.type != "cuda":
+        logger.info("liger_kernel: liger-kernel's kernels run on CUDA only; the model on %s keeps its torch modules", device)
+        return False
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False)
+    return True

@@ -38,6 +38,7 @@ def test_sft_gpu_runs_both_sides_on_the_same_tokens_and_profiles_a_step_of_each(
     rlcore, trl = result["sides"]["rlcore"], result["sides"]["trl"]
     assert rlcore["window_tokens"] == trl["window_tokens"] > 0
     assert "ratio_median_step" in result and "rlcore / TRL median step" in out
+    assert result["host"]["cpus"] >= 1 and result["host"]["python_loop_s"] > 0
     for side in ("rlcore", "trl"):
         profile = result["sides"][side]["profile"]
         assert profile["seconds"] > 0 and "aten::" in profile["table"], profile

@@ -348,3 +348,35 @@ def test_bad_batches_are_clear_errors(engine):
         engine.forward_logprobs(Batch(input_ids=torch.zeros(2, 3, dtype=torch.long)))
     with pytest.raises(RlcoreError, match="k=0"):
         engine.forward_topk(make_batch(), 0)
+
+
+def test_liger_kernel_keeps_the_torch_modules_off_cuda_and_trains(tiny_model, caplog):
+    """liger-kernel's kernels are Triton's: on the CPU the option leaves the model as it is, says so, and the step
+    equals one without it; on CUDA a missing package is named before any weight is read."""
+    import logging
+
+    from rlcore.plugins.hf.train import HFOptions
+
+    batch = make_batch()
+
+    def loss_fn(outputs, micro):
+        return -(outputs.logprobs() * micro["attention_mask"]).sum() / micro["attention_mask"].sum(), {}
+
+    with caplog.at_level(logging.INFO, logger="rlcore"):
+        liger = HFTrainEngine(tiny_model, liger_kernel=True, learning_rate=1e-3)
+    plain = HFTrainEngine(tiny_model, learning_rate=1e-3)
+    assert "liger-kernel's kernels run on CUDA only" in caplog.text
+    assert type(liger.model.model.norm) is type(plain.model.model.norm)
+    assert liger.train_step(batch, loss_fn, 2) == plain.train_step(batch, loss_fn, 2)
+    import importlib.util
+
+    from rlcore.plugins.hf import make_forward_engine, make_train_engine
+
+    # a config's engine_kwargs reach both engines (the factories once refused the hf engine's own keys)
+    assert make_train_engine(model=tiny_model, liger_kernel=True, chunked_lm_head=False).chunked_lm_head is False
+    assert make_forward_engine(model=tiny_model, liger_kernel=True, chunked_lm_head=False).forward_only
+    problems = dict(HFOptions(model=tiny_model, device="cuda", liger_kernel=True).problems())
+    if importlib.util.find_spec("liger_kernel") is None:  # this machine's case: CI installs no liger-kernel
+        assert "pip install liger-kernel" in problems["liger_kernel"]
+    else:
+        assert "liger_kernel" not in problems
