@@ -123,7 +123,8 @@ class DistillWorker(TrainWorker):
         from torch.profiler import record_function
 
         start = time.perf_counter()
-        with record_function("rlcore.teacher"), self._teacher_loaded():  # an offloaded teacher's head leaves the device again: no projection then
+        # an offloaded teacher's head leaves the device again: no projection then
+        with record_function("rlcore.teacher"), self._teacher_loaded():
             out = teacher_answer(self.teacher, batch, k, temperature, projection=not self.offload_teacher)
         self.teacher_seconds += time.perf_counter() - start
         return out
