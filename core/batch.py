@@ -142,15 +142,7 @@ class Batch(Mapping[str, Any]):
 
         device = torch.device(device)
         to_gpu = device.type != "cpu" and all(v.device.type == "cpu" for v in self._data.values() if _is_tensor(v))
-
-        def move(v: Any) -> Any:
-            if not _is_tensor(v):
-                return v
-            if to_gpu:
-                return v.pin_memory().to(device, non_blocking=True)
-            return v.to(device)
-
-        moved = Batch({k: move(v) for k, v in self._data.items()})
+        moved = Batch({k: copy_to(v, device) if _is_tensor(v) else v for k, v in self._data.items()})
         moved.host = self if to_gpu else self.host
         return moved
 
@@ -187,17 +179,30 @@ class Batch(Mapping[str, Any]):
         return Batch(out)
 
 
+def copy_to(tensor: Any, device: Any) -> Any:
+    """`tensor` on `device`; from the CPU to a GPU through pinned memory, non-blocking (a copy from pageable
+    memory waits for the GPU's queue to drain first)."""
+    import torch
+
+    if tensor.device.type == "cpu" and torch.device(device).type != "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def host_of(batch: Any) -> Batch | None:
     """The CPU batch a device batch was moved from (`Batch.to`), or None (also for a plain mapping)."""
     return getattr(batch, "host", None)
 
 
+def host_column(batch: Mapping[str, Any], key: str) -> Any:
+    """`batch[key]` as its `host` copy holds it, on the CPU, where the batch has one; else the column itself.
+    What a loss or an engine reads on the host (a mask's widths or positions) without waiting for the GPU."""
+    host = host_of(batch)
+    return host[key] if host is not None and key in host else batch[key]
+
+
 def nonzero_positions(batch: Mapping[str, Any], key: str) -> Any:
     """The flat positions (a long tensor on the column's device) where `batch[key]` is non-zero, in row-major
-    order: computed from the batch's `host` copy where it has one, so the GPU's queue is not drained for it
+    order: found on the batch's `host` copy where it has one, so the GPU's queue is not drained for them
     (a boolean index or `nonzero` of a GPU tensor waits for every kernel before it)."""
-    column, host = batch[key], host_of(batch)
-    if host is None or key not in host:
-        return column.reshape(-1).nonzero().squeeze(1)
-    positions = host[key].reshape(-1).nonzero().squeeze(1)
-    return positions.pin_memory().to(column.device, non_blocking=True) if column.device.type != "cpu" else positions
+    return copy_to(host_column(batch, key).reshape(-1).nonzero().squeeze(1), batch[key].device)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .batch import copy_to
 from .engine_checks import check_ids
 from .engines import ModelOutputs, Projection, TopK
 
@@ -44,13 +45,17 @@ def triton_device(device: torch.device) -> bool:
     return device.type in ("cuda", "xpu") and importlib.util.find_spec("triton") is not None
 
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
-    logits = F.linear(hidden, weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)).float()
-    return logits / temperature if temperature != 1.0 else logits
+def _head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The logits in the hidden states' dtype, as the model's own `lm_head` computes them."""
+    return F.linear(hidden, weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype))
 
 
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature if temperature != 1.0 else logits
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    return _scaled(_head(hidden, weight, bias).float(), temperature)
 
 
 def _by_chunks(fn: Callable[..., torch.Tensor], hidden: torch.Tensor, *row_args: torch.Tensor | None,
@@ -123,8 +128,7 @@ def topk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         for start in range(0, hidden.shape[0], chunk):
             # the k largest of the logits in the model's dtype (a log-softmax keeps their order), less the
             # normaliser: no [chunk, V] log-softmax is written, and topk reads half the bytes
-            h = hidden[start : start + chunk]
-            logits = F.linear(h, weight.to(h.dtype), None if bias is None else bias.to(h.dtype))
+            logits = _head(hidden[start : start + chunk], weight, bias)
             top = logits.topk(k, -1)
             values.append(_scaled(top.values.float(), temperature)
                           - torch.logsumexp(_scaled(logits.float(), temperature), -1, keepdim=True))
@@ -167,11 +171,11 @@ class HeadModelOutputs(ModelOutputs):
         in the [B, T-1] hidden states), in row-major order, on the device."""
         if "positions" not in self._cache:
             B, T = self.valid.shape
-            valid = self.valid if self._host_mask is None else self._host_mask.bool().clone()
-            valid[:, 0] = False
-            positions = valid.reshape(-1).nonzero().squeeze(1)
-            if positions.device != self.valid.device:
-                positions = positions.pin_memory().to(self.valid.device, non_blocking=True)
+            valid = self.valid
+            if self._host_mask is not None:
+                valid = self._host_mask.bool().clone()
+                valid[:, 0] = False
+            positions = copy_to(valid.reshape(-1).nonzero().squeeze(1), self.valid.device)
             self._cache["positions"] = positions
             self._cache["rows"] = positions - positions // T - 1  # (b, t) -> b * (T - 1) + t - 1
         return self._cache["positions"], self._cache["rows"]

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlcore import Batch, GenerateWorker, TopK, TrainWorker, function, worker, worker_rank
-from rlcore.batch import host_of, pad_width
+from rlcore.batch import host_column, host_of, pad_width
 from rlcore.engines import Projection
 from rlcore.roles import make_engine
 
@@ -49,8 +49,7 @@ class TeacherAnswers:
         self.span, self.answer = (0, 0), None
 
     def __call__(self, micro: Batch, k: int | None, temperature: float) -> Any:
-        host = host_of(micro)
-        index = (micro if host is None else host)[ROW]  # on the CPU where the micro-batch came from there: no wait
+        index = host_column(micro, ROW)  # on the CPU where the micro-batch came from there: no wait
         first, n = int(index[0]), len(index)
         if int(index[-1]) - first + 1 != n:  # not a run of rows (engines split into runs): this micro-batch alone
             return self.forward(micro, k, temperature)

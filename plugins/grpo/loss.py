@@ -101,9 +101,10 @@ def sampler_importance_ratio(
             tensors, read once the step is done (an index or a float would wait for the GPU here)."""
             if how == "mean":
                 value = torch.where(where, x, 0.0).sum() / where.sum().clamp(min=1)
+            elif how == "max":
+                value = torch.where(where, x, -math.inf).amax()
             else:
-                fill = -math.inf if how == "max" else math.inf
-                value = getattr(torch.where(where, x, fill), "amax" if how == "max" else "amin")()
+                value = torch.where(where, x, math.inf).amin()
             return torch.where(where.any(), value, 0.0)
 
         metrics = {

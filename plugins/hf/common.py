@@ -9,21 +9,39 @@ from typing import TYPE_CHECKING, Any
 from rlcore.engine_checks import aligned_rows, check_ids
 from rlcore.engines import ModelOutputs, TopK
 from rlcore.errors import ConfigError
+from rlcore.log import logger
 
 if TYPE_CHECKING:
     import torch
 
 
 
-def load_causal_lm(model: str, dtype: str, device: torch.device) -> Any:
-    """AutoModelForCausalLM from a local directory or a hub id, on `device`, in eval mode."""
+def load_causal_lm(model: str, dtype: str, device: torch.device, liger_kernel: bool = False) -> Any:
+    """AutoModelForCausalLM from a local directory or a hub id, on `device`, in eval mode; with `liger_kernel`,
+    with liger-kernel's kernels (`apply_liger`)."""
     from transformers import AutoModelForCausalLM
 
     try:
         lm = AutoModelForCausalLM.from_pretrained(os.path.expanduser(str(model)), dtype=dtype)
     except OSError as exc:
         raise ConfigError(f"model={str(model)!r} could not be loaded: {exc}", [("model", str(exc))]) from exc
-    return lm.to(device).eval()
+    lm = lm.to(device).eval()
+    if liger_kernel:
+        apply_liger(lm, device)
+    return lm
+
+
+def apply_liger(model: Any, device: Any) -> bool:
+    """liger-kernel's fused RMSNorm, SwiGLU and rotary kernels in `model` (a CUDA device only: they are Triton
+    kernels); its cross-entropy kernels stay off. Whether they were applied."""
+    if device.type != "cuda":
+        logger.info("liger_kernel: liger-kernel's kernels run on CUDA only; the model on %s keeps its torch modules", device)
+        return False
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False)
+    return True
 
 
 class HFModelOutputs(ModelOutputs):

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcore.batch import Batch, host_of, pad_width, token_columns, trim_padding
+from rlcore.batch import Batch, host_column, pad_width, token_columns, trim_padding
 from rlcore.checkpoint import replace_dir
 from rlcore.rendezvous import join_torch_world
 from rlcore.engine_checks import check_temperature, check_train_step, common_problems, raise_problems, torch_device
 from rlcore.engines import LossFn, NamedTensors, Projection, TopK, TrainEngine, TrainOptions
 from rlcore.errors import RlcoreError
-from rlcore.log import logger
 
 from .common import load_causal_lm, model_outputs
 from .lora import lora_merged_tensors
@@ -94,16 +93,12 @@ class HFTrainEngine(TrainEngine):
         torch.manual_seed(o.seed)
         if o.forward_only:  # no gradients to average: no torch.distributed world to join
             self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-            self.model = load_causal_lm(model, dtype, self.device).requires_grad_(False)
-            if o.liger_kernel:
-                apply_liger(self.model, self.device)
+            self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel).requires_grad_(False)
             self.trainable, self.ddp, self.optimizer, self.scheduler = [], None, None, None
             return
         self.rank, self.world_size = join_torch_world(self.device, o.dist_timeout_s)
 
-        self.model = load_causal_lm(model, dtype, self.device)
-        if o.liger_kernel:
-            apply_liger(self.model, self.device)
+        self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel)
         if o.gradient_checkpointing:
             self.model.config.use_cache = False
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -164,8 +159,7 @@ class HFTrainEngine(TrainEngine):
             raise RlcoreError(f"forward_topk: k={k!r} must be a positive int or None (full vocabulary)")
         self._ensure_loaded()
         input_ids, attention_mask = token_columns(batch)
-        host = host_of(batch)
-        host_mask = attention_mask if host is None else host["attention_mask"]  # the widths: on the CPU if it can
+        host_mask = host_column(batch, "attention_mask")  # the widths and rows: on the CPU where it can
         (B, T), V = input_ids.shape, self._vocab_size()
         width_k = V if k is None else min(k, V)
         where = self.device if on_device else "cpu"
@@ -175,7 +169,7 @@ class HFTrainEngine(TrainEngine):
             for rows, width in self._chunks(host_mask):
                 outputs = self._outputs(
                     self.model, input_ids[rows, :width].to(self.device), attention_mask[rows, :width].to(self.device),
-                    temperature, host_mask=host_mask[rows, :width] if host_mask.device.type == "cpu" else None,
+                    temperature, host_mask=host_mask[rows, :width],
                 )
                 if ids is None:
                     values[rows, :width] = outputs.full_logprobs()
@@ -192,9 +186,7 @@ class HFTrainEngine(TrainEngine):
 
         self._ensure_loaded()
         input_ids, attention_mask = token_columns(batch)
-        host = host_of(batch)
-        host_mask = attention_mask if host is None else host["attention_mask"]  # no wait for the GPU for the width
-        width = max(int(host_mask.sum(dim=1).max()), 1)
+        width = max(int(host_column(batch, "attention_mask").sum(dim=1).max()), 1)  # on the CPU where it can
         with torch.no_grad():  # not inference_mode: a loss's backward saves these states
             outputs = self._outputs(self.model, input_ids[:, :width].to(self.device),
                                     attention_mask[:, :width].to(self.device), 1.0)
@@ -256,7 +248,7 @@ class HFTrainEngine(TrainEngine):
             with nullcontext() if sync else self.ddp.no_sync():
                 with record_function("rlcore.forward"):  # the phases' names in a torch profile
                     outputs = self._outputs(module, micro["input_ids"], micro["attention_mask"], temperature,
-                                            host_mask=host["attention_mask"] if (host := host_of(micro)) else None)
+                                            host_mask=host_column(micro, "attention_mask"))
                 with record_function("rlcore.loss"):
                     loss, metrics = loss_fn(outputs, micro)
                 with record_function("rlcore.backward"):
@@ -437,15 +429,3 @@ def _untied_missing(model: Any, loaded: dict[str, Any], missing: list[str]) -> l
     loaded_ptrs = {state[k].data_ptr() for k in loaded if k in state}
     return [k for k in missing if state[k].data_ptr() not in loaded_ptrs]
 
-
-def apply_liger(model: Any, device: Any) -> bool:
-    """liger-kernel's fused RMSNorm, SwiGLU and rotary kernels in `model` (a CUDA device only: they are Triton
-    kernels); its cross-entropy kernels stay off. Whether they were applied."""
-    if device.type != "cuda":
-        logger.info("liger_kernel: liger-kernel's kernels run on CUDA only; the model on %s keeps its torch modules", device)
-        return False
-    from liger_kernel.transformers import _apply_liger_kernel_to_instance
-
-    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                    fused_linear_cross_entropy=False)
-    return True

@@ -300,15 +300,14 @@ class MegatronTrainEngine(TrainEngine):
         """`ModelOutputs` of a last stage's forward: of its hidden states through the output layer in chunks
         (`chunked_lm_head`), else of its vocab-parallel logits."""
         if self.chunked_lm_head:
-            from rlcore.batch import host_of
+            from rlcore.batch import host_column
             from rlcore.head import HeadModelOutputs
 
             head = self._output_head()
             # Float16Module hands the last stage's output back in float32: the head runs in the model's dtype
             hidden = logits.to(head.weight.dtype)
-            host = host_of(micro)
             return HeadModelOutputs(hidden, head, micro["input_ids"], micro["attention_mask"], temperature,
-                                    host_mask=None if host is None else host["attention_mask"])
+                                    host_mask=host_column(micro, "attention_mask"))
         from .vocab_parallel import VocabParallelOutputs
 
         return VocabParallelOutputs(logits, micro["input_ids"], micro["attention_mask"], self.spec.vocab_size,
