@@ -90,10 +90,15 @@ def dataset_file(root: Path) -> Path:
     return path
 
 
-def torch_peak_gib() -> float | None:
+def torch_peaks() -> dict[str, float | None]:
+    """torch's peak allocation and peak reservation (its cached blocks too) in this process, GiB: the reserved
+    peak tells a device peak above the other side's from the allocator's caching or from outside torch."""
     import torch
 
-    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
+    if not torch.cuda.is_available():
+        return {"torch_peak_gib": None, "torch_reserved_gib": None}
+    return {"torch_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+            "torch_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2)}
 
 
 # -- the runs, each in its own process ------------------------------------------------------------
@@ -155,7 +160,7 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
     phases = sorted({k for r in rows for k in r if k.startswith("time/")})
     return {"step_s": clock.step_s(), "tokens": [r["completions/mean_length"] * completions for r in rows],
             "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}, "jsd": [r["jsd"] for r in rows],
-            "settings": settings, "torch_peak_gib": torch_peak_gib(), "profile": profile}
+            "settings": settings, **torch_peaks(), "profile": profile}
 
 
 def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger: bool = False) -> dict:
@@ -198,7 +203,7 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger
     trainer.train()
     completions = args.per_device_train_batch_size * args.gradient_accumulation_steps
     tokens = [log["completions/mean_length"] * completions for log in clock.logs]
-    return {"step_s": clock.step_s(), "tokens": tokens, "settings": settings, "torch_peak_gib": torch_peak_gib()}
+    return {"step_s": clock.step_s(), "tokens": tokens, "settings": settings, **torch_peaks()}
 
 
 def run_trl_gkd(student: str, teacher: str, data: str, out: Path, smoke: bool = False) -> dict:
@@ -232,7 +237,7 @@ def run_trl_gkd(student: str, teacher: str, data: str, out: Path, smoke: bool = 
     per_step = [sum(counts[i * accum : (i + 1) * accum]) for i in range(len(clock.stamps) - 1)]
     settings = {k: getattr(args, k) for k in same}
     settings.update(lmbda=args.lmbda, max_new_tokens=args.max_new_tokens, generation="model.generate")
-    return {"step_s": clock.step_s(), "tokens": per_step, "settings": settings, "torch_peak_gib": torch_peak_gib()}
+    return {"step_s": clock.step_s(), "tokens": per_step, "settings": settings, **torch_peaks()}
 
 
 def run_memory(student: str, teacher: str, smoke: bool) -> dict:
@@ -376,6 +381,7 @@ def summarise(result: dict, skip: int) -> dict:
     step = statistics.median(steps)
     out = {"step_s": round(step, 3), "tokens_per_s": round(statistics.median(tokens) / step, 1),
            "peak_gpu_gib": result["peak_gpu_gib"], "torch_peak_gib": result.get("torch_peak_gib"),
+           "torch_reserved_gib": result.get("torch_reserved_gib"),
            "steps_measured": len(steps), "wall_s": result["wall_s"], "settings": result.get("settings", {}),
            "per_step_s": [round(s, 3) for s in result["step_s"]]}
     if result.get("phases"):
@@ -387,7 +393,7 @@ def summarise(result: dict, skip: int) -> dict:
 
 def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
     base = sides.get("trl", {}).get("tokens_per_s")  # None where TRL's side is absent or failed
-    print(f"\n{'':<38}{'step (s)':>10}{'tokens/s':>11}{'peak GiB':>10}{'torch GiB':>11}{'x TRL':>8}  target")
+    print(f"\n{'':<38}{'step (s)':>10}{'tokens/s':>11}{'peak GiB':>10}{'torch GiB':>11}{'reserved':>10}{'x TRL':>8}  target")
     for what, side in sides.items():
         if "failed" in side:
             print(f"{LABELS.get(what, what):<38}FAILED: {side['failed']}")
@@ -399,9 +405,10 @@ def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
         if what in TARGETS:
             extra = " & peak <= TRL's" if what == "full" else ""
             target = f">= {TARGETS[what]:g}x{extra}: {'met' if met.get(what) else 'NOT met'}" if base else f">= {TARGETS[what]:g}x"
-        torch_gib = side.get("torch_peak_gib")
-        print(f"{LABELS[what]:<38}{side['step_s']:>10.2f}{side['tokens_per_s']:>11.0f}{side['peak_gpu_gib']:>10.1f}"
-              f"{(torch_gib if torch_gib is not None else float('nan')):>11.1f}{ratio:>8.2f}  {target}")
+        torch_gib, reserved = (side.get(k) for k in ("torch_peak_gib", "torch_reserved_gib"))
+        print(f"{LABELS[what]:<38}{side['step_s']:>10.2f}{side['tokens_per_s']:>11.0f}{side['peak_gpu_gib']:>10.2f}"
+              f"{(torch_gib if torch_gib is not None else float('nan')):>11.2f}"
+              f"{(reserved if reserved is not None else float('nan')):>10.2f}{ratio:>8.2f}  {target}")
         if side.get("phases_s"):
             print(f"{'':<38}phases: " + ", ".join(f"{k} {v:.3f}" for k, v in side["phases_s"].items()))
     for what, side in sides.items():
