@@ -7,6 +7,7 @@
 #       colocate separate colocate_device_groups separate_device_groups, or those named
 #   bash tests/gpu/run.sh gkd | sft | sampling | megatron             # one algorithm's or engine's tests, one process each
 #   bash tests/gpu/run.sh sync                                       # weight sync: transports, replayed loads, GRPO's IPC paths
+#   (the smoke's distill row and liger-kernel need the wheels of tests/gpu/extra.sh installed too)
 #   bash tests/gpu/run.sh smoke [--cpu] [--out DIR] [ROW ...]         # every algorithm and engine from the CLI, one GPU,
 #       one PASS/FAIL line a row in under 8 minutes (tests/gpu/smoke.py; --cpu: the rows that run without CUDA)
 set -u
