@@ -206,3 +206,15 @@ def nonzero_positions(batch: Mapping[str, Any], key: str) -> Any:
     order: found on the batch's `host` copy where it has one, so the GPU's queue is not drained for them
     (a boolean index or `nonzero` of a GPU tensor waits for every kernel before it)."""
     return copy_to(host_column(batch, key).reshape(-1).nonzero().squeeze(1), batch[key].device)
+
+
+def right_padded(mask: Any) -> bool:
+    """Whether every row of a CPU attention mask [B, T] is ones then zeros (right padding, or none). Under causal
+    attention no real token of such rows can see a pad, so a model given no mask computes the same states at the
+    real tokens. A mask on another device is not read (that would wait for it): False."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or mask.device.type != "cpu" or mask.dim() != 2:
+        return False
+    ones = mask.bool()
+    return bool((ones == (torch.arange(mask.shape[1]) < ones.sum(dim=1, keepdim=True))).all())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from rlcore.batch import right_padded
 from rlcore.engine_checks import aligned_rows, check_ids
 from rlcore.engines import ModelOutputs, TopK
 from rlcore.errors import ConfigError
@@ -121,18 +122,24 @@ def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     """One forward pass of `model` (differentiable when grad is on): `HeadModelOutputs` of its last hidden
     states with `chunked` where `chunked_head_of(model)` allows it (the forward projects one position only),
     else `HFModelOutputs` of its logits. `host_mask`: the attention mask on the CPU, where the caller has it
-    (the rows are found there, without waiting for the GPU)."""
+    (the rows are found there, without waiting for the GPU).
+
+    Where `host_mask` is right-padded the model is given no mask: a causal model's states at the real tokens are
+    the same, transformers then builds no [B, 1, T, T] mask (nor reads the mask's values on the GPU to see whether
+    it may skip it), and SDPA runs causal without a mask (its flash kernel where the device has one). The outputs
+    keep `attention_mask` for which positions count."""
     lm_head = chunked_head_of(model) if chunked else None
+    model_mask = None if host_mask is not None and right_padded(host_mask) else attention_mask
     if lm_head is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        logits = model(input_ids=input_ids, attention_mask=model_mask, use_cache=False).logits
         return HFModelOutputs(logits, input_ids, attention_mask, temperature)
     base = getattr(model, "base_model", None)
     if base is not None and base is not model and not hasattr(model, "module") and not hasattr(model, "get_base_model"):
         # a plain causal LM: its decoder's last hidden state, without every layer's (output_hidden_states keeps
         # them all until the outputs go) or the head's one position
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden = base(input_ids=input_ids, attention_mask=model_mask, use_cache=False).last_hidden_state
     else:  # through the wrapper's own forward (DDP's gradient hooks, peft's adapters)
-        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
+        hidden = model(input_ids=input_ids, attention_mask=model_mask, use_cache=False, output_hidden_states=True,
                        logits_to_keep=1).hidden_states[-1]
     from rlcore.head import HeadModelOutputs  # torch, at first use: importing the plugin imports none
 

@@ -138,11 +138,13 @@ class HFTrainEngine(TrainEngine):
         check_temperature(temperature)
         self._ensure_loaded()
         input_ids, attention_mask = token_columns(batch)
+        host_mask = host_column(batch, "attention_mask")
         out = torch.zeros(input_ids.shape, dtype=torch.float32)
         with torch.inference_mode():
-            for rows, width in self._chunks(attention_mask):
+            for rows, width in self._chunks(host_mask):
                 ids, mask = input_ids[rows, :width].to(self.device), attention_mask[rows, :width].to(self.device)
-                out[rows, :width] = self._outputs(self.model, ids, mask, temperature).logprobs().cpu()
+                outputs = self._outputs(self.model, ids, mask, temperature, host_mask=host_mask[rows, :width])
+                out[rows, :width] = outputs.logprobs().cpu()
         return out
 
     def forward_topk(self, batch: Batch, k: int | None, temperature: float = 1.0, *, on_device: bool = False) -> TopK | Any:
@@ -186,10 +188,11 @@ class HFTrainEngine(TrainEngine):
 
         self._ensure_loaded()
         input_ids, attention_mask = token_columns(batch)
-        width = max(int(host_column(batch, "attention_mask").sum(dim=1).max()), 1)  # on the CPU where it can
+        host_mask = host_column(batch, "attention_mask")  # on the CPU where it can
+        width = max(int(host_mask.sum(dim=1).max()), 1)
         with torch.no_grad():  # not inference_mode: a loss's backward saves these states
             outputs = self._outputs(self.model, input_ids[:, :width].to(self.device),
-                                    attention_mask[:, :width].to(self.device), 1.0)
+                                    attention_mask[:, :width].to(self.device), 1.0, host_mask=host_mask[:, :width])
             projection = outputs.projection()
         if projection is None:
             return None

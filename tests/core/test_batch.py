@@ -49,3 +49,14 @@ def test_pad_width_pads_dim_1_of_any_rank():
     padded = pad_width(t, 3, False)
     assert padded.shape == (2, 3, 3) and padded.dtype == torch.bool and padded[:, 1:].sum() == 0
     assert pad_width(t, 1) is t
+
+
+def test_right_padded_is_read_on_the_cpu_only():
+    from rlcore.batch import right_padded
+
+    assert right_padded(torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]]))  # a fully padded row too
+    assert right_padded(torch.ones(2, 4, dtype=torch.bool))
+    assert not right_padded(torch.tensor([[0, 1, 1], [1, 1, 1]]))  # left padding
+    assert not right_padded(torch.tensor([[1, 0, 1]]))  # a hole
+    assert not right_padded(torch.ones(2, 3, device="meta"))  # not read where reading would wait for a device
+    assert not right_padded(None) and not right_padded(torch.ones(3))

@@ -380,3 +380,47 @@ def test_liger_kernel_keeps_the_torch_modules_off_cuda_and_trains(tiny_model, ca
         assert "pip install liger-kernel" in problems["liger_kernel"]
     else:
         assert "liger_kernel" not in problems
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_a_right_padded_batch_reaches_the_model_without_a_mask_and_gives_the_same_step(tiny_model, chunked, monkeypatch):
+    """Right padding under causal attention: no real token sees a pad, so the decoder is called without a mask
+    (transformers then builds none and SDPA runs causal) and the step equals the masked one; a mask with a pad
+    before a real token is passed on."""
+    import rlcore.plugins.hf.common as common
+
+    def decoder_masks(engine: HFTrainEngine) -> list:
+        seen: list = []
+        engine.model.base_model.register_forward_pre_hook(
+            lambda module, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True)
+        return seen
+
+    batch = make_batch()
+    unmasked = HFTrainEngine(tiny_model, chunked_lm_head=chunked, **LINEAR_ADAM)
+    want = reference_logprobs(unmasked.model, batch)  # the model given the mask
+    seen = decoder_masks(unmasked)
+    got = unmasked.forward_logprobs(batch)
+    assert len(seen) == 1 and seen[0] is None
+    mask = batch["attention_mask"].bool()
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=1e-5)
+    before = params(unmasked)
+    unmasked.train_step(batch, nll_loss, micro_batch_size=3)
+    assert len(seen) == 3 and all(m is None for m in seen)
+
+    with monkeypatch.context() as patch:  # the same step with the mask given to the model
+        patch.setattr(common, "right_padded", lambda host_mask: False)
+        masked = HFTrainEngine(tiny_model, chunked_lm_head=chunked, **LINEAR_ADAM)
+        seen = decoder_masks(masked)
+        masked.train_step(batch, nll_loss, micro_batch_size=3)
+    assert len(seen) == 2 and all(isinstance(m, torch.Tensor) for m in seen)
+    after_masked, after = params(masked), params(unmasked)
+    assert any(not torch.equal(after[n], before[n]) for n in before)
+    for name in before:
+        torch.testing.assert_close(after[name] - before[name], after_masked[name] - before[name], atol=1e-5, rtol=1e-4)
+
+    holed = make_batch()
+    holed["attention_mask"][1, 0] = 0  # a pad before real tokens: not right padding
+    engine = HFTrainEngine(tiny_model, chunked_lm_head=chunked)
+    seen = decoder_masks(engine)
+    engine.forward_logprobs(holed)
+    assert len(seen) == 1 and isinstance(seen[0], torch.Tensor)
