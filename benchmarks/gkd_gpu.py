@@ -30,9 +30,9 @@ run in a process of its own:
                                                   # and rlcore's GPU configs are built there too)
     python benchmarks/gkd_gpu.py --only full --profile   # + torch's profile of rlcore's last train phase
 
-The table gives each side's median step time (steps 3-6), completion tokens per second, the peak GPU memory
-(device-wide, sampled every 0.2 s while the run's process lives, above what was in use before it) and torch's
-peak allocation in the run's process, and the ratio to DistillationTrainer's tokens/s; targets: full >= 1.5x
+The table gives each side's median step time (steps 3-10), completion tokens per second, the peak GPU memory
+(device-wide, sampled every 0.2 s while the run's process lives, above what was in use before it), torch's
+peak allocation and peak reservation in the run's process, and the ratio to DistillationTrainer's tokens/s; targets: full >= 1.5x
 with peak <= DistillationTrainer's, topk >= 2x. `--json PATH` (default benchmarks/results/gkd_gpu-<date>-<kind>.json;
 with --smoke, the temporary folder) keeps every side's settings, the git commit (`RLCORE_COMMIT` where set) and the
 targets met, written after every side; a side that fails is recorded as such and the others still run.
