@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import inspect
 import json
 import os
 import platform
@@ -117,7 +116,6 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, steps: int, top
     from rlcore import load_plugins
     from rlcore.plugins.gkd.config import GKDConfig
     from rlcore.plugins.gkd.trainer import GKDTrainer
-    from rlcore.plugins.hf.train import HFTrainEngine
 
     missing = [k for k in SAME if k not in GKDConfig.model_fields]
     if missing:
@@ -134,13 +132,13 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, steps: int, top
         rollout={"engine": "hf", "dtype": "float32"},
     )
     trainer = GKDTrainer(config, plugins)
-    engine = inspect.signature(HFTrainEngine).parameters  # the optimizer options GKD leaves at the engine's defaults
+    optimizer = config.optimizer_options()  # what the train engine is given, the keys GKD leaves at their defaults too
     settings = {key: lookup(config, key) for key in SAME}
     settings.update(
         max_completion_length=config.max_completion_length, top_p=config.top_p, top_k=config.top_k,
         gradient_checkpointing=config.train.gradient_checkpointing, dtype=config.train.dtype,
-        optimizer="torch.optim.AdamW", adam_beta1=engine["adam_beta1"].default,
-        adam_beta2=engine["adam_beta2"].default, adam_epsilon=engine["adam_epsilon"].default,
+        optimizer="torch.optim.AdamW", adam_beta1=optimizer.adam_beta1,
+        adam_beta2=optimizer.adam_beta2, adam_epsilon=optimizer.adam_epsilon,
         stop_token_ids=trainer.data.stop_ids, loss_temperature=config.temperature,
         vocabulary=f"top-{TOPK}" if topk else "full",
     )
