@@ -24,6 +24,9 @@ from .data import DistillData, demo_models
 from .objective import DistillObjective
 from .workers import DistillWorker, TeacherWorker
 
+# the hf student's engine options a colocated hf teacher takes too: its kernels and its compilation
+TEACHER_KEYS = ("liger_kernel", "torch_compile", "torch_compile_backend", "torch_compile_mode")
+
 
 class GKDTrainer(RoleTrainer):
     """Runs GKD locally (every role in this process) or on Ray, the teacher colocated or served."""
@@ -88,8 +91,8 @@ class GKDTrainer(RoleTrainer):
                 teacher.update(cfg.train.parallel_options())
             if "device" in cfg.train.engine_kwargs:
                 teacher["device"] = cfg.train.engine_kwargs["device"]
-            if cfg.train.engine == "hf" and "liger_kernel" in cfg.train.engine_kwargs:  # the student's kernels too
-                teacher["liger_kernel"] = cfg.train.engine_kwargs["liger_kernel"]
+            if cfg.train.engine == "hf":  # the student's kernels and compilation, the teacher's too
+                teacher.update({key: value for key, value in cfg.train.engine_kwargs.items() if key in TEACHER_KEYS})
             train["teacher"] = {"engine": cfg.train.engine, "options": teacher, "offload": cfg.offload_teacher_model}
         setups = {"train": RoleSetup(DistillWorker, cfg.train.engine, train)}
         if "rollout" in roles:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def load_causal_lm(model: str, dtype: str, device: torch.device, liger_kernel: bool = False) -> Any:
     """AutoModelForCausalLM from a local directory or a hub id, on `device`, in eval mode; with `liger_kernel`,
-    with liger-kernel's kernels (`apply_liger`)."""
+    with liger-kernel's kernels (`apply_liger`). `compile_layers` is applied by the engine, after peft."""
     from transformers import AutoModelForCausalLM
 
     try:
@@ -43,6 +43,26 @@ def apply_liger(model: Any, device: Any) -> bool:
     _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                     fused_linear_cross_entropy=False)
     return True
+
+
+def compile_layers(model: Any, backend: str = "inductor", mode: str | None = None) -> int:
+    """`torch.compile` each decoder layer of `model` in place (regional compilation, as PyTorch's recipe does):
+    the layers are the modules whose class transformers names in `_no_split_modules` (Qwen2DecoderLayer,
+    LlamaDecoderLayer, ...). They share one class, so one compiled graph serves every layer; shapes are dynamic,
+    so the micro-batches' varying widths reuse it too. `nn.Module.compile` keeps the module and its parameter
+    names (no `_orig_mod.` prefix), so weight sync, saving and DDP see the same model. How many were compiled."""
+    inner = getattr(model, "module", model)  # DistributedDataParallel
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # peft
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    layers = [m for m in base.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ConfigError(f"torch_compile: {type(base).__name__} names no decoder layer class in _no_split_modules "
+                          "to compile; set torch_compile: false", [("torch_compile", "no decoder layers found")])
+    for layer in layers:
+        layer.compile(backend=backend, mode=mode, dynamic=True)
+    logger.info("torch_compile: %d %s layers compiled (backend %s, mode %s); the first steps compile them",
+                len(layers), type(layers[0]).__name__, backend, mode or "default")
+    return len(layers)
 
 
 class HFModelOutputs(ModelOutputs):

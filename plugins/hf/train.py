@@ -29,22 +29,36 @@ from rlcore.engine_checks import check_temperature, check_train_step, common_pro
 from rlcore.engines import LossFn, NamedTensors, Projection, TopK, TrainEngine, TrainOptions
 from rlcore.errors import RlcoreError
 
-from .common import load_causal_lm, model_outputs
+from .common import compile_layers, load_causal_lm, model_outputs
 from .lora import lora_merged_tensors
 
 STATE_FILE = "engine_state.pt"
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass(frozen=True)
 class HFOptions(TrainOptions):
-    """The train engines' options plus the hf engine's own: `chunked_lm_head` and `liger_kernel` (see
+    """The train engines' options plus the hf engine's own: `chunked_lm_head`, `liger_kernel` and
+    `torch_compile` with its backend and mode, named as transformers' TrainingArguments names them (see
     `HFTrainEngine`)."""
 
     chunked_lm_head: bool = True
     liger_kernel: bool = False
+    torch_compile: bool = False
+    torch_compile_backend: str = "inductor"
+    torch_compile_mode: str | None = None
 
     def problems(self) -> list[tuple[str, str]]:
         problems = super().problems()
+        if self.torch_compile:
+            import torch
+
+            if self.torch_compile_backend not in torch._dynamo.list_backends(exclude_tags=()):
+                problems.append(("torch_compile_backend", f"torch_compile_backend={self.torch_compile_backend!r} is "
+                                 f"not a torch.compile backend; one of {', '.join(torch._dynamo.list_backends())}"))
+            if self.torch_compile_mode not in COMPILE_MODES:
+                problems.append(("torch_compile_mode", f"torch_compile_mode={self.torch_compile_mode!r} is not a "
+                                 "torch.compile mode; one of " + ", ".join(str(m) for m in COMPILE_MODES)))
         if self.liger_kernel and str(self.device).startswith("cuda"):
             import importlib.util
 
@@ -69,7 +83,9 @@ class HFTrainEngine(TrainEngine):
     default) swaps the model's RMSNorm, SwiGLU MLP and rotary embedding for liger-kernel's fused Triton kernels
     (`liger_kernel.transformers._apply_liger_kernel_to_instance`, as transformers' Trainer does for
     `use_liger_kernel`; its loss kernels are left off, the chunked head computes the loss); on a device other
-    than CUDA the model keeps its torch modules, with a log line.
+    than CUDA the model keeps its torch modules, with a log line. `torch_compile` (off by default) compiles each
+    decoder layer in place with `torch_compile_backend` and `torch_compile_mode` (`compile_layers`): fewer
+    kernel launches and no per-op Python where a step is launch-bound; the first steps pay the compile.
     """
 
     def __init__(self, options: TrainOptions | str | None = None, **keys: Any):
@@ -94,6 +110,8 @@ class HFTrainEngine(TrainEngine):
         if o.forward_only:  # no gradients to average: no torch.distributed world to join
             self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel).requires_grad_(False)
+            if o.torch_compile:
+                compile_layers(self.model, o.torch_compile_backend, o.torch_compile_mode)
             self.trainable, self.ddp, self.optimizer, self.scheduler = [], None, None, None
             return
         self.rank, self.world_size = join_torch_world(self.device, o.dist_timeout_s)
@@ -111,6 +129,8 @@ class HFTrainEngine(TrainEngine):
             )
             self.model = get_peft_model(self.model, config)
         self.model.eval()
+        if o.torch_compile:  # after peft (its adapters are compiled in), before DDP
+            compile_layers(self.model, o.torch_compile_backend, o.torch_compile_mode)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.ddp = None
         if self.world_size > 1:
