@@ -18,7 +18,10 @@ run in a process of its own:
 - `served` (only with `--only`, two GPUs): rlcore on Ray, the teacher a vLLM group on GPU 1 serving top-64;
 - `full-liger` and `trl-liger` (only with `--only`): `full` with the hf engine's `liger_kernel` (liger-kernel's
   RMSNorm, SwiGLU and rotary kernels in the student and the teacher) and TRL with `use_liger_kernel` (the same
-  kernels, the student's only: TRL's option does not reach the teacher); the liger-kernel wheel must be installed.
+  kernels, the student's only: TRL's option does not reach the teacher); the liger-kernel wheel must be installed;
+- `full-compile`, `topk-compile` and `trl-compile` (only with `--only`): `full` and `topk` with the hf engine's
+  `torch_compile` (each decoder layer of the student and the teacher compiled in place, inductor, dynamic
+  shapes) and TRL with transformers' `torch_compile` (`torch.compile` of the whole student, as Trainer does it).
 
     python benchmarks/gkd_gpu.py                  # trl, full, topk, memory: about 6 minutes on one H200
     python benchmarks/gkd_gpu.py --only trl --only full; python benchmarks/gkd_gpu.py --only topk --only memory
@@ -32,8 +35,9 @@ run in a process of its own:
 
 The table gives each side's median step time (steps 3-10), completion tokens per second, the peak GPU memory
 (device-wide, sampled every 0.2 s while the run's process lives, above what was in use before it), torch's
-peak allocation and peak reservation in the run's process, and the ratio to DistillationTrainer's tokens/s; targets: full >= 1.5x
-with peak <= DistillationTrainer's, topk >= 2x. `--json PATH` (default benchmarks/results/gkd_gpu-<date>-<kind>.json;
+peak allocation and peak reservation in the run's process, and the ratio to the fastest TRL side that ran (`trl`, `trl-liger`, `trl-compile`: TRL configured as well as it
+can be); targets, for each rlcore side of that kind (`full*`, `topk*`): full >= 1.5x with peak <= that TRL side's,
+topk >= 2x. `--json PATH` (default benchmarks/results/gkd_gpu-<date>-<kind>.json;
 with --smoke, the temporary folder) keeps every side's settings, the git commit (`RLCORE_COMMIT` where set) and the
 targets met, written after every side; a side that fails is recorded as such and the others still run.
 """
@@ -72,8 +76,11 @@ SIDES = ("trl", "full", "topk", "memory")  # the default run; trl-gkd and served
 LABELS = {"trl": "TRL DistillationTrainer (vLLM)", "trl-gkd": "TRL GKDTrainer (generate)",
           "full": "rlcore colocated, full vocab", "topk": "rlcore colocated, top-64",
           "served": "rlcore vLLM teacher (GPU 1), top-64",
-          "trl-liger": "TRL + use_liger_kernel (student)", "full-liger": "rlcore full vocab + liger (both)"}
-EXTRA = ("trl-gkd", "served", "trl-liger", "full-liger")  # sides run only when --only names them
+          "trl-liger": "TRL + use_liger_kernel (student)", "full-liger": "rlcore full vocab + liger (both)",
+          "trl-compile": "TRL + torch_compile (student)", "full-compile": "rlcore full vocab + compile (both)",
+          "topk-compile": "rlcore top-64 + compile (both)"}
+EXTRA = ("trl-gkd", "served", "trl-liger", "full-liger", "trl-compile", "full-compile", "topk-compile")  # with --only
+TRL_SIDES = ("trl", "trl-liger", "trl-compile")  # the ratio's base: the fastest of these that ran
 PROMPTS = ["Write a short story about a robot.", "Explain why the sky is blue.", "List three prime numbers.",
            "What is the capital of France?", "Describe a sunset.", "Give me a recipe for bread.",
            "How do airplanes fly?", "Summarise the water cycle."]
@@ -122,6 +129,8 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
     train: dict[str, Any] = {"gpus": 1, "dtype": "bfloat16", "gradient_checkpointing": False}
     if what == "full-liger":  # liger-kernel's RMSNorm, SwiGLU and rotary kernels in the student and the teacher
         train["engine_kwargs"] = {"liger_kernel": True}
+    if what.endswith("-compile"):  # each decoder layer of the student and the teacher compiled in place
+        train["engine_kwargs"] = {"torch_compile": True}
     common = dict(SAME, lmbda=1.0, model=student, dataset=data, output_dir=str(out), max_steps=steps, save_steps=100_000,
                   eval_size=0, colocate_groups=[["train", "rollout"]])
 
@@ -131,7 +140,7 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
             return GKDConfig(**keys, gkd_logits_topk=64, offload_model=False, offload_optimizer=False,
                              teacher={**rollout, "model": teacher, "vllm_gpu_memory_utilization": 0.8})
         # one process: vLLM awake throughout (no sleep), the teacher inside the train worker
-        return GKDConfig(**keys, teacher_model=teacher, sleep_level=0, gkd_logits_topk=64 if what == "topk" else None)
+        return GKDConfig(**keys, teacher_model=teacher, sleep_level=0, gkd_logits_topk=64 if what.startswith("topk") else None)
 
     config = gkd_config(rollout, train)  # the GPU run's config, validated on the CPU too under --smoke
     if smoke:  # the CPU: the hf rollout engine, float32, no GPUs to share
@@ -152,7 +161,9 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
                                                 "seed", "sleep_level")}
     settings.update(gradient_checkpointing=config.train.gradient_checkpointing, rollout=dict(rollout),
                     teacher="vLLM group on GPU 1" if what == "served" else "colocated in the train worker",
-                    chunked_lm_head=config.train.engine_kwargs.get("chunked_lm_head", True))
+                    chunked_lm_head=config.train.engine_kwargs.get("chunked_lm_head", True),
+                    liger_kernel=config.train.engine_kwargs.get("liger_kernel", False),
+                    torch_compile=config.train.engine_kwargs.get("torch_compile", False))
     clock.start()
     trainer.fit()
     rows = clock.rows
@@ -163,10 +174,12 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
             "settings": settings, **torch_peaks(), "profile": profile}
 
 
-def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger: bool = False) -> dict:
+def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger: bool = False,
+            compile: bool = False) -> dict:
     """`trl.DistillationTrainer` as TRL documents it for colocated vLLM: `use_vllm=True, vllm_mode="colocate"`.
     `liger`: with transformers' `use_liger_kernel` (the student's RMSNorm, SwiGLU and rotary kernels; its loss
-    kernels off, as rlcore's `liger_kernel` has them; TRL's option does not reach the teacher)."""
+    kernels off, as rlcore's `liger_kernel` has them; TRL's option does not reach the teacher). `compile`: with
+    transformers' `torch_compile` (Trainer compiles the whole student; the teacher stays eager)."""
     from datasets import load_dataset
     from fair import trainer_clock, trl_args
     from transformers import AutoTokenizer, GenerationConfig
@@ -181,7 +194,8 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger
                gradient_checkpointing=False, optim="adamw_torch",  # rlcore's torch.optim.AdamW
                model_init_kwargs={"dtype": "bfloat16"}, teacher_model_init_kwargs={"dtype": "bfloat16"},
                **({"use_liger_kernel": True, "liger_kernel_config": {"rope": True, "rms_norm": True, "swiglu": True,
-                   "cross_entropy": False, "fused_linear_cross_entropy": False}} if liger else {}))
+                   "cross_entropy": False, "fused_linear_cross_entropy": False}} if liger else {}),
+               **({"torch_compile": True} if compile else {}))
     cpu = dict(use_vllm=False, bf16=False, use_cpu=True, generation_kwargs=None, max_steps=2, use_liger_kernel=False,
                per_device_train_batch_size=2, gradient_accumulation_steps=2, max_completion_length=8,
                model_init_kwargs={"dtype": "float32"}, teacher_model_init_kwargs={"dtype": "float32"})
@@ -192,7 +206,7 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger
                                   processing_class=tokenizer, callbacks=[clock])
     settings = {k: getattr(args, k) for k in SAME}
     settings.update(lmbda="1 (on-policy only)", gkd_logits_topk=None, gradient_checkpointing=args.gradient_checkpointing,
-                    use_liger_kernel=args.use_liger_kernel,
+                    use_liger_kernel=args.use_liger_kernel, torch_compile=args.torch_compile,
                     use_vllm=args.use_vllm, vllm_mode=args.vllm_mode, vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                     vllm_max_model_length=args.vllm_max_model_length, vllm_enable_sleep_mode=args.vllm_enable_sleep_mode,
                     max_num_seqs=args.per_device_train_batch_size * args.gradient_accumulation_steps,
@@ -392,7 +406,10 @@ def summarise(result: dict, skip: int) -> dict:
 
 
 def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
-    base = sides.get("trl", {}).get("tokens_per_s")  # None where TRL's side is absent or failed
+    base_side = trl_base(sides)  # None where every TRL side is absent or failed
+    base = sides[base_side]["tokens_per_s"] if base_side else None
+    if base_side:
+        print(f"\nx TRL: against {LABELS[base_side]}, the fastest TRL side that ran")
     print(f"\n{'':<38}{'step (s)':>10}{'tokens/s':>11}{'peak GiB':>10}{'torch GiB':>11}{'reserved':>10}{'x TRL':>8}  target")
     for what, side in sides.items():
         if "failed" in side:
@@ -402,9 +419,10 @@ def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
             continue
         ratio = side["tokens_per_s"] / base if base else float("nan")
         target = ""
-        if what in TARGETS:
-            extra = " & peak <= TRL's" if what == "full" else ""
-            target = f">= {TARGETS[what]:g}x{extra}: {'met' if met.get(what) else 'NOT met'}" if base else f">= {TARGETS[what]:g}x"
+        kind = target_of(what)
+        if kind:
+            extra = " & peak <= TRL's" if kind == "full" else ""
+            target = f">= {TARGETS[kind]:g}x{extra}: {'met' if met.get(what) else 'NOT met'}" if base else f">= {TARGETS[kind]:g}x"
         torch_gib, reserved = (side.get(k) for k in ("torch_peak_gib", "torch_reserved_gib"))
         print(f"{LABELS[what]:<38}{side['step_s']:>10.2f}{side['tokens_per_s']:>11.0f}{side['peak_gpu_gib']:>10.2f}"
               f"{(torch_gib if torch_gib is not None else float('nan')):>11.2f}"
@@ -425,15 +443,28 @@ def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
                 print(f"{T:>6}{c[i]:>10.2f}{f[i]:>10.2f}{mem['bTV_fp32_gib'][i]:>12.2f}{c[i] / f[i]:>16.3f}")
 
 
+def trl_base(sides: dict[str, dict]) -> str | None:
+    """The fastest TRL side that ran (TRL configured as well as it can be): the ratios' base."""
+    ran = [what for what in TRL_SIDES if "tokens_per_s" in sides.get(what, {})]
+    return max(ran, key=lambda what: sides[what]["tokens_per_s"]) if ran else None
+
+
+def target_of(what: str) -> str | None:
+    """The target an rlcore side is held to: `full` for full*, `topk` for topk*."""
+    return next((kind for kind in TARGETS if what == kind or what.startswith(f"{kind}-")), None)
+
+
 def targets_met(sides: dict[str, dict]) -> dict[str, bool]:
-    if "tokens_per_s" not in sides.get("trl", {}):
+    base = trl_base(sides)
+    if base is None:
         return {}
-    trl, met = sides["trl"], {}
-    for what, target in TARGETS.items():
-        if "tokens_per_s" in sides.get(what, {}):
-            met[what] = sides[what]["tokens_per_s"] >= target * trl["tokens_per_s"]
-    if "full" in met:
-        met["full"] = met["full"] and sides["full"]["peak_gpu_gib"] <= trl["peak_gpu_gib"]
+    trl, met = sides[base], {}
+    for what, side in sides.items():
+        kind = target_of(what)
+        if kind and "tokens_per_s" in side:
+            met[what] = side["tokens_per_s"] >= TARGETS[kind] * trl["tokens_per_s"]
+            if kind == "full":
+                met[what] = met[what] and side["peak_gpu_gib"] <= trl["peak_gpu_gib"]
     return met
 
 
@@ -458,8 +489,9 @@ def main() -> None:
         student, teacher = str(tmp / "student"), str(tmp / "teacher")
         if args.run == "build":
             return run_build(tmp, args.smoke)
-        if args.run in ("trl", "trl-liger"):
-            result = run_trl(student, teacher, args.data, tmp / f"out-{args.run}", args.smoke, liger=args.run == "trl-liger")
+        if args.run in TRL_SIDES:
+            result = run_trl(student, teacher, args.data, tmp / f"out-{args.run}", args.smoke,
+                             liger=args.run == "trl-liger", compile=args.run == "trl-compile")
         elif args.run == "trl-gkd":
             result = run_trl_gkd(student, teacher, args.data, tmp / "out-trl-gkd", args.smoke)
         elif args.run == "memory":
@@ -511,7 +543,7 @@ def record(sides: dict[str, dict], args: argparse.Namespace, started: float) -> 
             "sides": sides, "labels": {k: v for k, v in LABELS.items() if k in sides},
             "targets": {"full": "tokens/s >= 1.5 x DistillationTrainer's, peak GPU memory <= its peak",
                         "topk": "tokens/s >= 2 x DistillationTrainer's"},
-            "met": targets_met(sides), "wall_s": round(time.perf_counter() - started, 1),
+            "targets_base": trl_base(sides), "met": targets_met(sides), "wall_s": round(time.perf_counter() - started, 1),
             "work": f"{MICRO * ACCUM} completions x {TOKENS} tokens a step, lmbda 1, beta {SAME['beta']}, vocabulary {VOCAB}, "
                     f"student Qwen2-0.5B shape, teacher Qwen2-1.5B shape, bf16, median of steps {SKIP + 1}-{STEPS}"}
 
