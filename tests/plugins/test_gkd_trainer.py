@@ -112,3 +112,33 @@ def test_the_examples_run_on_ray(ray_local, setup, tmp_path, layout):
         assert trainer.session.workers("teacher") == 2
     if layout == "shared":
         assert trainer.session.colocated("teacher", "train") and trainer.session.colocated("teacher", "rollout")
+
+
+def test_torch_compile_reaches_the_colocated_teacher_and_keeps_the_losses(setup, tmp_path, monkeypatch):
+    """`train.engine_kwargs: {torch_compile: true}` from the command line's keys compiles the student's decoder
+    layers and the colocated teacher's (the teacher takes the student's compile settings), and the run's losses
+    equal the eager run's. aot_eager traces through dynamo and AOTAutograd as inductor does, without code
+    generation (inductor ran on the H200: benchmarks/gkd_gpu.py's full-compile side)."""
+    import torch._dynamo
+
+    from rlcore.plugins.hf import train as hf_train
+
+    compiled: list[tuple[int, str]] = []
+
+    def spy(model, backend="inductor", mode=None):
+        compiled.append((model.config.hidden_size, backend))
+        return compile_layers(model, backend, mode)
+
+    compile_layers = hf_train.compile_layers
+    monkeypatch.setattr(hf_train, "compile_layers", spy)
+    torch._dynamo.reset()
+    keys = [f"model={setup['student']}", f"teacher_model={setup['teacher']}", f"dataset={setup['dataset']}",
+            "lmbda=0", "max_steps=2", "max_completion_length=4", "per_device_train_batch_size=2", "eval_size=0"]
+    runs = {}
+    for name, extra in (("eager", []), ("compiled", ["train.engine_kwargs={torch_compile: true, torch_compile_backend: aot_eager}"])):
+        config = load_config(GKDConfig, None, [*keys, f"output_dir={tmp_path / name}", *extra])
+        GKDTrainer(config, load_plugins()).fit()
+        runs[name] = metrics_of(tmp_path / name)
+    assert sorted(compiled) == [(64, "aot_eager"), (96, "aot_eager")]  # the student (hidden 64), the teacher (96)
+    for eager, fast in zip(runs["eager"], runs["compiled"], strict=True):
+        assert fast["jsd"] == pytest.approx(eager["jsd"], rel=1e-4) and fast["jsd"] > 0
