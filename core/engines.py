@@ -163,6 +163,21 @@ class TrainOptions:
         return problems
 
 
+def options_check(cls: type, name: str, known: tuple[str, ...] = ()) -> Callable[..., list[tuple[str, str]]]:
+    """An `EngineSpec.check` for an engine whose options are the `TrainOptions` subclass `cls`: each unknown
+    option with the closest known one (of `known`, else all of `cls`'s keys), then `cls.problems()`. `name`
+    ("hf train engine") starts each message."""
+    known = known or cls.keys()
+
+    def check(**options: Any) -> list[tuple[str, str]]:
+        unknown = [key for key in options if key not in known]
+        if unknown:
+            return [(key, f"{name} has no option '{key}'.{did_you_mean(key, known)}") for key in unknown]
+        return cls.of(**options).problems()
+
+    return check
+
+
 def build_engine(cls: type, name: str, options: dict[str, Any], known: tuple[str, ...] = (),
                  hidden: tuple[str, ...] = (), **fixed: Any) -> Any:
     """`cls(**options, **fixed)` after checking `options` against what it takes (`known`, or its constructor's

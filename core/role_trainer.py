@@ -29,6 +29,7 @@ from typing import Any
 
 from .config import config_error, problems_of
 from .resources import ResourcePlan, plan_from_config
+from .sections import train_engine_problems
 from .session import RoleSession, RoleSetup, announce
 from .trainer import Trainer
 
@@ -105,6 +106,7 @@ class RoleTrainer(Trainer):
 
         problems = problems_of([("(resource plan)", plan)] if roles else [])
         problems += cls.problems(config, plugins, run=run) if own else []
+        problems += train_engine_problems(config, plugins) if "train" in roles else []
         if problems:
             raise config_error(problems)
         return plans[0] if plans else None

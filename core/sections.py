@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 
 from .config import BaseConfig, RoleConfig, RunConfig
 from .engines import OptimizerOptions
+from .errors import RlcoreError
 
 
 def default_of(section: type[BaseModel], key: str, default: Any) -> Any:
@@ -148,6 +149,28 @@ def train_options(config: Any, model: str) -> dict[str, Any]:
     }
 
 
+def train_engine_problems(config: Any, plugins: Any) -> list[tuple[str, str]]:
+    """The train engine's own check (`EngineSpec.check`) of the options `train_options` gives it, each key as
+    the config spells it (`train.engine_kwargs.torch_compile_mode`, `train.lora_rank`); none where the config
+    has no `train:` section, its engine is not registered (the resource plan names that) or has no check."""
+    train = getattr(config, "train", None)
+    if not isinstance(train, TrainRoleConfig):
+        return []
+    try:
+        check = plugins.engines.get(train.engine, kind="train").check
+    except RlcoreError:
+        return []
+    if check is None:
+        return []
+
+    def path(key: str) -> str:
+        if key in train.engine_kwargs:
+            return f"train.engine_kwargs.{key}"
+        return f"train.{key}" if key in type(train).model_fields else key
+
+    return [(path(key), message) for key, message in check(**train_options(config, getattr(config, "model", None) or ""))]
+
+
 def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any]:
     """A generating engine's options from its section (a `RolloutRoleConfig`, or one like it: a served
     teacher's): the model, dtype and seed, the section's `vllm_*` keys when its engine is vllm, then its
@@ -160,5 +183,5 @@ def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any
 
 __all__ = [
     "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "NonfiniteKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
-    "default_of", "rollout_options", "train_options",
+    "default_of", "rollout_options", "train_engine_problems", "train_options",
 ]

@@ -89,6 +89,10 @@ class EngineSpec:
     # the heavy modules `factory` imports ("vllm", "megatron.core"): on Ray each worker imports them as soon as
     # it starts, while the roles built before it build (their GPU memory is still taken one role at a time)
     imports: tuple[str, ...] = ()
+    # `check(**options)`: the (key, message) problems of the options `factory` would be given, found without
+    # building anything (no weights read, no device taken), so that a run and `rlcore config validate` report a
+    # bad engine option before any worker starts; None: the options are checked when the engine is built
+    check: Callable[..., list[tuple[str, str]]] | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlcore import EngineSpec, build_engine, hookimpl
+from rlcore.engines import options_check
 from rlcore.testing import build_tiny_model
 
 from .rollout import HFRolloutEngine
@@ -45,7 +46,7 @@ def make_rollout_engine(**options: Any) -> Any:
 def rlcore_engines():
     imports = ("torch", "transformers")  # what a worker imports ahead of the build (EngineSpec.imports)
     yield EngineSpec("hf", kind="train", factory=make_train_engine, description="transformers + torch; DDP over a group",
-                     imports=imports)
+                     imports=imports, check=options_check(HFOptions, "hf train engine"))
     yield EngineSpec("hf", kind="forward", factory=make_forward_engine,
                      description="the hf train engine without optimizer: reference and teacher models", imports=imports)
     yield EngineSpec("hf", kind="rollout", factory=make_rollout_engine,

@@ -469,3 +469,32 @@ def test_torch_compile_options_are_checked(tiny_model):
         HFTrainEngine(tiny_model, torch_compile=True, torch_compile_backend="inducter")
     with pytest.raises(ConfigError, match="torch_compile_mode.*'fast' is not a torch.compile mode"):
         HFTrainEngine(tiny_model, torch_compile=True, torch_compile_mode="fast")
+
+
+@pytest.mark.parametrize("plugin", ["gkd", "grpo"])
+def test_the_train_engines_options_are_checked_before_any_engine_is_built(plugin, tmp_path, capsys, monkeypatch):
+    """`train.engine_kwargs` is checked by the hf engine's `EngineSpec.check` with the config: `rlcore config
+    validate` refuses a typo (naming the closest option) and a bad value (naming the choices) at their key paths,
+    and `rlcore run` stops with the same error before it builds any engine (on a GPU run: before any worker takes
+    a GPU)."""
+    from rlcore.cli import main
+
+    typo, bad = tmp_path / "typo.yaml", tmp_path / "bad.yaml"
+    typo.write_text("train:\n  engine_kwargs: {chunked_lm_hed: false}\n")
+    bad.write_text("train:\n  engine_kwargs: {torch_compile: true, torch_compile_mode: fast}\n")
+    assert main(["config", "validate", "--plugin", plugin, "--config", str(typo)]) == 2
+    assert ("train.engine_kwargs.chunked_lm_hed: hf train engine has no option 'chunked_lm_hed'. "
+            "Did you mean 'chunked_lm_head'?") in capsys.readouterr().err
+    assert main(["config", "validate", "--plugin", plugin, "--config", str(bad)]) == 2
+    mode = "train.engine_kwargs.torch_compile_mode: torch_compile_mode='fast' is not a torch.compile mode; one of None"
+    assert mode in capsys.readouterr().err
+
+    def built(*args, **kwargs):
+        raise AssertionError("an engine was built")
+
+    monkeypatch.setattr(HFTrainEngine, "__init__", built)
+    assert main(["run", "--plugin", plugin, "--config", str(bad), f"output_dir={tmp_path / 'run'}"]) == 2
+    assert mode in capsys.readouterr().err
+    good = tmp_path / "good.yaml"
+    good.write_text("train:\n  engine_kwargs: {torch_compile: true, torch_compile_mode: max-autotune}\n")
+    assert main(["config", "validate", "--plugin", plugin, "--config", str(good)]) == 0
