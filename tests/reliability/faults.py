@@ -1114,8 +1114,10 @@ bad_config(HUGE, match="ranks")),
              ray=True, in_tests=False),
     Scenario("SIGKILL of the train worker in save() (checkpoint write)", kill_worker("train", "save", after_step=2),
              ray=True, in_tests=False),
-    Scenario("SIGSTOP of the rollout worker in generate(), worker_timeout_s=10",
-             kill_worker("rollout", "generate", signal.SIGSTOP, after_step=2, timeout_s=10), ray=True),
+    # 30 s, not 10: the timeout bounds every call, the workers' __init__ (a fresh Ray worker importing torch and
+    # transformers) too, which took over 10 s on a busy 2-core machine and ended the run before the fault
+    Scenario("SIGSTOP of the rollout worker in generate(), worker_timeout_s=30",
+             kill_worker("rollout", "generate", signal.SIGSTOP, after_step=2, timeout_s=30), ray=True),
     Scenario("SIGSTOP of the train worker in train_step(), worker_timeout_s=10",
              kill_worker("train", "train_step", signal.SIGSTOP, after_step=2, timeout_s=10), ray=True, in_tests=False),
     Scenario("SIGSTOP of the rollout worker in update_weights(), worker_timeout_s=10",
