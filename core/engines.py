@@ -163,17 +163,18 @@ class TrainOptions:
         return problems
 
 
-def options_check(cls: type, name: str, known: tuple[str, ...] = ()) -> Callable[..., list[tuple[str, str]]]:
-    """An `EngineSpec.check` for an engine whose options are the `TrainOptions` subclass `cls`: each unknown
-    option with the closest known one (of `known`, else all of `cls`'s keys), then `cls.problems()`. `name`
-    ("hf train engine") starts each message."""
-    known = known or cls.keys()
+def unknown_options(name: str, options: dict[str, Any], known: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(key, message) for each option not in `known`, the message naming the closest known one; `name`
+    ("hf train engine") starts it."""
+    return [(key, f"{name} has no option '{key}'.{did_you_mean(key, known)}") for key in options if key not in known]
+
+
+def options_check(cls: type, name: str) -> Callable[..., list[tuple[str, str]]]:
+    """An `EngineSpec.check` for an engine whose options are the `TrainOptions` subclass `cls`: its unknown
+    options (`unknown_options`, against `cls.keys()`), else `cls.problems()`."""
 
     def check(**options: Any) -> list[tuple[str, str]]:
-        unknown = [key for key in options if key not in known]
-        if unknown:
-            return [(key, f"{name} has no option '{key}'.{did_you_mean(key, known)}") for key in unknown]
-        return cls.of(**options).problems()
+        return unknown_options(name, options, cls.keys()) or cls.of(**options).problems()
 
     return check
 
@@ -190,13 +191,10 @@ def build_engine(cls: type, name: str, options: dict[str, Any], known: tuple[str
         known = tuple(p.name for p in params if p.kind is not p.VAR_KEYWORD)
         if any(p.kind is p.VAR_KEYWORD for p in params):
             known += OptimizerOptions.keys()
-    unknown = [k for k in options if k not in known]
+    unknown = unknown_options(name, options, known)
     if unknown:
-        raise ConfigError(
-            "; ".join(f"{name} has no option '{k}'.{did_you_mean(k, known)}" for k in unknown)
-            + f" Options: {', '.join(known)}.",
-            [(k, "unknown option") for k in unknown],
-        )
+        raise ConfigError("; ".join(message for _, message in unknown) + f" Options: {', '.join(known)}.",
+                          [(key, "unknown option") for key, _ in unknown])
     return cls(**options, **fixed)
 
 
