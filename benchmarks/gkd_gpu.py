@@ -21,10 +21,7 @@ run in a process of its own:
   kernels, the student's only: TRL's option does not reach the teacher); the liger-kernel wheel must be installed;
 - `full-compile`, `topk-compile` and `trl-compile` (only with `--only`): `full` and `topk` with the hf engine's
   `torch_compile` (each decoder layer of the student and the teacher compiled in place, inductor, dynamic
-  shapes) and TRL with transformers' `torch_compile` (`torch.compile` of the whole student, as Trainer does it);
-- `full-graphs`, `topk-graphs` and `trl-graphs` (only with `--only`): the compile sides with torch.compile's
-  `reduce-overhead` mode, which replays each compiled region as a CUDA graph (one launch instead of one per
-  kernel: for a step bound by the host's kernel launches, as this one is).
+  shapes) and TRL with transformers' `torch_compile` (`torch.compile` of the whole student, as Trainer does it).
 
     python benchmarks/gkd_gpu.py                  # trl, full, topk, memory: about 6 minutes on one H200
     python benchmarks/gkd_gpu.py --only trl --only full; python benchmarks/gkd_gpu.py --only topk --only memory
@@ -38,7 +35,7 @@ run in a process of its own:
 
 The table gives each side's median step time (steps 3-10), completion tokens per second, the peak GPU memory
 (device-wide, sampled every 0.2 s while the run's process lives, above what was in use before it), torch's
-peak allocation and peak reservation in the run's process, and the ratio to the fastest TRL side that ran (`trl`, `trl-liger`, `trl-compile`, `trl-graphs`: TRL configured as well as it
+peak allocation and peak reservation in the run's process, and the ratio to the fastest TRL side that ran (`trl`, `trl-liger`, `trl-compile`: TRL configured as well as it
 can be); targets, for each rlcore side of that kind (`full*`, `topk*`): full >= 1.5x with peak <= that TRL side's,
 topk >= 2x. `--json PATH` (default benchmarks/results/gkd_gpu-<date>-<kind>.json;
 with --smoke, the temporary folder) keeps every side's settings, the git commit (`RLCORE_COMMIT` where set) and the
@@ -81,11 +78,9 @@ LABELS = {"trl": "TRL DistillationTrainer (vLLM)", "trl-gkd": "TRL GKDTrainer (g
           "served": "rlcore vLLM teacher (GPU 1), top-64",
           "trl-liger": "TRL + use_liger_kernel (student)", "full-liger": "rlcore full vocab + liger (both)",
           "trl-compile": "TRL + torch_compile (student)", "full-compile": "rlcore full vocab + compile (both)",
-          "topk-compile": "rlcore top-64 + compile (both)", "trl-graphs": "TRL + compile, CUDA graphs (student)",
-          "full-graphs": "rlcore full vocab + compile, CUDA graphs", "topk-graphs": "rlcore top-64 + compile, CUDA graphs"}
-EXTRA = ("trl-gkd", "served", "trl-liger", "full-liger", "trl-compile", "full-compile", "topk-compile",
-         "trl-graphs", "full-graphs", "topk-graphs")  # with --only
-TRL_SIDES = ("trl", "trl-liger", "trl-compile", "trl-graphs")  # the ratio's base: the fastest of these that ran
+          "topk-compile": "rlcore top-64 + compile (both)"}
+EXTRA = ("trl-gkd", "served", "trl-liger", "full-liger", "trl-compile", "full-compile", "topk-compile")  # with --only
+TRL_SIDES = ("trl", "trl-liger", "trl-compile")  # the ratio's base: the fastest of these that ran
 PROMPTS = ["Write a short story about a robot.", "Explain why the sky is blue.", "List three prime numbers.",
            "What is the capital of France?", "Describe a sunset.", "Give me a recipe for bread.",
            "How do airplanes fly?", "Summarise the water cycle."]
@@ -134,10 +129,8 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
     train: dict[str, Any] = {"gpus": 1, "dtype": "bfloat16", "gradient_checkpointing": False}
     if what == "full-liger":  # liger-kernel's RMSNorm, SwiGLU and rotary kernels in the student and the teacher
         train["engine_kwargs"] = {"liger_kernel": True}
-    if what.endswith(("-compile", "-graphs")):  # each decoder layer of the student and the teacher compiled in place
+    if what.endswith("-compile"):  # each decoder layer of the student and the teacher compiled in place
         train["engine_kwargs"] = {"torch_compile": True}
-        if what.endswith("-graphs"):  # and replayed as CUDA graphs (torch.compile's reduce-overhead mode)
-            train["engine_kwargs"]["torch_compile_mode"] = "reduce-overhead"
     common = dict(SAME, lmbda=1.0, model=student, dataset=data, output_dir=str(out), max_steps=steps, save_steps=100_000,
                   eval_size=0, colocate_groups=[["train", "rollout"]])
 
@@ -170,8 +163,7 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
                     teacher="vLLM group on GPU 1" if what == "served" else "colocated in the train worker",
                     chunked_lm_head=config.train.engine_kwargs.get("chunked_lm_head", True),
                     liger_kernel=config.train.engine_kwargs.get("liger_kernel", False),
-                    torch_compile=config.train.engine_kwargs.get("torch_compile", False),
-                    torch_compile_mode=config.train.engine_kwargs.get("torch_compile_mode"))
+                    torch_compile=config.train.engine_kwargs.get("torch_compile", False))
     clock.start()
     trainer.fit()
     rows = clock.rows
@@ -183,12 +175,11 @@ def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smok
 
 
 def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger: bool = False,
-            compile: bool = False, graphs: bool = False) -> dict:
+            compile: bool = False) -> dict:
     """`trl.DistillationTrainer` as TRL documents it for colocated vLLM: `use_vllm=True, vllm_mode="colocate"`.
     `liger`: with transformers' `use_liger_kernel` (the student's RMSNorm, SwiGLU and rotary kernels; its loss
     kernels off, as rlcore's `liger_kernel` has them; TRL's option does not reach the teacher). `compile`: with
-    transformers' `torch_compile` (Trainer compiles the whole student; the teacher stays eager); `graphs`: the same
-    with `torch_compile_mode="reduce-overhead"` (CUDA graphs)."""
+    transformers' `torch_compile` (Trainer compiles the whole student; the teacher stays eager)."""
     from datasets import load_dataset
     from fair import trainer_clock, trl_args
     from transformers import AutoTokenizer, GenerationConfig
@@ -204,8 +195,7 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger
                model_init_kwargs={"dtype": "bfloat16"}, teacher_model_init_kwargs={"dtype": "bfloat16"},
                **({"use_liger_kernel": True, "liger_kernel_config": {"rope": True, "rms_norm": True, "swiglu": True,
                    "cross_entropy": False, "fused_linear_cross_entropy": False}} if liger else {}),
-               **({"torch_compile": True} if compile or graphs else {}),
-               **({"torch_compile_mode": "reduce-overhead"} if graphs else {}))
+               **({"torch_compile": True} if compile else {}))
     cpu = dict(use_vllm=False, bf16=False, use_cpu=True, generation_kwargs=None, max_steps=2, use_liger_kernel=False,
                per_device_train_batch_size=2, gradient_accumulation_steps=2, max_completion_length=8,
                model_init_kwargs={"dtype": "float32"}, teacher_model_init_kwargs={"dtype": "float32"})
@@ -217,7 +207,6 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger
     settings = {k: getattr(args, k) for k in SAME}
     settings.update(lmbda="1 (on-policy only)", gkd_logits_topk=None, gradient_checkpointing=args.gradient_checkpointing,
                     use_liger_kernel=args.use_liger_kernel, torch_compile=args.torch_compile,
-                    torch_compile_mode=args.torch_compile_mode,
                     use_vllm=args.use_vllm, vllm_mode=args.vllm_mode, vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                     vllm_max_model_length=args.vllm_max_model_length, vllm_enable_sleep_mode=args.vllm_enable_sleep_mode,
                     max_num_seqs=args.per_device_train_batch_size * args.gradient_accumulation_steps,
@@ -502,8 +491,7 @@ def main() -> None:
             return run_build(tmp, args.smoke)
         if args.run in TRL_SIDES:
             result = run_trl(student, teacher, args.data, tmp / f"out-{args.run}", args.smoke,
-                             liger=args.run == "trl-liger", compile=args.run == "trl-compile",
-                             graphs=args.run == "trl-graphs")
+                             liger=args.run == "trl-liger", compile=args.run == "trl-compile")
         elif args.run == "trl-gkd":
             result = run_trl_gkd(student, teacher, args.data, tmp / "out-trl-gkd", args.smoke)
         elif args.run == "memory":
