@@ -33,7 +33,11 @@ from .common import compile_layers, load_causal_lm, model_outputs
 from .lora import lora_merged_tensors
 
 STATE_FILE = "engine_state.pt"
-COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
+# torch.compile modes that replay CUDA graphs: a replay reuses its output buffers, and a train step holds a layer's
+# outputs past the next replay (saved activations across micro-batches, a colocated teacher's answer): GKD on the
+# H200 stopped with "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,11 @@ class HFOptions(TrainOptions):
             if self.torch_compile_backend not in torch._dynamo.list_backends(exclude_tags=()):
                 problems.append(("torch_compile_backend", f"torch_compile_backend={self.torch_compile_backend!r} is "
                                  f"not a torch.compile backend; one of {', '.join(torch._dynamo.list_backends())}"))
-            if self.torch_compile_mode not in COMPILE_MODES:
+            if self.torch_compile_mode in CUDA_GRAPH_MODES:
+                problems.append(("torch_compile_mode", f"torch_compile_mode={self.torch_compile_mode!r} replays CUDA "
+                                 "graphs, whose outputs a later replay overwrites while the train step still holds "
+                                 "them; use max-autotune-no-cudagraphs or default"))
+            elif self.torch_compile_mode not in COMPILE_MODES:
                 problems.append(("torch_compile_mode", f"torch_compile_mode={self.torch_compile_mode!r} is not a "
                                  "torch.compile mode; one of " + ", ".join(str(m) for m in COMPILE_MODES)))
         if self.liger_kernel and str(self.device).startswith("cuda"):

@@ -469,6 +469,9 @@ def test_torch_compile_options_are_checked(tiny_model):
         HFTrainEngine(tiny_model, torch_compile=True, torch_compile_backend="inducter")
     with pytest.raises(ConfigError, match="torch_compile_mode.*'fast' is not a torch.compile mode"):
         HFTrainEngine(tiny_model, torch_compile=True, torch_compile_mode="fast")
+    for mode in ("reduce-overhead", "max-autotune"):  # CUDA graphs: GKD crashed with them on the H200
+        with pytest.raises(ConfigError, match=f"torch_compile_mode='{mode}' replays CUDA graphs.*max-autotune-no-cudagraphs"):
+            HFTrainEngine(tiny_model, torch_compile=True, torch_compile_mode=mode)
 
 
 @pytest.mark.parametrize("plugin", ["gkd", "grpo"])
@@ -496,5 +499,5 @@ def test_the_train_engines_options_are_checked_before_any_engine_is_built(plugin
     assert main(["run", "--plugin", plugin, "--config", str(bad), f"output_dir={tmp_path / 'run'}"]) == 2
     assert mode in capsys.readouterr().err
     good = tmp_path / "good.yaml"
-    good.write_text("train:\n  engine_kwargs: {torch_compile: true, torch_compile_mode: max-autotune}\n")
+    good.write_text("train:\n  engine_kwargs: {torch_compile: true, torch_compile_mode: max-autotune-no-cudagraphs}\n")
     assert main(["config", "validate", "--plugin", plugin, "--config", str(good)]) == 0
