@@ -33,7 +33,27 @@ CHAT_TEMPLATE = (
 )
 # A few merges of frequent English pairs (in byte-level spelling) so that text is not one token per byte.
 MERGES = (("Ġ", "t"), ("h", "e"), ("Ġ", "a"), ("i", "n"), ("e", "r"), ("Ġt", "he"), ("o", "n"), ("r", "e"))
-ARCHS = ("qwen2", "llama")
+# Architectures build_tiny_model writes: name -> (transformers config class, what the tiny shape adds to it).
+# Qwen2 and Llama tie their embeddings, `qwen2_untied` does not; Qwen3 adds q/k norms; the MoE shapes route each
+# token to 2 of 4 experts (Qwen3.5-MoE with a shared expert); Qwen3.5 alternates gated delta-net linear attention
+# with gated full attention (layer_types); Gemma 3 has sandwich norms, scaled embeddings and sliding windows.
+ARCH_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen2": ("Qwen2Config", {}),
+    "qwen2_untied": ("Qwen2Config", {"tie_word_embeddings": False}),
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+    "qwen3": ("Qwen3Config", {}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True,
+                                      "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "qwen3_5": ("Qwen3_5TextConfig", {"linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                      "linear_conv_kernel_dim": 4}),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", {"num_experts": 4, "num_experts_per_tok": 2,
+                                             "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                             "linear_conv_kernel_dim": 4}),
+    "gemma3": ("Gemma3TextConfig", {"sliding_window": 16, "query_pre_attn_scalar": 16,
+                                    "final_logit_softcapping": None, "attn_logit_softcapping": None}),
+}
+ARCHS = tuple(ARCH_CONFIGS)
 MARKER = "rlcore_tiny.json"
 
 
@@ -190,18 +210,29 @@ def _check(args: dict[str, Any]) -> None:
         raise ConfigError("build_tiny_model: " + "; ".join(problems), [(p.split("=")[0], p) for p in problems])
 
 
+def _shape_keys(args: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The architecture's own keys at the tiny shape: experts of half the MLP width, every other layer linear
+    attention (Qwen3.5), `tie_word_embeddings` where the architecture overrides it."""
+    keys = dict(extra)
+    if "num_experts" in keys:
+        keys["moe_intermediate_size"] = max(args["intermediate_size"] // 2, 1)
+    if args["arch"] == "qwen3_5_moe":
+        keys["shared_expert_intermediate_size"] = args["intermediate_size"]
+    if args["arch"].startswith("qwen3_5"):
+        keys["layer_types"] = ["linear_attention" if i % 2 == 0 else "full_attention" for i in range(args["num_layers"])]
+        keys["linear_key_head_dim"] = keys["linear_value_head_dim"] = max(args["hidden_size"] // args["num_heads"], 4)
+    if args["arch"] == "gemma3":
+        keys["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(args["num_layers"])]
+    return keys
+
+
 def _build_model(tokenizer: Any, args: dict[str, Any]) -> Any:
     import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoModelForSequenceClassification,
-        GenerationConfig,
-        LlamaConfig,
-        Qwen2Config,
-    )
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
 
-    config_class = Qwen2Config if args["arch"] == "qwen2" else LlamaConfig
-    config = config_class(
+    class_name, extra = ARCH_CONFIGS[args["arch"]]
+    config = getattr(transformers, class_name)(
         vocab_size=len(tokenizer),
         hidden_size=args["hidden_size"],
         intermediate_size=args["intermediate_size"],
@@ -209,12 +240,14 @@ def _build_model(tokenizer: Any, args: dict[str, Any]) -> Any:
         num_attention_heads=args["num_heads"],
         num_key_value_heads=args["num_kv_heads"],
         max_position_embeddings=args["max_position_embeddings"],
-        tie_word_embeddings=True,
+        **{"tie_word_embeddings": True, **_shape_keys(args, extra)},
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         dtype=args["dtype"],
     )
+    if args["arch"] in ("qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "gemma3"):
+        config.head_dim = args["hidden_size"] // args["num_heads"]
     torch.manual_seed(args["seed"])
     if args["num_labels"] is not None:
         config.num_labels = args["num_labels"]

@@ -121,3 +121,27 @@ def test_a_model_of_other_settings_is_not_rebuilt_with_replace_false(tmp_path):
         build_tiny_model(tmp_path / "tiny-model", seed=2, replace=False)
     assert json.loads((built / "rlcore_tiny.json").read_text())["seed"] == 1
     assert build_tiny_model(tmp_path / "tiny-model", seed=1, replace=False) == built
+
+
+ARCH_BLOCKS = {  # a module name each architecture's tiny model must have: the block that sets it apart
+    "qwen2": "self_attn.q_proj", "qwen2_untied": "self_attn.q_proj", "llama": "self_attn.q_proj",
+    "mistral": "self_attn.q_proj", "qwen3": "self_attn.q_norm", "qwen3_moe": "mlp.experts",
+    "qwen3_5": "linear_attn", "qwen3_5_moe": "mlp.shared_expert", "gemma3": "pre_feedforward_layernorm",
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_BLOCKS))
+def test_every_architecture_builds_offline_and_generates(tmp_path, arch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlcore.testing import ARCHS
+
+    assert set(ARCHS) == set(ARCH_BLOCKS)
+    path = build_tiny_model(tmp_path / arch, arch=arch)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    names = [name for name, _ in model.named_modules()]
+    assert any(name.endswith(ARCH_BLOCKS[arch]) for name in names), arch
+    assert model.config.tie_word_embeddings == (arch != "qwen2_untied")
+    ids = AutoTokenizer.from_pretrained(path)(["Write a word:"], return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, ids.shape[1] + 4)
