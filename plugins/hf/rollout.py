@@ -86,7 +86,9 @@ class HFRolloutEngine(RolloutEngine):
             cache, logits = out[self._cache_key], out.logits[:, -1]
             next_pos = positions[:, -1] + 1
             if params.n > 1:
-                cache.batch_repeat_interleave(params.n)
+                # reorder_cache, not batch_repeat_interleave/batch_select_indices: every cache layer has it,
+                # linear attention's (Qwen3.5's conv and recurrent states) too
+                cache.reorder_cache(torch.arange(len(prompts), device=self.device).repeat_interleave(params.n))
                 logits, mask, next_pos = (t.repeat_interleave(params.n, dim=0) for t in (logits, mask, next_pos))
             active = torch.arange(rows, device=self.device)
             for step in range(steps):
@@ -100,7 +102,7 @@ class HFRolloutEngine(RolloutEngine):
                     if not keep.any():
                         break
                     active, token, mask, next_pos = active[keep], token[keep], mask[keep], next_pos[keep]
-                    cache.batch_select_indices(keep.nonzero().squeeze(1))
+                    cache.reorder_cache(keep.nonzero().squeeze(1))
                 if step == steps - 1:
                     break
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)

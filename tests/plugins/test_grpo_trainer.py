@@ -502,3 +502,15 @@ def test_one_run_at_a_time_in_an_output_dir(tmp_path, tiny, capfd):
         sleeper.wait()
     make(load_plugins(), tmp_path, tiny, max_steps=1).fit()  # its owner is gone: taken over
     assert "was left by a run that is gone" in capfd.readouterr().err and not lock.exists()
+
+
+def test_qwen3_5_trains_on_the_hf_engines(plugins, tmp_path):
+    """Qwen3.5's hybrid decoder (gated delta-net linear attention beside gated full attention) through the whole
+    loop: the rollout engine samples with its linear-attention cache, the train engine steps, weights sync back."""
+    model = build_tiny_model(tmp_path / "qwen3_5", arch="qwen3_5")
+    make(plugins, tmp_path, str(model), per_device_train_batch_size=8).fit()
+    rows = metrics_of(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert 0 < rows[0]["reward"] < 1 and rows[0]["grad_norm"] > 0
+    assert rows[0]["weight_sync/seconds"] > 0 and "weight_sync/seconds" not in rows[-1]
+    assert (tmp_path / "run" / "checkpoint-2" / "trainer_state.json").is_file()

@@ -1,4 +1,5 @@
-"""HFRolloutEngine on a real tiny Qwen2: sampling, log-probs, stops, seeds, weight updates, sleep/wake, top-k."""
+"""HFRolloutEngine on a real tiny Qwen2: sampling, log-probs, stops, seeds, weight updates, sleep/wake, top-k; and on
+every architecture `build_tiny_model` writes, against transformers' own forward."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rlcore import Batch, RlcoreError, SamplingParams
 from rlcore.batch import pad_tokens
 from rlcore.plugins.hf.rollout import HFRolloutEngine
 from rlcore.plugins.hf.train import HFTrainEngine
+from rlcore.testing import ARCHS, build_tiny_model
 
 PROMPTS = [[265, 84, 82, 260, 198], [5, 6, 7, 8, 9, 10, 11, 12, 13], [100]]  # different lengths: left padding
 
@@ -235,3 +237,41 @@ def test_receives_trained_weights_over_a_gloo_broadcast_group(tiny_model):
     assert set(received) == {"weight_sync/recv_s", "weight_sync/load_s"} and all(v > 0 for v in received.values())
     for name, value in trainer.model.named_parameters():
         assert torch.equal(rollout.model.get_parameter(name), value.detach()), name
+
+
+# ------------------------------------------------------------------ every architecture build_tiny_model writes
+
+STOPS = list(range(3, 267, 7))  # about one token in seven stops a row: some rows stop, some run to max_tokens
+
+
+def teacher_forced(model, prompts, generations, temperature: float) -> list[torch.Tensor]:
+    """transformers' own log-probs of each completion, one unpadded sequence per forward (no cache, no mask)."""
+    out = []
+    with torch.no_grad():
+        for g in generations:
+            prompt = prompts[g.prompt_index]
+            logits = model(input_ids=torch.tensor([prompt + g.token_ids])).logits[0].float() / temperature
+            logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+            out.append(logprobs.gather(1, torch.tensor(g.token_ids)[:, None]).squeeze(1))
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_generates_with_the_logprobs_of_a_teacher_forced_forward(arch, tmp_path_factory):
+    """Left-padded prompts, n completions sharing a prefilled cache, rows dropped as they stop: Qwen3.5's hybrid
+    cache (linear attention's conv and recurrent states beside full attention's keys) and Gemma 3's sliding
+    windows (16 tokens, shorter than prompt + completion) included. The hf train engine agrees too."""
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_model(tmp_path_factory.getbasetemp() / f"tiny-{arch}", arch=arch)
+    rollout = HFRolloutEngine(str(path), dtype="float32")
+    generations = rollout.generate(PROMPTS, SamplingParams(n=3, max_tokens=10, temperature=0.8, seed=0,
+                                                           stop_token_ids=STOPS))
+    assert [g.prompt_index for g in generations] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert {g.finish_reason for g in generations} == {"stop", "length"}  # both the repeat and the drop ran
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    for g, want in zip(generations, teacher_forced(model, PROMPTS, generations, 0.8)):
+        torch.testing.assert_close(torch.tensor(g.logprobs), want, atol=1e-4, rtol=1e-4)
+    trainer = HFTrainEngine(str(path), dtype="float32")
+    for g, want in zip(generations, recompute(trainer, PROMPTS, generations, 0.8)):
+        torch.testing.assert_close(torch.tensor(g.logprobs), want, atol=1e-4, rtol=1e-4)
