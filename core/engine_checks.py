@@ -4,6 +4,7 @@ per-token rows with `input_ids`. Imports torch only inside the functions that ne
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +34,44 @@ def common_problems(model: str, dtype: str, device: str) -> list[tuple[str, str]
         if not torch.cuda.is_available():
             problems.append(("device", f"device={device!r} was asked but CUDA is not available; use device='cpu'"))
     return problems
+
+
+def checkpoint_dtype(model: str | os.PathLike) -> str | None:
+    """The dtype a checkpoint's config.json says its weights are in (`dtype`, or transformers 4's `torch_dtype`;
+    a multimodal model's `text_config`'s), read without loading anything: from a local directory, or from the
+    Hugging Face cache for a hub id (no download). None where it says nothing or cannot be read."""
+    path = Path(str(model)).expanduser() / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(str(model), "config.json")
+        except Exception:  # no huggingface_hub, or not a repo id: nothing to read
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") or {}):
+        value = section.get("dtype") or section.get("torch_dtype")
+        if isinstance(value, str):
+            return value.removeprefix("torch.")
+    return None
+
+
+def resolve_dtype(dtype: str, model: str | os.PathLike, cuda: bool) -> str:
+    """What `dtype` means for `model` on this device: a named dtype as it is; `auto` on a GPU is the checkpoint's
+    own half precision (bfloat16 or float16), bfloat16 where it was saved in float32 or says nothing (TRL's and
+    ms-swift's choice); `auto` on the CPU is float32, where half precision is slow and inexact."""
+    if dtype != "auto":
+        return dtype
+    if not cuda:
+        return "float32"
+    saved = checkpoint_dtype(model)
+    return saved if saved in ("bfloat16", "float16") else "bfloat16"
 
 
 def raise_problems(engine: str, problems: list[tuple[str, str]]) -> None:

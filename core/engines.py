@@ -106,7 +106,7 @@ class TrainOptions:
     """
 
     model: str
-    dtype: str = "float32"
+    dtype: str = "auto"
     device: str = "cpu"
     optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
     gradient_checkpointing: bool = False

@@ -21,6 +21,10 @@ from .engines import OptimizerOptions
 from .errors import RlcoreError
 
 
+DTYPE_HELP = ("auto (default): on a GPU the checkpoint's bfloat16/float16 (bfloat16 for a float32 checkpoint), on "
+              "the CPU float32; or float32, bfloat16, float16")
+
+
 def default_of(section: type[BaseModel], key: str, default: Any) -> Any:
     """`section`'s field `key` (its checks, aliases and description) with another default."""
     return FieldInfo.merge_field_infos(section.model_fields[key], default=default)
@@ -92,7 +96,7 @@ class TrainingConfig(LoggingKeys, CheckpointKeys, OptimizerKeys, RunConfig):
 class TrainRoleConfig(RoleConfig):
     """The `train:` section: the policy's train engine."""
 
-    dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
+    dtype: str = Field("auto", description=DTYPE_HELP)
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
     lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights")
     lora_alpha: int = Field(32, description="LoRA scaling numerator")
@@ -113,7 +117,7 @@ class TrainRoleConfig(RoleConfig):
 class GenerateRoleConfig(RoleConfig):
     """The section of a role a rollout engine serves: `rollout:`, a sampler, a served teacher."""
 
-    dtype: str = Field("float32", description="float32, bfloat16, float16 or auto")
+    dtype: str = Field("auto", description=DTYPE_HELP)
     vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per engine (worker)")
     vllm_gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of GPU memory vLLM takes")
     vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")
@@ -182,6 +186,6 @@ def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any
 
 
 __all__ = [
-    "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "NonfiniteKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
+    "DTYPE_HELP", "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "NonfiniteKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
     "default_of", "rollout_options", "train_engine_problems", "train_options",
 ]

@@ -28,6 +28,7 @@ from typing import Any
 from . import cluster, manager, workers
 from .actors import wait
 from .dispatch import Mesh
+from .engine_checks import resolve_dtype
 from .errors import ConfigError
 from .placement import allocate, release
 from .log import logger
@@ -151,7 +152,8 @@ class RoleSession:
         return [r for r in self.setups if self.colocated(role, r)]
 
     def describe(self) -> list[str]:
-        """One line per role: `train: 2 workers, GPU 0-1 (shared with rollout), engine hf`."""
+        """One line per role: `train: 2 workers, GPU 0-1 (shared with rollout), engine hf, bfloat16`; the dtype is
+        the one the role's model loads in (`auto` resolved for its device and checkpoint)."""
         lines = []
         for role, setup in self.setups.items():
             n = self.workers(role)
@@ -165,7 +167,11 @@ class RoleSession:
             shared = self.colocated_with(role)
             if shared:
                 where += f" (shared with {', '.join(shared)})"
-            lines.append(f"{role}: {n} worker{'s' if n != 1 else ''}, {where}, engine {setup.engine_name}")
+            dtype = setup.options.get("dtype")
+            if dtype is not None and setup.options.get("model"):
+                dtype = resolve_dtype(dtype, setup.options["model"], self.device(role) == "cuda")
+            lines.append(f"{role}: {n} worker{'s' if n != 1 else ''}, {where}, engine {setup.engine_name}"
+                         + (f", {dtype}" if dtype else ""))
         return lines
 
     # -- lifecycle ------------------------------------------------------------------------------------

@@ -71,7 +71,8 @@ def _precision(t: Any) -> None:
             continue
         on = t.take(key)
         if on is not True:
-            t.note(key, on, "rlcore's roles load in their dtype (float32 unless set)", origin="TRL's")
+            t.note(key, on, "rlcore's roles load in their dtype (unless set: auto, the checkpoint's "
+                   "half precision on a GPU, float32 on the CPU)", origin="TRL's")
             continue
         roles = [name for name, section in t.sections.items() if "dtype" in section.model_fields
                  and "dtype" not in (t.data.get(name) or {})]

@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from rlcore.batch import right_padded
-from rlcore.engine_checks import aligned_rows, check_ids
+from rlcore.engine_checks import aligned_rows, check_ids, resolve_dtype
 from rlcore.engines import ModelOutputs, TopK
 from rlcore.errors import ConfigError
 from rlcore.log import logger
@@ -18,10 +18,12 @@ if TYPE_CHECKING:
 
 
 def load_causal_lm(model: str, dtype: str, device: torch.device, liger_kernel: bool = False) -> Any:
-    """AutoModelForCausalLM from a local directory or a hub id, on `device`, in eval mode; with `liger_kernel`,
+    """AutoModelForCausalLM from a local directory or a hub id, on `device`, in `dtype` (`auto`: see
+    `rlcore.engine_checks.resolve_dtype`), in eval mode; with `liger_kernel`,
     with liger-kernel's kernels (`apply_liger`). `compile_layers` is applied by the engine, after peft."""
     from transformers import AutoModelForCausalLM
 
+    dtype = resolve_dtype(dtype, model, device.type == "cuda")
     try:
         lm = AutoModelForCausalLM.from_pretrained(os.path.expanduser(str(model)), dtype=dtype)
     except OSError as exc:

@@ -28,7 +28,7 @@ TOPK_ROWS = 16  # sequences per forward pass in prompt_topk_logprobs
 class HFRolloutEngine(RolloutEngine):
     """Samples with a KV cache; `update_weights` copies into the live parameters; `sleep`/`wake_up` as vLLM's."""
 
-    def __init__(self, model: str, dtype: str = "float32", device: str = "cpu", seed: int = 42):
+    def __init__(self, model: str, dtype: str = "auto", device: str = "cpu", seed: int = 42):
         problems = common_problems(model, dtype, device)
         if not isinstance(seed, int):
             problems.append(("seed", f"seed={seed!r} must be an int"))

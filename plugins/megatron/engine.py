@@ -83,7 +83,7 @@ class MegatronTrainEngine(TrainEngine):
         self.cuda = self.device.type == "cuda"
         if self.cuda:
             torch.cuda.set_device(self.device)
-        self.dtype = torch_dtype(dtype, self.cuda)
+        self.dtype = torch_dtype(dtype, self.model_name, self.cuda)
         self.logprob_micro_batch_size = o.logprob_micro_batch_size
         self.chunked_lm_head = bool(o.chunked_lm_head) and tp == 1  # the vocabulary whole on one rank
         self.global_step = 0

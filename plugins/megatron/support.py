@@ -70,12 +70,14 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
-def torch_dtype(dtype: str, cuda: bool) -> Any:
+def torch_dtype(dtype: str, model: str, cuda: bool) -> Any:
+    """The torch dtype of the model's weights (`auto`: the checkpoint's half precision on a GPU, float32 on the
+    CPU); with bf16/fp16 the optimizer keeps fp32 main parameters (`master_weights`), as ms-swift trains."""
     import torch
 
-    if dtype == "auto":
-        return torch.bfloat16 if cuda else torch.float32
-    return getattr(torch, dtype)
+    from rlcore.engine_checks import resolve_dtype
+
+    return getattr(torch, resolve_dtype(dtype, model, cuda))
 
 
 def model_dir(model: str) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlcore import ConfigError
-from rlcore.engine_checks import torch_device
+from rlcore.engine_checks import resolve_dtype, torch_device
 
 from .functions import completion_text
 
@@ -18,12 +18,12 @@ from .functions import completion_text
 class OrmScorer:
     """Loads a reward model once; `score(prompts, completions)` (or calling it as a reward function) scores pairs."""
 
-    def __init__(self, model_path: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 16):
+    def __init__(self, model_path: str, device: str = "cpu", dtype: str = "auto", batch_size: int = 16):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         try:
-            torch_dtype = getattr(torch, dtype)
+            torch_dtype = getattr(torch, resolve_dtype(dtype, model_path, str(device).startswith("cuda")))
         except AttributeError:
             raise ConfigError(f"orm dtype '{dtype}' is not a torch dtype; use float32, bfloat16 or float16") from None
         try:

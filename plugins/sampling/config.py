@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from rlcore import ConfigProblems, GenerateRoleConfig, LoggingKeys, RoleConfig, RunConfig, default_of
+from rlcore.sections import DTYPE_HELP
 
 from .select import AGGREGATIONS
 
@@ -22,7 +23,7 @@ class ScorerRoleConfig(RoleConfig):
     scorer (a sequence-classification ORM, a token-classification PRM); another name is a registered engine of
     kind `reward`."""
 
-    dtype: str = Field("float32", description="float32, bfloat16 or float16")
+    dtype: str = Field("auto", description=DTYPE_HELP)
     batch_size: int = Field(16, ge=1, description="candidates scored per forward pass")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the scorer")
 

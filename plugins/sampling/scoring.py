@@ -20,7 +20,7 @@ from typing import Any
 
 from rlcore import ConfigError, RlcoreError, function, worker, worker_plugins
 from rlcore.data import completion_text
-from rlcore.engine_checks import torch_device
+from rlcore.engine_checks import resolve_dtype, torch_device
 from rlcore.rewards import call_reward, resolve_reward
 
 
@@ -29,7 +29,7 @@ def is_reward_function(name: str, plugins: Any) -> bool:
     return ":" in name or name in plugins.rewards
 
 
-def scorer(kind: str, model: str, engine: str = "hf", device: str = "cpu", dtype: str = "float32",
+def scorer(kind: str, model: str, engine: str = "hf", device: str = "cpu", dtype: str = "auto",
                 batch_size: int = 16, options: dict[str, Any] | None = None, strict: bool = False,
                 **engine_kwargs: Any) -> Any:
     """The scorer a `kind` ("orm" or "prm") worker runs, built where the worker runs."""
@@ -85,13 +85,13 @@ class PrmScorer:
     step's last token): P(label 1) for a two-label model, sigmoid of the logit for a one-label model.
     """
 
-    def __init__(self, model_path: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 16,
+    def __init__(self, model_path: str, device: str = "cpu", dtype: str = "auto", batch_size: int = 16,
                  step_separator: str = "\n\n", step_token: str | None = None, trust_remote_code: bool = False):
         import torch
         from transformers import AutoTokenizer
 
         try:
-            torch_dtype = getattr(torch, dtype)
+            torch_dtype = getattr(torch, resolve_dtype(dtype, model_path, str(device).startswith("cuda")))
         except AttributeError:
             raise ConfigError(f"prm dtype '{dtype}' is not a torch dtype; use float32, bfloat16 or float16") from None
         try:

@@ -9,6 +9,7 @@ import dataclasses
 import os
 from typing import Any
 
+from rlcore.engine_checks import resolve_dtype
 from rlcore.errors import ConfigError, did_you_mean
 
 from .data import node_dataset
@@ -74,7 +75,7 @@ def _model_and_tokenizer(options: dict[str, Any]) -> tuple[Any, Any]:
     path = os.path.expanduser(options["model"])
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=options["dtype"])
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(options["dtype"], path, options["device"] != "cpu"))
     except (OSError, ValueError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"model '{options['model']}' cannot be loaded: {reason[:300]}", [("model", reason[:200])]) from None

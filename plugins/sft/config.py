@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems
-from rlcore.sections import OptimizerKeys, TrainingConfig, default_of
+from rlcore.sections import DTYPE_HELP, OptimizerKeys, TrainingConfig, default_of
 
 
 class DefaultRoleConfig(BaseConfig):
@@ -24,7 +24,7 @@ class LMConfig(TrainingConfig):
     # model and data
     model: str | None = Field(None, description="HF model directory or hub id; unset (and no dataset): the embedded demo")
     dataset: str | list[str] | None = Field(None, description="local JSONL/JSON/Parquet file(s); unset: the demo corpus")
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32", description="dtype the weights load in")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     max_length: int | None = Field(1024, ge=1, description="tokens per sequence (or per packed block) at most")
     packing: bool = Field(False, description="pack several rows into one sequence of max_length")
     dataset_cache_dir: str | None = Field(

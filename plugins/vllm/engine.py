@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from rlcore import ConfigError, Generation, RlcoreError, RolloutEngine, SamplingParams, TopK
+from rlcore.engine_checks import resolve_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -186,7 +187,7 @@ class VLLMRolloutEngine(RolloutEngine):
             max_model_len=vllm_max_model_len,
             enforce_eager=vllm_enforce_eager,
             enable_sleep_mode=vllm_enable_sleep_mode,
-            dtype=dtype,
+            dtype=resolve_dtype(dtype, model, cuda=True),  # never an upcast the user did not ask for
             seed=seed,
             logprobs_mode="processed_logprobs",
             **engine_kwargs,

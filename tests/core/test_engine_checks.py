@@ -48,3 +48,59 @@ def test_an_impossible_gpu_is_a_config_error(device, visible, local_rank, messag
 def test_torch_device_on_the_cpu(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert torch_device("cpu") == torch.device("cpu")
+
+
+# ---- dtype "auto": the model's own precision on a GPU, float32 on the CPU -----------------------------------
+
+@pytest.mark.parametrize("saved", ["bfloat16", "float16", "float32"])
+def test_auto_is_the_checkpoints_half_precision_on_a_gpu_and_float32_on_the_cpu(tmp_path, saved):
+    from rlcore.engine_checks import checkpoint_dtype, resolve_dtype
+    from rlcore.testing import build_tiny_model
+
+    model = build_tiny_model(tmp_path / saved, dtype=saved)
+    assert checkpoint_dtype(model) == saved
+    assert resolve_dtype("auto", model, cuda=True) == {"float32": "bfloat16"}.get(saved, saved)
+    assert resolve_dtype("auto", model, cuda=False) == "float32"
+    assert resolve_dtype("float32", model, cuda=True) == "float32"  # asked for: kept, upcast and all
+
+
+def test_auto_reads_transformers_4s_key_and_a_text_config(tmp_path):
+    import json
+
+    from rlcore.engine_checks import checkpoint_dtype, resolve_dtype
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    (tmp_path / "vl").mkdir()
+    (tmp_path / "vl" / "config.json").write_text(json.dumps({"text_config": {"dtype": "bfloat16"}}))
+    assert checkpoint_dtype(tmp_path / "old") == "float16" and checkpoint_dtype(tmp_path / "vl") == "bfloat16"
+    assert checkpoint_dtype(tmp_path / "nowhere") is None and checkpoint_dtype("no-such-org/no-such-model") is None
+    assert resolve_dtype("auto", tmp_path / "nowhere", cuda=True) == "bfloat16"
+
+
+def test_every_role_defaults_to_auto_and_a_bf16_checkpoint_loads_in_float32_on_the_cpu(tmp_path):
+    """The defaults of every section that loads a model, and the engines built from them on the CPU."""
+    from rlcore.manager import load_plugins
+    from rlcore.plugins.hf.rollout import HFRolloutEngine
+    from rlcore.plugins.hf.train import HFTrainEngine
+    from rlcore.testing import build_tiny_model
+
+    plugins = load_plugins()
+    seen = {}
+    for name in ("grpo", "gkd", "sft", "sample"):
+        config = plugins.algorithms.get(name).config
+        for key, field in config.model_fields.items():
+            section = field.annotation
+            if isinstance(section, type) and "dtype" in getattr(section, "model_fields", {}):
+                seen[f"{name}.{key}"] = section.model_fields["dtype"].default
+        if "dtype" in config.model_fields:
+            seen[f"{name}.dtype"] = config.model_fields["dtype"].default
+    assert {"grpo.train", "grpo.rollout", "grpo.reference", "grpo.orm", "gkd.train", "gkd.rollout", "gkd.teacher",
+            "sft.dtype", "sample.sampler", "sample.prm", "sample.orm"} <= set(seen), sorted(seen)
+    assert set(seen.values()) == {"auto"}, seen
+
+    model = build_tiny_model(tmp_path / "bf16", dtype="bfloat16")
+    train = HFTrainEngine(model=str(model), device="cpu")
+    rollout = HFRolloutEngine(str(model), device="cpu")
+    assert next(train.model.parameters()).dtype == torch.float32
+    assert next(rollout.model.parameters()).dtype == torch.float32

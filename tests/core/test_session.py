@@ -177,3 +177,17 @@ def test_ipc_sync_pairs_receivers_by_gpu_and_never_refills_a_buffer_still_being_
     s.groups["rollout"].weight_receiver_gpus = lambda: [["gpu-c"]]
     with pytest.raises(ConfigError, match=r"rollout workers \[0\] hold weights on GPUs \['gpu-c'\] where no train worker runs"):
         s._pair_by_gpu("train", "rollout")
+
+
+def test_the_placement_line_says_each_roles_dtype(plugins, tmp_path):
+    """`auto` resolved where the role runs: a bf16 checkpoint's bfloat16 on GPU ranks, float32 on the CPU."""
+    from rlcore.testing import build_tiny_model
+
+    model = str(build_tiny_model(tmp_path / "bf16", dtype="bfloat16"))
+    plan = plan_from_config({"train": {"gpus": 1}, "rollout": {"gpus": 1}, "orm": {"cpus": 1}},
+                            roles=["train", "rollout", "orm"], plugins=plugins)
+    s = RoleSession(plan, {"train": RoleSetup(TrainWorker, "hf", {"model": model, "dtype": "auto"}),
+                           "rollout": RoleSetup(GenerateWorker, "vllm", {"model": model, "dtype": "float32"}),
+                           "orm": RoleSetup(ScoreWorker, "hf", {"model": model, "dtype": "auto"})},
+                    use_ray=True, plugins=plugins)
+    assert [line.rsplit(", ", 1)[1] for line in s.describe()] == ["bfloat16", "float32", "float32"]
