@@ -48,7 +48,7 @@ def test_info_by_default_into_run_log_with_what_came_before_and_no_third_party_b
     own = "rlcore: warning: UserWarning from noisy.py:7: noisy.py's own warning"
     note = "rlcore: TRL's attn_implementation: 'sdpa' (the engine picks its attention kernel"
     assert said[0] == own and said[1].startswith(note)
-    assert said[2] == "rlcore: train: 1 worker, in this process, engine hf"
+    assert said[2] == "rlcore: train: 1 worker, in this process, engine hf, float32"  # dtype auto on the CPU
     assert "Loading weights" not in done.stderr and "Writing model shards" not in done.stderr
     assert "Mean of empty slice" not in done.stderr and "RuntimeWarning" not in done.stderr
     assert done.stderr.count("rlcore: libraries' warnings are written to out/run.log only; --log-level debug") == 1

@@ -40,9 +40,9 @@ TIMEOUT_S = 420  # per run; a hang fails with the run's output instead of stalli
 SHAPE = dict(hidden_size=896, num_layers=4, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=2048, dtype="bfloat16")
 
-COLOCATED = ["train: 2 workers, GPU 0-1 (shared with rollout), engine hf",
-             "rollout: 2 workers, GPU 0-1 (shared with train), engine vllm"]
-SEPARATE = ["train: 1 worker, GPU 0, engine hf", "rollout: 1 worker, GPU 1, engine vllm"]
+COLOCATED = ["train: 2 workers, GPU 0-1 (shared with rollout), engine hf, bfloat16",  # dtype auto: the checkpoint's
+             "rollout: 2 workers, GPU 0-1 (shared with train), engine vllm, bfloat16"]
+SEPARATE = ["train: 1 worker, GPU 0, engine hf, bfloat16", "rollout: 1 worker, GPU 1, engine vllm, bfloat16"]
 
 
 class Layout(NamedTuple):
