@@ -71,10 +71,14 @@ GPU_SHAPES = {
                     vocab_size=32000, dtype="bfloat16"),
     "teacher": dict(hidden_size=384, num_layers=4, num_heads=6, num_kv_heads=2, intermediate_size=768,
                     vocab_size=32000, dtype="bfloat16", seed=3),
+    "moe": dict(arch="qwen3_moe", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512,
+                vocab_size=32000, dtype="bfloat16", seed=5),
 }
 CPU_SHAPES = {  # the tiny builder's default size: seconds a step on two shared cores
     "student": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
     "teacher": dict(hidden_size=96, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192, seed=3),
+    "moe": dict(arch="qwen3_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                seed=5),
 }
 
 
@@ -278,9 +282,9 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
             f"vllm_engine_kwargs={VLLM_KWARGS}"]
     # GRPO and GKD keep the GPU's placement on the CPU (one process: nothing checks it against a cluster) and
     # put the engines on the CPU with their `device` option
-    rollout = ([f"rollout.{k}" for k in vllm] + ["train.dtype=bfloat16", "rollout.dtype=bfloat16"] if gpu else
-               ["rollout.engine=hf", "train.dtype=float32", "rollout.dtype=float32",
-                "train.engine_kwargs={device: cpu}", "rollout.engine_kwargs={device: cpu}"])
+    # every dtype is the default, auto: the bf16 checkpoints' bfloat16 on the GPU, float32 on the CPU
+    rollout = ([f"rollout.{k}" for k in vllm] if gpu else
+               ["rollout.engine=hf", "train.engine_kwargs={device: cpu}", "rollout.engine_kwargs={device: cpu}"])
     one_group = ["device_groups.nproc_per_node=1", "device_groups.policy_group.ranks=[0]"]
     per_role = ["train.gpus=1", "rollout.gpus=1"]
     grpo = ["--plugin", "grpo", *ray, f"model={student}", f"dataset={data['sums']}", f"max_steps={STEPS}",
@@ -289,7 +293,7 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
     gkd = ["--plugin", "gkd", *ray, "--config", str(EXAMPLES / "gkd" / "teacher_colocated.yaml"),
            f"model={student}", f"teacher_model={teacher}", f"dataset={data['pairs']}", f"max_steps={STEPS}",
            "max_completion_length=32", "learning_rate=1e-3", *per_role, *rollout]
-    sft_gpu = ["dtype=bfloat16", "bf16=true"] if gpu else ["dtype=float32", "bf16=false"]
+    sft_gpu = ["bf16=true"] if gpu else ["bf16=false"]
     sft = [f"model={student}", f"max_steps={STEPS}", "learning_rate=1e-3", "lr_scheduler_type=constant",
            "warmup_steps=0", "per_device_train_batch_size=4", "gradient_accumulation_steps=1", "save_steps=0",
            "max_length=256", *sft_gpu]
@@ -301,7 +305,7 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
               "device_groups.rm_group.device=CPU", "device_groups.rm_group.ranks=1",
               "device_groups.rm_group.workers=[orm]"]
     sample += ([f"sampler.{k}" for k in vllm] if gpu else
-               ["sampler_engine=hf", "sampler.dtype=float32", "sampler.engine_kwargs={device: cpu}"])
+               ["sampler_engine=hf", "sampler.engine_kwargs={device: cpu}"])
     distill = ["--plugin", "distill", "--config", str(EXAMPLES / "sample" / "distill.yaml"), f"model={student}",
                f"dataset={data['sums16']}", "max_new_tokens=32", "num_return_sequences=2", "batch_size=8"]
 
@@ -311,13 +315,22 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
                      ["use_vllm=false", "train.gpus=0", "rollout.gpus=0", "colocate_groups=[]"])]
 
     def placed(engine: str) -> str:  # the placement `rlcore run` prints for the train role, colocated with rollout
-        return f"train: 1 worker, {'GPU 0' if gpu else 'in this process'} (shared with rollout), engine {engine}"
+        return (f"train: 1 worker, {'GPU 0' if gpu else 'in this process'} (shared with rollout), engine {engine}, "
+                f"{'bfloat16' if gpu else 'float32'}")  # dtype auto
 
     return [
         Row("grpo-hf", [*grpo, "--config", str(EXAMPLES / "grpo" / "colocate.yaml"), *per_role],
             check_grpo(placed("hf")), 180),  # the first row: Ray's and vLLM's first start on the machine (cold)
         Row("grpo-megatron", [*grpo, "--config", str(EXAMPLES / "grpo" / "colocate_device_groups.yaml"), *one_group,
                               "train.engine=megatron"], check_grpo(placed("megatron")), 180, lane=1),  # cold too, beside grpo-hf
+        # megatron with LoRA adapters (merged for the weight sync), and a routed-experts model through megatron-core's
+        # MoE layer, both from the per-group example
+        Row("grpo-megatron-lora", [*grpo, "--config", str(EXAMPLES / "grpo" / "colocate_device_groups.yaml"), *one_group,
+                                   "train.engine=megatron", "train.lora_rank=8", "train.lora_alpha=16"],
+            check_grpo(placed("megatron")), 180, lane=1),
+        Row("grpo-megatron-moe", [*grpo, "--config", str(EXAMPLES / "grpo" / "colocate_device_groups.yaml"), *one_group,
+                                  "train.engine=megatron", f"model={models['moe']}"],
+            check_grpo(placed("megatron")), 180),
         Row("gkd-hf", gkd, check_gkd(placed("hf")), 120),
         Row("gkd-megatron", [*gkd, "train.engine=megatron"], check_gkd(placed("megatron")), 150, lane=1),
         Row("sft-full", ["--plugin", "sft", *ray, "--config", str(EXAMPLES / "sft" / "multi_node.yaml"), *sft,
@@ -340,8 +353,7 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
                                     "gkd_logits_topk=8", "device_groups.nproc_per_node=1",
                                     "device_groups.shared_group.ranks=[0]", "train.engine=megatron", *rollout,
                                     *([f"teacher.{k}" for k in vllm] + ["teacher.vllm_gpu_memory_utilization=0.2"]
-                                      if gpu else ["teacher.engine=hf", "teacher.dtype=float32",
-                                                   "teacher.engine_kwargs={device: cpu}"])],
+                                      if gpu else ["teacher.engine=hf", "teacher.engine_kwargs={device: cpu}"])],
             check_moving("jsd"), 240, default=False),
         Row("ms-swift-grpo", [*ray, "--config", swift["grpo"], *swift_scale, "num_generations=4",
                               "steps_per_generation=1", "global_batch_size=8", "micro_batch_size=4",
