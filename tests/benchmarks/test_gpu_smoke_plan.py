@@ -45,7 +45,7 @@ def test_the_vllm_lanes_run_at_once_and_a_row_waits_for_its_after_rows(tmp_path)
 
 def test_every_vllm_engine_of_the_gpu_rows_takes_a_fixed_kv_cache(tmp_path):
     smoke = load_smoke()
-    models = {"student": str(tmp_path / "student"), "teacher": str(tmp_path / "teacher")}
+    models = {name: str(tmp_path / name) for name in smoke.GPU_SHAPES}
     (tmp_path / "data").mkdir()
     rows = {row.name: row for row in smoke.make_rows(models, smoke.write_data(tmp_path / "data"), gpu=True)}
     for row in rows.values():
