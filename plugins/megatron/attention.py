@@ -92,13 +92,28 @@ def _mlp_class() -> type:
     return SwiGLUMLP
 
 
-def layer_spec(swiglu: bool = True) -> Any:
+def moe_without_transformer_engine() -> None:
+    """megatron-core 0.16.1's router gate (`moe_utils.RouterGatingLinearFunction`) tests `te_general_gemm is not
+    None`, a name its module only binds when Transformer Engine imports: without it the router raises NameError.
+    Bind it to None, which selects the torch matmul path that is already there."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def layer_spec(swiglu: bool = True, qk_norm: bool = False, num_experts: int = 0) -> Any:
     """megatron-core's local GPT layer spec (RMSNorm) with `SdpaAttention` as its core attention and, with
-    `swiglu`, `SwiGLUMLP` as its MLP."""
+    `swiglu`, `SwiGLUMLP` as its dense MLP. `qk_norm`: RMSNorm over each query and key head (`q_layernorm`,
+    `k_layernorm`); `num_experts`: megatron's MoE layer (`TopKRouter`, `SequentialMLP` experts: no grouped GEMM,
+    which needs Transformer Engine or the grouped_gemm package) in place of the dense MLP."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(num_experts=num_experts or None, moe_grouped_gemm=False, qk_layernorm=qk_norm,
+                                    normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SdpaAttention
-    if swiglu:
+    if num_experts:
+        moe_without_transformer_engine()
+    if swiglu and not num_experts:
         spec.submodules.mlp.module = _mlp_class()
     return spec

@@ -24,7 +24,7 @@ from rlcore.checkpoint import replace_dir
 from rlcore.rendezvous import join_torch_world
 from rlcore.engine_checks import check_temperature, check_train_step, common_problems, raise_problems, torch_device
 from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
-from rlcore.errors import ConfigError, RlcoreError
+from rlcore.errors import RlcoreError
 
 from . import mapping
 from .support import (
@@ -33,8 +33,8 @@ from .support import (
     MegatronOptions,
     SafetensorsReader,
     copy_model_files,
-    hf_config,
     model_dir,
+    model_problems,
     move_optimizer,
     option_problems,
     shared_tmp,
@@ -65,15 +65,10 @@ class MegatronTrainEngine(TrainEngine):
                    **dataclasses.asdict(o.optimizer)}
         tp, pp = o.tensor_model_parallel_size, o.pipeline_model_parallel_size
         problems = common_problems(model, dtype, device) + option_problems(options)
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
         spec = None
         if not any(key == "model" for key, _ in problems):
-            try:
-                spec = mapping.spec_from_hf_config(hf_config(model))
-            except ConfigError as exc:
-                problems.extend(exc.problems or [("model", str(exc))])
-        if spec is not None and all(isinstance(n, int) and n >= 1 for n in (tp, pp)):
-            problems.extend(mapping.parallel_problems(spec, tp, pp, world_size))
+            spec, found = model_problems(options, int(os.environ.get("WORLD_SIZE", "1")))
+            problems += found
         raise_problems(f"megatron {kind} engine", problems)
 
         import torch
@@ -90,7 +85,7 @@ class MegatronTrainEngine(TrainEngine):
         self._host = HostOffload()
         torch.manual_seed(seed)
         self.rank, self.world_size = join_torch_world(self.device, o.dist_timeout_s, alone=True)
-        self._init_parallel_state(tp, pp, seed)
+        self._init_parallel_state(tp, pp, o.expert_model_parallel_size, seed)
         self.padded_vocab = mapping.padded_vocab_size(spec.vocab_size, tp, o.make_vocab_size_divisible_by)
         self.config = self._transformer_config(o.gradient_checkpointing)
         # megatron puts its parallel layers on the GPU, torch's norms stay where torch.nn makes them (the CPU)
@@ -100,22 +95,26 @@ class MegatronTrainEngine(TrainEngine):
 
     # ------------------------------------------------------------------ construction
 
-    def _init_parallel_state(self, tp: int, pp: int, seed: int) -> None:
+    def _init_parallel_state(self, tp: int, pp: int, ep: int, seed: int) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
 
         if ps.model_parallel_is_initialized():
-            have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
-            if have != (tp, pp):
+            have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                    ps.get_expert_model_parallel_world_size())
+            if have != (tp, pp, ep):
                 raise RlcoreError(
-                    f"megatron's parallel state of this process is tensor x pipeline = {have[0]} x {have[1]} (another "
-                    f"megatron engine built it); this engine asks {tp} x {pp}: one layout per process"
+                    f"megatron's parallel state of this process is tensor x pipeline x expert = {have[0]} x {have[1]} x "
+                    f"{have[2]} (another megatron engine built it); this engine asks {tp} x {pp} x {ep}: one layout per process"
                 )
         else:
             ps.initialize_model_parallel(
-                tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, order="tp-cp-ep-pp-dp"
+                tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+                order="tp-cp-ep-pp-dp",
             )
-        self.tp, self.pp = tp, pp
+        self.tp, self.pp, self.ep = tp, pp, ep
+        self.ep_rank = ps.get_expert_model_parallel_rank()
+        self.ep_group = ps.get_expert_model_parallel_group() if ep > 1 else None
         self.collective = tp * pp > 1  # every rank of the group takes part in each pass and export
         self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         self.dp_rank = ps.get_data_parallel_rank()
@@ -141,6 +140,7 @@ class MegatronTrainEngine(TrainEngine):
             normalization="RMSNorm", layernorm_epsilon=s.norm_eps, gated_linear_unit=True,
             activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=s.qkv_bias,
             hidden_dropout=0.0, attention_dropout=0.0, attention_softmax_in_fp32=True,
+            qk_layernorm=s.qk_norm, **self._moe_config(),
             bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
             masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
             tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp, sequence_parallel=False,
@@ -149,13 +149,28 @@ class MegatronTrainEngine(TrainEngine):
             **(recompute if gradient_checkpointing else {}),
         )
 
+    def _moe_config(self) -> dict[str, Any]:
+        """megatron's MoE keys for routed experts as transformers routes them: softmax over the experts, the top k,
+        renormalised to sum to 1 (`norm_topk_prob`: a softmax over the top-k logits, megatron's default order) or
+        not (softmax first, `moe_router_pre_softmax`); no load-balancing loss (transformers adds none unless
+        `output_router_logits`), no token dropping."""
+        s = self.spec
+        if not s.num_experts:
+            return {}
+        return dict(
+            num_moe_experts=s.num_experts, moe_router_topk=s.moe_topk, moe_ffn_hidden_size=s.moe_ffn_hidden_size,
+            moe_router_score_function="softmax", moe_router_pre_softmax=not s.norm_topk_prob,
+            moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="allgather",
+            moe_grouped_gemm=False, moe_router_dtype="fp32", expert_model_parallel_size=self.ep,
+        )
+
     def _build_model(self) -> Any:
         from megatron.core.models.gpt import GPTModel
 
         from .attention import SdpaAttention, layer_spec
 
         theta = self.spec.rope_theta
-        spec = layer_spec()
+        spec = layer_spec(qk_norm=self.spec.qk_norm, num_experts=self.spec.num_experts)
         # causal SDPA needs no mask; another core attention (megatron's local one) takes the [T, T] mask
         self.causal_mask = spec.submodules.self_attention.submodules.core_attention is not SdpaAttention
         return GPTModel(
@@ -171,7 +186,7 @@ class MegatronTrainEngine(TrainEngine):
         with SafetensorsReader(model_dir(model)) as hf:
             self._load_megatron_state(mapping.hf_to_megatron(
                 hf, self.spec, tp_rank=self.tp_rank, tp=self.tp, pp_rank=self.pp_rank, pp=self.pp,
-                padded_vocab=self.padded_vocab,
+                padded_vocab=self.padded_vocab, ep_rank=self.ep_rank, ep=self.ep,
             ))
 
     def _load_megatron_state(self, state: dict[str, Any]) -> None:

@@ -1,26 +1,35 @@
-"""Hugging Face <-> megatron-core weights for Qwen2 and Llama, with megatron-core's local layer spec.
+"""Hugging Face <-> megatron-core weights, with megatron-core's local layer spec: one small declaration per
+architecture (`Architecture`, in `ARCHITECTURES`) and one generic loader both ways.
 
-rlcore's own small bridge (the ones on PyPI assume Transformer Engine's fused names). Per layer:
+rlcore's own small bridge (the ones on PyPI assume Transformer Engine's fused names). A layer is a table of
+`Pair`s: one megatron module (under decoder.layers.j.) and the Hugging Face modules it holds (under
+model.layers.i.), with how it is split over tensor-parallel ranks. The dense attention layer's table:
 
-| Hugging Face (model.layers.i.)          | megatron local spec (decoder.layers.j.)   | tensor-parallel split         |
+| Hugging Face (model.layers.i.)          | megatron local spec (decoder.layers.j.)   | split     |
 |---|---|---|
-| input_layernorm.weight                   | input_layernorm.weight                    | replicated                    |
-| self_attn.{q,k,v}_proj.{weight,bias}     | self_attention.linear_qkv.{weight,bias}   | by query group: [q.., k, v] per group |
-| self_attn.o_proj.weight                  | self_attention.linear_proj.weight         | columns                       |
-| post_attention_layernorm.weight          | pre_mlp_layernorm.weight                  | replicated                    |
-| mlp.{gate,up}_proj.weight                | mlp.linear_fc1.weight                     | [gate shard; up shard] per rank |
-| mlp.down_proj.weight                     | mlp.linear_fc2.weight                     | columns                       |
+| self_attn.{q,k,v}_proj.{weight,bias}     | self_attention.linear_qkv.{weight,bias}   | qkv: by query group, [q.., k, v] per group |
+| self_attn.o_proj.weight                  | self_attention.linear_proj.weight         | columns   |
+| self_attn.{q,k}_norm.weight (q/k norm)   | self_attention.{q,k}_layernorm.weight     | replicated |
+| mlp.{gate,up}_proj.weight                | mlp.linear_fc1.weight                     | gate_up: [gate shard; up shard] per rank |
+| mlp.down_proj.weight                     | mlp.linear_fc2.weight                     | columns   |
+| mlp.gate.weight (MoE router)             | mlp.router.weight                         | replicated |
+| mlp.experts.{e}.{gate,up}_proj.weight    | mlp.experts.local_experts.{e'}.linear_fc1.weight | gate_up |
+| mlp.experts.{e}.down_proj.weight         | mlp.experts.local_experts.{e'}.linear_fc2.weight | columns |
+| input_layernorm.weight                   | input_layernorm.weight                    | replicated |
+| post_attention_layernorm.weight          | pre_mlp_layernorm.weight                  | replicated |
 
 plus `model.embed_tokens.weight` -> `embedding.word_embeddings.weight` (first stage), `model.norm.weight` ->
 `decoder.final_layernorm.weight` and `lm_head.weight` -> `output_layer.weight` (last stage; from the
 embeddings when tied), vocabulary rows padded with zeros to a multiple of the tensor size and trimmed on
-the way back. `j` is the layer's index inside its pipeline stage. Everything here is pure tensor code.
+the way back. `j` is the layer's index inside its pipeline stage, `e'` an expert's index inside its expert-parallel
+rank. A layer's block kinds come from `ModelSpec.layer_types` ("attention"; another kind, such as linear
+attention, adds its table to `MIXERS`). Everything here is pure tensor code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlcore.errors import ConfigError
@@ -28,8 +37,61 @@ from rlcore.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-# Hugging Face architectures with a mapping, and whether their attention has q/k/v biases.
-ARCHITECTURES = {"Qwen2ForCausalLM": True, "LlamaForCausalLM": False}
+# How a megatron tensor is cut over tensor-parallel ranks, and how its Hugging Face tensors fuse into it.
+SPLITS = ("replicated", "rows", "columns", "qkv", "gate_up")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One megatron module and the Hugging Face modules it holds: `params` ("weight", "bias") of each; `split`
+    one of `SPLITS`. Names are relative to the layer; "{e}" stands for an expert's index."""
+
+    megatron: str
+    hf: tuple[str, ...]
+    split: str = "replicated"
+    params: tuple[str, ...] = ("weight",)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A Hugging Face causal LM as megatron-core's GPT model builds it: what its layers hold beyond Llama's.
+
+    `refuse` holds (predicate on the transformers config, message) pairs for configurations the mapping does not
+    express; `layer_types(config)` gives each layer's mixer kind (a key of `MIXERS`).
+    """
+
+    hf_class: str
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    moe: bool = False
+    refuse: tuple[tuple[Callable[[Any], bool], str], ...] = ()
+    layer_types: Callable[[Any], tuple[str, ...]] = field(default=lambda c: ("attention",) * c.num_hidden_layers)
+
+
+def _set(key: str) -> Callable[[Any], bool]:
+    return lambda config: bool(getattr(config, key, None))
+
+
+_BIASES = ((_set("attention_bias"), "attention_bias=true is not mapped"), (_set("mlp_bias"), "mlp_bias=true is not mapped"))
+_NO_WINDOW = ((_set("sliding_window"), "sliding_window is not mapped (the config's sliding_window must be null)"),)
+_NO_SWA = ((_set("use_sliding_window"), "sliding-window attention is not mapped (use_sliding_window must be false)"),)
+_MIXED_MOE = ((lambda c: bool(getattr(c, "mlp_only_layers", None)) or getattr(c, "decoder_sparse_step", 1) != 1,
+               "dense layers among the MoE layers (mlp_only_layers, decoder_sparse_step != 1) are not mapped"),)
+
+ARCHITECTURES: dict[str, Architecture] = {a.hf_class: a for a in (
+    Architecture("Qwen2ForCausalLM", qkv_bias=True, refuse=_NO_SWA),
+    Architecture("LlamaForCausalLM", refuse=_BIASES),
+    Architecture("MistralForCausalLM", refuse=_NO_WINDOW),
+    Architecture("Qwen3ForCausalLM", qk_norm=True, refuse=_BIASES[:1] + _NO_SWA),
+    Architecture("Qwen3MoeForCausalLM", qk_norm=True, moe=True, refuse=_BIASES[:1] + _NO_SWA + _MIXED_MOE),
+)}
+
+
+# Architectures known not to fit megatron-core's local layer, and why (their users train them with train.engine=hf).
+NOT_MAPPED = {
+    "Gemma3ForCausalLM": "Gemma 3's layers have post-attention and post-MLP norms and per-layer sliding windows "
+                         "with their own rotary base, which megatron-core's local layer spec has no place for",
+}
 
 
 @dataclass(frozen=True)
@@ -49,37 +111,86 @@ class ModelSpec:
     norm_eps: float
     qkv_bias: bool
     tied: bool
+    qk_norm: bool = False
+    num_experts: int = 0  # routed experts per layer (0: a dense MLP)
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    norm_topk_prob: bool = True  # the top-k routing weights renormalised to sum to 1
+    layer_types: tuple[str, ...] = ()  # each layer's mixer kind (a key of MIXERS); () means every layer attention
 
     @property
     def heads_per_group(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    def layer_type(self, i: int) -> str:
+        return self.layer_types[i] if self.layer_types else "attention"
+
+
+def _attention(spec: ModelSpec) -> tuple[Pair, ...]:
+    params = ("weight", "bias") if spec.qkv_bias else ("weight",)
+    pairs = [
+        Pair("self_attention.linear_qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "qkv", params),
+        Pair("self_attention.linear_proj", ("self_attn.o_proj",), "columns"),
+    ]
+    if spec.qk_norm:
+        pairs += [Pair("self_attention.q_layernorm", ("self_attn.q_norm",)),
+                  Pair("self_attention.k_layernorm", ("self_attn.k_norm",))]
+    return tuple(pairs)
+
+
+# A layer's mixer (its attention-like block) by kind: the modules it holds.
+MIXERS: dict[str, Callable[[ModelSpec], tuple[Pair, ...]]] = {"attention": _attention}
+
+
+def _mlp(spec: ModelSpec) -> tuple[Pair, ...]:
+    if not spec.num_experts:
+        return (Pair("mlp.linear_fc1", ("mlp.gate_proj", "mlp.up_proj"), "gate_up"),
+                Pair("mlp.linear_fc2", ("mlp.down_proj",), "columns"))
+    return (Pair("mlp.router", ("mlp.gate",)),
+            Pair("mlp.experts.local_experts.{e}.linear_fc1", ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj"), "gate_up"),
+            Pair("mlp.experts.local_experts.{e}.linear_fc2", ("mlp.experts.{e}.down_proj",), "columns"))
+
+
+_NORMS = (Pair("input_layernorm", ("input_layernorm",)), Pair("pre_mlp_layernorm", ("post_attention_layernorm",)))
+
+
+def layer_pairs(spec: ModelSpec, i: int) -> tuple[Pair, ...]:
+    """Global layer `i`'s table, in Hugging Face's `named_parameters` order: mixer, MLP, norms."""
+    return MIXERS[spec.layer_type(i)](spec) + _mlp(spec) + _NORMS
+
+
+def _refuse(message: str) -> ConfigError:
+    return ConfigError(f"megatron engine: {message}", [("model", message)])
+
 
 def spec_from_hf_config(config: Any) -> ModelSpec:
-    """A `ModelSpec` from a transformers config; a ConfigError for an architecture without a mapping."""
+    """A `ModelSpec` from a transformers config; a ConfigError for an architecture without a mapping, or one whose
+    configuration the mapping does not express."""
     archs = list(getattr(config, "architectures", None) or [])
-    arch = next((a for a in archs if a in ARCHITECTURES), None)
-    if arch is None:
-        message = (
+    name = next((a for a in archs if a in ARCHITECTURES), None)
+    known = next((a for a in archs if a in NOT_MAPPED), None)
+    if name is None and known is not None:
+        raise _refuse(f"architecture {known} is not mapped to megatron-core: {NOT_MAPPED[known]}; use train.engine=hf")
+    if name is None:
+        raise _refuse(
             f"architecture {', '.join(archs) or type(config).__name__} has no Hugging Face <-> megatron mapping; "
             f"supported: {', '.join(ARCHITECTURES)} (use train.engine=hf for others)"
         )
-        raise ConfigError(f"megatron engine: {message}", [("model", message)])
+    arch = ARCHITECTURES[name]
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, Mapping) else "default"
     problems = []
     if rope_type not in ("default", None):
         problems.append(("model", f"rope_type {rope_type!r} is not mapped (only the default rotary embedding)"))
-    if arch == "LlamaForCausalLM" and (getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)):
-        problems.append(("model", "Llama with attention_bias or mlp_bias is not mapped"))
-    if getattr(config, "use_sliding_window", False):
-        problems.append(("model", "sliding-window attention is not mapped"))
+    problems += [("model", f"{name}: {message}") for refused, message in arch.refuse if refused(config)]
     if problems:
         raise ConfigError("megatron engine: " + "; ".join(m for _, m in problems), problems)
     theta = (rope.get("rope_theta") if isinstance(rope, Mapping) else None) or getattr(config, "rope_theta", 10000.0)
     heads = config.num_attention_heads
+    experts = (getattr(config, "num_experts", None) or getattr(config, "num_local_experts", 0)) if arch.moe else 0
+    layer_types = arch.layer_types(config)
     return ModelSpec(
-        architecture=arch,
+        architecture=name,
         num_layers=config.num_hidden_layers,
         hidden_size=config.hidden_size,
         num_heads=heads,
@@ -90,13 +201,20 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         max_position_embeddings=config.max_position_embeddings,
         rope_theta=float(theta),
         norm_eps=float(config.rms_norm_eps),
-        qkv_bias=ARCHITECTURES[arch],
+        qkv_bias=arch.qkv_bias,
         tied=bool(getattr(config, "tie_word_embeddings", False)),
+        qk_norm=arch.qk_norm,
+        num_experts=int(experts),
+        moe_topk=int(config.num_experts_per_tok) if experts else 0,
+        moe_ffn_hidden_size=int(config.moe_intermediate_size) if experts else 0,
+        norm_topk_prob=bool(getattr(config, "norm_topk_prob", True)),
+        layer_types=() if set(layer_types) == {"attention"} else tuple(layer_types),
     )
 
 
-def parallel_problems(spec: ModelSpec, tp: int, pp: int, world_size: int) -> list[tuple[str, str]]:
-    """What keeps `spec` from being split `tp` x `pp` over `world_size` workers; checked before allocation."""
+def parallel_problems(spec: ModelSpec, tp: int, pp: int, world_size: int | None, ep: int = 1) -> list[tuple[str, str]]:
+    """What keeps `spec` from being split `tp` x `pp` (experts over `ep`) over `world_size` workers (None: not
+    known yet, as in `rlcore config validate`); checked before allocation."""
     problems = []
     if spec.num_heads % tp:
         problems.append(("tensor_model_parallel_size",
@@ -104,15 +222,28 @@ def parallel_problems(spec: ModelSpec, tp: int, pp: int, world_size: int) -> lis
     if spec.num_kv_heads % tp:
         problems.append(("tensor_model_parallel_size",
                          f"tensor_model_parallel_size={tp} does not divide the model's {spec.num_kv_heads} key/value heads"))
-    if spec.ffn_hidden_size % tp:
+    if spec.ffn_hidden_size % tp and not spec.num_experts:
         problems.append(("tensor_model_parallel_size",
                          f"tensor_model_parallel_size={tp} does not divide the MLP width {spec.ffn_hidden_size}"))
+    if spec.num_experts and spec.moe_ffn_hidden_size % tp:
+        problems.append(("tensor_model_parallel_size",
+                         f"tensor_model_parallel_size={tp} does not divide the experts' width {spec.moe_ffn_hidden_size}"))
     if spec.num_layers % pp:
         problems.append(("pipeline_model_parallel_size",
                          f"pipeline_model_parallel_size={pp} does not divide the model's {spec.num_layers} layers"))
-    if world_size % (tp * pp):
+    if ep != 1 and not spec.num_experts:
+        problems.append(("expert_model_parallel_size",
+                         f"expert_model_parallel_size={ep} needs a model with experts; {spec.architecture} has none"))
+    elif spec.num_experts % ep:
+        problems.append(("expert_model_parallel_size",
+                         f"expert_model_parallel_size={ep} does not divide the model's {spec.num_experts} experts"))
+    if world_size is not None and world_size % (tp * pp):
         problems.append(("tensor_model_parallel_size",
                          f"the group's {world_size} workers are not a multiple of tensor x pipeline = {tp} x {pp}"))
+    elif world_size is not None and (world_size // (tp * pp)) % ep:
+        problems.append(("expert_model_parallel_size",
+                         f"expert_model_parallel_size={ep} does not divide the group's data-parallel size "
+                         f"{world_size // (tp * pp)} (workers / (tensor x pipeline))"))
     return problems
 
 
@@ -128,35 +259,32 @@ def layer_range(spec: ModelSpec, pp_rank: int, pp: int) -> range:
     return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
 
 
-# --------------------------------------------------------------------------- Hugging Face -> megatron
-
-def _layer_hf(i: int) -> dict[str, str]:
-    p = f"model.layers.{i}."
-    return {
-        "input_layernorm": p + "input_layernorm.weight",
-        "q": p + "self_attn.q_proj", "k": p + "self_attn.k_proj", "v": p + "self_attn.v_proj",
-        "o": p + "self_attn.o_proj.weight",
-        "post_norm": p + "post_attention_layernorm.weight",
-        "gate": p + "mlp.gate_proj.weight", "up": p + "mlp.up_proj.weight", "down": p + "mlp.down_proj.weight",
-    }
+def _expanded(spec: ModelSpec, i: int, j: int, ep_rank: int = 0, ep: int = 1) -> Iterator[tuple[Pair, str, list[str]]]:
+    """(pair, megatron prefix, Hugging Face prefixes) of global layer `i` (stage-local `j`), an expert's pairs
+    once per expert of expert rank `ep_rank`."""
+    local = spec.num_experts // ep
+    for pair in layer_pairs(spec, i):
+        experts = [(e, ep_rank * local + e) for e in range(local)] if "{e}" in pair.megatron else [(0, 0)]
+        for mine, glob in experts:
+            yield (pair, f"decoder.layers.{j}.{pair.megatron.format(e=mine)}.",
+                   [f"model.layers.{i}.{h.format(e=glob)}." for h in pair.hf])
 
 
 def hf_names(spec: ModelSpec, pp_rank: int = 0, pp: int = 1) -> list[str]:
-    """The Hugging Face parameter names stage `pp_rank` of `pp` holds, in `named_parameters` order."""
+    """The Hugging Face parameter names stage `pp_rank` of `pp` holds, in `named_parameters` order (experts one
+    by one, as checkpoints name them)."""
     names = ["model.embed_tokens.weight"] if pp_rank == 0 else []
-    for i in layer_range(spec, pp_rank, pp):
-        h = _layer_hf(i)
-        for x in "qkv":
-            names.append(h[x] + ".weight")
-            if spec.qkv_bias:
-                names.append(h[x] + ".bias")
-        names += [h["o"], h["gate"], h["up"], h["down"], h["input_layernorm"], h["post_norm"]]
+    for j, i in enumerate(layer_range(spec, pp_rank, pp)):
+        for pair, _, hf in _expanded(spec, i, j):
+            names += [h + p for h in hf for p in pair.params]
     if pp_rank == pp - 1:
         names.append("model.norm.weight")
         if not spec.tied:
             names.append("lm_head.weight")
     return names
 
+
+# --------------------------------------------------------------------------- Hugging Face -> megatron
 
 def _interleave_qkv(spec: ModelSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """[q heads of group g; k_g; v_g] for every query group g, along dim 0 (weights or biases)."""
@@ -183,9 +311,10 @@ def _pad_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
 
 def hf_to_megatron(
     hf: Mapping[str, torch.Tensor], spec: ModelSpec, *, tp_rank: int = 0, tp: int = 1, pp_rank: int = 0, pp: int = 1,
-    padded_vocab: int | None = None,
+    padded_vocab: int | None = None, ep_rank: int = 0, ep: int = 1,
 ) -> dict[str, torch.Tensor]:
-    """The megatron state dict (local-spec names) of tensor rank `tp_rank`, pipeline stage `pp_rank`.
+    """The megatron state dict (local-spec names) of tensor rank `tp_rank`, pipeline stage `pp_rank`, expert
+    rank `ep_rank`.
 
     `hf` maps Hugging Face names to tensors (a dict, or a lazy reader with `__getitem__`); only the names
     this stage needs are read. Shards are contiguous copies.
@@ -198,19 +327,21 @@ def hf_to_megatron(
     def shard(t: torch.Tensor, dim: int) -> torch.Tensor:
         return t.chunk(tp, dim=dim)[tp_rank].contiguous()
 
+    def fuse(split: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+        if split == "qkv":
+            return shard(_interleave_qkv(spec, *tensors), 0)
+        if split == "gate_up":
+            return torch.cat([shard(t, 0) for t in tensors])
+        if split in ("rows", "columns"):
+            return shard(tensors[0], 0 if split == "rows" else 1)
+        return tensors[0].clone()
+
     if pp_rank == 0:
         out["embedding.word_embeddings.weight"] = shard(_pad_rows(hf["model.embed_tokens.weight"], vocab), 0)
     for j, i in enumerate(layer_range(spec, pp_rank, pp)):
-        h, m = _layer_hf(i), f"decoder.layers.{j}."
-        out[m + "input_layernorm.weight"] = hf[h["input_layernorm"]].clone()
-        kinds = ("weight", "bias") if spec.qkv_bias else ("weight",)
-        for kind in kinds:
-            qkv = _interleave_qkv(spec, *(hf[f"{h[x]}.{kind}"] for x in "qkv"))
-            out[m + f"self_attention.linear_qkv.{kind}"] = shard(qkv, 0)
-        out[m + "self_attention.linear_proj.weight"] = shard(hf[h["o"]], 1)
-        out[m + "pre_mlp_layernorm.weight"] = hf[h["post_norm"]].clone()
-        out[m + "mlp.linear_fc1.weight"] = torch.cat([shard(hf[h["gate"]], 0), shard(hf[h["up"]], 0)])
-        out[m + "mlp.linear_fc2.weight"] = shard(hf[h["down"]], 1)
+        for pair, m, hf_prefixes in _expanded(spec, i, j, ep_rank, ep):
+            for p in pair.params:
+                out[m + p] = fuse(pair.split, [hf[h + p] for h in hf_prefixes])
     if pp_rank == pp - 1:
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
         if not spec.tied or pp > 1:  # tied on one stage: the output layer reads the embedding itself
@@ -234,31 +365,30 @@ def merge_tp(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
     if name.endswith(("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")):
         return torch.cat(shards, dim=0)
-    return shards[0]  # replicated: norms
+    return shards[0]  # replicated: norms, the router
 
 
 def megatron_to_hf(
     full: Mapping[str, torch.Tensor], spec: ModelSpec, *, pp_rank: int = 0, pp: int = 1
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Hugging Face (name, tensor) pairs of stage `pp_rank` from its full (tensor-merged) megatron tensors,
-    in `hf_names` order; vocabulary padding trimmed, `lm_head.weight` only when untied."""
+    """Hugging Face (name, tensor) pairs of stage `pp_rank` from its full (tensor-merged, every expert) megatron
+    tensors, in `hf_names` order; vocabulary padding trimmed, `lm_head.weight` only when untied."""
     if pp_rank == 0:
         yield "model.embed_tokens.weight", full["embedding.word_embeddings.weight"][: spec.vocab_size]
     for j, i in enumerate(layer_range(spec, pp_rank, pp)):
-        h, m = _layer_hf(i), f"decoder.layers.{j}."
-        qkv_w = _split_qkv(spec, full[m + "self_attention.linear_qkv.weight"])
-        qkv_b = _split_qkv(spec, full[m + "self_attention.linear_qkv.bias"]) if spec.qkv_bias else None
-        for n, x in enumerate("qkv"):
-            yield h[x] + ".weight", qkv_w[n]
-            if qkv_b is not None:
-                yield h[x] + ".bias", qkv_b[n]
-        yield h["o"], full[m + "self_attention.linear_proj.weight"]
-        gate, up = full[m + "mlp.linear_fc1.weight"].chunk(2, dim=0)
-        yield h["gate"], gate
-        yield h["up"], up
-        yield h["down"], full[m + "mlp.linear_fc2.weight"]
-        yield h["input_layernorm"], full[m + "input_layernorm.weight"]
-        yield h["post_norm"], full[m + "pre_mlp_layernorm.weight"]
+        for pair, m, hf_prefixes in _expanded(spec, i, j):
+            pieces = {}
+            for p in pair.params:
+                tensor = full[m + p]
+                if pair.split == "qkv":
+                    pieces[p] = _split_qkv(spec, tensor)
+                elif pair.split == "gate_up":
+                    pieces[p] = tensor.chunk(2, dim=0)
+                else:
+                    pieces[p] = (tensor,)
+            for n, h in enumerate(hf_prefixes):
+                for p in pair.params:
+                    yield h + p, pieces[p][n]
     if pp_rank == pp - 1:
         yield "model.norm.weight", full["decoder.final_layernorm.weight"]
         if not spec.tied:

@@ -22,6 +22,8 @@ class MegatronOptions(TrainOptions):
 
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    # a MoE model's experts split over this many ranks of the data-parallel group (megatron's expert parallelism)
+    expert_model_parallel_size: int = 1
     make_vocab_size_divisible_by: int = 128
     use_distributed_optimizer: bool = True
     # fp32 main params, fp32 gradients and fp32 Adam moments beside the bf16 model (megatron's mixed precision:
@@ -43,8 +45,8 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
         if not ok:
             problems.append((key, f"{key}={o[key]!r} {rule}"))
 
-    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "logprob_micro_batch_size",
-                "make_vocab_size_divisible_by"):
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+                "logprob_micro_batch_size", "make_vocab_size_divisible_by"):
         need(isinstance(o[key], int) and o[key] >= 1, key, "must be a positive int")
     need(o["lora_rank"] == 0, "lora_rank", "must be 0: the megatron engine trains every weight (use engine hf for LoRA)")
     problems += OptimizerOptions(**{k: o[k] for k in OptimizerOptions.keys()}).problems()
@@ -63,11 +65,28 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
         need(o["dtype"] in ("float32", "auto"), "dtype", "must be float32 on the CPU (bf16 and fp16 need CUDA)")
         need(o["tensor_model_parallel_size"] == 1, "tensor_model_parallel_size", "must be 1 on the CPU")
         need(o["pipeline_model_parallel_size"] == 1, "pipeline_model_parallel_size", "must be 1 on the CPU")
+        need(o["expert_model_parallel_size"] == 1, "expert_model_parallel_size", "must be 1 on the CPU")
         need(not o["gradient_checkpointing"], "gradient_checkpointing", "needs CUDA with the megatron engine")
         if world != 1:
             problems.append(("device", f"the megatron engine runs one worker on the CPU, but WORLD_SIZE={world}; "
                                        "use GPUs, or engine hf for CPU data parallelism"))
     return problems
+
+
+def model_problems(o: dict[str, Any], world_size: int | None) -> tuple[Any, list[tuple[str, str]]]:
+    """The model's `mapping.ModelSpec` (None where it has none) and what keeps it from this engine: an architecture
+    without a mapping, a configuration the mapping refuses, parallel sizes that do not divide it (over `world_size`
+    workers; None: not known yet). Reads the config.json only: no weights, no device."""
+    from . import mapping
+
+    try:
+        spec = mapping.spec_from_hf_config(hf_config(o["model"]))
+    except ConfigError as exc:
+        return None, list(exc.problems or [("model", str(exc))])
+    sizes = [o.get(k, 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")]
+    if not all(isinstance(n, int) and n >= 1 for n in sizes):
+        return spec, []  # option_problems names them
+    return spec, mapping.parallel_problems(spec, *sizes[:2], world_size, ep=sizes[2])
 
 
 def torch_dtype(dtype: str, model: str, cuda: bool) -> Any:

@@ -129,7 +129,7 @@ def test_the_swiglu_mlp_gives_megatrons_values_and_keeps_less_for_backward(tiny_
     spec = attention.layer_spec
     engines = {}
     for swiglu in (True, False):
-        monkeypatch.setattr(attention, "layer_spec", lambda swiglu=swiglu: spec(swiglu))
+        monkeypatch.setattr(attention, "layer_spec", lambda swiglu=swiglu, **keys: spec(swiglu, **keys))
         engines[swiglu] = make_train_engine(model=tiny_model, learning_rate=1e-3, seed=0)
     assert {type(layer.mlp).__name__ for layer in engines[True].module.decoder.layers} == {"SwiGLUMLP"}
     assert {type(layer.mlp).__name__ for layer in engines[False].module.decoder.layers} == {"MLP"}
@@ -263,10 +263,12 @@ def test_an_architecture_without_mapping_is_a_config_error(tiny_model, tmp_path)
     other = tmp_path / "other"
     shutil.copytree(tiny_model, other)
     config = json.loads((other / "config.json").read_text())
-    config["architectures"] = ["MistralForCausalLM"]
-    config["model_type"] = "mistral"
+    config["architectures"] = ["Phi3ForCausalLM"]
+    config["model_type"] = "phi3"
     (other / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match="MistralForCausalLM has no Hugging Face <-> megatron mapping"):
+    with pytest.raises(ConfigError, match="Phi3ForCausalLM has no Hugging Face <-> megatron mapping; supported: "
+                                          "Qwen2ForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, "
+                                          "Qwen3MoeForCausalLM"):
         make_train_engine(model=str(other))
 
 

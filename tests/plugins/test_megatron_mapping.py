@@ -110,3 +110,92 @@ def test_parallel_problems_name_what_does_not_divide():
     assert "tensor_model_parallel_size=4 does not divide the model's 2 key/value heads" in messages
     assert "pipeline_model_parallel_size=4 does not divide the model's 6 layers" in messages
     assert "the group's 8 workers are not a multiple of tensor x pipeline = 4 x 4" in messages
+
+
+# -- every declared architecture, from a real tiny checkpoint --------------------------------------------------
+
+MAPPED = ("qwen2", "qwen2_untied", "llama", "mistral", "qwen3", "qwen3_moe")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from rlcore.testing import build_tiny_model
+
+    root = tmp_path_factory.mktemp("archs")
+    return {arch: build_tiny_model(root / arch, arch=arch, num_layers=2) for arch in (*MAPPED, "gemma3")}
+
+
+def _hf_config(path):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
+
+
+def _load(path):
+    from safetensors.torch import load_file
+
+    return mapping.spec_from_hf_config(_hf_config(path)), load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("arch", MAPPED)
+@pytest.mark.parametrize("tp,pp,ep", [(1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1), (1, 1, 2), (2, 2, 2)])
+def test_every_architecture_comes_back_bitwise(checkpoints, arch, tp, pp, ep):
+    """The checkpoint's own tensors (every name it has, nothing more) through every tensor x pipeline (x expert)
+    split and back; the experts of a MoE layer spread over the expert ranks."""
+    spec, hf = _load(checkpoints[arch])
+    if ep > 1 and not spec.num_experts:
+        assert mapping.parallel_problems(spec, tp, pp, None, ep=ep)[0][0] == "expert_model_parallel_size"
+        return
+    back = {}
+    for pp_rank in range(pp):
+        full: dict[str, torch.Tensor] = {}
+        for ep_rank in range(ep):
+            shards = [mapping.hf_to_megatron(hf, spec, tp_rank=r, tp=tp, pp_rank=pp_rank, pp=pp, ep_rank=ep_rank, ep=ep)
+                      for r in range(tp)]
+            for name in shards[0]:
+                merged = mapping.merge_tp(name, [s[name] for s in shards])
+                local = name.split("local_experts.")
+                if len(local) == 2:  # expert e' of rank ep_rank is global expert ep_rank * E/ep + e'
+                    index, rest = local[1].split(".", 1)
+                    name = f"{local[0]}local_experts.{ep_rank * spec.num_experts // ep + int(index)}.{rest}"
+                assert name not in full or torch.equal(full[name], merged), name  # replicated: the same everywhere
+                full[name] = merged
+        pairs = list(mapping.megatron_to_hf(full, spec, pp_rank=pp_rank, pp=pp))
+        assert [n for n, _ in pairs] == mapping.hf_names(spec, pp_rank, pp)
+        back.update(pairs)
+    assert back.keys() == hf.keys()
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+
+
+def test_declarations_name_what_each_architecture_adds(checkpoints):
+    spec, _ = _load(checkpoints["qwen3_moe"])
+    assert (spec.qk_norm, spec.num_experts, spec.moe_topk, spec.moe_ffn_hidden_size) == (True, 4, 2, 64)
+    layer = {f"{p.megatron}.{x}" for p in mapping.layer_pairs(spec, 0) for x in p.params}
+    assert {"self_attention.q_layernorm.weight", "mlp.router.weight",
+            "mlp.experts.local_experts.{e}.linear_fc1.weight"} <= layer and "mlp.linear_fc1.weight" not in layer
+    shard = mapping.hf_to_megatron(_load(checkpoints["qwen3_moe"])[1], spec, ep_rank=1, ep=2)
+    experts = sorted(n for n in shard if n.startswith("decoder.layers.0.mlp.experts.") and n.endswith("fc2.weight"))
+    assert experts == [f"decoder.layers.0.mlp.experts.local_experts.{e}.linear_fc2.weight" for e in (0, 1)]
+    untied, _ = _load(checkpoints["qwen2_untied"])
+    assert not untied.tied and untied.qkv_bias and "lm_head.weight" in mapping.hf_names(untied)
+    assert mapping.spec_from_hf_config(_hf_config(checkpoints["qwen2"])).tied
+
+
+def test_configurations_the_declarations_refuse_are_named(checkpoints):
+    gemma = _hf_config(checkpoints["gemma3"])
+    with pytest.raises(ConfigError, match=r"architecture Gemma3ForCausalLM is not mapped to megatron-core: .*post-attention "
+                                          r"and post-MLP norms.*; use train.engine=hf"):
+        mapping.spec_from_hf_config(gemma)
+    windowed = _hf_config(checkpoints["mistral"])
+    windowed.sliding_window = 4096
+    with pytest.raises(ConfigError, match="MistralForCausalLM: sliding_window is not mapped"):
+        mapping.spec_from_hf_config(windowed)
+    mixed = _hf_config(checkpoints["qwen3_moe"])
+    mixed.mlp_only_layers = [1]
+    with pytest.raises(ConfigError, match="Qwen3MoeForCausalLM: dense layers among the MoE layers"):
+        mapping.spec_from_hf_config(mixed)
+    spec, _ = _load(checkpoints["qwen3_moe"])
+    messages = [m for _, m in mapping.parallel_problems(spec, 1, 1, 4, ep=3)]
+    assert messages == ["expert_model_parallel_size=3 does not divide the model's 4 experts",
+                        "expert_model_parallel_size=3 does not divide the group's data-parallel size 4 (workers / (tensor x pipeline))"]

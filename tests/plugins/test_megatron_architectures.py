@@ -1,0 +1,162 @@
+"""Every architecture `mapping.ARCHITECTURES` declares beyond Qwen2 and Llama (`test_megatron_engine.py`), on the
+megatron engine on the CPU (one worker, float32): weights in and out bitwise, an export transformers loads,
+log-probs and train steps equal transformers' and the hf engine's, GRPO; and what it refuses, before any device."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlcore import load_plugins
+from rlcore.batch import Batch
+from rlcore.testing import build_tiny_model
+
+pytest.importorskip("megatron.core")
+
+NEW = ("qwen2_untied", "mistral", "qwen3", "qwen3_moe")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("archs")
+    return {arch: build_tiny_model(root / arch, arch=arch, num_layers=2, seed=3) for arch in (*NEW, "gemma3")}
+
+
+def _batch(seed: int = 0, rows: int = 4, width: int = 12) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 260, (rows, width), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    mask[3, 5:] = 0
+    completion = mask.clone()
+    completion[:, :3] = 0
+    tokens = torch.full((rows,), float(completion.sum()))
+    return Batch({"input_ids": ids * mask, "attention_mask": mask, "completion_mask": completion, "batch_tokens": tokens})
+
+
+def _hf_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("arch", NEW)
+def test_weights_log_probs_and_export_equal_transformers(checkpoints, arch, tmp_path):
+    from safetensors.torch import load_file
+
+    from rlcore.export import write_hf_model
+    from rlcore.plugins.hf.common import model_outputs
+    from rlcore.plugins.megatron import make_forward_engine
+    from rlcore.plugins.megatron.cpu_shim import cpu_current_device
+
+    path = checkpoints[arch]
+    engine = make_forward_engine(model=str(path))
+    saved = load_file(str(path / "model.safetensors"))  # a MoE's experts one by one, as checkpoints and vLLM name them
+    exported = dict(pair for bucket in engine.export_weights(bucket_bytes=64 << 10) for pair in bucket)
+    assert exported.keys() == saved.keys()
+    for name, tensor in saved.items():
+        assert torch.equal(exported[name], tensor), name
+
+    batch = _batch()
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    T = ids.shape[1]
+    hf = _hf_model(path)
+    with torch.no_grad(), cpu_current_device():
+        logits = engine.module(ids, torch.arange(T)[None].expand_as(ids), None)
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask).logits
+        reference = model_outputs(hf, ids, mask, temperature=0.7)
+    real = mask.bool()
+    torch.testing.assert_close(logits[..., : expected.shape[-1]][real], expected[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(engine.forward_logprobs(batch, 0.7), reference.logprobs(), atol=1e-5, rtol=0)
+    top, expected_top = engine.forward_topk(batch, 5, 0.7), reference.topk(5)
+    assert torch.equal(top.ids, expected_top.ids)
+    torch.testing.assert_close(top.logprobs, expected_top.logprobs, atol=1e-5, rtol=0)
+
+    write_hf_model(str(tmp_path / "final"), engine.export_weights(), str(path), write=True)
+    again = _hf_model(tmp_path / "final")
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ids, attention_mask=mask).logits, expected)
+
+
+def _nll(outputs, micro):
+    mask = micro["completion_mask"].float()
+    return -(outputs.logprobs() * mask).sum() / micro["batch_tokens"][0], {"tokens": float(mask.sum())}
+
+
+@pytest.mark.parametrize("arch", NEW)
+def test_train_steps_equal_the_hf_engine(checkpoints, arch):
+    """Same weights, batch and AdamW: per-step losses within 1e-5 and gradient norms within 1e-4 (float32 sums of the
+    same terms in other kernel orders), and the trained weights export alike."""
+    from rlcore.plugins.hf import make_train_engine as make_hf_engine
+    from rlcore.plugins.megatron import make_train_engine
+
+    batch = _batch(seed=1)
+    engines = {"megatron": make_train_engine(model=str(checkpoints[arch]), learning_rate=1e-3, seed=0),
+               "hf": make_hf_engine(model=str(checkpoints[arch]), learning_rate=1e-3, seed=0)}
+    steps = {name: [e.train_step(batch, _nll, micro_batch_size=2) for _ in range(3)] for name, e in engines.items()}
+    for mine, theirs in zip(steps["megatron"], steps["hf"], strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
+        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+    assert steps["megatron"][-1]["loss"] < steps["megatron"][0]["loss"]
+    torch.testing.assert_close(engines["megatron"].forward_logprobs(batch), engines["hf"].forward_logprobs(batch),
+                               atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_untied", "mistral", "qwen3"])
+def test_grpo_on_the_megatron_engine_runs_like_the_hf_engine(checkpoints, arch, tmp_path):
+    from rlcore.plugins.grpo.config import GRPOConfig
+    from rlcore.plugins.grpo.trainer import GRPOTrainer
+
+    rows = {}
+    for engine in ("hf", "megatron"):
+        config = GRPOConfig(
+            model=str(checkpoints[arch]), output_dir=str(tmp_path / engine), learning_rate=1e-3, max_completion_length=6,
+            per_device_train_batch_size=4, num_generations=4, max_steps=2, train={"engine": engine},
+        )
+        GRPOTrainer(config, load_plugins()).fit()
+        rows[engine] = [json.loads(line) for line in (tmp_path / engine / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows["megatron"]] == [1, 2]
+    for mine, theirs in zip(rows["megatron"], rows["hf"], strict=True):
+        assert mine["reward"] == theirs["reward"]
+        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+        assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
+    assert (tmp_path / "megatron" / "final" / "model.safetensors").is_file()
+
+
+# -- refused before any device: the engine's own check, as `rlcore config validate` runs it -----------------------
+
+
+def test_the_engine_check_names_architecture_and_parallel_problems(checkpoints):
+    engines = load_plugins().engines
+    check = engines.get("megatron", kind="train").check
+    gemma = [m for _, m in check(model=str(checkpoints["gemma3"]))]
+    assert len(gemma) == 1 and gemma[0].startswith("architecture Gemma3ForCausalLM is not mapped to megatron-core")
+    assert gemma[0].endswith("use train.engine=hf")
+    assert check(model=str(checkpoints["qwen3_moe"]), tensor_model_parallel_size=2, expert_model_parallel_size=2) == []
+    problems = check(model=str(checkpoints["qwen3_moe"]), tensor_model_parallel_size=3, expert_model_parallel_size=3,
+                     pipeline_model_parallel_size=4)
+    assert [key for key, _ in problems] == ["tensor_model_parallel_size"] * 3 + ["pipeline_model_parallel_size",
+                                                                               "expert_model_parallel_size"]
+    assert "expert_model_parallel_size=3 does not divide the model's 4 experts" in [m for _, m in problems]
+    dense = check(model=str(checkpoints["qwen3"]), expert_model_parallel_size=2, device="cpu")
+    assert [m for _, m in dense] == ["expert_model_parallel_size=2 must be 1 on the CPU",
+                                     "expert_model_parallel_size=2 needs a model with experts; Qwen3ForCausalLM has none"]
+    forward = engines.get("megatron", kind="forward").check
+    assert "megatron forward engine has no option 'learning_rate'" in forward(model=str(checkpoints["qwen3"]), learning_rate=1.0)[0][1]
+
+
+def test_config_validate_reports_an_unmapped_architecture(checkpoints, tmp_path, capsys):
+    from rlcore.cli import main
+
+    config = tmp_path / "grpo.yaml"
+    config.write_text("train:\n  engine: megatron\n")
+    assert main(["config", "validate", "--plugin", "grpo", "--config", str(config), f"model={checkpoints['gemma3']}"]) == 2
+    err = capsys.readouterr().err
+    assert "Gemma3ForCausalLM is not mapped to megatron-core" in err and "use train.engine=hf" in err
+    assert main(["config", "validate", "--plugin", "grpo", "--config", str(config), f"model={checkpoints['qwen3_moe']}",
+                 "train.engine_kwargs.expert_model_parallel_size=3"]) == 2
+    assert "expert_model_parallel_size=3 does not divide the model's 4 experts" in capsys.readouterr().err
+    assert main(["config", "validate", "--plugin", "grpo", "--config", str(config), f"model={checkpoints['qwen3_moe']}"]) == 0
