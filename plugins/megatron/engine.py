@@ -114,7 +114,6 @@ class MegatronTrainEngine(TrainEngine):
             )
         self.tp, self.pp, self.ep = tp, pp, ep
         self.ep_rank = ps.get_expert_model_parallel_rank()
-        self.ep_group = ps.get_expert_model_parallel_group() if ep > 1 else None
         self.collective = tp * pp > 1  # every rank of the group takes part in each pass and export
         self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         self.dp_rank = ps.get_data_parallel_rank()

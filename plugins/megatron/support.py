@@ -49,6 +49,10 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
                 "logprob_micro_batch_size", "make_vocab_size_divisible_by"):
         need(isinstance(o[key], int) and o[key] >= 1, key, "must be a positive int")
     need(o["lora_rank"] == 0, "lora_rank", "must be 0: the megatron engine trains every weight (use engine hf for LoRA)")
+    # megatron's token dispatchers exchange tokens over the expert group in every MoE layer, so its ranks would need
+    # micro-batches of one shape and count; the engine's data-parallel ranks trim their own padding and chunk alike
+    need(o["expert_model_parallel_size"] == 1, "expert_model_parallel_size",
+         "must be 1: expert parallelism is not built yet (each rank holds every expert; tensor parallelism splits them)")
     problems += OptimizerOptions(**{k: o[k] for k in OptimizerOptions.keys()}).problems()
     need(o["dist_timeout_s"] > 0, "dist_timeout_s", "must be > 0")
     if not o["master_weights"]:
@@ -65,7 +69,6 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
         need(o["dtype"] in ("float32", "auto"), "dtype", "must be float32 on the CPU (bf16 and fp16 need CUDA)")
         need(o["tensor_model_parallel_size"] == 1, "tensor_model_parallel_size", "must be 1 on the CPU")
         need(o["pipeline_model_parallel_size"] == 1, "pipeline_model_parallel_size", "must be 1 on the CPU")
-        need(o["expert_model_parallel_size"] == 1, "expert_model_parallel_size", "must be 1 on the CPU")
         need(not o["gradient_checkpointing"], "gradient_checkpointing", "needs CUDA with the megatron engine")
         if world != 1:
             problems.append(("device", f"the megatron engine runs one worker on the CPU, but WORLD_SIZE={world}; "

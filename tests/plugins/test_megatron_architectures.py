@@ -135,15 +135,17 @@ def test_the_engine_check_names_architecture_and_parallel_problems(checkpoints):
     gemma = [m for _, m in check(model=str(checkpoints["gemma3"]))]
     assert len(gemma) == 1 and gemma[0].startswith("architecture Gemma3ForCausalLM is not mapped to megatron-core")
     assert gemma[0].endswith("use train.engine=hf")
-    assert check(model=str(checkpoints["qwen3_moe"]), tensor_model_parallel_size=2, expert_model_parallel_size=2) == []
+    assert check(model=str(checkpoints["qwen3_moe"]), tensor_model_parallel_size=2, pipeline_model_parallel_size=2) == []
     problems = check(model=str(checkpoints["qwen3_moe"]), tensor_model_parallel_size=3, expert_model_parallel_size=3,
                      pipeline_model_parallel_size=4)
-    assert [key for key, _ in problems] == ["tensor_model_parallel_size"] * 3 + ["pipeline_model_parallel_size",
-                                                                               "expert_model_parallel_size"]
+    assert [key for key, _ in problems] == ["expert_model_parallel_size"] + ["tensor_model_parallel_size"] * 3 + [
+        "pipeline_model_parallel_size", "expert_model_parallel_size"]
     assert "expert_model_parallel_size=3 does not divide the model's 4 experts" in [m for _, m in problems]
     dense = check(model=str(checkpoints["qwen3"]), expert_model_parallel_size=2, device="cpu")
-    assert [m for _, m in dense] == ["expert_model_parallel_size=2 must be 1 on the CPU",
-                                     "expert_model_parallel_size=2 needs a model with experts; Qwen3ForCausalLM has none"]
+    assert [m for _, m in dense] == [
+        "expert_model_parallel_size=2 must be 1: expert parallelism is not built yet (each rank holds every expert; "
+        "tensor parallelism splits them)",
+        "expert_model_parallel_size=2 needs a model with experts; Qwen3ForCausalLM has none"]
     forward = engines.get("megatron", kind="forward").check
     assert "megatron forward engine has no option 'learning_rate'" in forward(model=str(checkpoints["qwen3"]), learning_rate=1.0)[0][1]
 
