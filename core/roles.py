@@ -145,6 +145,9 @@ class TrainWorker:
             raise RlcoreError(f"{type(self.engine).__name__} has no model_name (the model it was built from), so its "
                               "trained model cannot be written in Hugging Face format")
         write_hf_model(path, self.engine.export_weights(), source, write=worker_rank() == 0)
+        export_adapter = getattr(self.engine, "export_adapter", None)
+        if export_adapter is not None and self.engine.state().get("lora"):  # LoRA: the PEFT adapter in adapter/
+            export_adapter(os.path.join(path, "adapter"))
 
 
 @worker(group="rollout")

@@ -26,7 +26,7 @@ from rlcore.engine_checks import check_temperature, check_train_step, common_pro
 from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
 from rlcore.errors import RlcoreError
 
-from . import mapping
+from . import lora, mapping
 from .support import (
     DECAY_STYLES,
     HostOffload,
@@ -53,7 +53,9 @@ class MegatronTrainEngine(TrainEngine):
     without fp32 master params, gradients or moments, the hf engine's numerics and memory) and `chunked_lm_head`
     (true: at tensor size 1 the output layer runs in chunks of positions on the last hidden states, as the hf
     engine's does; no [B, T, V] logits unless a loss asks for the full vocabulary).
-    LoRA is not offered (`lora_rank` must be 0). Every problem with the options, the architecture and the
+    With `lora_rank` > 0 the base weights are frozen and LoRA adapters (`lora.py`: `lora_alpha`, `lora_dropout`,
+    `lora_target_modules`) train on megatron's parallel linears; `export_weights` merges them out of place, and
+    `export_adapter` writes them as a PEFT adapter. Every problem with the options, the architecture and the
     parallel sizes is reported at once, before any weight is allocated.
     """
 
@@ -91,6 +93,12 @@ class MegatronTrainEngine(TrainEngine):
         # megatron puts its parallel layers on the GPU, torch's norms stay where torch.nn makes them (the CPU)
         self.module = self._build_model().to(self.device)
         self._load_hf(self.model_name)
+        self.lora_rank, self.lora_alpha, self.lora_dropout = o.lora_rank, o.lora_alpha, o.lora_dropout
+        self.adapters = lora.add_adapters(  # before the wrappers: Float16Module casts them, DDP and the optimizer see them
+            self.module, rank=o.lora_rank, alpha=o.lora_alpha, dropout=o.lora_dropout, targets=o.lora_target_modules,
+            seed=seed,
+        ) if o.lora_rank else {}
+        self._lora_index: dict[str, Any] | None = None
         self._wrap_and_optimize(options)
 
     # ------------------------------------------------------------------ construction
@@ -190,7 +198,7 @@ class MegatronTrainEngine(TrainEngine):
 
     def _load_megatron_state(self, state: dict[str, Any]) -> None:
         result = self.module.load_state_dict(state, strict=False)
-        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state") and not lora.is_adapter_key(k)]
         if missing or result.unexpected_keys:
             raise RlcoreError(
                 f"the Hugging Face -> megatron mapping of {self.model_name} does not fit the model: missing "
@@ -450,9 +458,10 @@ class MegatronTrainEngine(TrainEngine):
         import torch
 
         for name, tensor in self.module.state_dict(keep_vars=True).items():
-            if name.endswith("_extra_state") or not torch.is_tensor(tensor):
+            if name.endswith("_extra_state") or not torch.is_tensor(tensor) or lora.is_adapter_key(name):
                 continue
-            tensor = tensor.detach()
+            adapter = self.adapters.get(name.removesuffix(".weight"))  # W + scale * B @ A, out of place
+            tensor = adapter.merged(tensor) if adapter is not None and name.endswith(".weight") else tensor.detach()
             if self.tp > 1 and not name.endswith("layernorm.weight"):
                 parts = [torch.empty_like(tensor) for _ in range(self.tp)]
                 torch.distributed.all_gather(parts, tensor.contiguous(), group=self.tp_group)
@@ -494,6 +503,82 @@ class MegatronTrainEngine(TrainEngine):
         if bucket_bytes < 1:
             raise RlcoreError(f"export_weights: bucket_bytes={bucket_bytes!r} must be positive")
         yield from iter_buckets(self.hf_tensors(), bucket_bytes)
+
+    # ------------------------------------------------------------------ LoRA
+
+    def _lora_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The whole (tensor-merged) shape of each of this stage's megatron tensors, adapters left out."""
+        import torch
+
+        return {name: lora.full_shape(name, t.shape, self.tp, mapping.merge_tp)
+                for name, t in self.module.state_dict(keep_vars=True).items()
+                if torch.is_tensor(t) and not name.endswith("_extra_state") and not lora.is_adapter_key(name)}
+
+    def _hf_lora_index(self) -> dict[str, Any]:
+        """Each adapted Hugging Face module of this stage and the rows and columns of the megatron linear it is."""
+        if self._lora_index is None:
+            self._lora_index = lora.hf_index(self._lora_shapes(), list(self.adapters), lambda full: mapping.megatron_to_hf(
+                full, self.spec, pp_rank=self.pp_rank, pp=self.pp))
+        return self._lora_index
+
+    def _lora_factors(self) -> dict[str, tuple[Any, Any]]:
+        """Each adapted linear's whole (A, B) on this stage, on the CPU: the split factor gathered over its tensor
+        group and joined as its base weight is (a collective)."""
+        import torch
+
+        factors = {}
+        for name, adapter in self.adapters.items():
+            a, b = adapter.lora_A.detach(), adapter.lora_B.detach()
+            if adapter.tp > 1:
+                split = b if adapter.column else a
+                parts = [torch.empty_like(split) for _ in range(adapter.tp)]
+                torch.distributed.all_gather(parts, split.contiguous(), group=adapter.group)
+                whole = mapping.merge_tp(f"{name}.weight", parts)
+                a, b = (a, whole) if adapter.column else (whole, b)
+            factors[name] = (a.cpu(), b.cpu())
+        return factors
+
+    def adapter_tensors(self) -> dict[str, Any]:
+        """The LoRA adapter in PEFT's names (`base_model.model.<Hugging Face module>.lora_A.weight`, ...), CPU
+        tensors of the whole model on every rank (a collective over the tensor and pipeline groups). A fused
+        megatron linear gives each projection it holds the same A and its rows of B (q/k/v, gate/up)."""
+        import torch
+
+        if not self.adapters:
+            raise RlcoreError("this megatron engine trains no LoRA adapter (lora_rank=0)")
+        self._ensure_loaded()
+        with torch.no_grad():
+            mine = lora.to_hf_adapter(self._lora_factors(), self._hf_lora_index())
+        if self.pp == 1:
+            return mine
+        stages: list[Any] = [None] * self.pp
+        torch.distributed.all_gather_object(stages, mine, group=self.pp_group)
+        return {key: tensor for stage in stages for key, tensor in stage.items()}
+
+    def export_adapter(self, path: str) -> None:
+        """The LoRA adapter as a PEFT folder (`adapter_config.json`, `adapter_model.safetensors`) that
+        `peft.PeftModel.from_pretrained` loads onto the Hugging Face base model; every rank calls it, rank 0 writes."""
+        tensors = self.adapter_tensors()
+        if self.rank == 0:
+            lora.write_peft_adapter(Path(path), tensors, rank=self.lora_rank, alpha=self.lora_alpha,
+                                    dropout=self.lora_dropout, base_model=self.model_name)
+
+    def _load_adapter(self, path: Path) -> None:
+        """The adapter `export_adapter` wrote, into this rank's factors (split as at training), bit for bit."""
+        import torch
+
+        shapes = self._lora_shapes()
+        factors = lora.from_hf_adapter(lora.read_peft_adapter(path, self.lora_rank), self._hf_lora_index(),
+                                       {name: shapes[f"{name}.weight"] for name in self.adapters}, self.lora_rank)
+        with torch.no_grad():
+            for name, adapter in self.adapters.items():
+                a, b = factors[name]
+                split = (adapter.lora_B, b) if adapter.column else (adapter.lora_A, a)
+                shard = lora.local_shard(split[1], f"{name}.weight", split[0].shape, adapter.tp, adapter.tp_rank,
+                                         mapping.merge_tp)
+                a, b = (a, shard) if adapter.column else (shard, b)
+                adapter.lora_A.copy_(a)
+                adapter.lora_B.copy_(b)
 
     # ------------------------------------------------------------------ memory
 
@@ -563,7 +648,8 @@ class MegatronTrainEngine(TrainEngine):
         return {"tensor_model_parallel_size": self.tp, "pipeline_model_parallel_size": self.pp, "world_size": self.world_size}
 
     def save(self, path: str) -> None:
-        """`path/model/model.safetensors` (Hugging Face names: loadable by transformers), the scheduler and step in
+        """`path/model/model.safetensors` (Hugging Face names: loadable by transformers; with LoRA the PEFT adapter
+        instead, `export_adapter`'s files, the base being the engine's model), the scheduler and step in
         `path/megatron_meta.json`-side state, and each rank's optimizer shard (fp32 main params and Adam
         moments) in `path/optimizer/rank_NNNNN.pt`; written into a temporary directory, then renamed in place."""
         import torch
@@ -591,11 +677,18 @@ class MegatronTrainEngine(TrainEngine):
         from safetensors.torch import save_file
 
         tmp = shared_tmp(path, self.rank, self.world_size)
-        weights = {name: t.detach().cpu().contiguous() for name, t in self.hf_tensors()}  # every rank takes part
+        if self.adapters:  # every rank takes part
+            adapter = self.adapter_tensors()
+        else:
+            weights = {name: t.detach().cpu().contiguous() for name, t in self.hf_tensors()}
         if self.rank == 0:
             (tmp / "model").mkdir(parents=True, exist_ok=True)
-            save_file(weights, str(tmp / "model" / "model.safetensors"), metadata={"format": "pt"})
-            copy_model_files(model_dir(self.model_name), tmp / "model")
+            if self.adapters:
+                lora.write_peft_adapter(tmp / "model", adapter, rank=self.lora_rank, alpha=self.lora_alpha,
+                                        dropout=self.lora_dropout, base_model=self.model_name)
+            else:
+                save_file(weights, str(tmp / "model" / "model.safetensors"), metadata={"format": "pt"})
+                copy_model_files(model_dir(self.model_name), tmp / "model")
             meta = {**self._layout(), "global_step": self.global_step, "scheduler": self.scheduler.state_dict()}
             (tmp / META_FILE).write_text(json.dumps(meta))
         (tmp / "optimizer").mkdir(parents=True, exist_ok=True)
@@ -615,7 +708,8 @@ class MegatronTrainEngine(TrainEngine):
             raise RlcoreError("load: a forward-only megatron engine has no training state to load")
         path = Path(path)
         meta_file, shard = path / META_FILE, path / "optimizer" / f"rank_{self.rank:05d}.pt"
-        if not meta_file.is_file() or not shard.is_file() or not (path / "model" / "model.safetensors").is_file():
+        weights = path / "model" / (lora.ADAPTER_WEIGHTS if self.adapters else "model.safetensors")
+        if not meta_file.is_file() or not shard.is_file() or not weights.is_file():
             raise RlcoreError(f"'{path}' is not a checkpoint of the megatron train engine (no {META_FILE}, model/ or {shard.name})")
         meta = json.loads(meta_file.read_text())
         saved = {k: meta.get(k) for k in self._layout()}
@@ -628,7 +722,10 @@ class MegatronTrainEngine(TrainEngine):
         import torch
 
         self._host.host.clear()  # the optimizer state is new tensors now: their host copies are made anew
-        self._load_hf(str(path / "model"))
+        if self.adapters:  # the base is the engine's model, frozen
+            self._load_adapter(path / "model")
+        else:
+            self._load_hf(str(path / "model"))
         try:  # tensors, numbers and strings only: a checkpoint is data, never code
             state = torch.load(shard, map_location="cpu", weights_only=True)
         except Exception as exc:
@@ -653,6 +750,8 @@ class MegatronTrainEngine(TrainEngine):
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "num_parameters": sum(p.numel() for p in self.module.parameters()),
+            "num_trainable_parameters": sum(p.numel() for p in self.module.parameters() if p.requires_grad),
+            "lora": bool(self.adapters),
             "global_step": self.global_step,
             "rank": self.rank,
             "world_size": self.world_size,

@@ -48,7 +48,10 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                 "logprob_micro_batch_size", "make_vocab_size_divisible_by"):
         need(isinstance(o[key], int) and o[key] >= 1, key, "must be a positive int")
-    need(o["lora_rank"] == 0, "lora_rank", "must be 0: the megatron engine trains every weight (use engine hf for LoRA)")
+    if o["lora_rank"]:
+        from .lora import target_problems
+
+        problems += target_problems(o["lora_target_modules"])
     # megatron's token dispatchers exchange tokens over the expert group in every MoE layer, so its ranks would need
     # micro-batches of one shape and count; the engine's data-parallel ranks trim their own padding and chunk alike
     need(o["expert_model_parallel_size"] == 1, "expert_model_parallel_size",

@@ -222,6 +222,61 @@ def test_bf16_log_probs_match_the_hf_engine(model_dir):
     assert diff.mean() < 0.05 and diff.max() < 0.5
 
 
+@pytest.mark.parametrize("distributed,master", [(True, True), (False, False)],
+                         ids=["distributed-optimizer", "bf16-adamw-no-master-weights"])
+def test_lora_in_bf16_trains_the_adapters_and_exports_base_plus_scaled_b_a(model_dir, tmp_path, distributed, master):
+    """LoRA at tensor size 1 in bf16: the optimizer holds the adapters alone, the loss falls, the base stays bitwise
+    through training and export, the export is base + scale * B @ A (in fp32, rounded once to bf16) in Hugging Face
+    names, peft loads the adapter onto the transformers model, and save -> load gives the same next step."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.plugins.megatron import make_train_engine, mapping
+
+    options = dict(model=model_dir, device="cuda", dtype="bfloat16", learning_rate=1e-2, max_steps=8, seed=0,
+                   lora_rank=8, lora_alpha=16, use_distributed_optimizer=distributed, master_weights=master)
+    engine = make_train_engine(**options)
+
+    def base_weights():
+        return {n: t.clone() for n, t in engine.module.state_dict().items()
+                if torch.is_tensor(t) and ".adapter." not in n and not n.endswith("_extra_state")}
+
+    base = base_weights()
+    adapters = [p for p in engine.module.parameters() if p.requires_grad]
+    assert {p.dtype for p in adapters} == {torch.bfloat16} and len(adapters) == 2 * 4 * 4  # A, B; 4 linears, 4 layers
+    held = [p for group in engine.optimizer.param_groups for p in group["params"]]
+    assert sum(p.numel() for p in held) == sum(p.numel() for p in adapters)  # fp32 main params or the bf16 ones
+    batch = _bf16_batch()
+    losses = [engine.train_step(batch, _loss, 4)["loss"] for _ in range(4)]
+    assert losses[-1] < losses[0], losses
+    exported = {n: t.clone() for bucket in engine.export_weights() for n, t in bucket}
+    assert all(torch.equal(t, base[n]) for n, t in base_weights().items())  # training and export left the base
+    expected = dict(base)
+    for name, adapter in engine.adapters.items():
+        assert adapter.lora_B.abs().max() > 0, name
+        delta = 2.0 * (adapter.lora_B.float() @ adapter.lora_A.float())  # alpha 16 / rank 8
+        expected[f"{name}.weight"] = (base[f"{name}.weight"].float() + delta).to(torch.bfloat16)
+    expected = dict(mapping.megatron_to_hf(expected, engine.spec))
+    assert expected.keys() == exported.keys()
+    for name, tensor in exported.items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, expected[name]), name
+    engine.export_adapter(str(tmp_path / "adapter"))
+    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                          str(tmp_path / "adapter")).merge_and_unload()
+    for name, param in reference.named_parameters():  # the checkpoint's fp32 base: one bf16 rounding apart
+        torch.testing.assert_close(param.detach().to(torch.bfloat16), exported[name].cpu(), atol=2e-2, rtol=2e-2)
+    engine.save(str(tmp_path / "ckpt"))
+    trained = {n: p.detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
+    next_step = engine.train_step(batch, _loss, 4)
+    resumed = make_train_engine(**options)
+    resumed.load(str(tmp_path / "ckpt"))
+    assert all(torch.equal(p, trained[n]) for n, p in resumed.module.named_parameters() if p.requires_grad)
+    got = resumed.train_step(batch, _loss, 4)
+    assert got["learning_rate"] == next_step["learning_rate"]
+    assert got["loss"] == pytest.approx(next_step["loss"], abs=1e-3)
+
+
 # -- GRPO from the command line ---------------------------------------------------------------------------
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray" / "grpo"

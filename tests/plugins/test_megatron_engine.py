@@ -275,13 +275,13 @@ def test_an_architecture_without_mapping_is_a_config_error(tiny_model, tmp_path)
 def test_parallel_sizes_that_do_not_fit_are_reported_together(tiny_model):
     with pytest.raises(ConfigError) as caught:
         make_train_engine(model=str(tiny_model), tensor_model_parallel_size=3, pipeline_model_parallel_size=3,
-                          lora_rank=8, lr_scheduler_type="cosine", master_weights=False)
+                          lora_rank=8, lora_target_modules=["qproj"], lr_scheduler_type="cosine", master_weights=False)
     message = str(caught.value)
     for part in (
         "tensor_model_parallel_size=3 does not divide the model's 4 attention heads",
         "pipeline_model_parallel_size=3 does not divide the model's 2 layers",
         "tensor_model_parallel_size=3 must be 1 on the CPU",
-        "lora_rank=8 must be 0",
+        "lora_target_modules: 'qproj' is no linear the megatron engine adapts",  # LoRA itself is offered
         "max_steps=0 must be > 0 for lr_scheduler_type='cosine'",
         "master_weights=False needs use_distributed_optimizer=false too",
     ):

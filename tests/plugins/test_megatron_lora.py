@@ -1,0 +1,218 @@
+"""LoRA on the megatron engine on the CPU (one worker, float32): adapters start as the base model, train alone,
+export merged (out of place) and as a PEFT adapter that peft loads onto the transformers model, checkpoint and
+resume exactly, and run GRPO through the trainer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlcore import ConfigError, RlcoreError, load_plugins
+from rlcore.batch import Batch
+from rlcore.testing import build_tiny_model
+from rlcore.plugins.megatron import make_train_engine
+
+pytest.importorskip("megatron.core")
+peft = pytest.importorskip("peft")
+
+LORA = dict(lora_rank=4, lora_alpha=8)
+ALL = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-llama-lora", arch="llama", num_layers=2, seed=1)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def tiny(request, tiny_model, tiny_llama):
+    return str(tiny_model if request.param == "qwen2" else tiny_llama)
+
+
+def _batch(seed: int = 0, rows: int = 4, width: int = 10) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 260, (rows, width), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    mask[3, 5:] = 0
+    completion = mask.clone()
+    completion[:, :3] = 0
+    tokens = torch.full((rows,), float(completion.sum()))
+    return Batch({"input_ids": ids * mask, "attention_mask": mask, "completion_mask": completion, "batch_tokens": tokens})
+
+
+def _nll(outputs, micro):
+    mask = micro["completion_mask"].float()
+    return -(outputs.logprobs() * mask).sum() / micro["batch_tokens"][0], {}
+
+
+def _hf_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _base(engine) -> dict[str, torch.Tensor]:
+    """The megatron base weights (adapters left out), copied."""
+    return {n: t.clone() for n, t in engine.module.state_dict().items()
+            if torch.is_tensor(t) and ".adapter." not in n and not n.endswith("_extra_state")}
+
+
+def _adapters(engine) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in engine.module.named_parameters() if ".adapter." in n}
+
+
+def _exported(engine) -> dict[str, torch.Tensor]:
+    return {n: t.clone() for bucket in engine.export_weights() for n, t in bucket}
+
+
+def test_with_b_at_zero_the_log_probs_are_the_base_models(tiny):
+    base, tuned = make_train_engine(model=tiny), make_train_engine(model=tiny, **LORA)
+    batch = _batch()
+    assert torch.equal(tuned.forward_logprobs(batch), base.forward_logprobs(batch))
+    trainable = [p for p in tuned.module.parameters() if p.requires_grad]
+    assert {n for n, p in tuned.module.named_parameters() if p.requires_grad} == set(_adapters(tuned))
+    assert sorted({name.rsplit(".", 1)[-1] for name in tuned.adapters}) == ["linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"]
+    assert len(tuned.adapters) == 4 * 2  # four linears in each of two layers
+    held = [p for group in tuned.optimizer.param_groups for p in group["params"]]
+    assert {id(p) for p in held} == {id(p) for p in trainable}  # the optimizer holds the adapters only
+    assert tuned.state()["num_trainable_parameters"] == sum(p.numel() for p in trainable) < base.state()["num_parameters"] / 10
+    assert all(not a.lora_B.any() for a in tuned.adapters.values())
+
+
+def test_lora_steps_lower_the_loss_change_only_the_adapters_and_export_leaves_the_base_bitwise(tiny_model):
+    engine = make_train_engine(model=str(tiny_model), learning_rate=1e-2, seed=0, **LORA)
+    base, adapters = _base(engine), _adapters(engine)
+    batch = _batch()
+    losses = [engine.train_step(batch, _nll, micro_batch_size=2)["loss"] for _ in range(4)]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.05, losses
+    after = _base(engine)
+    assert after.keys() == base.keys() and all(torch.equal(after[n], t) for n, t in base.items())
+    trained = _adapters(engine)
+    assert all(not torch.equal(trained[n], t) for n, t in adapters.items())  # every A and B moved
+    exported = _exported(engine)
+    again = _exported(engine)
+    assert all(torch.equal(t, base[n]) for n, t in _base(engine).items())  # merged out of place: no drift
+    assert all(torch.equal(again[n], t) for n, t in exported.items())
+    # layer 0's merged q, k and v are the base plus scale * B @ A, cut into rows: the deltas' squares sum alike
+    adapter = engine.adapters["decoder.layers.0.self_attention.linear_qkv"]
+    delta = (adapter.lora_B @ adapter.lora_A).detach() * 2.0  # alpha 8 / rank 4
+    hf = _hf_model(tiny_model)
+    split = [exported[n] - hf.get_parameter(n).detach() for n in (f"model.layers.0.self_attn.{x}_proj.weight" for x in "qkv")]
+    assert all(d.abs().max() > 0 for d in split)
+    assert sum(float(d.square().sum()) for d in split) == pytest.approx(float(delta.square().sum()), rel=1e-4)
+
+
+@pytest.mark.parametrize("targets,modules", [
+    ("all-linear", ALL),
+    (["q_proj", "v_proj", "down_proj"], {"q_proj", "k_proj", "v_proj", "down_proj"}),  # q/v: the fused linear_qkv
+    (["linear_proj", "linear_fc1"], {"o_proj", "gate_proj", "up_proj"}),
+], ids=["all-linear", "hf-names", "megatron-names"])
+def test_the_merged_export_and_the_adapter_equal_peft_on_transformers(tiny, tmp_path, targets, modules):
+    from peft import PeftModel
+
+    engine = make_train_engine(model=tiny, learning_rate=1e-2, seed=0, lora_target_modules=targets, **LORA)
+    batch = _batch(seed=2)
+    for _ in range(2):
+        engine.train_step(batch, _nll, micro_batch_size=2)
+    merged = _exported(engine)
+    engine.export_adapter(str(tmp_path / "adapter"))
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert set(config["target_modules"]) == modules and config["r"] == 4 and config["lora_alpha"] == 8
+    reference = PeftModel.from_pretrained(_hf_model(tiny), str(tmp_path / "adapter")).eval()
+    adapted = {n.removeprefix("base_model.model.") for n, m in reference.named_modules() if hasattr(m, "lora_A")}
+    assert {n.rsplit(".", 1)[-1] for n in adapted if n.startswith("model.layers.")} == modules
+    loaded = [p for n, p in reference.named_parameters() if "lora_B" in n]
+    assert len(loaded) == 2 * len(modules) and all(p.abs().max() > 0 for p in loaded)  # the trained B, not peft's zeros
+    plain = _hf_model(tiny)
+    result = plain.load_state_dict(merged, strict=False)  # the merged export as a transformers model
+    assert not result.unexpected_keys and all(k == "lm_head.weight" for k in result.missing_keys)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        theirs = reference(input_ids=ids, attention_mask=mask).logits
+        mine = plain(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+    # the megatron engine's own forward (adapters unmerged) against peft's, as the base model's test compares them
+    from rlcore.plugins.hf.common import model_outputs
+
+    with torch.no_grad():
+        expected = model_outputs(reference, ids, mask, temperature=1.0).logprobs()
+    torch.testing.assert_close(engine.forward_logprobs(batch), expected, atol=1e-4, rtol=0)
+    peft_merged = dict(reference.merge_and_unload().named_parameters())
+    assert peft_merged.keys() == merged.keys()
+    for name, tensor in merged.items():
+        torch.testing.assert_close(tensor, peft_merged[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_lora_save_then_load_continues_the_same_run(tiny_model, tmp_path):
+    from peft import PeftModel
+
+    options = dict(model=str(tiny_model), learning_rate=1e-2, lr_scheduler_type="linear", max_steps=4, seed=0, **LORA)
+    batch = _batch(seed=1)
+    first = make_train_engine(**options)
+    first.train_step(batch, _nll, micro_batch_size=4)
+    first.save(str(tmp_path / "ckpt"))
+    saved_adapters, merged = _adapters(first), _exported(first)
+    expected = first.train_step(batch, _nll, micro_batch_size=4)
+    model = tmp_path / "ckpt" / "model"
+    assert sorted(p.name for p in model.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    state = torch.load(tmp_path / "ckpt" / "optimizer" / "rank_00000.pt", weights_only=True)
+    moments = [v for s in state["inner"][0]["state"].values() for k, v in s.items() if k == "exp_avg"]
+    assert len(moments) == len(saved_adapters) and sum(m.numel() for m in moments) == sum(
+        t.numel() for t in saved_adapters.values())  # the optimizer state is the adapters'
+    peft_merged = dict(PeftModel.from_pretrained(_hf_model(tiny_model), str(model)).merge_and_unload().named_parameters())
+    assert all(torch.allclose(peft_merged[n], t, atol=1e-6, rtol=0) for n, t in merged.items())
+    resumed = make_train_engine(**options)
+    resumed.load(str(tmp_path / "ckpt"))
+    assert resumed.global_step == 1
+    loaded = _adapters(resumed)
+    assert all(torch.equal(loaded[n], t) for n, t in saved_adapters.items())  # bit for bit
+    got = resumed.train_step(batch, _nll, micro_batch_size=4)
+    assert got["loss"] == expected["loss"] and got["grad_norm"] == expected["grad_norm"]
+    assert got["learning_rate"] == expected["learning_rate"]
+    assert all(torch.equal(t, _adapters(first)[n]) for n, t in _adapters(resumed).items())
+    with pytest.raises(RlcoreError, match="is not a checkpoint of the megatron train engine"):
+        make_train_engine(model=str(tiny_model)).load(str(tmp_path / "ckpt"))  # full weights, not an adapter
+    with pytest.raises(RlcoreError, match="has rank 4; this engine's lora_rank is 8"):
+        make_train_engine(**{**options, "lora_rank": 8}).load(str(tmp_path / "ckpt"))
+
+
+def test_lora_target_names_are_checked_before_anything_is_built(tiny_model):
+    with pytest.raises(ConfigError) as caught:
+        make_train_engine(model=str(tiny_model), lora_rank=4, lora_target_modules=["qproj", "linear_fc1", "lm_head"])
+    message = str(caught.value)
+    assert "'qproj' is no linear the megatron engine adapts" in message and "Did you mean 'q_proj'?" in message
+    assert "'lm_head' is no linear" in message and "'linear_fc1'" not in message.split("known:")[0]
+    with pytest.raises(ConfigError, match="must be 'all-linear' or a non-empty list"):
+        make_train_engine(model=str(tiny_model), lora_rank=4, lora_target_modules=[])
+    with pytest.raises(RlcoreError, match="this megatron engine trains no LoRA adapter"):
+        make_train_engine(model=str(tiny_model)).export_adapter("unused")
+
+
+def test_grpo_with_lora_on_the_megatron_engine(tiny_model, tmp_path):
+    """Two GRPO steps with train.engine=megatron and train.lora_rank=8 through the trainer: the steps run, and
+    final/ holds the merged model and, in final/adapter, the PEFT adapter that gives the same weights on the base."""
+    from peft import PeftModel
+
+    from rlcore.plugins.grpo.config import GRPOConfig
+    from rlcore.plugins.grpo.trainer import GRPOTrainer
+
+    out = tmp_path / "run"
+    config = GRPOConfig(**{
+        "model": str(tiny_model), "output_dir": str(out), "learning_rate": 1e-2, "max_completion_length": 8,
+        "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "num_generations": 4, "max_steps": 2,
+        "train": {"engine": "megatron", "lora_rank": 8}, "save_steps": 2,
+    })
+    GRPOTrainer(config, load_plugins()).fit()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["grad_norm"] > 0 for r in rows)
+    final = out / "final"
+    merged = dict(_hf_model(final).named_parameters())
+    assert json.loads((final / "adapter" / "adapter_config.json").read_text())["r"] == 8
+    reference = dict(PeftModel.from_pretrained(_hf_model(tiny_model), str(final / "adapter")).merge_and_unload().named_parameters())
+    assert merged.keys() == reference.keys()
+    assert all(torch.allclose(merged[n], reference[n], atol=1e-6, rtol=0) for n in merged)
+    base = dict(_hf_model(tiny_model).named_parameters())
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
