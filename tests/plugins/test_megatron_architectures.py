@@ -81,6 +81,29 @@ def test_weights_log_probs_and_export_equal_transformers(checkpoints, arch, tmp_
         assert torch.equal(again(input_ids=ids, attention_mask=mask).logits, expected)
 
 
+def test_unnormalised_top_k_routing_equals_transformers(checkpoints, tmp_path):
+    """Qwen3-MoE with norm_topk_prob false: the top-k softmax weights as they are (megatron's
+    moe_router_pre_softmax), not renormalised; the log-probs are transformers'."""
+    import shutil
+
+    from rlcore.plugins.hf.common import model_outputs
+    from rlcore.plugins.megatron import make_forward_engine
+
+    path = tmp_path / "unnormalised"
+    shutil.copytree(checkpoints["qwen3_moe"], path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "norm_topk_prob": False}))
+    batch = _batch(seed=2)
+    engine = make_forward_engine(model=str(path))
+    assert engine.config.moe_router_pre_softmax
+    with torch.no_grad():
+        expected = model_outputs(_hf_model(path), batch["input_ids"], batch["attention_mask"], temperature=1.0).logprobs()
+        normalised = model_outputs(_hf_model(checkpoints["qwen3_moe"]), batch["input_ids"], batch["attention_mask"],
+                                   temperature=1.0).logprobs()
+    assert (expected - normalised).abs().max() > 1e-3  # the two routings differ: the test tells them apart
+    torch.testing.assert_close(engine.forward_logprobs(batch), expected, atol=1e-5, rtol=0)
+
+
 def _nll(outputs, micro):
     mask = micro["completion_mask"].float()
     return -(outputs.logprobs() * mask).sum() / micro["batch_tokens"][0], {"tokens": float(mask.sum())}
