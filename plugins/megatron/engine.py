@@ -43,6 +43,8 @@ from .support import (
 )
 
 META_FILE = "megatron_meta.json"
+LINEAR_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+               "linear_conv_kernel_dim")  # ModelSpec's and TransformerConfig's names
 
 
 class MegatronTrainEngine(TrainEngine):
@@ -147,7 +149,8 @@ class MegatronTrainEngine(TrainEngine):
             normalization="RMSNorm", layernorm_epsilon=s.norm_eps, gated_linear_unit=True,
             activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=s.qkv_bias,
             hidden_dropout=0.0, attention_dropout=0.0, attention_softmax_in_fp32=True,
-            qk_layernorm=s.qk_norm, **self._moe_config(),
+            qk_layernorm=s.qk_norm, attention_output_gate=s.attention_output_gate, **self._moe_config(),
+            **{k: getattr(s, k) for k in LINEAR_KEYS if getattr(s, k)},
             bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
             masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
             tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp, sequence_parallel=False,
@@ -180,11 +183,16 @@ class MegatronTrainEngine(TrainEngine):
         spec = layer_spec(qk_norm=self.spec.qk_norm, num_experts=self.spec.num_experts)
         # causal SDPA needs no mask; another core attention (megatron's local one) takes the [T, T] mask
         self.causal_mask = spec.submodules.self_attention.submodules.core_attention is not SdpaAttention
+        if self.spec.zero_centered_norm:  # Qwen3.5: its norms, gated attention and linear attention, layer by layer
+            from .linear_attention import hybrid_layer_specs
+
+            layers = mapping.layer_range(self.spec, self.pp_rank, self.pp)
+            spec = hybrid_layer_specs(spec, [self.spec.layer_type(i) for i in layers])
         return GPTModel(
             self.config, spec, vocab_size=self.padded_vocab,
             max_sequence_length=self.spec.max_position_embeddings, pre_process=self.first_stage,
             post_process=self.last_stage, share_embeddings_and_output_weights=self.spec.tied,
-            position_embedding_type="rope", rotary_percent=1.0,
+            position_embedding_type="rope", rotary_percent=self.spec.rotary_percent,
             rotary_base=int(theta) if float(theta).is_integer() else theta,
         )
 

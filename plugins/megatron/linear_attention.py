@@ -16,8 +16,9 @@ Engine's layer norm, so it builds neither on the CPU nor from the local spec. He
   torch norm has no zero-centred gamma).
 - `GatedSelfAttention`: megatron's `SelfAttention` with `attention_output_gate` (Qwen3.5's q_proj yields the query and
   a sigmoid gate on the attention output), its gate applied in eager torch: megatron wraps `_apply_output_gate` in
-  `torch.compile`, which on the CPU means a C++ toolchain and a compile per shape. `gated_qkv`/`split_gated_qkv` lay
-  transformers' q_proj ([query; gate] per head), k_proj and v_proj out as its fused `linear_qkv` and back.
+  `torch.compile`, which on the CPU means a C++ toolchain and a compile per shape. The mapping lays transformers'
+  q_proj ([query; gate] per head), k_proj and v_proj out as its fused `linear_qkv` ([queries; gates; key; value]
+  per query group).
 - `hybrid_layer_specs`: each layer's spec (linear or full attention) and the final norm, as a megatron block spec.
 """
 
@@ -32,8 +33,8 @@ import torch.nn.functional as F
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.module import MegatronModule
 
-TP_REFUSAL = ("gated delta-net linear attention (Qwen3.5) runs at tensor_model_parallel_size 1 only; "
-              "set tensor_model_parallel_size: 1 or use train.engine=hf")
+from .mapping import LINEAR_ATTENTION_TP
+
 
 
 class ZeroCenteredRMSNorm(torch.nn.Module):
@@ -90,7 +91,7 @@ class GatedDeltaNet(MegatronModule):
     def __init__(self, config: Any, submodules: Any = None, layer_number: int | None = None, **_: Any):
         super().__init__(config=config)
         if config.tensor_model_parallel_size != 1:
-            raise ValueError(TP_REFUSAL)
+            raise ValueError(LINEAR_ATTENTION_TP)
         if config.context_parallel_size != 1:
             raise ValueError("gated delta-net linear attention does not split sequences (context_parallel_size must be 1)")
         self.layer_number = layer_number
@@ -143,30 +144,6 @@ class GatedSelfAttention(SelfAttention):
 
     def _apply_output_gate(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         return (x * torch.sigmoid(gate.contiguous().view(*x.shape).float())).to(x.dtype)
-
-
-def gated_qkv(q_proj: torch.Tensor, k_proj: torch.Tensor, v_proj: torch.Tensor, num_kv_heads: int,
-              head_dim: int) -> torch.Tensor:
-    """transformers' gated q_proj ([query; gate] per head), k_proj and v_proj as megatron's fused `linear_qkv` with
-    `attention_output_gate`: [queries; gates; key; value] per query group, along dim 0."""
-    G, tail = num_kv_heads, q_proj.shape[1:]
-    heads = q_proj.shape[0] // (2 * head_dim)
-    query, gate = q_proj.reshape(heads, 2, head_dim, *tail).unbind(1)
-    per_group = heads // G * head_dim
-    parts = (query.reshape(G, per_group, *tail), gate.reshape(G, per_group, *tail),
-             k_proj.reshape(G, head_dim, *tail), v_proj.reshape(G, head_dim, *tail))
-    return torch.cat(parts, dim=1).reshape(-1, *tail)
-
-
-def split_gated_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
-                    head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`gated_qkv` undone: (q_proj, k_proj, v_proj) as transformers lays them out."""
-    G, tail = num_kv_heads, qkv.shape[1:]
-    per_group = num_heads // G * head_dim
-    query, gate, key, value = qkv.reshape(G, 2 * per_group + 2 * head_dim, *tail).split(
-        [per_group, per_group, head_dim, head_dim], dim=1)
-    q_proj = torch.stack([query.reshape(num_heads, head_dim, *tail), gate.reshape(num_heads, head_dim, *tail)], dim=1)
-    return q_proj.reshape(-1, *tail), key.reshape(-1, *tail), value.reshape(-1, *tail)
 
 
 def hybrid_layer_specs(layer_spec: Any, layer_types: Sequence[str]) -> Any:

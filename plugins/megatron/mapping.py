@@ -22,8 +22,10 @@ plus `model.embed_tokens.weight` -> `embedding.word_embeddings.weight` (first st
 `decoder.final_layernorm.weight` and `lm_head.weight` -> `output_layer.weight` (last stage; from the
 embeddings when tied), vocabulary rows padded with zeros to a multiple of the tensor size and trimmed on
 the way back. `j` is the layer's index inside its pipeline stage, `e'` an expert's index inside its expert-parallel
-rank. A layer's block kinds come from `ModelSpec.layer_types` ("attention"; another kind, such as linear
-attention, adds its table to `MIXERS`). Everything here is pure tensor code.
+rank. A layer's block kinds come from `ModelSpec.layer_types` ("attention", or "linear_attention": Qwen3.5's gated
+delta-net, whose modules `linear_attention.GatedDeltaNet` names as transformers does, linear_attn.X ->
+self_attention.X, one to one at tensor size 1). With `attention_output_gate` (Qwen3.5) q_proj holds [query; gate] per
+head and linear_qkv [queries; gates; k; v] per group. Everything here is pure tensor code.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class Architecture:
     qkv_bias: bool = False
     qk_norm: bool = False
     moe: bool = False
+    output_gate: bool = False  # q_proj holds [query; gate] per head, the attention output times sigmoid(gate)
+    zero_centered_norm: bool = False  # every RMSNorm scales by (1 + weight)
     refuse: tuple[tuple[Callable[[Any], bool], str], ...] = ()
     layer_types: Callable[[Any], tuple[str, ...]] = field(default=lambda c: ("attention",) * c.num_hidden_layers)
 
@@ -78,12 +82,23 @@ _NO_SWA = ((_set("use_sliding_window"), "sliding-window attention is not mapped 
 _MIXED_MOE = ((lambda c: bool(getattr(c, "mlp_only_layers", None)) or getattr(c, "decoder_sparse_step", 1) != 1,
                "dense layers among the MoE layers (mlp_only_layers, decoder_sparse_step != 1) are not mapped"),)
 
+
+
+def _qwen3_5_layers(config: Any) -> tuple[str, ...]:
+    return tuple("linear_attention" if t == "linear_attention" else "attention" for t in config.layer_types)
+
+
+_QWEN3_5 = _BIASES[:1] + ((lambda c: not set(c.layer_types) <= {"linear_attention", "full_attention"},
+                           "layer_types other than linear_attention and full_attention are not mapped"),)
+
 ARCHITECTURES: dict[str, Architecture] = {a.hf_class: a for a in (
     Architecture("Qwen2ForCausalLM", qkv_bias=True, refuse=_NO_SWA),
     Architecture("LlamaForCausalLM", refuse=_BIASES),
     Architecture("MistralForCausalLM", refuse=_NO_WINDOW),
     Architecture("Qwen3ForCausalLM", qk_norm=True, refuse=_BIASES[:1] + _NO_SWA),
     Architecture("Qwen3MoeForCausalLM", qk_norm=True, moe=True, refuse=_BIASES[:1] + _NO_SWA + _MIXED_MOE),
+    Architecture("Qwen3_5ForCausalLM", qk_norm=True, output_gate=True, zero_centered_norm=True, refuse=_QWEN3_5,
+                 layer_types=_qwen3_5_layers),
 )}
 
 
@@ -117,6 +132,15 @@ class ModelSpec:
     moe_ffn_hidden_size: int = 0
     norm_topk_prob: bool = True  # the top-k routing weights renormalised to sum to 1
     layer_types: tuple[str, ...] = ()  # each layer's mixer kind (a key of MIXERS); () means every layer attention
+    attention_output_gate: bool = False
+    zero_centered_norm: bool = False
+    rotary_percent: float = 1.0  # the share of each head's dimensions the rotary embedding turns
+    # gated delta-net linear attention (layers of kind "linear_attention"), as megatron's TransformerConfig names them
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
 
     @property
     def heads_per_group(self) -> int:
@@ -139,7 +163,18 @@ def _attention(spec: ModelSpec) -> tuple[Pair, ...]:
 
 
 # A layer's mixer (its attention-like block) by kind: the modules it holds.
-MIXERS: dict[str, Callable[[ModelSpec], tuple[Pair, ...]]] = {"attention": _attention}
+def _linear_attention(spec: ModelSpec) -> tuple[Pair, ...]:
+    """Gated delta-net (`linear_attention.GatedDeltaNet` names its modules as transformers does); tensor size 1."""
+    pairs = [Pair("self_attention", ("linear_attn",), params=("dt_bias", "A_log"))]
+    pairs += [Pair(f"self_attention.{m}", (f"linear_attn.{m}",))
+              for m in ("conv1d", "norm", "out_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")]
+    return tuple(pairs)
+
+
+MIXERS: dict[str, Callable[[ModelSpec], tuple[Pair, ...]]] = {"attention": _attention,
+                                                              "linear_attention": _linear_attention}
+LINEAR_ATTENTION_TP = ("gated delta-net linear attention (Qwen3.5) runs at tensor_model_parallel_size 1 only; "
+                       "set tensor_model_parallel_size: 1 or use train.engine=hf")
 
 
 def _mlp(spec: ModelSpec) -> tuple[Pair, ...]:
@@ -189,6 +224,10 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
     heads = config.num_attention_heads
     experts = (getattr(config, "num_experts", None) or getattr(config, "num_local_experts", 0)) if arch.moe else 0
     layer_types = arch.layer_types(config)
+    rotary = rope.get("partial_rotary_factor") if isinstance(rope, Mapping) else None
+    linear = {key: int(getattr(config, key)) for key in ("linear_num_key_heads", "linear_num_value_heads",
+              "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")} \
+        if "linear_attention" in layer_types else {}
     return ModelSpec(
         architecture=name,
         num_layers=config.num_hidden_layers,
@@ -209,6 +248,10 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         moe_ffn_hidden_size=int(config.moe_intermediate_size) if experts else 0,
         norm_topk_prob=bool(getattr(config, "norm_topk_prob", True)),
         layer_types=() if set(layer_types) == {"attention"} else tuple(layer_types),
+        attention_output_gate=arch.output_gate,
+        zero_centered_norm=arch.zero_centered_norm,
+        rotary_percent=float(rotary or getattr(config, "partial_rotary_factor", None) or 1.0),
+        **linear,
     )
 
 
@@ -216,6 +259,8 @@ def parallel_problems(spec: ModelSpec, tp: int, pp: int, world_size: int | None,
     """What keeps `spec` from being split `tp` x `pp` (experts over `ep`) over `world_size` workers (None: not
     known yet, as in `rlcore config validate`); checked before allocation."""
     problems = []
+    if tp != 1 and "linear_attention" in spec.layer_types:
+        problems.append(("tensor_model_parallel_size", f"tensor_model_parallel_size={tp}: {LINEAR_ATTENTION_TP}"))
     if spec.num_heads % tp:
         problems.append(("tensor_model_parallel_size",
                          f"tensor_model_parallel_size={tp} does not divide the model's {spec.num_heads} attention heads"))
@@ -291,13 +336,23 @@ def _interleave_qkv(spec: ModelSpec, q: torch.Tensor, k: torch.Tensor, v: torch.
     import torch
 
     G, d, tail = spec.num_kv_heads, spec.head_dim, q.shape[1:]
-    parts = (q.reshape(G, spec.heads_per_group * d, *tail), k.reshape(G, d, *tail), v.reshape(G, d, *tail))
+    rows = spec.heads_per_group * d
+    if spec.attention_output_gate:  # q_proj: [query; gate] per head; megatron: [queries; gates] per group
+        query, gate = q.reshape(spec.num_heads, 2, d, *tail).unbind(1)
+        q, rows = torch.cat([query.reshape(G, rows, *tail), gate.reshape(G, rows, *tail)], dim=1), 2 * rows
+    parts = (q.reshape(G, rows, *tail), k.reshape(G, d, *tail), v.reshape(G, d, *tail))
     return torch.cat(parts, dim=1).reshape(-1, *tail)
 
 
 def _split_qkv(spec: ModelSpec, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    import torch
+
     G, d, tail = spec.num_kv_heads, spec.head_dim, qkv.shape[1:]
-    q, k, v = qkv.reshape(G, (spec.heads_per_group + 2) * d, *tail).split([spec.heads_per_group * d, d, d], dim=1)
+    rows = spec.heads_per_group * d * (2 if spec.attention_output_gate else 1)
+    q, k, v = qkv.reshape(G, rows + 2 * d, *tail).split([rows, d, d], dim=1)
+    if spec.attention_output_gate:
+        query, gate = (t.reshape(spec.num_heads, d, *tail) for t in q.split(rows // 2, dim=1))
+        q = torch.stack([query, gate], dim=1)
     return q.reshape(-1, *tail), k.reshape(-1, *tail), v.reshape(-1, *tail)
 
 

@@ -1,6 +1,7 @@
 """Qwen3.5's blocks for megatron-core (plugins/megatron/linear_attention.py) against transformers' modules on the
-same weights, float32 on the CPU: the gated delta-net alone, the gated q_proj layout, and whole decoder layers of
-both kinds (zero-centred norms, gated full attention with partial rotary, linear attention, MLP)."""
+same weights, float32 on the CPU: the gated delta-net alone, Qwen3.5's declaration in the mapping (the gated
+q_proj's layout), and whole decoder layers of both kinds (zero-centred norms, gated full attention with partial
+rotary, linear attention, MLP) loaded through the mapping."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as hf  # noqa: E402
 
 from rlcore.plugins.megatron.attention import layer_spec  # noqa: E402
 from rlcore.plugins.megatron.cpu_shim import cpu_current_device, use_cpu_rng_tracker  # noqa: E402
-from rlcore.plugins.megatron.linear_attention import (  # noqa: E402
-    TP_REFUSAL, GatedDeltaNet, gated_qkv, hybrid_layer_specs, split_gated_qkv,
-)
+from rlcore.plugins.megatron import mapping  # noqa: E402
+from rlcore.plugins.megatron.linear_attention import GatedDeltaNet, hybrid_layer_specs  # noqa: E402
 from rlcore.rendezvous import join_torch_world  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 64, 4, 2, 16
@@ -29,7 +29,7 @@ def hf_config(**keys) -> Qwen3_5TextConfig:
         vocab_size=300, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2, num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, linear_num_key_heads=2, linear_num_value_heads=4,
         linear_key_head_dim=8, linear_value_head_dim=12, linear_conv_kernel_dim=4,
-        layer_types=["linear_attention", "full_attention"], **keys,
+        layer_types=["linear_attention", "full_attention"], architectures=["Qwen3_5ForCausalLM"], **keys,
     )
     config._attn_implementation = "sdpa"  # causal without a mask, as the megatron side runs
     return config
@@ -100,40 +100,45 @@ def test_gated_delta_net_gradients_equal_transformers():
 
 
 def test_linear_attention_refuses_tensor_parallelism_in_one_line():
-    with pytest.raises(ValueError, match="tensor_model_parallel_size 1 only") as caught:
+    message = mapping.LINEAR_ATTENTION_TP
+    assert "\n" not in message and "train.engine=hf" in message
+    with pytest.raises(ValueError) as caught:
         GatedDeltaNet(megatron_config(hf_config(), tp=2), layer_number=1)
-    assert "\n" not in str(caught.value) and str(caught.value) == TP_REFUSAL and "train.engine=hf" in TP_REFUSAL
+    assert str(caught.value) == message
+    spec = mapping.spec_from_hf_config(hf_config())
+    assert mapping.parallel_problems(spec, 2, 1, None)[0] == ("tensor_model_parallel_size",
+                                                               f"tensor_model_parallel_size=2: {message}")
+    assert mapping.parallel_problems(spec, 1, 2, 2) == []  # pipeline stages split the layers, kinds and all
 
 
-def test_gated_qkv_layout_round_trips_and_groups_query_and_gate():
-    q = torch.arange(HEADS * 2 * HEAD_DIM * 3, dtype=torch.float32).reshape(-1, 3)
-    k, v = -torch.rand(KV_HEADS * HEAD_DIM, 3), torch.rand(KV_HEADS * HEAD_DIM, 3) + 10
-    fused = gated_qkv(q, k, v, KV_HEADS, HEAD_DIM)
+def test_the_declaration_reads_qwen3_5s_config():
+    spec = mapping.spec_from_hf_config(hf_config())
+    assert spec.layer_types == ("linear_attention", "attention") and spec.qk_norm
+    assert spec.attention_output_gate and spec.zero_centered_norm and spec.rotary_percent == 0.25
+    assert (spec.linear_num_key_heads, spec.linear_num_value_heads, spec.linear_key_head_dim,
+            spec.linear_value_head_dim, spec.linear_conv_kernel_dim) == (2, 4, 8, 12, 4)
+    with pytest.raises(Exception, match="attention_bias=true is not mapped"):
+        mapping.spec_from_hf_config(hf_config(attention_bias=True))
+
+
+def test_gated_q_proj_goes_to_megatrons_query_and_gate_rows_and_back_bitwise():
+    """transformers' q_proj is [query; gate] per head; megatron's gated linear_qkv is [queries; gates; key; value]
+    per query group."""
+    config = hf_config()
+    spec = mapping.spec_from_hf_config(config)
+    model = hf.Qwen3_5ForCausalLM(config)
+    state = model.state_dict()
     d, per_group = HEAD_DIM, HEADS // KV_HEADS * HEAD_DIM
-    group0 = fused[: 2 * per_group + 2 * d]
-    assert torch.equal(group0[:d], q[:d])  # head 0's query
-    assert torch.equal(group0[d:2 * d], q[2 * d:3 * d])  # head 1's query
+    q = state["model.layers.1.self_attn.q_proj.weight"] = torch.arange(HEADS * 2 * d)[:, None] * torch.ones(HIDDEN)
+    k, v = state["model.layers.1.self_attn.k_proj.weight"], state["model.layers.1.self_attn.v_proj.weight"]
+    full = mapping.hf_to_megatron(state, spec)
+    group0 = full["decoder.layers.1.self_attention.linear_qkv.weight"][: 2 * per_group + 2 * d]
+    assert torch.equal(group0[:d], q[:d]) and torch.equal(group0[d:2 * d], q[2 * d:3 * d])  # heads 0 and 1's queries
     assert torch.equal(group0[per_group:per_group + d], q[d:2 * d])  # head 0's gate
     assert torch.equal(group0[2 * per_group:2 * per_group + d], k[:d]) and torch.equal(group0[-d:], v[:d])
-    assert all(torch.equal(a, b) for a, b in zip(split_gated_qkv(fused, HEADS, KV_HEADS, HEAD_DIM), (q, k, v)))
-
-
-def layer_state(reference: torch.nn.Module, kind: str) -> dict[str, torch.Tensor]:
-    """A Qwen3_5DecoderLayer's weights under the megatron layer's names."""
-    w = reference.state_dict()
-    state = {"input_layernorm.weight": w["input_layernorm.weight"],
-             "pre_mlp_layernorm.weight": w["post_attention_layernorm.weight"],
-             "mlp.linear_fc1.weight": torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]]),
-             "mlp.linear_fc2.weight": w["mlp.down_proj.weight"]}
-    if kind == "linear_attention":
-        state |= {f"self_attention.{k[len('linear_attn.'):]}": t for k, t in w.items() if k.startswith("linear_attn.")}
-    else:
-        state |= {"self_attention.linear_qkv.weight": gated_qkv(w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
-                                                                w["self_attn.v_proj.weight"], KV_HEADS, HEAD_DIM),
-                  "self_attention.linear_proj.weight": w["self_attn.o_proj.weight"],
-                  "self_attention.q_layernorm.weight": w["self_attn.q_norm.weight"],
-                  "self_attention.k_layernorm.weight": w["self_attn.k_norm.weight"]}
-    return state
+    back = dict(mapping.megatron_to_hf(full, spec))
+    assert list(back) == mapping.hf_names(spec) == [n for n, _ in model.named_parameters()]
+    assert all(torch.equal(back[name], state[name]) for name in back)
 
 
 @pytest.mark.parametrize("kind", ["linear_attention", "attention"])
@@ -145,8 +150,12 @@ def test_decoder_layers_equal_transformers(megatron_state, kind):
 
     config = hf_config()
     index = 0 if kind == "linear_attention" else 1
-    reference = hf.Qwen3_5DecoderLayer(config, layer_idx=index).eval()
-    randomise(reference, seed=index + 11)
+    model = hf.Qwen3_5ForCausalLM(config).eval()
+    randomise(model, seed=index + 11)
+    reference = model.model.layers[index]
+    prefix = f"decoder.layers.{index}."
+    state = {k[len(prefix):]: t for k, t in mapping.hf_to_megatron(model.state_dict(), mapping.spec_from_hf_config(config)).items()
+             if k.startswith(prefix)}
     block = hybrid_layer_specs(layer_spec(), [kind])
     mconfig = megatron_config(config)
     with cpu_current_device():
@@ -154,7 +163,7 @@ def test_decoder_layers_equal_transformers(megatron_state, kind):
         rope = RotaryEmbedding(kv_channels=HEAD_DIM, rotary_percent=0.25, rotary_base=10000)
         T, B = 11, 2
         freqs = rope(T)
-    result = layer.load_state_dict(layer_state(reference, kind), strict=False)
+    result = layer.load_state_dict(state, strict=False)
     assert not result.unexpected_keys and not [k for k in result.missing_keys if not k.endswith("_extra_state")]
     x = torch.randn(B, T, HIDDEN, generator=torch.Generator().manual_seed(5))
     position_ids = torch.arange(T)[None].expand(B, -1)
@@ -170,3 +179,108 @@ def test_decoder_layers_equal_transformers(megatron_state, kind):
     randomise(reference_norm, seed=2)
     norm.load_state_dict(reference_norm.state_dict())
     torch.testing.assert_close(norm(x), reference_norm(x), atol=0, rtol=0)
+
+
+# -- Qwen3.5 on the megatron engine --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_5(tmp_path_factory):
+    from rlcore.testing import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-qwen3_5", arch="qwen3_5", num_layers=4))
+
+
+def _right_padded(seed: int = 0, rows: int = 4, width: int = 12):
+    """Right-padded rows (the engines' layout), the last 9 tokens of each a completion."""
+    from rlcore.batch import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 260, (rows, width), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = mask[3, 6:] = 0
+    completion = mask.clone()
+    completion[:, :3] = 0
+    return Batch({"input_ids": ids * mask, "attention_mask": mask, "completion_mask": completion,
+                  "batch_tokens": torch.full((rows,), float(completion.sum()))})
+
+
+def test_qwen3_5_on_the_megatron_engine_equals_transformers(tiny_qwen3_5, tmp_path):
+    """Weights in and out bitwise; log-probs (at a temperature) and the full distribution equal transformers'
+    teacher-forced forward within 1e-5, float32 on the CPU, over linear and full attention layers alternating; the
+    export is a checkpoint transformers loads and runs alike."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.export import write_hf_model
+    from rlcore.plugins.hf.common import model_outputs
+    from rlcore.plugins.megatron import make_forward_engine
+    from rlcore.plugins.megatron.linear_attention import GatedDeltaNet, GatedSelfAttention
+
+    engine = make_forward_engine(model=tiny_qwen3_5)
+    kinds = [type(layer.self_attention) for layer in engine.module.decoder.layers]
+    assert kinds == [GatedDeltaNet, GatedSelfAttention] * 2
+    reference = AutoModelForCausalLM.from_pretrained(tiny_qwen3_5, dtype=torch.float32).eval()
+    exported = [pair for bucket in engine.export_weights(bucket_bytes=64 << 10) for pair in bucket]
+    weights = dict(reference.named_parameters())
+    assert [name for name, _ in exported] == list(weights)
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in exported)
+
+    batch = _right_padded()
+    with torch.no_grad():
+        expected = model_outputs(reference, batch["input_ids"], batch["attention_mask"], temperature=0.7)
+    torch.testing.assert_close(engine.forward_logprobs(batch, 0.7), expected.logprobs(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(engine.forward_topk(batch, None, 0.7), expected.full_logprobs(), atol=1e-5, rtol=0)
+
+    write_hf_model(str(tmp_path / "final"), engine.export_weights(), tiny_qwen3_5, write=True)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "final", dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=batch["input_ids"]).logits, reference(input_ids=batch["input_ids"]).logits)
+
+
+def test_qwen3_5_trains_on_the_megatron_engine_like_the_hf_engine(tiny_qwen3_5):
+    """Same weights, batch and AdamW: the losses and gradient norms of three steps agree with the hf engine's (the
+    gradients through the gated delta rule, the convolution and the gates are megatron's here), and fall."""
+    from rlcore.plugins.hf import make_train_engine as make_hf_engine
+    from rlcore.plugins.megatron import make_train_engine
+
+    options = dict(model=tiny_qwen3_5, learning_rate=1e-2, max_grad_norm=1.0, max_steps=3, seed=0)
+    batch = _right_padded(seed=1)
+
+    def loss_fn(outputs, micro):  # the completion tokens' mean negative log-likelihood
+        mask = micro["completion_mask"].float()
+        return -(outputs.logprobs() * mask).sum() / micro["batch_tokens"][0], {}
+
+    def steps(engine):
+        return [engine.train_step(batch, loss_fn, micro_batch_size=2) for _ in range(3)]
+
+    megatron, hf_rows = steps(make_train_engine(**options)), steps(make_hf_engine(**options))
+    losses = [m["loss"] for m in megatron]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.05
+    for mine, theirs in zip(megatron, hf_rows, strict=True):
+        assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-4)
+        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-3)
+
+
+def test_grpo_trains_qwen3_5_on_the_megatron_engine_like_the_hf_engine(tiny_qwen3_5, tmp_path):
+    """Two GRPO steps with the hf rollout engine, training on megatron and on hf from one seed: the same rollouts
+    (so the weights synced after step 1 were the same), gradient norms and losses alike; `final/` written."""
+    import json
+
+    from rlcore import load_plugins
+    from rlcore.plugins.grpo.config import GRPOConfig
+    from rlcore.plugins.grpo.trainer import GRPOTrainer
+
+    rows = {}
+    for engine in ("hf", "megatron"):
+        config = GRPOConfig(
+            model=tiny_qwen3_5, output_dir=str(tmp_path / engine), learning_rate=1e-3, max_completion_length=6,
+            per_device_train_batch_size=4, num_generations=4, max_steps=2, train={"engine": engine},
+        )
+        GRPOTrainer(config, load_plugins()).fit()
+        rows[engine] = [json.loads(line) for line in (tmp_path / engine / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows["megatron"]] == [1, 2]
+    for mine, theirs in zip(rows["megatron"], rows["hf"], strict=True):
+        assert mine["reward"] == theirs["reward"]
+        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+        assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
+    assert (tmp_path / "megatron" / "final" / "model.safetensors").is_file()
