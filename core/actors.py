@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import cluster, log
+from . import cluster, failures, log, manager
 from .rendezvous import find_free_port
 from .transport import decode, encode
 from .dispatch import Mesh
@@ -98,8 +98,7 @@ class WorkerActor:
     def _rlcore_info(self) -> dict[str, Any]:
         import ray
 
-        ip = ray._private.worker.global_worker.node_ip_address  # the Ray node's address, as it was started
-        return {"pid": os.getpid(), "ip": ip, "node_id": ray.get_runtime_context().get_node_id()}
+        return {"pid": os.getpid(), "ip": _node_ip(), "node_id": ray.get_runtime_context().get_node_id()}
 
     def _rlcore_free_port(self, ip: str) -> int:
         return find_free_port(ip)
@@ -114,17 +113,42 @@ class WorkerActor:
             with contextlib.suppress(Exception):  # the build imports it again and raises with its context
                 importlib.import_module(name)
 
-    def _rlcore_setup(self, cls: type, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
+    def _rlcore_setup(self, cls: bytes, group: str, rank: int, env: dict[str, str], args: tuple, kwargs: dict) -> None:
+        """Build the instance; `cls` comes pickled, read once the driver's module and file plugins are loaded
+        here (a worker class a plugin file defines lives in that file's module)."""
+        import pickle
+
         log.route_worker_warnings()  # a library's (megatron-core's on import) to the driver's run.log
         os.environ.update(env)
         global _actor
         _actor = ActorContext(group, rank)
-        self.instance = cls(*decode(args), **decode(kwargs))
+        try:
+            if manager.extra_plugins_from_env():
+                manager.plugins()
+            self.instance = pickle.loads(cls)(*decode(args), **decode(kwargs))
+        except Exception as exc:
+            raise _raised(exc, "__init__") from None
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray._private.worker.global_worker.node_ip_address  # the Ray node's address, as it was started
+
+
+def _raised(exc: Exception, method: str) -> RoleFailed:
+    """What a worker raised, as a RoleFailed that carries its type, message and traceback as text: Ray pickles
+    it whatever `exc` holds (a pydantic ValidationError with vLLM's arguments cannot be pickled)."""
+    actor = _actor or ActorContext("?", -1)
+    return failures.raised(exc, role=actor.group, rank=actor.rank, node=_node_ip(), method=method)
 
 
 def _forward(name: str) -> Callable[..., Any]:
     def method(self: WorkerActor, *args: Any, **kwargs: Any) -> Any:
-        return encode(getattr(self.instance, name)(*decode(args), **decode(kwargs)), False)
+        try:
+            return encode(getattr(self.instance, name)(*decode(args), **decode(kwargs)), False)
+        except Exception as exc:
+            raise _raised(exc, name) from None
 
     method.__name__ = method.__qualname__ = name
     return method
@@ -204,6 +228,9 @@ class RemoteGroup:
     def setup(self, cls: type, args: tuple, kwargs: dict, extra_plugins: tuple[str, ...] = ()) -> list[Any]:
         """Give every actor its group environment and build the instance (returns the pending refs);
         `extra_plugins`, the module and file plugins of the driver's run, are loaded there too."""
+        from ray import cloudpickle
+
+        pickled = cloudpickle.dumps(cls)
         master = self.infos[0]["ip"]
         asked = self._submit(lambda: [self.actors[0]._rlcore_free_port.remote(master)], "setup")
         port = self._get(asked, [0], "setup")[0]
@@ -219,7 +246,7 @@ class RemoteGroup:
                 EXTRA_PLUGINS_ENV: os.pathsep.join(extra_plugins),
             }
             seen[info["node_id"]] += 1
-            calls.append(functools.partial(actor._rlcore_setup.remote, cls, self.role, rank, env, args, kwargs))
+            calls.append(functools.partial(actor._rlcore_setup.remote, pickled, self.role, rank, env, args, kwargs))
         return self._submit(lambda: [call() for call in calls], "__init__")
 
     def call(self, spec: FunctionSpec, mode: Mode, args: tuple, kwargs: dict) -> Any:

@@ -1,14 +1,16 @@
 """The `rlcore` command: run an algorithm, list plugins, show or validate a config, plot a run's metrics.
 
 Exit status: 0 on success; 2 for usage and configuration mistakes (a one-paragraph message, no
-traceback); 1 for other rlcore errors at run time (a traceback only with RLCORE_DEBUG=1); 130 when
-interrupted. Plugins are loaded only by the subcommands that need them, so `rlcore --help` is fast.
+traceback); 1 for other rlcore errors at run time (a traceback only with RLCORE_DEBUG=1) and for a worker's
+failure (one line, rlcore's advice, the worker's traceback in run.log: `rlcore.failures`); 130 when interrupted.
+Plugins are loaded only by the subcommands that need them, so `rlcore --help` is fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import signal
@@ -26,6 +28,7 @@ from .config import (
     config_error, load_config, read_config_data, render_config, render_value, validation_problems, with_settings,
 )
 from .extras import check_run, plugin_needs
+from .failures import advice, failure_of
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
 from .log import LEVELS, STOP, logger
 from .manager import PluginLoadWarning, Plugins, is_file_or_module, load_plugins, plugin_name
@@ -59,10 +62,38 @@ def main(argv: Sequence[str] | None = None) -> int:
             leaving(exc.code)
         raise
     except RlcoreError as exc:
-        if os.environ.get("RLCORE_DEBUG", "") not in ("", "0"):
+        if _debugging() and failure_of(exc) is None:
             traceback.print_exc()
         logger.error(str(exc))
+        _explain(exc)
         return exc.exit_code
+    except Exception as exc:  # an in-process worker's own exception: reported as a Ray worker's RoleFailed is
+        failure = failure_of(exc)
+        if failure is None:
+            raise
+        logger.error(failure.line())
+        _explain(exc)
+        return 1
+
+
+def _debugging() -> bool:
+    return os.environ.get("RLCORE_DEBUG", "") not in ("", "0")
+
+
+def _explain(exc: BaseException) -> None:
+    """After a worker's failure's line: rlcore's advice for it, if any, and its traceback (in run.log; here too at
+    --log-level debug or with RLCORE_DEBUG=1)."""
+    failure = failure_of(exc)
+    if failure is None:
+        return
+    hint = advice(failure)
+    if hint:
+        logger.error(hint, extra={"prefix": "hint: "})
+    detail = log.failure_detail(exc)
+    if detail and (_debugging() or logger.isEnabledFor(logging.DEBUG)):
+        print(detail, file=sys.stderr)
+    elif detail and log.last_detail is not None:
+        logger.info(f"the worker's full error is in {log.last_detail}; --log-level debug shows it here too")
 
 
 OWN_OPTIONS = {

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import log, signals, watchdog
+from . import failures, log, signals, watchdog
 from .errors import RlcoreError, RoleFailed
 from .log import logger
 
@@ -485,6 +485,11 @@ def _first_line(text: str, limit: int = 400) -> str:
     return (lines[0] if lines else "")[:limit]
 
 
+def _last_line(text: str, limit: int = 400) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return (lines[-1] if lines else "")[:limit]
+
+
 def is_death(exc: BaseException) -> bool:
     """Whether a Ray error means the worker's process is gone (rather than a call that raised)."""
     import ray.exceptions as rex
@@ -499,15 +504,25 @@ def role_error(
     import ray.exceptions as rex
 
     where = f"role '{role}' rank {rank} on node {node or '?'}" + (f" (pid {pid})" if pid else "")
+    failure = None
     if isinstance(exc, rex.RayTaskError):
         cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
-        message = f"{where} raised {type(cause).__name__} in {method}(): {cause}\n\nworker traceback:\n{exc}"
+        if isinstance(getattr(cause, "client_exc", None), BaseException):  # Ray's RaySystemError wraps its cause
+            cause = cause.client_exc
+        failure = failures.failure_of(cause)  # what the worker raised, summarised there (rlcore.actors)
+        if failure is None:  # raised by Ray's side of the call: Ray's own text is the traceback
+            failure = failures.Failure(role, rank, node, pid, method, type(cause).__name__,
+                                       failures.summarize(cause), str(cause), str(exc))
+        message = failure.line()
     elif is_death(exc):
-        cause = _first_line(getattr(exc, "error_msg", "") or str(exc))
+        text = getattr(exc, "error_msg", "") or str(exc)
+        # an actor whose creation raised: the last line of the traceback Ray quotes names the exception
+        cause = _last_line(text) if getattr(exc, "actor_init_failed", False) else _first_line(text)
         message = (
             f"{where} died during {method}(): {cause}. The group's other workers were stopped; see the "
             f"worker's log (`ray logs`) and the node's memory for why the process exited."
         )
+        failure = failures.Failure(role, rank, node, pid, method, type(exc).__name__, cause, text, text)
     else:
         message = f"{where} failed in {method}(): {exc!r}"
-    return RoleFailed(message, role=role, rank=rank, node=node)
+    return RoleFailed(message, role=role, rank=rank, node=node, failure=failure)

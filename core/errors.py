@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .failures import Failure
 
 
 class RlcoreError(Exception):
@@ -44,11 +48,13 @@ class ResourceError(RlcoreError):
 
 
 class RoleFailed(RlcoreError):
-    """A worker of a role died or raised; the message names role, rank, node and cause."""
+    """A worker of a role died or raised; the message names role, rank, node and cause. `failure` (an
+    `rlcore.failures.Failure`) is what the worker raised, as text: type, message and traceback."""
 
-    def __init__(self, message: str, *, role: str = "", rank: int | None = None, node: str = ""):
+    def __init__(self, message: str, *, role: str = "", rank: int | None = None, node: str = "",
+                 failure: Failure | None = None):
         super().__init__(message)
-        self.role, self.rank, self.node = role, rank, node
+        self.role, self.rank, self.node, self.failure = role, rank, node, failure
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:

@@ -21,6 +21,7 @@ import re
 import site
 import sys
 import sysconfig
+import traceback
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -262,8 +263,9 @@ def hold() -> None:
 def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
     """Append the log to `output_dir/run.log` for the block (timestamped, every level the logger passes); an
     exception that ends the block is logged there too, so the file says how the run ended."""
-    global _held, _run_log
+    global _held, _run_log, last_detail
     path = _run_log = Path(output_dir) / RUN_LOG
+    last_detail = None
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_redact)
@@ -284,11 +286,32 @@ def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
         yield path
     except BaseException as exc:
         note(logging.ERROR, f"run ended by {type(exc).__name__}" + (f": {exc}" if str(exc) else ""))
+        detail = failure_detail(exc)
+        if detail:
+            note(logging.ERROR, detail)
+            last_detail = path
         raise
     finally:
         logger.removeHandler(handler)
         handler.close()
         _run_log = None
+
+
+last_detail: Path | None = None  # the run.log that holds the traceback of the last run's failure
+
+
+def failure_detail(exc: BaseException) -> str:
+    """What run.log keeps of an exception that ended a run, beyond its message: a worker's traceback (formatted in
+    the worker, `rlcore.failures`), or the traceback of an exception that is not rlcore's own; else ''."""
+    from .errors import RlcoreError
+    from .failures import failure_of
+
+    failure = failure_of(exc)
+    if failure is not None and failure.traceback:
+        return f"{failure.where()}, in {failure.method}():\n{failure.traceback.rstrip()}"
+    if isinstance(exc, Exception) and not isinstance(exc, RlcoreError):
+        return "".join(traceback.format_exception(exc)).rstrip()
+    return ""
 
 
 class _BarSafe:

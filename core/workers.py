@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import actors as _actors
-from . import cluster, manager
+from . import cluster, failures, manager
 from .actors import Handle, RemoteGroup, wait
 from .dispatch import Mesh, Mode, resolve
 from .errors import ConfigError, NotRegistered, RlcoreError
@@ -192,6 +192,10 @@ def worker(group: str | list[str]) -> Callable[[type], type]:
             state[_CONSTRUCTING] = True
             try:
                 init(self, *args, **kwargs)
+            except Exception as exc:
+                if outer and _actors._actor is None and _REMOTE not in state:  # an in-process worker's
+                    _tag(exc, groups[0] if len(groups) == 1 else "/".join(groups), "__init__")
+                raise
             finally:
                 if outer:
                     state[_CONSTRUCTING] = False
@@ -232,10 +236,19 @@ def _call_local(instance: Any, func: Callable[..., Any], spec: FunctionSpec, mod
     try:
         value, error = mode.collect([func(instance, *s[0], **s[1]) for s in shards if s is not None]), None
     except Exception as exc:  # raised by get(), as under Ray
+        group = getattr(type(instance), _BINDINGS, {}).get(spec.name, spec.group)
+        _tag(exc, group or type(instance).__name__, spec.name)
         if spec.blocking:
             raise
         value, error = None, exc
     return value if spec.blocking else Handle(value=value, error=error)
+
+
+def _tag(exc: Exception, role: str, method: str) -> None:
+    """An in-process worker's exception propagates as itself, marked with where it was raised, so the CLI
+    reports it in one line as it does a Ray worker's (`rlcore.failures`); rlcore's own errors say that already."""
+    if not isinstance(exc, RlcoreError):
+        failures.tag(exc, role=role, method=method)
 
 
 # -------------------------------------------------------------------------
