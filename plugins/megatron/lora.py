@@ -135,9 +135,11 @@ def _adapter_class() -> type:
             return delta * self.scaling
 
         def merged(self, weight: torch.Tensor) -> torch.Tensor:
-            """This rank's shard of W + scale * B @ A, computed in float32 beside W (W itself is not touched)."""
-            delta = (self.lora_B.detach().float() @ self.lora_A.detach().float()) * self.scaling
-            return (weight.detach().float() + delta).to(weight.dtype)
+            """This rank's shard of W + scale * B @ A, computed in float32 (or W's wider dtype) beside W, rounded once
+            to W's dtype; W itself is not touched."""
+            dtype = torch.promote_types(weight.dtype, torch.float32)
+            delta = (self.lora_B.detach().to(dtype) @ self.lora_A.detach().to(dtype)) * self.scaling
+            return (weight.detach().to(dtype) + delta).to(weight.dtype)
 
     return LoraAdapter
 

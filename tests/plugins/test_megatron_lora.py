@@ -216,3 +216,99 @@ def test_grpo_with_lora_on_the_megatron_engine(tiny_model, tmp_path):
     assert all(torch.allclose(merged[n], reference[n], atol=1e-6, rtol=0) for n in merged)
     base = dict(_hf_model(tiny_model).named_parameters())
     assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+
+
+# -- tensor parallelism on the CPU: two processes over gloo ---------------------------------------------------
+
+TP_WORKER = r'''
+import sys
+
+import torch
+
+torch.distributed.init_process_group("gloo")
+rank, tp = torch.distributed.get_rank(), torch.distributed.get_world_size()
+from megatron.core import parallel_state as ps
+ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.transformer_config import TransformerConfig
+from rlcore.plugins.megatron import lora
+from rlcore.plugins.megatron.cpu_shim import cpu_current_device, use_cpu_rng_tracker
+from rlcore.plugins.megatron.mapping import merge_tp
+use_cpu_rng_tracker()
+torch.set_default_dtype(torch.float64)  # float64: the parallel and whole sums agree to 1e-10, not float32 rounding
+H, F, r, s = 16, 24, 4, 2.0
+g = torch.Generator().manual_seed(0)
+W1, W2 = torch.randn(F, H, generator=g), torch.randn(H, F, generator=g)
+A1, B1, A2, B2 = (torch.randn(*shape, generator=g) for shape in ((r, H), (F, r), (r, F), (H, r)))
+x, out_grad = torch.randn(3, 5, H, generator=g), torch.randn(3, 5, H, generator=g)
+cfg = TransformerConfig(num_layers=1, hidden_size=H, num_attention_heads=2, use_cpu_initialization=True,
+                        perform_initialization=False, tensor_model_parallel_size=tp, gradient_accumulation_fusion=False,
+                        params_dtype=torch.float64)
+model = torch.nn.Module()
+model.linear_qkv = ColumnParallelLinear(H, F, config=cfg, init_method=torch.nn.init.zeros_, bias=False, gather_output=False)
+model.linear_proj = RowParallelLinear(F, H, config=cfg, init_method=torch.nn.init.zeros_, bias=False, input_is_parallel=True, skip_bias_add=True)
+adapters = lora.add_adapters(model, rank=r, alpha=s * r, dropout=0.0, targets="all-linear", seed=0)
+assert set(adapters) == {"linear_qkv", "linear_proj"}
+shard = lambda full, name, local: lora.local_shard(full, name, local, tp, rank, merge_tp)
+with torch.no_grad():
+    model.linear_qkv.weight.copy_(shard(W1, "linear_qkv.weight", model.linear_qkv.weight.shape))
+    model.linear_proj.weight.copy_(shard(W2, "linear_proj.weight", model.linear_proj.weight.shape))
+    q, p = adapters["linear_qkv"], adapters["linear_proj"]
+    q.lora_A.copy_(A1); q.lora_B.copy_(shard(B1, "linear_qkv.weight", q.lora_B.shape))
+    p.lora_A.copy_(shard(A2, "linear_proj.weight", p.lora_A.shape)); p.lora_B.copy_(B2)
+# the reference: the whole layers, no parallelism
+ref = [t.clone().requires_grad_() for t in (A1, B1, A2, B2, x)]
+a1, b1, a2, b2, xr = ref
+y_ref = (xr @ (W1 + s * b1 @ a1).T) @ (W2 + s * b2 @ a2).T
+(y_ref * out_grad).sum().backward()
+xt = x.clone().requires_grad_()
+with cpu_current_device():
+    y = model.linear_proj(model.linear_qkv(xt)[0])[0]
+    (y * out_grad).sum().backward()
+def close(a, b):
+    return torch.allclose(a, b, atol=1e-10, rtol=1e-10)
+checks = {
+    "output": close(y, y_ref),
+    "input grad": close(xt.grad, xr.grad),
+    "qkv A grad (replicated)": close(q.lora_A.grad, a1.grad),
+    "qkv B grad (row shard)": close(q.lora_B.grad, shard(b1.grad, "linear_qkv.weight", q.lora_B.shape)),
+    "proj A grad (column shard)": close(p.lora_A.grad, shard(a2.grad, "linear_proj.weight", p.lora_A.shape)),
+    "proj B grad (replicated)": close(p.lora_B.grad, b2.grad),
+    "merged qkv shard": close(q.merged(model.linear_qkv.weight), shard(W1 + s * B1 @ A1, "linear_qkv.weight", model.linear_qkv.weight.shape)),
+    "merged proj shard": close(p.merged(model.linear_proj.weight), shard(W2 + s * B2 @ A2, "linear_proj.weight", model.linear_proj.weight.shape)),
+    "base frozen": not any(m.weight.requires_grad or m.weight.grad is not None for m in (model.linear_qkv, model.linear_proj)),
+    "split attributes": q.lora_B.tensor_model_parallel and p.lora_A.tensor_model_parallel and not getattr(q.lora_A, "tensor_model_parallel", False),
+}
+# gate/up: a linear_fc1 shard per rank is [gate part; up part]; local_shard inverts merge_tp bit for bit
+full = torch.randn(2 * F, r, generator=g)
+parts = [lora.local_shard(full, "linear_fc1.weight", (2 * F // tp, r), tp, k, merge_tp) for k in range(tp)]
+checks["fc1 shard round trip"] = torch.equal(merge_tp("linear_fc1.weight", parts), full)
+checks["fc1 shard is gate and up"] = torch.equal(parts[rank], torch.cat([full[:F].chunk(tp)[rank], full[F:].chunk(tp)[rank]]))
+failed = [k for k, ok in checks.items() if not ok]
+print(f"rank {rank}: {'ok' if not failed else 'FAILED ' + ', '.join(failed)}")
+sys.exit(1 if failed else 0)
+'''
+
+
+def test_adapters_split_over_two_tensor_ranks_give_the_whole_layers_values_and_gradients(tmp_path):
+    """megatron's ColumnParallelLinear (as linear_qkv) then RowParallelLinear (as linear_proj) at tensor size 2, in
+    two processes over gloo, against the same layers whole in plain torch (float64): outputs, the input's gradient,
+    each factor's gradient (A of the column layer and B of the row layer whole and equal on both ranks, the others
+    this rank's shard), the merged shards; and `local_shard` inverting `merge_tp` for gate/up."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    worker = tmp_path / "worker.py"
+    worker.write_text(TP_WORKER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, str(worker)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port), CUDA_VISIBLE_DEVICES=""))
+             for rank in range(2)]
+    outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    for rank, (proc, out) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0 and f"rank {rank}: ok" in out, out[-3000:]
