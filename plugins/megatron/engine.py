@@ -172,6 +172,8 @@ class MegatronTrainEngine(TrainEngine):
             moe_router_score_function="softmax", moe_router_pre_softmax=not s.norm_topk_prob,
             moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="allgather",
             moe_grouped_gemm=False, moe_router_dtype="fp32", expert_model_parallel_size=self.ep,
+            moe_shared_expert_intermediate_size=s.shared_expert_ffn_hidden_size or None,
+            moe_shared_expert_gate=bool(s.shared_expert_ffn_hidden_size),
         )
 
     def _build_model(self) -> Any:

@@ -46,12 +46,18 @@ SPLITS = ("replicated", "rows", "columns", "qkv", "gate_up")
 @dataclass(frozen=True)
 class Pair:
     """One megatron module and the Hugging Face modules it holds: `params` ("weight", "bias") of each; `split`
-    one of `SPLITS`. Names are relative to the layer; "{e}" stands for an expert's index."""
+    one of `SPLITS`; `megatron_params`: the params' megatron names where they differ (a shared expert's gate is
+    `gate_weight` there). Names are relative to the layer; "{e}" stands for an expert's index."""
 
     megatron: str
     hf: tuple[str, ...]
     split: str = "replicated"
     params: tuple[str, ...] = ("weight",)
+    megatron_params: tuple[str, ...] = ()
+
+    def named_params(self) -> tuple[tuple[str, str], ...]:
+        """(Hugging Face name, megatron name) of each param."""
+        return tuple(zip(self.params, self.megatron_params or self.params))
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class Architecture:
     qkv_bias: bool = False
     qk_norm: bool = False
     moe: bool = False
+    shared_expert: bool = False  # beside the routed experts, one always-on expert scaled by sigmoid(a gate)
     output_gate: bool = False  # q_proj holds [query; gate] per head, the attention output times sigmoid(gate)
     zero_centered_norm: bool = False  # every RMSNorm scales by (1 + weight)
     refuse: tuple[tuple[Callable[[Any], bool], str], ...] = ()
@@ -99,6 +106,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.hf_class: a for a in (
     Architecture("Qwen3MoeForCausalLM", qk_norm=True, moe=True, refuse=_BIASES[:1] + _NO_SWA + _MIXED_MOE),
     Architecture("Qwen3_5ForCausalLM", qk_norm=True, output_gate=True, zero_centered_norm=True, refuse=_QWEN3_5,
                  layer_types=_qwen3_5_layers),
+    Architecture("Qwen3_5MoeForCausalLM", qk_norm=True, moe=True, shared_expert=True, output_gate=True,
+                 zero_centered_norm=True, refuse=_QWEN3_5, layer_types=_qwen3_5_layers),
 )}
 
 
@@ -131,6 +140,7 @@ class ModelSpec:
     moe_topk: int = 0
     moe_ffn_hidden_size: int = 0
     norm_topk_prob: bool = True  # the top-k routing weights renormalised to sum to 1
+    shared_expert_ffn_hidden_size: int = 0  # the gated shared expert's width (0: none)
     layer_types: tuple[str, ...] = ()  # each layer's mixer kind (a key of MIXERS); () means every layer attention
     attention_output_gate: bool = False
     zero_centered_norm: bool = False
@@ -183,7 +193,11 @@ def _mlp(spec: ModelSpec) -> tuple[Pair, ...]:
                 Pair("mlp.linear_fc2", ("mlp.down_proj",), "columns"))
     return (Pair("mlp.router", ("mlp.gate",)),
             Pair("mlp.experts.local_experts.{e}.linear_fc1", ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj"), "gate_up"),
-            Pair("mlp.experts.local_experts.{e}.linear_fc2", ("mlp.experts.{e}.down_proj",), "columns"))
+            Pair("mlp.experts.local_experts.{e}.linear_fc2", ("mlp.experts.{e}.down_proj",), "columns")) + (
+            (Pair("mlp.shared_experts.linear_fc1", ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"), "gate_up"),
+             Pair("mlp.shared_experts.linear_fc2", ("mlp.shared_expert.down_proj",), "columns"),
+             Pair("mlp.shared_experts", ("mlp.shared_expert_gate",), megatron_params=("gate_weight",)))
+            if spec.shared_expert_ffn_hidden_size else ())
 
 
 _NORMS = (Pair("input_layernorm", ("input_layernorm",)), Pair("pre_mlp_layernorm", ("post_attention_layernorm",)))
@@ -247,6 +261,7 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         moe_topk=int(config.num_experts_per_tok) if experts else 0,
         moe_ffn_hidden_size=int(config.moe_intermediate_size) if experts else 0,
         norm_topk_prob=bool(getattr(config, "norm_topk_prob", True)),
+        shared_expert_ffn_hidden_size=int(config.shared_expert_intermediate_size) if arch.shared_expert else 0,
         layer_types=() if set(layer_types) == {"attention"} else tuple(layer_types),
         attention_output_gate=arch.output_gate,
         zero_centered_norm=arch.zero_centered_norm,
@@ -270,6 +285,9 @@ def parallel_problems(spec: ModelSpec, tp: int, pp: int, world_size: int | None,
     if spec.ffn_hidden_size % tp and not spec.num_experts:
         problems.append(("tensor_model_parallel_size",
                          f"tensor_model_parallel_size={tp} does not divide the MLP width {spec.ffn_hidden_size}"))
+    if spec.shared_expert_ffn_hidden_size % tp:
+        problems.append(("tensor_model_parallel_size", f"tensor_model_parallel_size={tp} does not divide the shared "
+                                                       f"expert's width {spec.shared_expert_ffn_hidden_size}"))
     if spec.num_experts and spec.moe_ffn_hidden_size % tp:
         problems.append(("tensor_model_parallel_size",
                          f"tensor_model_parallel_size={tp} does not divide the experts' width {spec.moe_ffn_hidden_size}"))
@@ -395,8 +413,8 @@ def hf_to_megatron(
         out["embedding.word_embeddings.weight"] = shard(_pad_rows(hf["model.embed_tokens.weight"], vocab), 0)
     for j, i in enumerate(layer_range(spec, pp_rank, pp)):
         for pair, m, hf_prefixes in _expanded(spec, i, j, ep_rank, ep):
-            for p in pair.params:
-                out[m + p] = fuse(pair.split, [hf[h + p] for h in hf_prefixes])
+            for p, mp in pair.named_params():
+                out[m + mp] = fuse(pair.split, [hf[h + p] for h in hf_prefixes])
     if pp_rank == pp - 1:
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
         if not spec.tied or pp > 1:  # tied on one stage: the output layer reads the embedding itself
@@ -433,8 +451,8 @@ def megatron_to_hf(
     for j, i in enumerate(layer_range(spec, pp_rank, pp)):
         for pair, m, hf_prefixes in _expanded(spec, i, j):
             pieces = {}
-            for p in pair.params:
-                tensor = full[m + p]
+            for p, mp in pair.named_params():
+                tensor = full[m + mp]
                 if pair.split == "qkv":
                     pieces[p] = _split_qkv(spec, tensor)
                 elif pair.split == "gate_up":
