@@ -22,7 +22,13 @@ from megatron.core.transformer.module import MegatronModule
 
 class SdpaAttention(MegatronModule):
     """Causal core attention through `torch.nn.functional.scaled_dot_product_attention`; megatron's
-    `DotProductAttention` interface ([T, B, heads, head_dim] in, [T, B, heads * head_dim] out)."""
+    `DotProductAttention` interface ([T, B, heads, head_dim] in, [T, B, heads * head_dim] out).
+
+    `windows` (a subclass's, from `sliding_windows`) gives each layer (by megatron's global 1-based layer number) a
+    sliding window or None: a query then sees the last `window` positions, itself included, as transformers' sliding
+    attention does; that layer takes an explicit [T, T] mask."""
+
+    windows: tuple[int | None, ...] = ()
 
     def __init__(self, config: Any, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None, **_: Any):
@@ -35,6 +41,7 @@ class SdpaAttention(MegatronModule):
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.grouped = config.num_query_groups != config.num_attention_heads
+        self.window = self.windows[layer_number - 1] if self.windows else None
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
                 attn_mask_type: Any = None, attention_bias: Any = None, packed_seq_params: Any = None,
@@ -43,11 +50,20 @@ class SdpaAttention(MegatronModule):
             raise ValueError("SdpaAttention takes neither packed sequences nor an attention bias")
         T, B = query.shape[0], query.shape[1]
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))  # [B, heads, T, head_dim]
+        mask = None
+        if self.window is not None and self.window < T:
+            i = torch.arange(T, device=q.device)
+            mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - self.window)
         out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.scale, enable_gqa=self.grouped,
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=self.grouped,
             dropout_p=self.dropout if self.training else 0.0,
         )
         return out.permute(2, 0, 1, 3).reshape(T, B, -1)
+
+
+def sliding_windows(windows: tuple[int | None, ...]) -> type:
+    """`SdpaAttention` with a sliding window (or None) per layer."""
+    return type("SlidingSdpaAttention", (SdpaAttention,), {"windows": tuple(windows)})
 
 
 class _SwiGLU(torch.autograd.Function):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -143,11 +144,13 @@ class MegatronTrainEngine(TrainEngine):
 
         s = self.spec
         recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        gelu_tanh = functools.partial(torch.nn.functional.gelu, approximate="tanh")  # transformers' gelu_pytorch_tanh
+        activation = {"silu": torch.nn.functional.silu, "gelu_tanh": gelu_tanh}[s.activation]
         return TransformerConfig(
             num_layers=s.num_layers, hidden_size=s.hidden_size, num_attention_heads=s.num_heads,
             num_query_groups=s.num_kv_heads, kv_channels=s.head_dim, ffn_hidden_size=s.ffn_hidden_size,
             normalization="RMSNorm", layernorm_epsilon=s.norm_eps, gated_linear_unit=True,
-            activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=s.qkv_bias,
+            activation_func=activation, softmax_scale=s.softmax_scale, add_bias_linear=False, add_qkv_bias=s.qkv_bias,
             hidden_dropout=0.0, attention_dropout=0.0, attention_softmax_in_fp32=True,
             qk_layernorm=s.qk_norm, attention_output_gate=s.attention_output_gate, **self._moe_config(),
             **{k: getattr(s, k) for k in LINEAR_KEYS if getattr(s, k)},
@@ -184,19 +187,30 @@ class MegatronTrainEngine(TrainEngine):
         theta = self.spec.rope_theta
         spec = layer_spec(qk_norm=self.spec.qk_norm, num_experts=self.spec.num_experts)
         # causal SDPA needs no mask; another core attention (megatron's local one) takes the [T, T] mask
-        self.causal_mask = spec.submodules.self_attention.submodules.core_attention is not SdpaAttention
-        if self.spec.zero_centered_norm:  # Qwen3.5: its norms, gated attention and linear attention, layer by layer
+        self.causal_mask = not issubclass(spec.submodules.self_attention.submodules.core_attention, SdpaAttention)
+        if self.spec.sandwich_norms:  # Gemma 3: sandwich and (1 + w) norms, sliding windows with their own rotary base
+            from .gemma import gemma_block_spec
+
+            kinds = [self.spec.layer_type(i) for i in range(self.spec.num_layers)]
+            spec = gemma_block_spec(spec, len(mapping.layer_range(self.spec, self.pp_rank, self.pp)), kinds,
+                                    self.spec.sliding_window, self.spec.local_rope_theta)
+        elif self.spec.zero_centered_norm:  # Qwen3.5: its norms, gated attention and linear attention, layer by layer
             from .linear_attention import hybrid_layer_specs
 
             layers = mapping.layer_range(self.spec, self.pp_rank, self.pp)
             spec = hybrid_layer_specs(spec, [self.spec.layer_type(i) for i in layers])
-        return GPTModel(
+        model = GPTModel(
             self.config, spec, vocab_size=self.padded_vocab,
             max_sequence_length=self.spec.max_position_embeddings, pre_process=self.first_stage,
             post_process=self.last_stage, share_embeddings_and_output_weights=self.spec.tied,
             position_embedding_type="rope", rotary_percent=self.spec.rotary_percent,
             rotary_base=int(theta) if float(theta).is_integer() else theta,
         )
+        if self.spec.scaled_embedding and self.first_stage:
+            from .gemma import scale_embeddings
+
+            scale_embeddings(model, self.spec.hidden_size)
+        return model
 
     def _load_hf(self, model: str) -> None:
         """This rank's shard of the Hugging Face weights, into the (unwrapped) GPTModel."""

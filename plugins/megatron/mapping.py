@@ -18,11 +18,14 @@ model.layers.i.), with how it is split over tensor-parallel ranks. The dense att
 | input_layernorm.weight                   | input_layernorm.weight                    | replicated |
 | post_attention_layernorm.weight          | pre_mlp_layernorm.weight                  | replicated |
 
+and with sandwich norms (Gemma 3) post_attention_layernorm -> self_attention.post_layernorm,
+pre_feedforward_layernorm -> pre_mlp_layernorm, post_feedforward_layernorm -> mlp.post_layernorm (`gemma.py`);
 plus `model.embed_tokens.weight` -> `embedding.word_embeddings.weight` (first stage), `model.norm.weight` ->
 `decoder.final_layernorm.weight` and `lm_head.weight` -> `output_layer.weight` (last stage; from the
 embeddings when tied), vocabulary rows padded with zeros to a multiple of the tensor size and trimmed on
 the way back. `j` is the layer's index inside its pipeline stage, `e'` an expert's index inside its expert-parallel
-rank. A layer's block kinds come from `ModelSpec.layer_types` ("attention", or "linear_attention": Qwen3.5's gated
+rank. A layer's block kinds come from `ModelSpec.layer_types` ("attention"; "sliding_attention", Gemma 3's, holds the
+same modules; or "linear_attention": Qwen3.5's gated
 delta-net, whose modules `linear_attention.GatedDeltaNet` names as transformers does, linear_attn.X ->
 self_attention.X, one to one at tensor size 1). With `attention_output_gate` (Qwen3.5) q_proj holds [query; gate] per
 head and linear_qkv [queries; gates; k; v] per group. Everything here is pure tensor code.
@@ -75,6 +78,9 @@ class Architecture:
     shared_expert: bool = False  # beside the routed experts, one always-on expert scaled by sigmoid(a gate)
     output_gate: bool = False  # q_proj holds [query; gate] per head, the attention output times sigmoid(gate)
     zero_centered_norm: bool = False  # every RMSNorm scales by (1 + weight)
+    sandwich_norms: bool = False  # norms on the attention's and the MLP's outputs too (Gemma's post_*_layernorm)
+    scaled_embedding: bool = False  # the embedding output times sqrt(hidden_size)
+    activation: str = "silu"  # the gated MLP's: silu or gelu_tanh
     refuse: tuple[tuple[Callable[[Any], bool], str], ...] = ()
     layer_types: Callable[[Any], tuple[str, ...]] = field(default=lambda c: ("attention",) * c.num_hidden_layers)
 
@@ -89,6 +95,21 @@ _NO_SWA = ((_set("use_sliding_window"), "sliding-window attention is not mapped 
 _MIXED_MOE = ((lambda c: bool(getattr(c, "mlp_only_layers", None)) or getattr(c, "decoder_sparse_step", 1) != 1,
                "dense layers among the MoE layers (mlp_only_layers, decoder_sparse_step != 1) are not mapped"),)
 
+
+
+def _gemma3_layers(config: Any) -> tuple[str, ...]:
+    return tuple("sliding_attention" if t == "sliding_attention" else "attention" for t in config.layer_types)
+
+
+_GEMMA3 = _BIASES[:1] + (
+    (_set("attn_logit_softcapping"), "attn_logit_softcapping is not mapped (it must be null)"),
+    (_set("final_logit_softcapping"), "final_logit_softcapping is not mapped (it must be null)"),
+    (_set("use_bidirectional_attention"), "use_bidirectional_attention is not mapped"),
+    (lambda c: getattr(c, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh",
+     "hidden_activation other than gelu_pytorch_tanh is not mapped"),
+    (lambda c: not set(c.layer_types) <= {"sliding_attention", "full_attention"},
+     "layer_types other than sliding_attention and full_attention are not mapped"),
+)
 
 
 def _qwen3_5_layers(config: Any) -> tuple[str, ...]:
@@ -108,14 +129,9 @@ ARCHITECTURES: dict[str, Architecture] = {a.hf_class: a for a in (
                  layer_types=_qwen3_5_layers),
     Architecture("Qwen3_5MoeForCausalLM", qk_norm=True, moe=True, shared_expert=True, output_gate=True,
                  zero_centered_norm=True, refuse=_QWEN3_5, layer_types=_qwen3_5_layers),
+    Architecture("Gemma3ForCausalLM", qk_norm=True, zero_centered_norm=True, sandwich_norms=True, scaled_embedding=True,
+                 activation="gelu_tanh", refuse=_GEMMA3, layer_types=_gemma3_layers),
 )}
-
-
-# Architectures known not to fit megatron-core's local layer, and why (their users train them with train.engine=hf).
-NOT_MAPPED = {
-    "Gemma3ForCausalLM": "Gemma 3's layers have post-attention and post-MLP norms and per-layer sliding windows "
-                         "with their own rotary base, which megatron-core's local layer spec has no place for",
-}
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,13 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    sandwich_norms: bool = False
+    scaled_embedding: bool = False
+    activation: str = "silu"
+    softmax_scale: float | None = None  # None: head_dim ** -0.5
+    # layers of kind "sliding_attention" (Gemma 3): their window and their rotary embedding's base
+    sliding_window: int = 0
+    local_rope_theta: float = 0.0
 
     @property
     def heads_per_group(self) -> int:
@@ -182,6 +205,7 @@ def _linear_attention(spec: ModelSpec) -> tuple[Pair, ...]:
 
 
 MIXERS: dict[str, Callable[[ModelSpec], tuple[Pair, ...]]] = {"attention": _attention,
+                                                              "sliding_attention": _attention,
                                                               "linear_attention": _linear_attention}
 LINEAR_ATTENTION_TP = ("gated delta-net linear attention (Qwen3.5) runs at tensor_model_parallel_size 1 only; "
                        "set tensor_model_parallel_size: 1 or use train.engine=hf")
@@ -201,11 +225,15 @@ def _mlp(spec: ModelSpec) -> tuple[Pair, ...]:
 
 
 _NORMS = (Pair("input_layernorm", ("input_layernorm",)), Pair("pre_mlp_layernorm", ("post_attention_layernorm",)))
+_SANDWICH_NORMS = (Pair("input_layernorm", ("input_layernorm",)),
+                   Pair("self_attention.post_layernorm", ("post_attention_layernorm",)),
+                   Pair("pre_mlp_layernorm", ("pre_feedforward_layernorm",)),
+                   Pair("mlp.post_layernorm", ("post_feedforward_layernorm",)))
 
 
 def layer_pairs(spec: ModelSpec, i: int) -> tuple[Pair, ...]:
     """Global layer `i`'s table, in Hugging Face's `named_parameters` order: mixer, MLP, norms."""
-    return MIXERS[spec.layer_type(i)](spec) + _mlp(spec) + _NORMS
+    return MIXERS[spec.layer_type(i)](spec) + _mlp(spec) + (_SANDWICH_NORMS if spec.sandwich_norms else _NORMS)
 
 
 def _refuse(message: str) -> ConfigError:
@@ -217,9 +245,6 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
     configuration the mapping does not express."""
     archs = list(getattr(config, "architectures", None) or [])
     name = next((a for a in archs if a in ARCHITECTURES), None)
-    known = next((a for a in archs if a in NOT_MAPPED), None)
-    if name is None and known is not None:
-        raise _refuse(f"architecture {known} is not mapped to megatron-core: {NOT_MAPPED[known]}; use train.engine=hf")
     if name is None:
         raise _refuse(
             f"architecture {', '.join(archs) or type(config).__name__} has no Hugging Face <-> megatron mapping; "
@@ -227,10 +252,14 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         )
     arch = ARCHITECTURES[name]
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, Mapping) else "default"
+    # Gemma 3: a rotary embedding per layer kind, {"full_attention": {...}, "sliding_attention": {...}}
+    local_rope = rope.get("sliding_attention") if isinstance(rope, Mapping) else None
+    rope = rope.get("full_attention", rope) if isinstance(rope, Mapping) else rope
     problems = []
-    if rope_type not in ("default", None):
-        problems.append(("model", f"rope_type {rope_type!r} is not mapped (only the default rotary embedding)"))
+    for params in (rope, local_rope):
+        rope_type = params.get("rope_type", params.get("type", "default")) if isinstance(params, Mapping) else "default"
+        if rope_type not in ("default", None):
+            problems.append(("model", f"rope_type {rope_type!r} is not mapped (only the default rotary embedding)"))
     problems += [("model", f"{name}: {message}") for refused, message in arch.refuse if refused(config)]
     if problems:
         raise ConfigError("megatron engine: " + "; ".join(m for _, m in problems), problems)
@@ -267,6 +296,12 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         zero_centered_norm=arch.zero_centered_norm,
         rotary_percent=float(rotary or getattr(config, "partial_rotary_factor", None) or 1.0),
         **linear,
+        sandwich_norms=arch.sandwich_norms,
+        scaled_embedding=arch.scaled_embedding,
+        activation=arch.activation,
+        softmax_scale=float(config.query_pre_attn_scalar) ** -0.5 if hasattr(config, "query_pre_attn_scalar") else None,
+        sliding_window=int(config.sliding_window) if "sliding_attention" in layer_types else 0,
+        local_rope_theta=float(local_rope["rope_theta"]) if isinstance(local_rope, Mapping) else 0.0,
     )
 
 

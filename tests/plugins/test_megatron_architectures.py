@@ -1,6 +1,8 @@
-"""Every architecture `mapping.ARCHITECTURES` declares beyond Qwen2 and Llama (`test_megatron_engine.py`), on the
-megatron engine on the CPU (one worker, float32): weights in and out bitwise, an export transformers loads,
-log-probs and train steps equal transformers' and the hf engine's, GRPO; and what it refuses, before any device."""
+"""Every architecture `mapping.ARCHITECTURES` declares beyond Qwen2 and Llama (`test_megatron_engine.py`) and Qwen3.5
+(`test_megatron_linear_attention.py`), on the megatron engine on the CPU (one worker, float32): weights in and out
+bitwise, an export transformers loads, log-probs and train steps equal transformers' and the hf engine's, GRPO; and
+what it refuses, before any device. Every norm weight is drawn at random (a fresh model's are ones or zeros, which
+would hide a norm read as x * w where it is x * (1 + w)), and rows run past Gemma 3's sliding window of 16."""
 
 from __future__ import annotations
 
@@ -15,20 +17,48 @@ from rlcore.testing import build_tiny_model
 
 pytest.importorskip("megatron.core")
 
-NEW = ("qwen2_untied", "mistral", "qwen3", "qwen3_moe")
+NEW = ("qwen2_untied", "mistral", "qwen3", "qwen3_moe", "gemma3")
+
+
+def _with_random_norms(path, out):
+    """`path`'s model with every norm weight drawn at random, saved to `out` (the tokenizer beside it)."""
+    import shutil
+
+    model = _hf_model(path)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(0.3 * torch.randn(param.shape, generator=g))
+    model.save_pretrained(out)
+    for file in path.iterdir():
+        if file.name.startswith("tokenizer") or file.name == "generation_config.json":
+            shutil.copy(file, out / file.name)
+    return out
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("archs")
-    return {arch: build_tiny_model(root / arch, arch=arch, num_layers=2, seed=3) for arch in (*NEW, "gemma3")}
+    return {arch: _with_random_norms(build_tiny_model(root / arch, arch=arch, num_layers=2, seed=3), root / f"{arch}-n")
+            for arch in NEW}
 
 
-def _batch(seed: int = 0, rows: int = 4, width: int = 12) -> Batch:
+def _changed(path, out, **keys):
+    """A copy of the model at `path` in `out` whose config.json has `keys` changed."""
+    import shutil
+
+    shutil.copytree(path, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, **keys}))
+    return out
+
+
+def _batch(seed: int = 0, rows: int = 4, width: int = 24) -> Batch:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 260, (rows, width), generator=g)
     mask = torch.ones_like(ids)
-    mask[1, 8:] = 0
+    mask[1, 19:] = 0
     mask[3, 5:] = 0
     completion = mask.clone()
     completion[:, :3] = 0
@@ -81,18 +111,32 @@ def test_weights_log_probs_and_export_equal_transformers(checkpoints, arch, tmp_
         assert torch.equal(again(input_ids=ids, attention_mask=mask).logits, expected)
 
 
+def test_gemma_3s_sliding_window_and_local_rotary_base_count(checkpoints, tmp_path):
+    """The Gemma 3 test above tells a sliding window from none and the local rotary base from the global one:
+    transformers' log-probs move with either, on rows longer than the window."""
+    from rlcore.plugins.hf.common import model_outputs
+
+    batch = _batch(seed=4)
+    config = json.loads((checkpoints["gemma3"] / "config.json").read_text())
+    variants = {"as built": {}, "no window": {"sliding_window": 1024},
+                "one base": {"rope_parameters": {kind: config["rope_parameters"]["full_attention"]
+                                                 for kind in ("full_attention", "sliding_attention")}}}
+    got = {}
+    for name, change in variants.items():
+        path = _changed(checkpoints["gemma3"], tmp_path / name.replace(" ", "-"), **change)
+        with torch.no_grad():
+            got[name] = model_outputs(_hf_model(path), batch["input_ids"], batch["attention_mask"], 1.0).logprobs()
+    assert (got["as built"] - got["no window"]).abs().max() > 1e-3
+    assert (got["as built"] - got["one base"]).abs().max() > 1e-3
+
+
 def test_unnormalised_top_k_routing_equals_transformers(checkpoints, tmp_path):
     """Qwen3-MoE with norm_topk_prob false: the top-k softmax weights as they are (megatron's
     moe_router_pre_softmax), not renormalised; the log-probs are transformers'."""
-    import shutil
-
     from rlcore.plugins.hf.common import model_outputs
     from rlcore.plugins.megatron import make_forward_engine
 
-    path = tmp_path / "unnormalised"
-    shutil.copytree(checkpoints["qwen3_moe"], path)
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "norm_topk_prob": False}))
+    path = _changed(checkpoints["qwen3_moe"], tmp_path / "unnormalised", norm_topk_prob=False)
     batch = _batch(seed=2)
     engine = make_forward_engine(model=str(path))
     assert engine.config.moe_router_pre_softmax
@@ -128,7 +172,7 @@ def test_train_steps_equal_the_hf_engine(checkpoints, arch):
                                atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["qwen2_untied", "mistral", "qwen3"])
+@pytest.mark.parametrize("arch", ["qwen2_untied", "mistral", "qwen3", "gemma3"])
 def test_grpo_on_the_megatron_engine_runs_like_the_hf_engine(checkpoints, arch, tmp_path):
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
@@ -152,12 +196,17 @@ def test_grpo_on_the_megatron_engine_runs_like_the_hf_engine(checkpoints, arch, 
 # -- refused before any device: the engine's own check, as `rlcore config validate` runs it -----------------------
 
 
-def test_the_engine_check_names_architecture_and_parallel_problems(checkpoints):
+def test_the_engine_check_names_architecture_and_parallel_problems(checkpoints, tmp_path):
     engines = load_plugins().engines
     check = engines.get("megatron", kind="train").check
-    gemma = [m for _, m in check(model=str(checkpoints["gemma3"]))]
-    assert len(gemma) == 1 and gemma[0].startswith("architecture Gemma3ForCausalLM is not mapped to megatron-core")
-    assert gemma[0].endswith("use train.engine=hf")
+    phi = _changed(checkpoints["qwen3"], tmp_path / "phi", architectures=["Phi3ForCausalLM"], model_type="phi3")
+    assert [m for _, m in check(model=str(phi))] == [
+        "architecture Phi3ForCausalLM has no Hugging Face <-> megatron mapping; supported: Qwen2ForCausalLM, "
+        "LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM, "
+        "Qwen3_5MoeForCausalLM, Gemma3ForCausalLM (use train.engine=hf for others)"]
+    capped = _changed(checkpoints["gemma3"], tmp_path / "capped", final_logit_softcapping=30.0)
+    assert [m for _, m in check(model=str(capped))] == [
+        "Gemma3ForCausalLM: final_logit_softcapping is not mapped (it must be null)"]
     assert check(model=str(checkpoints["qwen3_moe"]), tensor_model_parallel_size=2, pipeline_model_parallel_size=2) == []
     problems = check(model=str(checkpoints["qwen3_moe"]), tensor_model_parallel_size=3, expert_model_parallel_size=3,
                      pipeline_model_parallel_size=4)
@@ -178,9 +227,11 @@ def test_config_validate_reports_an_unmapped_architecture(checkpoints, tmp_path,
 
     config = tmp_path / "grpo.yaml"
     config.write_text("train:\n  engine: megatron\n")
-    assert main(["config", "validate", "--plugin", "grpo", "--config", str(config), f"model={checkpoints['gemma3']}"]) == 2
+    phi = _changed(checkpoints["qwen3"], tmp_path / "phi", architectures=["Phi3ForCausalLM"], model_type="phi3")
+    assert main(["config", "validate", "--plugin", "grpo", "--config", str(config), f"model={phi}"]) == 2
     err = capsys.readouterr().err
-    assert "Gemma3ForCausalLM is not mapped to megatron-core" in err and "use train.engine=hf" in err
+    assert "model: architecture Phi3ForCausalLM has no Hugging Face <-> megatron mapping" in err
+    assert "use train.engine=hf" in err
     assert main(["config", "validate", "--plugin", "grpo", "--config", str(config), f"model={checkpoints['qwen3_moe']}",
                  "train.engine_kwargs.expert_model_parallel_size=3"]) == 2
     assert "expert_model_parallel_size=3 does not divide the model's 4 experts" in capsys.readouterr().err

@@ -114,7 +114,7 @@ def test_parallel_problems_name_what_does_not_divide():
 
 # -- every declared architecture, from a real tiny checkpoint --------------------------------------------------
 
-MAPPED = ("qwen2", "qwen2_untied", "llama", "mistral", "qwen3", "qwen3_moe")
+MAPPED = ("qwen2", "qwen2_untied", "llama", "mistral", "qwen3", "qwen3_moe", "gemma3")
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def checkpoints(tmp_path_factory):
     from rlcore.testing import build_tiny_model
 
     root = tmp_path_factory.mktemp("archs")
-    return {arch: build_tiny_model(root / arch, arch=arch, num_layers=2) for arch in (*MAPPED, "gemma3")}
+    return {arch: build_tiny_model(root / arch, arch=arch, num_layers=2) for arch in MAPPED}
 
 
 def _hf_config(path):
@@ -184,8 +184,15 @@ def test_declarations_name_what_each_architecture_adds(checkpoints):
 
 def test_configurations_the_declarations_refuse_are_named(checkpoints):
     gemma = _hf_config(checkpoints["gemma3"])
-    with pytest.raises(ConfigError, match=r"architecture Gemma3ForCausalLM is not mapped to megatron-core: .*post-attention "
-                                          r"and post-MLP norms.*; use train.engine=hf"):
+    spec = mapping.spec_from_hf_config(gemma)
+    assert spec.layer_types == ("sliding_attention", "attention") and spec.sliding_window == 16
+    assert (spec.rope_theta, spec.local_rope_theta, spec.softmax_scale) == (1e6, 1e4, 0.25)
+    assert {p.hf[0] for p in mapping.layer_pairs(spec, 0) if "norm" in p.hf[0]} >= {
+        "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"}
+    gemma.final_logit_softcapping = 30.0
+    gemma.rope_parameters["full_attention"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
+    with pytest.raises(ConfigError, match=r"rope_type 'linear' is not mapped .*; Gemma3ForCausalLM: "
+                                          r"final_logit_softcapping is not mapped"):
         mapping.spec_from_hf_config(gemma)
     windowed = _hf_config(checkpoints["mistral"])
     windowed.sliding_window = 4096
