@@ -72,8 +72,11 @@ def ratios_of(d: dict, depth: int = 0) -> list[str]:
             out.append(f"{key}: {fmt(value)}")
         elif is_ratio and isinstance(value, dict):
             prefix = "" if key == "ratios" else f"{key} "
-            out += [f"{prefix}{sub}: {fmt(v)}" for sub, v in value.items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and sub != "raw"]
+            for sub, v in value.items():
+                if isinstance(v, dict) and "median" in v:  # a spread over rounds per side
+                    out.append(f"{prefix}{sub}: " + spread_text(v["median"], v.get("min"), v.get("max"), v.get("per_round")))
+                elif isinstance(v, (int, float)) and not isinstance(v, bool) and sub != "raw":
+                    out.append(f"{prefix}{sub}: {fmt(v)}")
         elif is_ratio and isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             for row in value:  # e.g. [{engine, train_x_hf, peak_x_hf, met}]
                 label = row.get("engine") or row.get("name") or row.get("side") or "row"

@@ -54,6 +54,11 @@ def test_old_and_new_result_shapes_and_the_latest_run(tmp_path):
     write("dtype_gpu-2026-12-04-nvidia-h200.json",
           {"kind": "nvidia-h200", "date": "2026-12-04", "commit": "fedcba9", "example": "examples/ray/grpo/colocate.yaml",
            "ratio_auto_over_float32": [0.61, 0.66], "median_ratio": 0.635, "spread": [0.61, 0.66]})
+    write("gkd_gpu-2026-12-04-nvidia-h200.json",
+          {"kind": "nvidia-h200", "date": "2026-12-04", "commit": "1234567", "targets_base": "trl",
+           "sides": {"trl": {"tokens_per_s": 100.0}, "full": {"tokens_per_s": 150.0}},
+           "ratios": {"full": {"per_round": [1.4, 1.6], "median": 1.5, "min": 1.4, "max": 1.6, "rounds": 2}},
+           "targets": {"full": "median >= 1.5"}, "met": {"full": True}})
     write("sft_cpu.json", {"rlcore_step_s": 0.5, "ratio_step": 0.988, "steps": 23, "warmup": 3,
                            "environment": {"cpu_count": 2}, "date": "2026-12-01 00:00:26"})
     (results / "notes.txt").write_text("not a result")
@@ -65,6 +70,8 @@ def test_old_and_new_result_shapes_and_the_latest_run(tmp_path):
     assert "0.43 (spread 0.41-0.45 over 3 rounds: 0.41, 0.45, 0.43)" in grpo and "| met |" in grpo
     dtype = latest["[dtype_gpu](#dtype_gpu)"]
     assert "auto over float32 (median): 0.635 (spread 0.61-0.66 over 2 rounds: 0.61, 0.66)" in dtype
+    gkd = latest["[gkd_gpu](#gkd_gpu)"]
+    assert "full: 1.5 (spread 1.4-1.6 over 2 rounds: 1.4, 1.6)" in gkd and "full: met" in gkd
     assert "ratio_step: 0.988" in latest["[sft_cpu](#sft_cpu)"] and "CPU, 2 cores" in latest["[sft_cpu](#sft_cpu)"]
     assert "example examples/ray/grpo/colocate.yaml" in text
     assert "[notes.txt](results/notes.txt)" in text
