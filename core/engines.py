@@ -39,7 +39,8 @@ class OptimizerOptions:
 
     One object, built from the run's keys (`from_config`) and handed to the engine as `optimizer=`, so an
     optimizer key added here and in `rlcore.sections.OptimizerKeys` reaches every engine and algorithm.
-    `max_steps` is the schedule's length (0: none, for a constant schedule).
+    `max_steps` is the schedule's length (0: none, for a constant schedule); `min_lr` the learning rate the cosine
+    schedule decays to (Megatron's and ms-swift's name; 0: to zero).
     """
 
     learning_rate: float = 1e-6
@@ -51,6 +52,7 @@ class OptimizerOptions:
     lr_scheduler_type: str = "constant"
     warmup_steps: int = 0
     max_steps: int = 0
+    min_lr: float = 0.0
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -92,6 +94,10 @@ class OptimizerOptions:
         need(isinstance(self.max_steps, int) and self.max_steps >= 0, "max_steps", "must be an int >= 0")
         if self.lr_scheduler_type in ("cosine", "linear"):
             need(self.max_steps > 0, "max_steps", f"must be > 0 for lr_scheduler_type={self.lr_scheduler_type!r}")
+        need(0 <= self.min_lr <= self.learning_rate, "min_lr", f"must be in [0, learning_rate={self.learning_rate!r}]")
+        need(not self.min_lr or self.lr_scheduler_type == "cosine", "min_lr",
+             f"is the floor of the cosine schedule, but lr_scheduler_type is {self.lr_scheduler_type!r}; set "
+             "lr_scheduler_type cosine, or min_lr 0")
         return problems
 
 

@@ -2,7 +2,9 @@
 `swift sft`, `swift sample`) runs as it is.
 
 `translate(data, model)` rewrites a config (a YAML file with its overrides applied) for the algorithm config
-`model`. Each ms-swift key that an algorithm does not have itself is either *mapped* onto the rlcore key that
+`model`. A `megatron rlhf` config (`rlhf_type` with Megatron's own keys: `micro_batch_size`, `train_iters`,
+`tensor_model_parallel_size`, ...) trains on rlcore's megatron engine, with its LoRA, parallel sizes, recomputation
+and schedule. Each ms-swift key that an algorithm does not have itself is either *mapped* onto the rlcore key that
 means the same (`micro_batch_size` -> `per_device_train_batch_size`), *noted* when rlcore needs nothing for it
 (a Megatron kernel fusion, an attention kernel, `deepspeed: zero3`, whose steps DDP takes too), or *refused*
 with a one-line reason (`finetune: false`: rlcore continues its own runs with --resume). None is dropped without
@@ -39,11 +41,20 @@ TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout",
 MOVED_BY_TUNING = ("tuner_type", "train_type", "target_modules", "recompute_granularity")  # rewritten in train
 ZERO_STAGES = ("zero0", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")  # ms-swift's `deepspeed` names
 LR_SCHEDULES = {"constant": "constant", "linear": "linear", "cosine": "cosine"}
+# keys only Megatron's arguments have: with rlhf_type they mark a `megatron rlhf` config, which trains on Megatron
+MEGATRON_ONLY = (
+    "micro_batch_size", "global_batch_size", "train_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "expert_model_parallel_size", "context_parallel_size", "sequence_parallel", "recompute_granularity",
+    "lr_warmup_fraction", "lr_warmup_iters", "lr_decay_style", "min_lr", "finetune",
+)
+MS_SWIFT_LORA_DROPOUT = 0.05  # ms-swift's lora_dropout default (Megatron's and transformers' tuners alike)
 # ms-swift features rlcore does not have (its newer examples use them): refused with the reason, not "unknown"
 NOT_BUILT = {
     "multi_turn_scheduler": "multi-turn rollouts (a scheduler between turns) are not built in rlcore; its rollouts are "
                             "one completion per prompt",
     "max_turns": "multi-turn rollouts are not built in rlcore (see multi_turn_scheduler)",
+    "use_gym_env": "multi-turn rollouts in a gym environment are not built in rlcore (see multi_turn_scheduler)",
+    "gym_env": "multi-turn rollouts in a gym environment are not built in rlcore (see multi_turn_scheduler)",
     "teacher_kl_coef": "on-policy distillation inside GRPO (a teacher KL term) is not built; rlhf_type gkd distils "
                        "from a teacher",
     "teacher_model": "a teacher in GRPO is ms-swift's on-policy distillation, which is not built here; rlhf_type gkd "
@@ -54,6 +65,9 @@ NOT_BUILT = {
     "enable_thinking": "rlcore applies the tokenizer's chat template with its defaults; put the template's switch "
                        "in your rows or template, and drop the key",
 }
+# keys of one feature refused with it, in the first key's line: what does not run, once
+NOT_BUILT_WITH = {"multi_turn_scheduler": ("max_turns", "use_gym_env", "gym_env"),
+                  "teacher_kl_coef": ("teacher_model", "offload_teacher_model")}
 
 
 @dataclass
@@ -111,6 +125,10 @@ def _row_count(dataset: str) -> int | None:
         return None
 
 
+def _path(section: str | None, key: str) -> str:
+    return f"{section}.{key}" if section else key
+
+
 def _as_list(value: Any) -> list[Any]:
     return [value] if isinstance(value, str) else list(value or ())
 
@@ -123,6 +141,8 @@ class _Translator:
         self.sections = {n: m for n in model.model_fields if (m := _section_model(model, n)) is not None}
         self.out = Translation(self.data)
         self.batch_from_megatron = "global_batch_size" in self.data
+        self.rlhf_type = self.data.get("rlhf_type")
+        self.megatron = False  # a `megatron rlhf` config (see `engine`)
 
     # -- small verbs -------------------------------------------------------------------------------------
 
@@ -168,6 +188,7 @@ class _Translator:
         self.launch()
         trl_keys(self)
         self.role_sections()
+        self.engine()
         self.tuning()
         self.parallelism()
         self.batch()
@@ -196,6 +217,21 @@ class _Translator:
             if self.foreign("output_dir", name):
                 self.put(f"{name}.output_dir", "output_dir", self.take("output_dir", name))
 
+    def engine(self) -> None:
+        """ms-swift's `megatron rlhf` (rlhf_type with Megatron's keys) trains on Megatron: the train role's engine is
+        megatron, unless the config names one."""
+        nodes = [self.data, *(node for node in self.data.values() if isinstance(node, dict))]
+        self.megatron = self.rlhf_type is not None and any(k in node for node in nodes for k in MEGATRON_ONLY)
+        train = self.data.setdefault("train", {}) if self.megatron and "train" in self.sections else None
+        if isinstance(train, dict) and "engine" not in train:
+            train["engine"] = "megatron"
+            self.out.mapped.append(f"rlhf_type: {self.rlhf_type!r} with Megatron's keys (megatron rlhf) -> "
+                                   "train.engine: 'megatron'")
+
+    def train_engine(self) -> str | None:
+        train = self.data.get("train")
+        return train.get("engine") if isinstance(train, dict) else None
+
     def tuning(self) -> None:
         """LoRA, recomputation and dtype: top-level keys where the algorithm has them there (sft), else the
         train section's (grpo, gkd), where ms-swift's Ray roles put them too."""
@@ -214,6 +250,10 @@ class _Translator:
             if tuner in ("lora", "lora_llm"):
                 rank = node.get("lora_rank", 8)  # ms-swift's default rank
                 self.put(f"tuner_type: {tuner}", "lora_rank", rank, where)
+                dropout = (self.sections[where] if where else self.model).model_fields.get("lora_dropout")
+                if dropout is not None and dropout.default != MS_SWIFT_LORA_DROPOUT and "lora_dropout" not in node:
+                    self.put(f"tuner_type: {tuner} (ms-swift's default lora_dropout)", "lora_dropout",
+                             MS_SWIFT_LORA_DROPOUT, where)
             elif tuner == "full":
                 self.put("tuner_type: full", "lora_rank", 0, where)
             else:
@@ -223,6 +263,9 @@ class _Translator:
         if self.foreign("recompute_granularity", where):
             granularity = self.take("recompute_granularity", where)
             self.put(f"recompute_granularity: {granularity}", "gradient_checkpointing", granularity != "none", where)
+            if granularity == "selective":
+                self.note("recompute_granularity", granularity, "Megatron recomputes the attention core only; rlcore's "
+                          "engines recompute each whole layer: less memory, more time, the same result")
         self.dtype()
 
     def dtype(self) -> None:
@@ -238,21 +281,38 @@ class _Translator:
                     self.put("torch_dtype", "dtype", value, name)
 
     def parallelism(self) -> None:
+        """Megatron's parallel sizes: tensor and pipeline are the train role's (at the top, as `megatron rlhf`
+        without Ray takes them, too); expert parallelism is the megatron engine's option; context parallelism is
+        not built."""
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            if self.foreign(key) and "train" in self.sections:
+                self.put(key, key, self.take(key), "train")
         for where in [None, *self.sections]:
-            for key, what in (("context_parallel_size", "context"), ("expert_model_parallel_size", "expert")):
-                if not self.foreign(key, where):
-                    continue
-                size = self.take(key, where)
-                path = f"{where}.{key}" if where else key
+            if self.foreign("expert_model_parallel_size", where):
+                self.expert(_path(where, "expert_model_parallel_size"), self.take("expert_model_parallel_size", where),
+                            where in (None, "train"))
+            if self.foreign("context_parallel_size", where):
+                size = self.take("context_parallel_size", where)
                 if size == 1:
-                    self.note(path, size, f"no {what} parallelism, as rlcore runs")
+                    self.note(_path(where, "context_parallel_size"), size, "no context parallelism, as rlcore runs")
                 else:
-                    self.refuse(path, f"is {size}, but rlcore's engines have no {what} parallelism; use 1 (split "
-                                "the model with tensor_model_parallel_size / pipeline_model_parallel_size)")
+                    self.refuse(_path(where, "context_parallel_size"), f"is {size}, but context parallelism (a sequence "
+                                "split over GPUs) is not built in rlcore's engines; use 1")
             if self.foreign("sequence_parallel", where):
-                self.note(f"{where}.sequence_parallel" if where else "sequence_parallel",
-                          self.take("sequence_parallel", where),
+                self.note(_path(where, "sequence_parallel"), self.take("sequence_parallel", where),
                           "Megatron's split of activations over tensor ranks saves memory only; the result is the same")
+
+    def expert(self, path: str, size: Any, train: bool) -> None:
+        """`expert_model_parallel_size`: the megatron train engine's option (its MoE layers check it)."""
+        if size == 1:
+            self.note(path, size, "no expert parallelism, megatron's default")
+        elif train and self.train_engine() == "megatron":
+            kwargs = self.data["train"].setdefault("engine_kwargs", {})
+            kwargs.setdefault("expert_model_parallel_size", size)
+            self.out.mapped.append(f"{path} -> train.engine_kwargs.expert_model_parallel_size: {size!r}")
+        else:
+            self.refuse(path, f"is {size}, but only the megatron train engine has expert parallelism (train.engine "
+                        f"is {self.train_engine() or 'hf'!r}); use 1, or train.engine megatron")
 
     # -- batch and schedule --------------------------------------------------------------------------------
 
@@ -328,14 +388,21 @@ class _Translator:
                 self.warmup(key, self.take(key))
         if self.foreign("lr_warmup_iters"):
             self.put("lr_warmup_iters", "warmup_steps", self.take("lr_warmup_iters"))
+        if self.foreign("min_lr"):
+            self.refuse("min_lr", "has no meaning here: this algorithm has no learning-rate schedule")
+        style, source = None, "lr_decay_style"
         if self.foreign("lr_decay_style"):
             style = self.take("lr_decay_style")
-            if style in LR_SCHEDULES:
-                self.put("lr_decay_style", "lr_scheduler_type", LR_SCHEDULES[style])
-            else:
-                self.refuse("lr_decay_style", f"'{style}' is not one of rlcore's schedules ({', '.join(LR_SCHEDULES)})")
-        if self.foreign("min_lr"):
-            self.min_lr(self.take("min_lr"))
+        elif self.megatron and "lr_scheduler_type" in self.own and "lr_scheduler_type" not in self.data:
+            style, source = "cosine", "lr_decay_style (Megatron's default, cosine)"
+        if self.flat_schedule():
+            if style is not None and source == "lr_decay_style":
+                self.note("lr_decay_style", style, "min_lr = lr: the learning rate stays at lr, whatever the style")
+            return
+        if style in LR_SCHEDULES:
+            self.put(source, "lr_scheduler_type", LR_SCHEDULES[style])
+        elif style is not None:
+            self.refuse("lr_decay_style", f"'{style}' is not one of rlcore's schedules ({', '.join(LR_SCHEDULES)})")
 
     def epochs(self, epochs: Any) -> None:
         """An algorithm counting optimizer steps (grpo, gkd) runs the steps the epochs take, where the
@@ -346,8 +413,12 @@ class _Translator:
             return
         rows = self.rows()
         per_step = self.data.get("per_device_train_batch_size", 1)
-        dp, _ = self.data_parallel()
+        dp, how = self.data_parallel()
         accumulation = self.data.get("gradient_accumulation_steps", 1)
+        if dp is None and rows is not None:
+            self.refuse("num_train_epochs", f"cannot become max_steps: the data-parallel size is not known ({how}); "
+                        "set max_steps (ms-swift's train_iters)")
+            return
         if rows is None or dp is None or not isinstance(epochs, (int, float)):
             self.refuse("num_train_epochs", "cannot become max_steps: the dataset's size is unknown here (no local "
                         "dataset file); set max_steps (ms-swift's train_iters), or dataset: FILE#N (its first N rows)")
@@ -366,18 +437,15 @@ class _Translator:
             steps = self.data.get("max_steps", self.model.model_fields["max_steps"].default)
             self.put(f"{key}: {fraction} of {steps} steps", "warmup_steps", round(fraction * steps))
 
-    def min_lr(self, low: Any) -> None:
-        lr = self.data.get("learning_rate", self.data.get("lr"))
-        if lr is not None and low == lr:
-            self.put(f"min_lr: {low} (= lr)", "lr_scheduler_type", "constant")
-        elif low == 0:
-            self.put("min_lr: 0", "lr_scheduler_type", self.data.get("lr_scheduler_type", "cosine"))
-        elif "trainer_kwargs" in self.own:  # transformers' schedule with a floor
-            self.put(f"min_lr: {low}", "lr_scheduler_type", "cosine_with_min_lr")
-            self.data.setdefault("trainer_kwargs", {}).setdefault("lr_scheduler_kwargs", {})["min_lr"] = low
-        else:
-            self.refuse("min_lr", f"({low}) is neither 0 nor lr ({lr}); rlcore's schedules decay to 0 (cosine, "
-                        "linear) or stay constant")
+    def flat_schedule(self) -> bool:
+        """Megatron's `min_lr` equal to `lr` without warm-up: a constant learning rate, said as rlcore's constant
+        schedule (min_lr below lr stays: the floor the cosine schedule decays to)."""
+        low, lr = self.data.get("min_lr"), self.data.get("learning_rate", self.data.get("lr"))
+        if not self.megatron or low is None or low != lr or self.data.get("warmup_steps"):
+            return False
+        self.data.pop("min_lr")
+        self.put(f"min_lr: {low} (= lr)", "lr_scheduler_type", "constant")
+        return True
 
     # -- vLLM ---------------------------------------------------------------------------------------------
 
@@ -597,6 +665,17 @@ class _Translator:
         if self.foreign("external_plugins"):
             self.refuse("external_plugins", "ms-swift plugin files register with ms-swift; in rlcore name a reward "
                         "as module:function in reward_funcs, or load a plugin with --with FILE")
+        if self.foreign("dataloader_num_workers"):
+            self.note("dataloader_num_workers", self.take("dataloader_num_workers"), "the driver reads the prompts; "
+                      "speed only")
+        if self.foreign("log_completions"):
+            self.note("log_completions", self.take("log_completions"), "rlcore logs each step's metrics "
+                      "(metrics.jsonl), not the completions' text")
         for key, why in NOT_BUILT.items():
-            if self.foreign(key):
-                self.refuse(key, why)
+            if not self.foreign(key):
+                continue
+            value = self.take(key)
+            along = [k for k in NOT_BUILT_WITH.get(key, ()) if self.foreign(k)]
+            for companion in along:
+                self.take(companion)
+            self.refuse(key, f"{value!r}" + (f" (with {', '.join(along)})" if along else "") + f": {why}")

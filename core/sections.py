@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field, model_validator
 from pydantic.fields import FieldInfo
 
-from .config import BaseConfig, RoleConfig, RunConfig
+from .config import BaseConfig, ConfigProblems, RoleConfig, RunConfig
 from .engines import OptimizerOptions
 from .errors import RlcoreError
 
@@ -43,6 +43,24 @@ class OptimizerKeys(BaseConfig):
     max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0: off)")
     lr_scheduler_type: Literal["constant", "cosine", "linear"] = Field("constant", description="learning-rate schedule")
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
+    min_lr: float = Field(
+        0.0, ge=0, description="the learning rate the cosine schedule decays to (Megatron's and ms-swift's min_lr); 0: to zero"
+    )
+
+    @model_validator(mode="after")
+    def _min_lr_floors_the_cosine(self) -> OptimizerKeys:
+        if not self.min_lr:
+            return self
+        problems = []
+        if self.min_lr > self.learning_rate:
+            problems.append(("min_lr", f"({self.min_lr}) is above learning_rate ({self.learning_rate}); the schedule "
+                             "decays from learning_rate to min_lr"))
+        if self.lr_scheduler_type not in ("cosine", "cosine_with_min_lr"):
+            problems.append(("min_lr", f"({self.min_lr}) is the floor of the cosine schedule, but lr_scheduler_type is "
+                             f"{self.lr_scheduler_type!r}; set lr_scheduler_type cosine, or min_lr 0"))
+        if problems:
+            raise ConfigProblems(problems)
+        return self
 
 
 class CheckpointKeys(BaseConfig):

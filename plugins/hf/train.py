@@ -152,9 +152,10 @@ class HFTrainEngine(TrainEngine):
         )
         from transformers import get_scheduler
 
+        floor = opt.min_lr and opt.lr_scheduler_type == "cosine"  # Megatron's cosine to min_lr is transformers' this
         self.scheduler = get_scheduler(
-            opt.lr_scheduler_type, self.optimizer, num_warmup_steps=opt.warmup_steps,
-            num_training_steps=opt.max_steps or None,
+            "cosine_with_min_lr" if floor else opt.lr_scheduler_type, self.optimizer, num_warmup_steps=opt.warmup_steps,
+            num_training_steps=opt.max_steps or None, scheduler_specific_kwargs={"min_lr": opt.min_lr} if floor else None,
         )
 
     # ------------------------------------------------------------------ forward-only passes

@@ -276,7 +276,7 @@ class MegatronTrainEngine(TrainEngine):
         self.model = model.eval()
         warmup = 0 if o["lr_scheduler_type"] == "constant" else o["warmup_steps"]
         self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0, max_lr=o["learning_rate"], min_lr=0.0, lr_warmup_steps=warmup,
+            self.optimizer, init_lr=0.0, max_lr=o["learning_rate"], min_lr=o["min_lr"], lr_warmup_steps=warmup,
             lr_decay_steps=max(o["max_steps"], warmup + 1), lr_decay_style=DECAY_STYLES[o["lr_scheduler_type"]],
             start_wd=o["weight_decay"], end_wd=o["weight_decay"], wd_incr_steps=max(o["max_steps"], 1),
             wd_incr_style="constant",

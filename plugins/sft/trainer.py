@@ -92,6 +92,8 @@ class LMTrainer(RoleTrainer):
             model, data = demo_paths(cfg.output_dir, self.kind)
         args = {k: getattr(cfg, k) for k in PASSED}
         args["max_steps"] = cfg.max_steps or -1
+        if cfg.min_lr:  # the cosine schedule's floor: transformers' cosine_with_min_lr
+            args.update(lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": cfg.min_lr})
         if self.kind == "sft":
             args.update({k: getattr(cfg, k) for k in SFT_PASSED})
         args.update(cfg.trainer_kwargs)

@@ -156,6 +156,28 @@ def test_cross_field_problems_are_reported_under_their_own_keys():
     assert "(top level)" not in str(err.value) and "output_dir" not in str(err.value)  # no dump of the input
 
 
+def test_min_lr_is_the_floor_of_the_cosine_schedule_and_reaches_the_engines():
+    """Megatron's `min_lr` is an optimizer key of every training algorithm: the engines' options carry it, and a
+    value the cosine schedule cannot decay to is refused under its own key."""
+    from rlcore import OptimizerOptions
+    from rlcore.sections import TrainingConfig
+
+    class Run(TrainingConfig):
+        max_steps: int = 10
+
+    config = load_config(Run, None, ["lr=1e-5", "min_lr=1e-7", "lr_scheduler_type=cosine", "warmup_steps=1"])
+    assert config.optimizer_options() == OptimizerOptions(
+        learning_rate=1e-5, min_lr=1e-7, lr_scheduler_type="cosine", warmup_steps=1, max_steps=10)
+    assert load_config(Run, None, []).optimizer_options().min_lr == 0.0  # decays to zero, as before
+    for overrides, message in (
+        (["min_lr=1e-7"], "(1e-07) is the floor of the cosine schedule, but lr_scheduler_type is 'constant'"),
+        (["lr_scheduler_type=cosine", "lr=1e-4", "min_lr=1e-3"], "(0.001) is above learning_rate (0.0001)"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            load_config(Run, None, overrides)
+        assert err.value.problems == [("min_lr", err.value.problems[0][1])] and message in err.value.problems[0][1]
+
+
 def test_booleans_are_not_numbers():
     from typing import Literal
 

@@ -254,7 +254,8 @@ def test_grpo_colocate_key_by_key(files, tmp_path):
            max_prompt_length=256, max_completion_length=512, mask_truncated_completions=False,
            system="Think step by step.", dataset=f"{files['prompts']}#32", reward_funcs=["accuracy", "format"],
            colocate_groups=[["train", "rollout"]], offload_model=True, sleep_level=1, output_dir=str(tmp_path / "out"),
-           train__gpus=4, train__lora_rank=8, train__lora_alpha=32, rollout__engine="vllm",
+           train__gpus=4, train__engine="megatron", train__lora_rank=8, train__lora_alpha=32,
+           train__lora_dropout=0.05, min_lr=0.0, rollout__engine="vllm",  # min_lr = lr: constant
            rollout__vllm_gpu_memory_utilization=0.4, rollout__vllm_max_model_len=8192)
 
 
@@ -271,7 +272,8 @@ def test_gkd_colocated_teacher_key_by_key(files, tmp_path):
            max_steps=2, learning_rate=1e-6, lr_scheduler_type="constant", dataset=f"{files['chats']}#32",
            teacher_model=files["teacher"], offload_teacher_model=True, gkd_logits_topk=64, lmbda=1.0, beta=0.5,
            max_prompt_length=256, train__gradient_checkpointing=True, train__tensor_model_parallel_size=2,
-           train__lora_rank=8, rollout__engine="vllm", output_dir=str(tmp_path / "out"))
+           train__engine="megatron", train__lora_rank=8, train__lora_dropout=0.05, train__engine_kwargs={},
+           rollout__engine="vllm", output_dir=str(tmp_path / "out"))
     assert not config.served_teacher
 
 
@@ -389,6 +391,147 @@ def test_a_native_config_is_left_as_it_is():
 
 
 # -------------------------------------------------------------------------
+# `megatron rlhf` configs train on the megatron engine
+# -------------------------------------------------------------------------
+
+
+def test_megatron_keys_select_the_megatron_engine_with_lora_parallel_sizes_and_schedule(files, tmp_path):
+    """rlhf_type with Megatron's keys is `megatron rlhf`'s config: the megatron engine with ms-swift's LoRA keys, its
+    parallel sizes (expert through the engine's options), recomputation, and a warm-up then cosine down to min_lr."""
+    from rlcore.config import read_config_data
+
+    path = gkd_file(files, tmp_path, COLOCATED_TEACHER)
+    overrides = ["min_lr=1e-7", "lr_warmup_fraction=0.5", "train.expert_model_parallel_size=2",
+                 "train.target_modules=[q_proj, v_proj]", "train.lora_dropout=0.1"]
+    config = load_config(GKDConfig, path, overrides)
+    expect(config, train__engine="megatron", train__lora_rank=8, train__lora_alpha=32, train__lora_dropout=0.1,
+           train__lora_target_modules=["q_proj", "v_proj"], train__tensor_model_parallel_size=2,
+           train__pipeline_model_parallel_size=1, train__engine_kwargs={"expert_model_parallel_size": 2},
+           train__gradient_checkpointing=True, max_steps=2, warmup_steps=1, lr_scheduler_type="cosine",
+           learning_rate=1e-6, min_lr=1e-7)
+    assert config.optimizer_options().min_lr == 1e-7  # what both train engines' schedules decay to
+    notes = translate(read_config_data(path, overrides)[0], GKDConfig)
+    assert "lr_decay_style (Megatron's default, cosine) -> lr_scheduler_type: 'cosine'" in notes.mapped
+    assert "train.expert_model_parallel_size -> train.engine_kwargs.expert_model_parallel_size: 2" in notes.mapped
+    noted = "\n".join(notes.noted)
+    for key in ("sequence_parallel: True", "padding_free: True", "recompute_granularity: 'selective'",
+                "train.context_parallel_size: 1"):
+        assert f"ms-swift's {key} (" in noted
+
+
+def test_megatron_sizes_at_the_top_and_no_recompute_and_no_floor(files, tmp_path):
+    """`megatron rlhf` without Ray takes the parallel sizes at the top; recompute_granularity none trains without
+    recomputation; without min_lr Megatron's cosine decays to zero."""
+    text = GKD.replace("  tensor_model_parallel_size: 2\n  pipeline_model_parallel_size: 1\n", "").replace(
+        "min_lr: 1e-6\n", "tensor_model_parallel_size: 2\npipeline_model_parallel_size: 1\n")
+    path = write(files, tmp_path, "gkd.yaml", text, teacher_model=f"teacher_model: {files['teacher']}",
+                 teacher_section="")
+    config = load_config(GKDConfig, path, ["recompute_granularity=none"])
+    expect(config, train__engine="megatron", train__tensor_model_parallel_size=2, train__pipeline_model_parallel_size=1,
+           train__gradient_checkpointing=False, gradient_accumulation_steps=8, lr_scheduler_type="cosine", min_lr=0.0)
+
+
+def test_a_named_train_engine_wins_and_only_megatron_takes_expert_parallelism(files, tmp_path):
+    path = gkd_file(files, tmp_path, COLOCATED_TEACHER)
+    hf = ["train.engine=hf", "train.tensor_model_parallel_size=1"]
+    assert load_config(GKDConfig, path, hf).train.engine == "hf"
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(GKDConfig, path, [*hf, "train.expert_model_parallel_size=2"])
+    assert excinfo.value.problems == [("train.expert_model_parallel_size", "is 2, but only the megatron train engine "
+                                       "has expert parallelism (train.engine is 'hf'); use 1, or train.engine megatron")]
+
+
+def test_swift_rlhf_configs_without_megatron_keys_keep_the_default_engine():
+    """`swift rlhf --rlhf_type grpo` (transformers' trainer, TRL's names) is not `megatron rlhf`."""
+    data = {"rlhf_type": "grpo", "model": "m", "dataset": "d.jsonl", "learning_rate": 1e-6,
+            "per_device_train_batch_size": 2, "lora_rank": 8}
+    assert "engine" not in (translate(data, GRPOConfig).data.get("train") or {})
+
+
+# ms-swift's published Ray examples (tests/core/fixtures/ms_swift: its files as published), with only the model,
+# teacher and dataset names replaced: the problems `rlcore config validate` reports, one line each (none: valid)
+PUBLISHED = {
+    "gkd/rollout_colocate_teacher_colocate.yaml": set(),
+    "gkd/rollout_colocate_teacher_standalone.yaml": set(),
+    "gkd/rollout_separate_teacher_colocate.yaml": set(),
+    "gkd/multi_turn_colocate.yaml": {"multi_turn_scheduler", "truncation_strategy", "enable_thinking"},
+    "grpo/ray_grpo_colocate.yaml": {"external_plugins"},  # its reward functions register with ms-swift
+    "grpo/ray_grpo_separate.yaml": {"external_plugins"},
+    "grpo/opd_rl_colocate.yaml": {"teacher_kl_coef", "num_generations"},  # on-policy distillation in GRPO
+    "grpo/multi_turn/frozen_lake_colocate.yaml": {"external_plugins", "multi_turn_scheduler", "enable_thinking",
+                                                  "report_to.0"},
+}
+FIXTURES = Path(__file__).parent / "fixtures" / "ms_swift"
+
+
+@pytest.fixture(scope="module")
+def long_models(tmp_path_factory):
+    """A student and a teacher with the context the examples ask (16384 tokens) and heads for tensor size 2."""
+    from rlcore.testing import build_tiny_model
+
+    root = tmp_path_factory.mktemp("long")
+    return (str(build_tiny_model(root / "student", arch="qwen3", max_position_embeddings=32768)),
+            str(build_tiny_model(root / "teacher", arch="qwen3", hidden_size=96, max_position_embeddings=32768, seed=1)))
+
+
+def published(name, files, long_models, cwd):
+    """ms-swift's example `name` in `cwd` laid out as ms-swift's checkout (the GRPO examples read
+    examples/train/grpo/prompt.txt from there), its model, teacher and datasets local."""
+    import shutil
+
+    shutil.copytree(FIXTURES / "examples", cwd / "examples", dirs_exist_ok=True)
+    student, teacher = long_models
+    text = (FIXTURES / "examples" / "ray" / name).read_text()
+    names = {"Qwen/Qwen3.5-0.8B": student, "Qwen/Qwen3.5-2B": student, "Qwen/Qwen2.5-VL-3B-Instruct": student,
+             "Qwen/Qwen3.5-4B": teacher, "Qwen/Qwen3.5-9B": teacher, "AI-MO/NuminaMath-TIR": files["prompts"],
+             "modelscope/gsm8k": files["prompts"], "AI-ModelScope/clevr_cogen_a_train": files["prompts"],
+             "examples/megatron/grpo/multi_turn/frozen_lake.jsonl": files["prompts"],
+             "AI-ModelScope/alpaca-gpt4-data-zh": files["chats"], "AI-ModelScope/alpaca-gpt4-data-en": files["chats"]}
+    for old, new in names.items():
+        text = text.replace(old, new)
+    assert "Qwen/" not in text and "AI-" not in text and "modelscope/" not in text
+    path = cwd / "example.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_ms_swifts_published_examples_through_config_validate(rlcore_cli, files, long_models, tmp_path, name):
+    """On this machine without GPUs: the plan is checked against the example's own GPU counts (train 4, rollout 4,
+    teacher 4; tensor 2 splits the train workers into 2 data-parallel ranks), the megatron engine's check against
+    the model; what rlcore does not run is refused, one line each, and nothing else is."""
+    path = published(name, files, long_models, tmp_path)
+    done = rlcore_cli("config", "validate", "--config", str(path),
+                      env={"RLCORE_DISABLE_PLUGINS": "", "HF_HUB_OFFLINE": "1"}, timeout=300)
+    expected = PUBLISHED[name]
+    if not expected:
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "valid for algorithm 'gkd'" in done.stdout
+        return
+    assert done.returncode == 2, done.stderr[-3000:]
+    problems = {line.split(": ", 1)[0].strip() for line in done.stderr.splitlines() if line.startswith("  ")}
+    assert problems == expected, done.stderr
+
+
+@pytest.mark.parametrize("name", [n for n, refused in PUBLISHED.items() if not refused])
+def test_ms_swifts_gkd_examples_are_megatron_lora_runs(files, long_models, tmp_path, name, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config(GKDConfig, published(name, files, long_models, tmp_path))
+    expect(config, train__engine="megatron", train__lora_rank=8, train__lora_alpha=32, train__lora_dropout=0.05,
+           train__lora_target_modules="all-linear", train__tensor_model_parallel_size=2, train__gradient_checkpointing=True,
+           train__dtype="auto", gradient_accumulation_steps=16 // (config.per_device_train_batch_size * 2),
+           lr_scheduler_type="constant", learning_rate=1e-6, max_steps=4000 // 16 if "colocate_teacher_colocate" in name
+           else 2000 // 16, gkd_logits_topk=64)
+
+
+def test_the_plan_of_a_published_example_is_checked_against_its_gpus(rlcore_cli, files, long_models, tmp_path):
+    path = published("gkd/rollout_colocate_teacher_colocate.yaml", files, long_models, tmp_path)
+    done = rlcore_cli("config", "validate", "--config", str(path), "rollout.gpus=2",
+                      env={"RLCORE_DISABLE_PLUGINS": "", "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert done.returncode == 2 and "got train.gpus=4, rollout.gpus=2" in done.stderr, done.stderr[-3000:]
+
+
+# -------------------------------------------------------------------------
 # refused keys: one line each, with the reason
 # -------------------------------------------------------------------------
 
@@ -411,16 +554,18 @@ def test_sft_keys_rlcore_cannot_honour_are_refused(files, tmp_path, override, ke
 
 
 @pytest.mark.parametrize("override, key, reason", [
-    ("train.expert_model_parallel_size=2", "train.expert_model_parallel_size", "no expert parallelism"),
-    ("train.context_parallel_size=2", "train.context_parallel_size", "no context parallelism"),
+    ("train.context_parallel_size=2", "train.context_parallel_size", "context parallelism (a sequence split over GPUs) "
+     "is not built"),
     ("global_batch_size=15", "global_batch_size", "multiple of micro_batch_size (1) x the data-parallel size (2"),
     ("finetune=false", "finetune", "--resume"),
-    ("min_lr=1e-7", "min_lr", "decay to 0"),
+    (["min_lr=0", "lr_decay_style=WSD"], "lr_decay_style", "'WSD' is not one of rlcore's schedules"),
+    ("min_lr=1e-5", "min_lr", "(1e-05) is above learning_rate (1e-06)"),
     ("rlhf_type=dpo", "rlhf_type", "grpo, gkd"),
-], ids=["expert", "context", "global-batch", "finetune", "min-lr", "rlhf-type"])
+], ids=["context", "global-batch", "finetune", "decay-style", "min-lr", "rlhf-type"])
 def test_gkd_keys_rlcore_cannot_honour_are_refused(files, tmp_path, override, key, reason):
     with pytest.raises(ConfigError) as excinfo:
-        load_config(GKDConfig, gkd_file(files, tmp_path, COLOCATED_TEACHER), [override])
+        load_config(GKDConfig, gkd_file(files, tmp_path, COLOCATED_TEACHER), [override] if isinstance(override, str)
+                    else override)
     problems = dict(excinfo.value.problems)
     assert list(problems) == [key] and reason in problems[key], problems
 
@@ -481,17 +626,19 @@ def test_grpo_runs_on_the_cpu(rlcore_cli, files, tmp_path, layout):
     scale = ["steps_per_generation=1"] + (["colocate_groups=[]"] if layout == "colocate" else [])  # no GPUs to share
     summary, err = run(rlcore_cli, *ray, "--config", grpo_file(files, tmp_path, placement), *ON_CPU, *scale)
     assert summary["algorithm"] == "grpo" and summary["step"] == 1
-    assert ("CPU, engine hf" if ray else "in this process") in err
+    assert ("CPU, engine megatron" if ray else "in this process, engine megatron") in err  # LoRA on megatron
     assert "ms-swift's attention_backend: 'flash'" in err
 
 
 @pytest.mark.parametrize("layout", ["colocated", "standalone"])
 def test_gkd_runs_on_the_cpu(rlcore_cli, files, tmp_path, layout):
     teacher = COLOCATED_TEACHER if layout == "colocated" else STANDALONE_TEACHER
-    scale = ["colocate_groups=[]", "gkd_logits_topk=8", "global_batch_size=2"] + (
+    scale = ["colocate_groups=[]", "gkd_logits_topk=8", "global_batch_size=2",
+             "recompute_granularity=none"] + (  # megatron recomputes on CUDA only
         ["teacher.gpus=0"] if layout == "standalone" else [])
     summary, err = run(rlcore_cli, "--config", gkd_file(files, tmp_path, teacher), *ON_CPU, *scale)
     assert summary["algorithm"] == "gkd" and summary["step"] == 1 and summary["jsd"] > 0
+    assert "train: 1 worker, in this process, engine megatron" in err
     assert ("teacher: 1 worker" in err) == (layout == "standalone")
 
 

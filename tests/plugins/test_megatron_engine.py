@@ -318,3 +318,26 @@ def test_gkd_on_the_megatron_engine_runs_like_the_hf_engine(tiny_model, tmp_path
         assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-4)
         assert mine["jsd"] == pytest.approx(theirs["jsd"], abs=1e-4)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-3)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\(\)` before")
+def test_cosine_to_min_lr_is_the_same_schedule_on_both_engines(tiny_model):
+    """`min_lr` (Megatron's and ms-swift's floor): linear warm-up, then a cosine from learning_rate down to min_lr at
+    max_steps, as megatron's OptimizerParamScheduler and transformers' cosine_with_min_lr compute it."""
+    import math
+
+    options = dict(model=str(tiny_model), learning_rate=1e-2, min_lr=1e-3, lr_scheduler_type="cosine", warmup_steps=2,
+                   max_steps=6, seed=0)
+    megatron, hf = make_train_engine(**options), make_hf_engine(**options)
+    expected, got = [], {"megatron": [], "hf": []}
+    for step in range(7):
+        decay = 0.5 * (1 + math.cos(math.pi * (step - 2) / 4))
+        expected.append(1e-2 * step / 2 if step < 2 else 1e-3 + (1e-2 - 1e-3) * decay)
+        got["megatron"].append(megatron.optimizer.param_groups[0]["lr"])
+        got["hf"].append(hf.scheduler.get_last_lr()[0])
+        megatron.scheduler.step(increment=1)
+        hf.scheduler.step()
+    assert got["megatron"] == pytest.approx(expected, abs=1e-12) and got["hf"] == pytest.approx(expected, abs=1e-12)
+    assert expected[-1] == pytest.approx(1e-3)
+    with pytest.raises(ConfigError, match="min_lr=0.001 is the floor of the cosine schedule"):
+        make_train_engine(**{**options, "lr_scheduler_type": "linear"})

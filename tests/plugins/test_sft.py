@@ -4,6 +4,7 @@ resume after an interrupt, pre-training, a worker that dies, and the mistakes ca
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -180,6 +181,14 @@ def test_without_max_steps_the_epochs_over_the_data_set_the_steps(plugins, tiny_
     last = trainer.fit()
     assert trainer.max_steps == 10 and last["step"] == 10 and last["epoch"] == 2.0
     assert len(losses(tmp_path / "run")) == 10
+
+
+def test_min_lr_is_the_floor_the_cosine_schedule_decays_to(plugins, tiny_model, chats, tmp_path):
+    """Megatron's and ms-swift's `min_lr`, an optimizer key of every algorithm, reaches transformers' trainer too."""
+    make(plugins, tmp_path / "run", tiny_model, chats, lr_scheduler_type="cosine", min_lr=1e-3, **ONE_PROCESS).fit()
+    rates = [json.loads(line)["learning_rate"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    floor = [1e-3 + 2e-3 * 0.5 * (1 + math.cos(math.pi * step / STEPS)) for step in range(STEPS)]  # the step's rate
+    assert rates == pytest.approx(floor, abs=1e-12)  # from learning_rate 3e-3 towards 1e-3, not towards 0
 
 
 class KillRank:
