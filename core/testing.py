@@ -199,6 +199,10 @@ def _check(args: dict[str, Any]) -> None:
             problems.append(f"hidden_size={args['hidden_size']} must be a multiple of num_heads={args['num_heads']}")
         if args["num_heads"] % args["num_kv_heads"]:
             problems.append(f"num_heads={args['num_heads']} must be a multiple of num_kv_heads={args['num_kv_heads']}")
+        if args["arch"].startswith("qwen3_5") and args["num_layers"] < 2:
+            problems.append(f"num_layers={args['num_layers']} must be >= 2 for {args['arch']}: its layers alternate "
+                            "linear and full attention, and with linear attention alone transformers' cache has no "
+                            "attention layer to size masks by (generation stops in get_mask_sizes)")
     minimum = 256 + len(MERGES) + len(SPECIAL_TOKENS)
     if args["vocab_size"] is not None and (not isinstance(args["vocab_size"], int) or args["vocab_size"] < minimum):
         problems.append(f"vocab_size={args['vocab_size']!r} must be None or an int >= {minimum}")

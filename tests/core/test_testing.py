@@ -90,6 +90,8 @@ def test_bad_arguments_are_reported_together(tmp_path):
     assert not (tmp_path / "bad").exists()
     with pytest.raises(ConfigError, match="multiple of num_heads"):
         build_tiny_model(tmp_path / "bad", hidden_size=30)
+    with pytest.raises(ConfigError, match="num_layers=1 must be >= 2 for qwen3_5: its layers alternate linear and full"):
+        build_tiny_model(tmp_path / "bad", arch="qwen3_5", num_layers=1)
 
 
 def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
