@@ -321,3 +321,13 @@ def test_qwen3_5_moe_on_the_megatron_engine_equals_transformers_and_trains_like_
         mine, theirs = (e.train_step(batch, loss_fn, micro_batch_size=2) for e in (engine, hf_engine))
         assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+
+
+def test_the_config_check_refuses_tensor_parallel_linear_attention_in_one_line(tiny_qwen3_5):
+    """What `rlcore config validate` and the engine's own check say for Qwen3.5 at tensor size 2, before any device."""
+    from rlcore import load_plugins
+
+    check = load_plugins().engines.get("megatron", kind="train").check
+    assert check(model=tiny_qwen3_5) == []
+    assert check(model=tiny_qwen3_5, tensor_model_parallel_size=2) == [
+        ("tensor_model_parallel_size", f"tensor_model_parallel_size=2: {mapping.LINEAR_ATTENTION_TP}")]
