@@ -39,8 +39,10 @@ from rlcore.errors import RlcoreError
 if TYPE_CHECKING:
     import torch
 
-# megatron-core's linears (local layer spec) and the Hugging Face projections each holds
+# megatron-core's linears (local layer spec) and the Hugging Face projections each holds; the gated delta-net's
+# torch linears (`linear_attention.py`, tensor size 1) are named as in transformers
 MEGATRON_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+TORCH_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 HF_TO_MEGATRON = {
     "q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "qkv_proj": "linear_qkv",
     "o_proj": "linear_proj", "gate_proj": "linear_fc1", "up_proj": "linear_fc1", "gate_up_proj": "linear_fc1",
@@ -58,7 +60,7 @@ def _targets(targets: str | Iterable[str]) -> list[str]:
 
 def target_problems(targets: str | Iterable[str]) -> list[tuple[str, str]]:
     """Names in `lora_target_modules` that name no megatron linear, each with the closest known name."""
-    known = [ALL_LINEAR, *MEGATRON_LINEARS, *HF_TO_MEGATRON]
+    known = [ALL_LINEAR, *MEGATRON_LINEARS, *HF_TO_MEGATRON, *TORCH_LINEARS]
     if not isinstance(targets, (str, list, tuple)) or not _targets(targets):
         return [("lora_target_modules", f"lora_target_modules={targets!r} must be {ALL_LINEAR!r} or a non-empty list of names")]
     problems = []
@@ -77,7 +79,7 @@ def megatron_targets(targets: str | Iterable[str]) -> set[str]:
     (q_proj -> linear_qkv adapts q, k and v together: one A, one B over the fused output)."""
     names = _targets(targets)
     if ALL_LINEAR in names:
-        return set(MEGATRON_LINEARS)
+        return {*MEGATRON_LINEARS, *TORCH_LINEARS}
     return {HF_TO_MEGATRON.get(n, n) for n in names}
 
 
@@ -88,20 +90,25 @@ def _adapter_class() -> type:
     import torch.nn.functional as F
 
     class LoraAdapter(torch.nn.Module):
-        """scale * B(A(dropout(x))) beside one of megatron's parallel linears (see the module docstring)."""
+        """scale * B(A(dropout(x))) beside one of megatron's parallel linears or a torch linear (see the module
+        docstring); a torch linear is whole on every rank, as a column-parallel one at tensor size 1."""
 
         def __init__(self, linear: Any, rank: int, alpha: float, dropout: float, a_full: torch.Tensor):
-            from megatron.core.tensor_parallel import ColumnParallelLinear
+            from megatron.core.tensor_parallel import RowParallelLinear
             from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 
             super().__init__()
-            self.column = isinstance(linear, ColumnParallelLinear)
-            self.group = linear.tp_group
-            self.tp = torch.distributed.get_world_size(self.group)
-            self.tp_rank = torch.distributed.get_rank(self.group)
+            parallel = not isinstance(linear, torch.nn.Linear)
+            self.column = not isinstance(linear, RowParallelLinear)
+            self.group = linear.tp_group if parallel else None
+            self.tp = torch.distributed.get_world_size(self.group) if parallel else 1
+            self.tp_rank = torch.distributed.get_rank(self.group) if parallel else 0
             if self.tp > 1 and (linear.explicit_expert_comm or linear.sequence_parallel):
-                raise RlcoreError("LoRA on a linear with sequence parallelism or expert tensor parallelism > 1 is not built")
-            self.gather_output = self.column and linear.gather_output
+                raise RlcoreError(
+                    "LoRA on an expert's linear at tensor_model_parallel_size > 1 (megatron splits experts over the expert "
+                    "tensor group and reduces them in its token dispatcher) or with sequence parallelism is not built; "
+                    "adapt the attention alone (lora_target_modules=[q_proj, k_proj, v_proj, o_proj]) or use tensor size 1")
+            self.gather_output = parallel and self.column and linear.gather_output
             self.scaling = alpha / rank
             self.dropout = dropout
             weight = linear.weight
@@ -109,8 +116,9 @@ def _adapter_class() -> type:
             a = a_full if self.column else a_full.chunk(self.tp, dim=1)[self.tp_rank]
             self.lora_A = torch.nn.Parameter(a.to(weight.device, weight.dtype).contiguous())
             self.lora_B = torch.nn.Parameter(torch.zeros(out_local, rank, dtype=weight.dtype, device=weight.device))
-            split, dim = (self.lora_B, 0) if self.column else (self.lora_A, 1)
-            set_tensor_model_parallel_attributes(split, True, dim, 1)  # counted on every rank by megatron's grad norm
+            if parallel:  # the split factor is counted on every rank by megatron's grad norm
+                split, dim = (self.lora_B, 0) if self.column else (self.lora_A, 1)
+                set_tensor_model_parallel_attributes(split, True, dim, 1)
             for p in (self.lora_A, self.lora_B):  # an expert's adapter is reduced where the expert's weight is
                 p.allreduce = getattr(weight, "allreduce", True)
 
@@ -124,6 +132,8 @@ def _adapter_class() -> type:
                     with tpl.get_cuda_rng_tracker().fork():
                         x = F.dropout(x, self.dropout)
             x = x.to(self.lora_A.dtype)
+            if self.tp == 1:
+                return F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling
             if self.column:
                 u = tpl.copy_to_tensor_model_parallel_region(F.linear(x, self.lora_A), group=self.group)
                 delta = F.linear(u, self.lora_B)
@@ -144,9 +154,11 @@ def _adapter_class() -> type:
     return LoraAdapter
 
 
-def _add_delta(linear: Any, args: tuple[Any, ...], output: tuple[torch.Tensor, Any]) -> tuple[torch.Tensor, Any]:
-    out, bias = output
-    return out + linear.adapter(args[0]).to(out.dtype), bias
+def _add_delta(linear: Any, args: tuple[Any, ...], output: Any) -> Any:
+    if isinstance(output, tuple):  # megatron's linears return (output, bias)
+        out, bias = output
+        return out + linear.adapter(args[0]).to(out.dtype), bias
+    return output + linear.adapter(args[0]).to(output.dtype)
 
 
 def add_adapters(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, targets: str | Iterable[str],
@@ -154,25 +166,27 @@ def add_adapters(model: torch.nn.Module, *, rank: int, alpha: float, dropout: fl
     """Freeze every weight of `model`, put an adapter on each linear that `targets` names, and return them by the
     linear's name (megatron state-dict prefix, e.g. `decoder.layers.0.self_attention.linear_qkv`)."""
     import torch
-
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    kinds = (ColumnParallelLinear, RowParallelLinear, torch.nn.Linear)
 
     wanted = megatron_targets(targets)
     model.requires_grad_(False)
     generator = torch.Generator().manual_seed(seed)
     adapters: dict[str, Any] = {}
     for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] not in wanted or not isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+        if name.rsplit(".", 1)[-1] not in wanted or not isinstance(module, kinds):
             continue
         # peft's init: A ~ kaiming_uniform(a=sqrt(5)), i.e. U(-1/sqrt(in), 1/sqrt(in)); drawn whole, then split
-        bound = 1 / math.sqrt(module.input_size)
-        a_full = torch.empty(rank, module.input_size).uniform_(-bound, bound, generator=generator)
+        fan_in = module.in_features if isinstance(module, torch.nn.Linear) else module.input_size
+        bound = 1 / math.sqrt(fan_in)
+        a_full = torch.empty(rank, fan_in).uniform_(-bound, bound, generator=generator)
         module.adapter = _adapter_class()(module, rank, alpha, dropout, a_full)
         module.register_forward_hook(_add_delta)
         adapters[name] = module.adapter
     if not adapters:
         raise RlcoreError(f"lora_target_modules={_targets(targets)!r} matches no linear of the model "
-                          f"(megatron names: {', '.join(MEGATRON_LINEARS)})")
+                          f"(megatron names: {', '.join(MEGATRON_LINEARS + TORCH_LINEARS)})")
     grouped = [n for n, m in model.named_modules() if type(m).__name__ in ("GroupedMLP", "TEGroupedMLP")]
     if grouped and wanted & {"linear_fc1", "linear_fc2"}:
         raise RlcoreError(f"LoRA on grouped experts ({grouped[0]}) is not built; the local spec's SequentialMLP is")

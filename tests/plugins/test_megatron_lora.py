@@ -312,3 +312,48 @@ def test_adapters_split_over_two_tensor_ranks_give_the_whole_layers_values_and_g
     outputs = [proc.communicate(timeout=600)[0] for proc in procs]
     for rank, (proc, out) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0 and f"rank {rank}: ok" in out, out[-3000:]
+
+
+# -- the other architectures: Qwen3 (q/k norm), Qwen3-MoE (the experts' linears), Qwen3.5 (the gated delta-net's) --
+
+ATTENTION = {f"self_attn.{x}_proj" for x in "qkvo"}
+MLP = {f"mlp.{x}_proj" for x in ("gate", "up", "down")}
+
+
+@pytest.mark.parametrize("arch,modules", [
+    ("qwen3", ATTENTION | MLP),
+    ("mistral", ATTENTION | MLP),
+    ("qwen3_moe", ATTENTION | {f"mlp.experts.{e}.{x}_proj" for e in range(4) for x in ("gate", "up", "down")}),
+    ("qwen3_5", ATTENTION | MLP | {f"linear_attn.{x}" for x in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")}),
+])
+def test_every_architectures_adapter_loads_in_peft_as_the_merged_export(arch, modules, tmp_path):
+    """all-linear LoRA trained two steps: peft with the exported adapter on the transformers model gives the logits
+    of the merged export loaded by transformers (1e-5), and the megatron engine's log-probs (1e-4). For Qwen3-MoE the
+    adapter holds each expert's projections, which peft puts on transformers' fused experts; for Qwen3.5 the gated
+    delta-net's projections beside the full-attention layers' q/k/v/o."""
+    from peft import PeftModel
+
+    from rlcore.export import write_hf_model
+    from rlcore.plugins.hf.common import model_outputs
+
+    model = str(build_tiny_model(tmp_path / arch, arch=arch))
+    engine = make_train_engine(model=model, learning_rate=1e-2, seed=0, **LORA)
+    batch = _batch(seed=3)
+    for _ in range(2):
+        engine.train_step(batch, _nll, micro_batch_size=2)
+    engine.export_adapter(str(tmp_path / "adapter"))
+    write_hf_model(tmp_path / "merged", engine.export_weights(), model)
+    adapted = {key.split(".layers.")[1].split(".", 1)[1].split(".lora_")[0] for key in engine.adapter_tensors()}
+    assert adapted == modules  # the projections of every layer kind, named as transformers names them
+    reference = PeftModel.from_pretrained(_hf_model(model), str(tmp_path / "adapter")).eval()
+    merged = _hf_model(tmp_path / "merged")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        theirs = reference(input_ids=ids, attention_mask=mask).logits
+        base = _hf_model(model)(input_ids=ids, attention_mask=mask).logits
+        mine = merged(input_ids=ids, attention_mask=mask).logits
+        expected = model_outputs(reference, ids, mask, temperature=1.0).logprobs()
+    assert (mine - base).abs().max() > 1e-3  # the adapters moved the model
+    real = mask.bool()
+    torch.testing.assert_close(mine[real], theirs[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(engine.forward_logprobs(batch), expected, atol=1e-4, rtol=0)
