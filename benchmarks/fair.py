@@ -1,8 +1,12 @@
-"""What the benchmarks share to make a comparison fair: the same step clock on both sides (one for an rlcore
-trainer, a plugin; one for a transformers Trainer, TRL's), the same stop tokens, the same synthetic chat
-data; and what keeps a short GPU lease from being wasted: each benchmark's `--smoke` (tiny models on the CPU,
-TRL's GPU config built there too), results written after every side, a failed side recorded beside the others.
-The scripts import it as `fair` (they run as `python benchmarks/<name>.py`, with this folder on sys.path)."""
+"""What the benchmarks share to make a comparison fair: rlcore's side run as a user runs it (`rlcore run` on a
+shipped example YAML, scaled to the host, with only the keys both sides share set: `scaled`, `user_config`,
+`rlcore_run`, `provenance`), the sides interleaved in rounds with each round's ratio, their median and range
+(`interleave`, `spread`); the same step clock on both sides (a plugin given to `rlcore run` with --with; a
+transformers TrainerCallback for TRL's), the same stop tokens, the same synthetic chat data, the same profiler
+wrapper in whichever process trains; and what keeps a short GPU lease from being wasted: each benchmark's `--smoke`
+(tiny models on the CPU, the GPU run's configs built and checked there too), results written after every side, a
+failed side recorded beside the others. The scripts import it as `fair` (they run as `python
+benchmarks/<name>.py`, with this folder on sys.path)."""
 
 from __future__ import annotations
 
@@ -133,6 +137,73 @@ def profile_nth_call(owner: Any, name: str, nth: int, sink: dict[str, Any], rows
     setattr(owner, name, profiled)
 
 
+# A sitecustomize on the PYTHONPATH of a side's run (its driver, the Ray workers that inherit the environment, a
+# TRL child) that wraps {cls}.{method} as soon as {module} is imported, in whichever process calls it, profiles its
+# call number {nth} (0-based) with `profile_nth_call` and writes the table to {out}.
+PROFILE_SITE = '''
+import importlib.abc, importlib.util, json, sys
+sys.path.insert(0, {fair!r})
+
+
+def _patch(module):
+    from fair import profile_nth_call
+    owner, sink = getattr(module, {cls!r}), {{}}
+    profile_nth_call(owner, {method!r}, {nth}, sink)
+    profiled = getattr(owner, {method!r})
+
+    def wrapped(*args, **kwargs):
+        out = profiled(*args, **kwargs)
+        if "table" in sink and not sink.get("written"):
+            sink["written"] = True
+            with open({out!r}, "w") as f:
+                json.dump({{k: v for k, v in sink.items() if k != "written"}}, f)
+        return out
+
+    setattr(owner, {method!r}, wrapped)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != {module!r}:
+            return None
+        sys.meta_path.remove(self)  # once: the real spec, its loader patching the module after it runs
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Finder())
+'''
+
+
+def profile_env(tmp: Path, side: str, nth: int, target: tuple[str, str, str]) -> tuple[dict[str, str], Path]:
+    """The environment that profiles call `nth` (0-based) of `target` (module, class, method) in whichever process of
+    `side`'s run makes it, and the file its table goes to (`read_profile`)."""
+    module, cls, method = target
+    out, site = tmp / f"profile-{side}.json", tmp / f"site-{side}"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(PROFILE_SITE.format(fair=str(Path(__file__).resolve().parent), module=module,
+                                                               cls=cls, method=method, nth=nth, out=str(out)))
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path}, out
+
+
+def read_profile(out: Path, what: str = "training_step") -> dict | None:
+    """The profiled call ({seconds, self_cuda_s, self_cpu_s, table}), printed; None if it was not written."""
+    if not out.is_file():
+        return None
+    found = json.loads(out.read_text())
+    print(f"\n{out.stem}: one {what} under torch's profiler, {found['seconds']:.3f} s "
+          f"(CUDA busy {found.get('self_cuda_s', 0):.3f} s, CPU {found['self_cpu_s']:.3f} s)\n{found['table']}")
+    return found
+
+
 def git_commit() -> str:
     """The checkout's commit, for a results JSON: `RLCORE_COMMIT` where set (a copy of the working tree, as the GPU
     machine gets, may have no .git or a stale one), else git's HEAD ("unknown" outside a git checkout)."""
@@ -254,3 +325,175 @@ def failure(error: BaseException) -> dict[str, Any]:
     if tail:
         row["error_tail"] = tail[-3000:]
     return row
+
+
+# -- rlcore's side as a user runs it: a shipped example YAML, scaled to this host, the shared keys set ------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "ray"
+
+# The step clock of a side run through `rlcore run`: a plugin file given with --with, loaded in the driver, that
+# writes the training's start, each step's end time and numeric metrics to {out} after every step.
+CLOCK_PLUGIN = '''
+"""The benchmark's step clock: when training starts (workers and engines up), each step's end (perf_counter) and
+numeric metrics, written to {out}."""
+import json, time
+from rlcore import hookimpl
+
+LOADED, clock = time.perf_counter(), {{"rows": [], "start": None, "setup_s": None}}
+
+
+def _write():
+    with open({out!r}, "w") as f:
+        json.dump(clock, f)
+
+
+_write()  # an algorithm without steps (sample) leaves it so
+
+
+@hookimpl
+def rlcore_train_start(trainer):
+    clock["setup_s"], clock["start"] = time.perf_counter() - LOADED, time.perf_counter()
+    _write()
+
+
+@hookimpl
+def rlcore_step_end(trainer, step, metrics):
+    numbers = {{k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+    clock["rows"].append({{"step": step, "t": time.perf_counter(), "metrics": numbers}})
+    _write()
+'''
+
+
+def override(key: str, value: Any) -> str:
+    """`key=value` as `rlcore run` takes it, the value written as YAML (JSON is YAML; floats keep their exponent)."""
+    return f"{key}={json.dumps(value)}"
+
+
+def overrides_of(keys: dict[str, Any]) -> list[str]:
+    return [override(key, value) for key, value in keys.items()]
+
+
+def example_path(example: str) -> Path:
+    """A shipped example, `examples/ray/<example>`."""
+    path = EXAMPLES / example
+    if not path.is_file():
+        raise SystemExit(f"the example {path} does not exist; the benchmark runs the shipped examples")
+    return path
+
+
+def scaled(example: str, gpus: int) -> dict[str, Any]:
+    """The keys that put every role of `example` on `gpus` GPUs of this host, all sharing them (colocated): each
+    role section's `gpus`, and in the device_groups form `nproc_per_node` and each group's ranks. `gpus=0` is the
+    CPU (--smoke): each role on the CPU, a device group a CPU group of one process, no colocation (GPU roles only)."""
+    from rlcore.config import read_config_data
+
+    data = read_config_data(example_path(example))[0]
+    keys: dict[str, Any] = {}
+    for name, section in data.items():
+        if isinstance(section, dict) and "gpus" in section:
+            keys[f"{name}.gpus"] = gpus
+    if data.get("colocate_groups") and gpus == 0:
+        keys["colocate_groups"] = []
+    if "nnodes" in data:
+        keys["nnodes"] = 1
+    if "nproc_per_node" in data:
+        keys["nproc_per_node"] = max(gpus, 1)
+    if data.get("ray_address"):
+        keys["ray_address"] = None  # a cluster's address: this host starts its own
+    groups = data.get("device_groups") or {}
+    if groups:
+        keys["device_groups.nproc_per_node"] = max(gpus, 1)
+    for name, group in groups.items():
+        if isinstance(group, dict) and "ranks" in group:
+            if gpus:
+                keys[f"device_groups.{name}.ranks"] = list(range(gpus))
+            else:
+                keys[f"device_groups.{name}.device"], keys[f"device_groups.{name}.ranks"] = "CPU", 1
+    return keys
+
+
+def user_config(algorithm: str, example: str, keys: dict[str, Any]) -> Any:
+    """rlcore's config of `rlcore run --plugin ALGORITHM --config examples/ray/EXAMPLE KEY=VALUE...`, loaded and
+    checked as `rlcore config validate` does (the CLI's loader, the plugins' `rlcore_configure`, the trainer's
+    checks of plan, data and model): a GPU run's config fails here, on the CPU, before a GPU is taken."""
+    import argparse
+
+    from rlcore.cli import _configured
+    from rlcore.extras import check_run
+
+    args = argparse.Namespace(plugin=[algorithm], config=str(example_path(example)), overrides=overrides_of(keys),
+                              use_ray=True, from_ms_swift=None)
+    plugins, algorithm, config = _configured(args)
+    check_run(plugins, algorithm, config, engines=False)
+    check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
+    if check is not None:
+        check(config, plugins)
+    return config
+
+
+def rlcore_run(algorithm: str, example: str, keys: dict[str, Any], tmp: Path, name: str, use_ray: bool = True,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `rlcore run --plugin ALGORITHM [--use-ray] --config examples/ray/EXAMPLE KEY=VALUE...` in a process of its
+    own, with the step clock (`CLOCK_PLUGIN`) given by --with: {step_s, rows (each step's metrics), setup_s (the CLI's
+    start to the first step: config, Ray, workers, engines), wall_s, cmd}."""
+    out, plugin = tmp / f"clock-{name}.json", tmp / f"clock_{name.replace('-', '_')}.py"
+    out.unlink(missing_ok=True)
+    plugin.write_text(CLOCK_PLUGIN.format(out=str(out)))
+    cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", algorithm, "--with", str(plugin),
+           *(["--use-ray"] if use_ray else []), "--config", str(example_path(example)), *overrides_of(keys)]
+    started = time.perf_counter()
+    run_child(cmd, {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})})
+    clock = json.loads(out.read_text())
+    stamps = [clock["start"]] + [row["t"] for row in clock["rows"]] if clock["start"] is not None else []
+    return {"step_s": [b - a for a, b in zip(stamps, stamps[1:])], "rows": [row["metrics"] for row in clock["rows"]],
+            "setup_s": clock["setup_s"] and round(clock["setup_s"], 1), "wall_s": round(time.perf_counter() - started, 1),
+            "cmd": " ".join(["rlcore", *cmd[3:]])}
+
+
+def provenance(example: str, shared: dict[str, Any], scale: dict[str, Any], extra: dict[str, Any] | None = None,
+               use_ray: bool = True) -> dict[str, Any]:
+    """What the table says of rlcore's side: the example, the keys set on top (shared with the peer; the scaling to
+    this host; any others, e.g. a side's variant) and the command."""
+    keys = {**scale, **shared, **(extra or {})}
+    return {"example": f"examples/ray/{example}", "use_ray": use_ray, "shared_keys": overrides_of(shared),
+            "scaling_keys": overrides_of(scale), "other_keys": overrides_of(extra or {}),
+            "command": " ".join(["rlcore run", *(["--use-ray"] if use_ray else []), f"--config examples/ray/{example}",
+                                 *overrides_of(keys)])}
+
+
+def print_provenance(record: dict[str, Any]) -> None:
+    """The example and the keys set on it, under the table."""
+    for label, used in (record.get("rlcore_runs") or {}).items():
+        print(f"\n{label}: examples' defaults except these keys ({used['example']}, "
+              f"{'--use-ray' if used['use_ray'] else 'one process'})")
+        print("  shared with the peer: " + " ".join(used["shared_keys"]))
+        print("  scaled to this host:  " + (" ".join(used["scaling_keys"]) or "-"))
+        if used["other_keys"]:
+            print("  this side's own:      " + " ".join(used["other_keys"]))
+
+
+# -- rounds: the sides interleaved in one call (A, B, A, B), a ratio per round ----------------------------------
+
+
+def interleave(sides: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, side) in the order they run: every side once per round, the rounds one after another, so a drift of
+    the machine's speed during the call shows in the spread of the per-round ratios, not as one side's advantage."""
+    return [(r, side) for r in range(rounds) for side in sides]
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """The per-round values, their median and their range (min, max)."""
+    import statistics
+
+    if not values:
+        return {}
+    return {"per_round": [round(v, 4) for v in values], "median": round(statistics.median(values), 4),
+            "min": round(min(values), 4), "max": round(max(values), 4), "rounds": len(values)}
+
+
+def spread_text(s: dict[str, Any]) -> str:
+    """'1.234 (1.200-1.260 over 2 rounds: 1.2, 1.26)'."""
+    if not s:
+        return "-"
+    each = ", ".join(f"{v:.3f}" for v in s["per_round"])
+    return f"{s['median']:.3f} (range {s['min']:.3f}-{s['max']:.3f} over {s['rounds']} rounds: {each})"

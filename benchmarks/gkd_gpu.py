@@ -1,21 +1,30 @@
-"""GKD on one GPU, side by side: rlcore against TRL 1.16's `DistillationTrainer` (vLLM colocate, chunked loss).
+"""GKD on one GPU, side by side: rlcore as a user runs it against TRL 1.16's `DistillationTrainer` (vLLM
+colocate, chunked loss), interleaved in rounds.
+
+rlcore's sides are `rlcore run --plugin gkd --use-ray --config examples/ray/gkd/teacher_colocated.yaml KEY=VALUE...`
+(`served`: teacher_standalone.yaml), scaled to this host's GPU, with the example's defaults everywhere except the
+keys both sides must share: the models, the data, the batch, the lengths, the steps and lmbda 1 (`WORK`,
+`shared_keys`). What else the example and rlcore's defaults choose (dtype auto, sleep level, offloading of the
+student and the teacher, vLLM's memory share, beta, temperature, optimizer) is rlcore's; TRL is given the same
+values where it has the setting (`peer_of`), so a slow default shows in the ratio. The table says which keys were
+set on which example.
 
 The same work on every side: a random Qwen2-0.5B-shaped student (hidden 896, 24 layers) distils a random
-Qwen2-1.5B-shaped teacher (hidden 1536, 28 layers), vocabulary 151,936 (Qwen2's), bf16; every step on-policy
-(lmbda 1: `DistillationTrainer` is on-policy only), 64 completions of up to 256 tokens a step (8 per
-micro-batch x 8 accumulation steps), beta 0.5, temperature 1, gradient checkpointing off, vLLM colocated at
-0.3 of the GPU with `max_num_seqs` 64, `max_num_batched_tokens` 4096 (TRL's fixed value) and no sleep mode. Each
-run in a process of its own:
+Qwen2-1.5B-shaped teacher (hidden 1536, 28 layers), vocabulary 151,936 (Qwen2's), bf16 checkpoints drawn once and
+reused; every step on-policy (lmbda 1: `DistillationTrainer` is on-policy only), 64 completions of up to 256 tokens
+a step (8 per micro-batch x 8 accumulation steps). The timed sides run interleaved, trl, full, topk, trl, full,
+topk (`--rounds`, default 2), each in a fresh process (one vLLM per process):
 
 - `trl`: `trl.DistillationTrainer` (`use_vllm=True`, `vllm_mode="colocate"`; its loss is always the chunked
   `ChunkedDivergenceFunction` over hidden states and LM heads), teacher on the same GPU;
-- `full`: rlcore, one process, no Ray: vLLM rollout awake beside the train engine, the teacher colocated in the
+- `full`: rlcore on teacher_colocated.yaml: Ray, vLLM rollout colocated with the train worker, the teacher in the
   train worker, the full vocabulary through the chunked LM-head loss;
-- `topk`: the same, with `gkd_logits_topk: 64` (the teacher colocated, its top-64 taken in chunks of positions);
-- `memory`: no trainer: one micro-batch's loss forward + backward at T = 256, 512, 1024 with the engines'
+- `topk`: the same with `gkd_logits_topk=64` (the teacher's top-64 taken in chunks of positions);
+- `memory` (once, not timed): one micro-batch's loss forward + backward at T = 256, 512, 1024 with the engines'
   chunked LM-head path and with the [B, T, V] logits path (`chunked_lm_head=False`), torch's peak allocation;
-- `trl-gkd` (only with `--only`): TRL's older `GKDTrainer` with `model.generate` (2 steps: it is slow);
-- `served` (only with `--only`, two GPUs): rlcore on Ray, the teacher a vLLM group on GPU 1 serving top-64;
+- `trl-gkd` (only with `--only`, once): TRL's older `GKDTrainer` with `model.generate` (2 steps: it is slow);
+- `served` (only with `--only`, two GPUs): rlcore on teacher_standalone.yaml, the teacher a vLLM group on GPU 1
+  serving top-64;
 - `full-liger` and `trl-liger` (only with `--only`): `full` with the hf engine's `liger_kernel` (liger-kernel's
   RMSNorm, SwiGLU and rotary kernels in the student and the teacher) and TRL with `use_liger_kernel` (the same
   kernels, the student's only: TRL's option does not reach the teacher); the liger-kernel wheel must be installed;
@@ -23,23 +32,25 @@ run in a process of its own:
   `torch_compile` (each decoder layer of the student and the teacher compiled in place, inductor, dynamic
   shapes) and TRL with transformers' `torch_compile` (`torch.compile` of the whole student, as Trainer does it).
 
-    python benchmarks/gkd_gpu.py                  # trl, full, topk, memory: about 6 minutes on one H200
-    python benchmarks/gkd_gpu.py --only trl --only full; python benchmarks/gkd_gpu.py --only topk --only memory
-                                                  # the same in two calls of about 4 and 2.5 minutes
-    python benchmarks/gkd_gpu.py --only full      # one side; sides run in separate calls add up in the JSON
+    python benchmarks/gkd_gpu.py --only trl --only full   # 2 rounds of trl, full: about 6 minutes on one H200
+    python benchmarks/gkd_gpu.py --only trl --only topk   # the same for top-64
+    python benchmarks/gkd_gpu.py --only memory            # the memory sweep alone
+    python benchmarks/gkd_gpu.py                  # trl, full, topk (2 rounds) and memory: about 10 minutes
     python benchmarks/gkd_gpu.py --merge a.json --merge b.json --json c.json   # two calls' JSONs (each machine
                                                   # starts bare) as one table and one JSON, with the targets; no run
-    python benchmarks/gkd_gpu.py --smoke          # tiny models on the CPU, no vLLM: the code paths only (TRL's
+    python benchmarks/gkd_gpu.py --smoke --rounds 1   # tiny models on the CPU, no vLLM: the code paths only (TRL's
                                                   # and rlcore's GPU configs are built there too)
-    python benchmarks/gkd_gpu.py --only full --profile   # + torch's profile of rlcore's last train phase
+    python benchmarks/gkd_gpu.py --only full --profile   # + torch's profile of rlcore's last train_step
 
-The table gives each side's median step time (steps 3-10), completion tokens per second, the peak GPU memory
-(device-wide, sampled every 0.2 s while the run's process lives, above what was in use before it), torch's
-peak allocation and peak reservation in the run's process, and the ratio to the fastest TRL side that ran (`trl`, `trl-liger`, `trl-compile`: TRL configured as well as it
-can be); targets, for each rlcore side of that kind (`full*`, `topk*`): full >= 1.5x with peak <= that TRL side's,
-topk >= 2x. `--json PATH` (default benchmarks/results/gkd_gpu-<date>-<kind>.json;
-with --smoke, the temporary folder) keeps every side's settings, the git commit (`RLCORE_COMMIT` where set) and the
-targets met, written after every side; a side that fails is recorded as such and the others still run.
+The table gives each side's median step time (steps 3-8) and completion tokens per second (the median over the
+rounds, each round's too), the peak GPU memory (device-wide, sampled every 0.2 s while the run's process lives, above
+what was in use before it), torch's peak allocation and reservation (TRL's process; rlcore's lives in Ray workers),
+and x TRL: each round's tokens/s over that round's fastest TRL side (`trl`, `trl-liger`, `trl-compile`: TRL
+configured as well as it can be), the median over the rounds and its range; targets, for each rlcore side of that
+kind (`full*`, `topk*`), by the median: full >= 1.5x with peak <= that TRL side's, topk >= 2x. `--json PATH`
+(default benchmarks/results/gkd_gpu-<date>-<kind>.json; with --smoke, the temporary folder) keeps every side's
+rounds and settings, each rlcore side's example and keys, the git commit (`RLCORE_COMMIT` where set) and the targets
+met, written after every side; a side that fails is recorded as such and the others still run.
 """
 
 from __future__ import annotations
@@ -56,26 +67,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import failure, free_port, git_commit, host_info, results_path, run_child, write_json
+from fair import (failure, free_port, git_commit, host_info, interleave, print_provenance, profile_env, provenance,
+                  read_profile, results_path, rlcore_run, run_child, scaled, spread, spread_text, user_config, write_json)
 
-MICRO, ACCUM, TOKENS, STEPS, SKIP = 8, 8, 256, 10, 2
+MICRO, ACCUM, TOKENS, STEPS, SKIP = 8, 8, 256, 8, 2
 VOCAB = 151936
 STUDENT = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
                vocab_size=VOCAB, max_position_embeddings=2048, dtype="bfloat16")
 TEACHER = dict(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960,
                vocab_size=VOCAB, max_position_embeddings=2048, dtype="bfloat16", seed=1)
-SMOKE_STUDENT = dict(hidden_size=64, num_layers=2, vocab_size=1024, max_position_embeddings=512)
-SMOKE_TEACHER = dict(hidden_size=96, num_layers=2, vocab_size=1024, max_position_embeddings=512, seed=1)
-SAME: dict[str, Any] = dict(beta=0.5, temperature=1.0, learning_rate=1e-6, per_device_train_batch_size=MICRO,
-                            gradient_accumulation_steps=ACCUM, seed=42, max_completion_length=TOKENS,
-                            lr_scheduler_type="constant", max_grad_norm=1.0, weight_decay=0.0)
-GPU_MEMORY, MAX_MODEL_LEN, MAX_BATCHED_TOKENS = 0.3, 1024, 4096  # TRL fixes max_num_batched_tokens at 4096
+# --smoke: tiny models on the CPU (their context as long as the GPU models', so the GPU configs' checks pass on them)
+SMOKE_STUDENT = dict(hidden_size=64, num_layers=2, vocab_size=1024, max_position_embeddings=2048)
+SMOKE_TEACHER = dict(hidden_size=96, num_layers=2, vocab_size=1024, max_position_embeddings=2048, seed=1)
+# the work both sides do, set on rlcore's example and given to TRL (with the models, the data and lmbda 1)
+WORK: dict[str, Any] = dict(per_device_train_batch_size=MICRO, gradient_accumulation_steps=ACCUM,
+                            max_completion_length=TOKENS, max_steps=STEPS)
+SMOKE_WORK: dict[str, Any] = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_completion_length=8,
+                                  max_steps=2)
+MAX_BATCHED_TOKENS = 4096  # TRL fixes vLLM's max_num_batched_tokens at 4096
 TARGETS = {"full": 1.5, "topk": 2.0}
 LENGTHS = (256, 512, 1024)  # the memory sweep's sequence lengths
 SIDES = ("trl", "full", "topk", "memory")  # the default run; trl-gkd and served with --only
 LABELS = {"trl": "TRL DistillationTrainer (vLLM)", "trl-gkd": "TRL GKDTrainer (generate)",
-          "full": "rlcore colocated, full vocab", "topk": "rlcore colocated, top-64",
-          "served": "rlcore vLLM teacher (GPU 1), top-64",
+          "full": "rlcore teacher_colocated.yaml, full", "topk": "rlcore teacher_colocated.yaml, top-64",
+          "served": "rlcore teacher_standalone.yaml, top-64",
           "trl-liger": "TRL + use_liger_kernel (student)", "full-liger": "rlcore full vocab + liger (both)",
           "trl-compile": "TRL + torch_compile (student)", "full-compile": "rlcore full vocab + compile (both)",
           "topk-compile": "rlcore top-64 + compile (both)"}
@@ -111,75 +126,102 @@ def torch_peaks() -> dict[str, float | None]:
 # -- the runs, each in its own process ------------------------------------------------------------
 
 
-def run_rlcore(student: str, teacher: str, data: str, out: Path, what: str, smoke: bool) -> dict:
-    from fair import StepClock
+EXAMPLES = {"served": "gkd/teacher_standalone.yaml"}  # every other rlcore side: gkd/teacher_colocated.yaml
+# rlcore's own keys of each side on top of its example (listed in the table); the shared ones are `shared_keys`'
+OWN: dict[str, dict[str, Any]] = {
+    "full": {}, "topk": {"gkd_logits_topk": 64}, "served": {},
+    "full-liger": {"train.engine_kwargs.liger_kernel": True},  # liger's RMSNorm, SwiGLU, rotary: student and teacher
+    "full-compile": {"train.engine_kwargs.torch_compile": True},  # each decoder layer compiled in place
+    "topk-compile": {"gkd_logits_topk": 64, "train.engine_kwargs.torch_compile": True},
+}
+SMOKE_CPU = {"rollout.engine": "hf", "teacher.engine": "hf"}  # --smoke's rlcore run: no vLLM on the CPU
 
-    from rlcore import load_plugins
-    from rlcore.plugins.gkd.config import GKDConfig
-    from rlcore.plugins.gkd.trainer import GKDTrainer
 
-    clock = StepClock()
-    plugins = load_plugins()
-    plugins.register(clock, "clock")
-    steps = 2 if smoke else STEPS
-    rollout: dict[str, Any] = {
-        "engine": "vllm", "gpus": 1, "dtype": "bfloat16", "vllm_gpu_memory_utilization": GPU_MEMORY,
-        "vllm_max_model_len": MAX_MODEL_LEN, "engine_kwargs": {"vllm_enable_sleep_mode": False},  # as TRL's, no sleep mode
-        "vllm_engine_kwargs": {"max_num_seqs": MICRO * ACCUM, "max_num_batched_tokens": MAX_BATCHED_TOKENS}}
-    train: dict[str, Any] = {"gpus": 1, "dtype": "bfloat16", "gradient_checkpointing": False}
-    if what == "full-liger":  # liger-kernel's RMSNorm, SwiGLU and rotary kernels in the student and the teacher
-        train["engine_kwargs"] = {"liger_kernel": True}
-    if what.endswith("-compile"):  # each decoder layer of the student and the teacher compiled in place
-        train["engine_kwargs"] = {"torch_compile": True}
-    common = dict(SAME, lmbda=1.0, model=student, dataset=data, output_dir=str(out), max_steps=steps, save_steps=100_000,
-                  eval_size=0, colocate_groups=[["train", "rollout"]])
+def example_of(what: str) -> str:
+    return EXAMPLES.get(what, "gkd/teacher_colocated.yaml")
 
-    def gkd_config(rollout: dict[str, Any], train: dict[str, Any], **extra: Any) -> GKDConfig:
-        keys = {**common, "train": train, "rollout": rollout, **extra}
-        if what == "served":  # Ray: train and rollout share GPU 0, the teacher serves its top-64 from GPU 1
-            return GKDConfig(**keys, gkd_logits_topk=64, offload_model=False, offload_optimizer=False,
-                             teacher={**rollout, "model": teacher, "vllm_gpu_memory_utilization": 0.8})
-        # one process: vLLM awake throughout (no sleep), the teacher inside the train worker
-        return GKDConfig(**keys, teacher_model=teacher, sleep_level=0, gkd_logits_topk=64 if what.startswith("topk") else None)
 
-    config = gkd_config(rollout, train)  # the GPU run's config, validated on the CPU too under --smoke
-    if smoke:  # the CPU: the hf rollout engine, float32, no GPUs to share
-        rollout, train = {"engine": "hf", "dtype": "float32"}, {**{k: v for k, v in train.items() if k != "gpus"}, "dtype": "float32"}
-        config = gkd_config(rollout, train, colocate_groups=[], per_device_train_batch_size=2,
-                            gradient_accumulation_steps=2, max_completion_length=8)
-    trainer = GKDTrainer(config, plugins, use_ray=what == "served")
-    profile: dict[str, Any] = {}
-    if os.environ.get("RLCORE_BENCH_PROFILE") and what != "served":  # the last step's train phase, profiled
-        from fair import profile_nth_call
+def shared_keys(what: str, student: str, teacher: str, data: str, smoke: bool) -> dict[str, Any]:
+    """The keys set on rlcore's example and given to TRL alike: the models, the data, the batch, the lengths, the
+    steps, and lmbda 1 (TRL's DistillationTrainer is on-policy only)."""
+    teacher_key = "teacher.model" if what == "served" else "teacher_model"
+    work = SMOKE_WORK if smoke else WORK
+    return {"model": student, teacher_key: teacher, "dataset": data, "lmbda": 1.0, **work}
 
-        from rlcore.plugins.hf.train import HFTrainEngine
 
-        profile_nth_call(HFTrainEngine, "train_step", steps - 1, profile)
-    settings = {k: getattr(config, k) for k in ("beta", "lmbda", "temperature", "learning_rate", "lr_scheduler_type",
-                                                "max_grad_norm", "weight_decay", "per_device_train_batch_size",
-                                                "gradient_accumulation_steps", "max_completion_length", "gkd_logits_topk",
-                                                "seed", "sleep_level")}
-    settings.update(gradient_checkpointing=config.train.gradient_checkpointing, rollout=dict(rollout),
+def rlcore_keys(what: str, student: str, teacher: str, data: str, out: Path,
+                gpu: bool) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(shared, scaling, own) keys of an rlcore side: the GPU run's (`gpu`), or --smoke's run on the CPU."""
+    example = example_of(what)
+    shared = shared_keys(what, student, teacher, data, smoke=not gpu)
+    scale = {**scaled(example, 1 if gpu else 0), "output_dir": str(out)}
+    own = {**OWN[what], **({} if gpu else {k: v for k, v in SMOKE_CPU.items() if what == "served" or "rollout" in k})}
+    if not gpu:  # the CPU has no compiler toolchain to count on, nor liger's Triton kernels
+        own = {k: v for k, v in own.items() if not k.startswith("train.engine_kwargs.")}
+    return shared, scale, own
+
+
+def flat(parts: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def rlcore_settings(config: Any, what: str, cuda: bool) -> dict[str, Any]:
+    """The settings rlcore's side ran with, read back from its config (`cuda`: on a GPU)."""
+    from rlcore.engine_checks import resolve_dtype
+
+    settings = {k: getattr(config, k) for k in ("beta", "lmbda", "temperature", "top_p", "learning_rate",
+                                                "lr_scheduler_type", "max_grad_norm", "weight_decay",
+                                                "per_device_train_batch_size", "gradient_accumulation_steps",
+                                                "max_completion_length", "gkd_logits_topk", "seed", "sleep_level",
+                                                "offload_model", "offload_optimizer", "offload_teacher_model")}
+    settings.update(gradient_checkpointing=config.train.gradient_checkpointing,
+                    dtype=f"{config.train.dtype} -> {resolve_dtype(config.train.dtype, config.model, cuda)}",
+                    rollout={k: getattr(config.rollout, k) for k in ("engine", "vllm_gpu_memory_utilization",
+                                                                     "vllm_max_model_len", "vllm_engine_kwargs")},
                     teacher="vLLM group on GPU 1" if what == "served" else "colocated in the train worker",
                     chunked_lm_head=config.train.engine_kwargs.get("chunked_lm_head", True),
                     liger_kernel=config.train.engine_kwargs.get("liger_kernel", False),
                     torch_compile=config.train.engine_kwargs.get("torch_compile", False))
-    clock.start()
-    trainer.fit()
-    rows = clock.rows
-    completions = config.per_device_train_batch_size * config.gradient_accumulation_steps
+    return settings
+
+
+def peer_of(config: Any) -> dict[str, Any]:
+    """TRL's keys given the values rlcore's run resolved: the example's, else rlcore's defaults (vLLM's memory share,
+    its sleep between generations, the loss's beta and temperature, the optimizer, the schedule)."""
+    peer = {k: getattr(config, k) for k in ("beta", "temperature", "top_p", "learning_rate", "lr_scheduler_type",
+                                            "max_grad_norm", "weight_decay", "per_device_train_batch_size",
+                                            "gradient_accumulation_steps", "seed", "max_completion_length")}
+    peer.update(gradient_checkpointing=config.train.gradient_checkpointing,
+                vllm_gpu_memory_utilization=config.rollout.vllm_gpu_memory_utilization,
+                vllm_max_model_length=config.rollout.vllm_max_model_len,
+                vllm_enable_sleep_mode=config.sleep_level > 0)
+    return peer
+
+
+def run_rlcore(what: str, keys: dict[str, Any], tmp: Path, name: str, profile: bool, env: dict[str, str]) -> dict:
+    """An rlcore side, one round: `rlcore run --plugin gkd --use-ray` on its example in a process of its own (`env`
+    added to this one's)."""
+    profiled = None
+    if profile and what != "served":  # the last step's train phase, in the train worker
+        site, profiled = profile_env(tmp, name, keys["max_steps"] - 1, ("rlcore.plugins.hf.train", "HFTrainEngine",
+                                                                       "train_step"))
+        env = {**env, **site}
+    run = rlcore_run("gkd", example_of(what), keys, tmp, name, use_ray=True, env=env)
+    rows = run["rows"]
+    completions = keys["per_device_train_batch_size"] * keys["gradient_accumulation_steps"]
     phases = sorted({k for r in rows for k in r if k.startswith("time/")})
-    return {"step_s": clock.step_s(), "tokens": [r["completions/mean_length"] * completions for r in rows],
-            "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}, "jsd": [r["jsd"] for r in rows],
-            "settings": settings, **torch_peaks(), "profile": profile}
+    return {"step_s": run["step_s"], "tokens": [r["completions/mean_length"] * completions for r in rows],
+            "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}, "jsd": [r.get("jsd") for r in rows],
+            "setup_s": run["setup_s"], "cmd": run["cmd"], "profile": profiled and read_profile(profiled, "train_step")}
 
 
-def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger: bool = False,
-            compile: bool = False) -> dict:
+def run_trl(student: str, teacher: str, data: str, out: Path, peer: dict[str, dict[str, Any]], smoke: bool,
+            liger: bool = False, compile: bool = False) -> dict:
     """`trl.DistillationTrainer` as TRL documents it for colocated vLLM: `use_vllm=True, vllm_mode="colocate"`.
     `liger`: with transformers' `use_liger_kernel` (the student's RMSNorm, SwiGLU and rotary kernels; its loss
     kernels off, as rlcore's `liger_kernel` has them; TRL's option does not reach the teacher). `compile`: with
-    transformers' `torch_compile` (Trainer compiles the whole student; the teacher stays eager)."""
+    transformers' `torch_compile` (Trainer compiles the whole student; the teacher stays eager). `peer`: TRL's keys
+    with the values of rlcore's run, the GPU run's (`gpu`) and this one's (`run`, --smoke's on the CPU)."""
     from datasets import load_dataset
     from fair import trainer_clock, trl_args
     from transformers import AutoTokenizer, GenerationConfig
@@ -187,29 +229,26 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger
 
     clock = trainer_clock("completions/mean_length")
     stop = GenerationConfig.from_pretrained(student).eos_token_id  # same_stop_tokens wrote rlcore's there
-    gpu = dict(SAME, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=GPU_MEMORY,
-               vllm_max_model_length=MAX_MODEL_LEN, vllm_enable_sleep_mode=False, bf16=True,
+    gpu = dict(peer["gpu"], use_vllm=True, vllm_mode="colocate", bf16=True,
                generation_kwargs={"stop_token_ids": stop},  # vLLM stops there, as rlcore asks its engine to
                output_dir=str(out), max_steps=STEPS, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
-               gradient_checkpointing=False, optim="adamw_torch",  # rlcore's torch.optim.AdamW
+               optim="adamw_torch",  # rlcore's torch.optim.AdamW
                model_init_kwargs={"dtype": "bfloat16"}, teacher_model_init_kwargs={"dtype": "bfloat16"},
                **({"use_liger_kernel": True, "liger_kernel_config": {"rope": True, "rms_norm": True, "swiglu": True,
                    "cross_entropy": False, "fused_linear_cross_entropy": False}} if liger else {}),
                **({"torch_compile": True} if compile else {}))
-    cpu = dict(use_vllm=False, bf16=False, use_cpu=True, generation_kwargs=None, max_steps=2, use_liger_kernel=False,
-               per_device_train_batch_size=2, gradient_accumulation_steps=2, max_completion_length=8,
+    cpu = dict(peer["run"], use_vllm=False, bf16=False, use_cpu=True, generation_kwargs=None, use_liger_kernel=False,
+               vllm_enable_sleep_mode=False, max_steps=SMOKE_WORK["max_steps"], torch_compile=False,
                model_init_kwargs={"dtype": "float32"}, teacher_model_init_kwargs={"dtype": "float32"})
     args = trl_args(DistillationConfig, gpu, cpu if smoke else None)
     tokenizer = AutoTokenizer.from_pretrained(student, padding_side="left")
     dataset = load_dataset("json", data_files=data, split="train").remove_columns("messages")
     trainer = DistillationTrainer(model=student, teacher_model=teacher, args=args, train_dataset=dataset,
                                   processing_class=tokenizer, callbacks=[clock])
-    settings = {k: getattr(args, k) for k in SAME}
-    settings.update(lmbda="1 (on-policy only)", gkd_logits_topk=None, gradient_checkpointing=args.gradient_checkpointing,
+    settings = {k: getattr(args, k) for k in peer["gpu"]}
+    settings.update(lmbda="1 (on-policy only)", gkd_logits_topk=None, dtype="bfloat16 (model_init_kwargs)",
                     use_liger_kernel=args.use_liger_kernel, torch_compile=args.torch_compile,
-                    use_vllm=args.use_vllm, vllm_mode=args.vllm_mode, vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-                    vllm_max_model_length=args.vllm_max_model_length, vllm_enable_sleep_mode=args.vllm_enable_sleep_mode,
-                    max_num_seqs=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+                    use_vllm=args.use_vllm, vllm_mode=args.vllm_mode, max_num_seqs=args.per_device_train_batch_size * args.gradient_accumulation_steps,
                     max_num_batched_tokens=MAX_BATCHED_TOKENS,  # TRL's VLLMGeneration fixes it
                     loss="ChunkedDivergenceFunction (trl/kernels/chunked_divergence.py)",
                     optim=getattr(args.optim, "value", str(args.optim)),
@@ -220,7 +259,8 @@ def run_trl(student: str, teacher: str, data: str, out: Path, smoke: bool, liger
     return {"step_s": clock.step_s(), "tokens": tokens, "settings": settings, **torch_peaks()}
 
 
-def run_trl_gkd(student: str, teacher: str, data: str, out: Path, smoke: bool = False) -> dict:
+def run_trl_gkd(student: str, teacher: str, data: str, out: Path, peer: dict[str, dict[str, Any]],
+                smoke: bool = False) -> dict:
     """TRL's older `GKDTrainer` (`trl.experimental.gkd`), generating with `model.generate`: 2 + SKIP steps."""
     from datasets import load_dataset
     from fair import trainer_clock
@@ -236,12 +276,11 @@ def run_trl_gkd(student: str, teacher: str, data: str, out: Path, smoke: bool = 
         return ids, mask, labels
 
     GKDTrainer.generate_on_policy_outputs = staticmethod(counted)
-    same = {k: v for k, v in SAME.items() if k != "max_completion_length"}
+    fields = GKDConfig.__dataclass_fields__
+    same = {k: v for k, v in peer["run"].items() if k in fields and not k.startswith("vllm_") and k != "max_completion_length"}
     dtype, tokens, device = ("float32", 8, dict(use_cpu=True, bf16=False)) if smoke else ("bfloat16", TOKENS, dict(bf16=True))
-    if smoke:
-        same.update(per_device_train_batch_size=2, gradient_accumulation_steps=2)
     args = GKDConfig(**same, **device, lmbda=1.0, output_dir=str(out), max_steps=SKIP + 2, max_new_tokens=tokens,
-                     report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, gradient_checkpointing=False,
+                     report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
                      model_init_kwargs={"dtype": dtype}, teacher_model_init_kwargs={"dtype": dtype})
     trainer = GKDTrainer(model=student, teacher_model=teacher, args=args,
                          train_dataset=load_dataset("json", data_files=data, split="train").remove_columns("prompt"),
@@ -254,7 +293,7 @@ def run_trl_gkd(student: str, teacher: str, data: str, out: Path, smoke: bool = 
     return {"step_s": clock.step_s(), "tokens": per_step, "settings": settings, **torch_peaks()}
 
 
-def run_memory(student: str, teacher: str, smoke: bool) -> dict:
+def run_memory(student: str, teacher: str, beta: float, smoke: bool) -> dict:
     """One micro-batch (MICRO rows x T tokens, the last half completion) through the GKD loss, forward and
     backward, with the chunked LM-head path and with the [B, T, V] logits path: torch's peak allocation above
     the engines' own memory, per T. The chunked path's peak grows with B x T x hidden, the logits path's with
@@ -283,7 +322,7 @@ def run_memory(student: str, teacher: str, smoke: bool) -> dict:
             mask = torch.zeros(rows, T, dtype=torch.long)
             mask[:, T // 2:] = 1
             batch = Batch(input_ids=ids, attention_mask=torch.ones_like(ids), completion_mask=mask)
-            objective = DistillObjective(beta=SAME["beta"], temperature=1.0, topk=None,
+            objective = DistillObjective(beta=beta, temperature=1.0, topk=None,
                                          num_items_in_batch=float(mask.sum()))
 
             def teacher_fn(micro, k, temperature, teach=teach):
@@ -364,22 +403,27 @@ class PeakMemory:
         self.thread.join()
 
 
-def child(what: str, tmp: Path, data: Path | None = None, smoke: bool = False) -> dict | None:
-    """Run one side (or the model build) in a process of its own; its result (and peak memory) or None."""
-    out = tmp / f"{what}.json"
-    cmd = [sys.executable, __file__, "--run", what, "--tmp", str(tmp)] + (["--smoke"] if smoke else [])
+def child(what: str, tmp: Path, data: Path | None = None, smoke: bool = False, name: str | None = None,
+          keys: dict[str, Any] | None = None, profile: bool = False) -> dict | None:
+    """Run one side (or the model build) in a process of its own: an rlcore side through `rlcore run` with its
+    `keys`, the others as this script's child; its result (and peak memory) or None."""
+    name = name or what
+    out = tmp / f"{name}.json"
+    cmd = [sys.executable, __file__, "--run", what, "--tmp", str(tmp), "--out", str(out)] + (["--smoke"] if smoke else [])
     if data is not None:
         cmd += ["--data", str(data)]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
            "LOCAL_RANK": "0"}  # a world of one, as TRL documents colocated vLLM in one process (grpo_gpu.py's too)
-    if what != "served":
-        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    gpus = {} if what == "served" else {"CUDA_VISIBLE_DEVICES": env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
     started = time.perf_counter()
     with PeakMemory() as memory:
-        run_child(cmd, env)
-    if what == "build":
+        if what in OWN:
+            result = run_rlcore(what, keys or {}, tmp, name, profile, gpus)
+        else:
+            run_child(cmd, {**env, **gpus})
+            result = None if what == "build" else json.loads(out.read_text())
+    if result is None:
         return None
-    result = json.loads(out.read_text())
     result["peak_gpu_gib"] = round(memory.peak, 2)
     result["wall_s"] = round(time.perf_counter() - started, 1)
     return result
@@ -398,6 +442,7 @@ def summarise(result: dict, skip: int) -> dict:
            "torch_reserved_gib": result.get("torch_reserved_gib"),
            "steps_measured": len(steps), "wall_s": result["wall_s"], "settings": result.get("settings", {}),
            "per_step_s": [round(s, 3) for s in result["step_s"]]}
+    out.update({k: result[k] for k in ("setup_s", "cmd") if k in result})
     if result.get("phases"):
         out["phases_s"] = {k.removeprefix("time/"): round(statistics.median(v[skip:]), 3) for k, v in result["phases"].items()}
     if result.get("profile"):
@@ -405,11 +450,9 @@ def summarise(result: dict, skip: int) -> dict:
     return out
 
 
-def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
-    base_side = trl_base(sides)  # None where every TRL side is absent or failed
-    base = sides[base_side]["tokens_per_s"] if base_side else None
-    if base_side:
-        print(f"\nx TRL: against {LABELS[base_side]}, the fastest TRL side that ran")
+def print_table(sides: dict[str, dict], met: dict[str, bool], ratios: dict[str, dict]) -> None:
+    print("\nx TRL: each round's tokens/s over the fastest TRL side of that round (TRL configured as well as it can be); "
+          "the median of the rounds, then its range")
     print(f"\n{'':<38}{'step (s)':>10}{'tokens/s':>11}{'peak GiB':>10}{'torch GiB':>11}{'reserved':>10}{'x TRL':>8}  target")
     for what, side in sides.items():
         if "failed" in side:
@@ -417,16 +460,22 @@ def print_table(sides: dict[str, dict], met: dict[str, bool]) -> None:
             continue
         if what == "memory":
             continue
-        ratio = side["tokens_per_s"] / base if base else float("nan")
+        ratio = ratios.get(what, {}).get("median", float("nan"))
         target = ""
         kind = target_of(what)
         if kind:
             extra = " & peak <= TRL's" if kind == "full" else ""
-            target = f">= {TARGETS[kind]:g}x{extra}: {'met' if met.get(what) else 'NOT met'}" if base else f">= {TARGETS[kind]:g}x"
+            target = f">= {TARGETS[kind]:g}x{extra}: {'met' if met.get(what) else 'NOT met'}" if what in ratios else \
+                f">= {TARGETS[kind]:g}x"
         torch_gib, reserved = (side.get(k) for k in ("torch_peak_gib", "torch_reserved_gib"))
         print(f"{LABELS[what]:<38}{side['step_s']:>10.2f}{side['tokens_per_s']:>11.0f}{side['peak_gpu_gib']:>10.2f}"
               f"{(torch_gib if torch_gib is not None else float('nan')):>11.2f}"
               f"{(reserved if reserved is not None else float('nan')):>10.2f}{ratio:>8.2f}  {target}")
+        if what in ratios:
+            print(f"{'':<38}x TRL by round: {spread_text(ratios[what])}")
+        if len(side.get("rounds", [])) > 1:
+            print(f"{'':<38}step by round: " + ", ".join(f"{r['step_s']:.2f}" if "step_s" in r else "failed"
+                                                        for r in side["rounds"]))
         if side.get("phases_s"):
             print(f"{'':<38}phases: " + ", ".join(f"{k} {v:.3f}" for k, v in side["phases_s"].items()))
     for what, side in sides.items():
@@ -454,18 +503,41 @@ def target_of(what: str) -> str | None:
     return next((kind for kind in TARGETS if what == kind or what.startswith(f"{kind}-")), None)
 
 
-def targets_met(sides: dict[str, dict]) -> dict[str, bool]:
+def round_ratios(rounds: list[dict[str, dict]]) -> dict[str, dict]:
+    """Each rlcore side's tokens/s over the fastest TRL side of the same round, per round: their median and range."""
+    per: dict[str, list[float]] = {}
+    for done in rounds:
+        base = trl_base(done)
+        for what, row in done.items():
+            if base and what not in TRL_SIDES and "tokens_per_s" in row:
+                per.setdefault(what, []).append(row["tokens_per_s"] / done[base]["tokens_per_s"])
+    return {what: spread(values) for what, values in per.items()}
+
+
+def targets_met(sides: dict[str, dict], ratios: dict[str, dict]) -> dict[str, bool]:
+    """A side meets its target by its median ratio over the rounds (and, full*, its median peak memory)."""
     base = trl_base(sides)
-    if base is None:
-        return {}
-    trl, met = sides[base], {}
-    for what, side in sides.items():
+    met = {}
+    for what, ratio in ratios.items():
         kind = target_of(what)
-        if kind and "tokens_per_s" in side:
-            met[what] = side["tokens_per_s"] >= TARGETS[kind] * trl["tokens_per_s"]
-            if kind == "full":
-                met[what] = met[what] and side["peak_gpu_gib"] <= trl["peak_gpu_gib"]
+        if kind:
+            met[what] = ratio["median"] >= TARGETS[kind]
+            if kind == "full" and base:
+                met[what] = met[what] and sides[what]["peak_gpu_gib"] <= sides[base]["peak_gpu_gib"]
     return met
+
+
+def over_rounds(rows: list[dict]) -> dict:
+    """A side's row over its rounds: the medians of step, tokens/s and peak memory, the last round's details, and
+    each round's row."""
+    done = [r for r in rows if "step_s" in r]
+    if not done:
+        return {**rows[-1], "rounds": rows} if len(rows) > 1 else rows[-1]
+    med = {k: statistics.median(r[k] for r in done) for k in ("step_s", "tokens_per_s", "peak_gpu_gib")}
+    return {**done[-1], **{k: round(v, 3) for k, v in med.items()}, "rounds": rows}
+
+
+ONCE = ("memory", "trl-gkd")  # not timed against TRL: run once, after the rounds
 
 
 def main() -> None:
@@ -474,78 +546,131 @@ def main() -> None:
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200"), help="machine kind, for the record")
     choices = [*SIDES, *EXTRA]
     parser.add_argument("--only", choices=choices, action="append", help="run this side (repeatable)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the timed sides, interleaved (default 2)")
     parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU, no vLLM, 2 steps: the code paths only")
     parser.add_argument("--profile", action="store_true", help="profile rlcore's last train phase (not measured)")
     parser.add_argument("--merge", action="append", default=[], metavar="JSON",
                         help="an earlier call's results (repeatable): its sides are kept beside this run's (later ones "
                         "win); with no --only nothing runs: the merged table, targets and JSON only")
     parser.add_argument("--run", choices=[*choices, "build"], help=argparse.SUPPRESS)
-    parser.add_argument("--tmp", help=argparse.SUPPRESS)
-    parser.add_argument("--data", help=argparse.SUPPRESS)
+    for flag in ("--tmp", "--data", "--out"):
+        parser.add_argument(flag, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    if args.run:  # a child: one run, results to tmp/<run>.json
+    if args.run:  # a child: one run, results to --out
         tmp = Path(args.tmp)
         student, teacher = str(tmp / "student"), str(tmp / "teacher")
         if args.run == "build":
             return run_build(tmp, args.smoke)
+        peer = json.loads((tmp / "peer.json").read_text())
         if args.run in TRL_SIDES:
-            result = run_trl(student, teacher, args.data, tmp / f"out-{args.run}", args.smoke,
+            result = run_trl(student, teacher, args.data, tmp / f"out-{args.run}", peer, args.smoke,
                              liger=args.run == "trl-liger", compile=args.run == "trl-compile")
         elif args.run == "trl-gkd":
-            result = run_trl_gkd(student, teacher, args.data, tmp / "out-trl-gkd", args.smoke)
-        elif args.run == "memory":
-            result = run_memory(student, teacher, args.smoke)
+            result = run_trl_gkd(student, teacher, args.data, tmp / "out-trl-gkd", peer, args.smoke)
         else:
-            result = run_rlcore(student, teacher, args.data, tmp / f"out-{args.run}", args.run, args.smoke)
-        (tmp / f"{args.run}.json").write_text(json.dumps(result, default=str))
+            result = run_memory(student, teacher, peer["run"]["beta"], args.smoke)
+        Path(args.out).write_text(json.dumps(result, default=str))
         return
 
     if args.only or not args.merge:  # a merge alone runs nothing here: its sides' machine is not this one
         HOST.update(host_info())
     if args.profile:
         os.environ["RLCORE_BENCH_PROFILE"] = "1"  # the children read it
-    wanted = args.only or ([] if args.merge else list(SIDES))
+    wanted = list(dict.fromkeys(args.only or ([] if args.merge else list(SIDES))))
     started = time.perf_counter()
     path = results_path(args.json, f"gkd_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
     kept: dict[str, dict] = {}  # sides run in calls of their own (--only, --merge) add up in one file
     for earlier in [path] * bool(args.only and path.exists()) + [Path(m) for m in args.merge]:
-        kept.update(json.loads(earlier.read_text()).get("sides", {}))
+        old = json.loads(earlier.read_text())
+        kept.update(old.get("sides", {}))
+        RATIOS.update(old.get("ratios", {}))
+        RUNS.update(old.get("rlcore_runs", {}))
     sides: dict[str, dict] = {}
     if not wanted:
         write_json(path, record(kept, args, started))
+    timed, rounds = [w for w in wanted if w not in ONCE], []
+    order = interleave(timed, args.rounds) + [(0, w) for w in wanted if w in ONCE]
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         if wanted:
             child("build", tmp, smoke=args.smoke)
             data = dataset_file(tmp)
-        for what in wanted:
+            keys = prepare(wanted, tmp, str(data), args.smoke)
+        per_side: dict[str, list[dict]] = {}
+        for index, what in order:
+            name = f"{what}-{index + 1}"
             try:
-                sides[what] = summarise(child(what, tmp, data, args.smoke), 0 if args.smoke else SKIP)
+                row = summarise(child(what, tmp, data, args.smoke, name, keys.get(what), args.profile),
+                                0 if args.smoke else SKIP)
             except Exception as error:  # noqa: BLE001 - the other sides still run; the child's log says why
-                sides[what] = failure(error)
-            sides[what]["commit"] = git_commit()
-            print(json.dumps({what: sides[what]}, default=str))
+                row = failure(error)
+            if what in RUNS and "failed" not in row:  # rlcore's settings: those of the config it ran with
+                row["settings"] = RUNS[what]["settings"]
+            row["commit"] = git_commit()
+            print(json.dumps({what: row}, default=str))
+            if what in timed:
+                while len(rounds) <= index:
+                    rounds.append({})
+                rounds[index][what] = row
+            per_side.setdefault(what, []).append(row)
+            sides[what] = over_rounds(per_side[what])
+            RATIOS.update(round_ratios(rounds))
             write_json(path, record({**kept, **sides}, args, started))
-    print_table({**kept, **sides}, targets_met({**kept, **sides}))
+    everything = {**kept, **sides}
+    print_table(everything, targets_met(everything, RATIOS), RATIOS)
+    print_runs()
     print(f"wrote {path}")
     if any("failed" in side for side in sides.values()):
         raise SystemExit(f"failed: {', '.join(k for k, v in sides.items() if 'failed' in v)}")
 
 
+def prepare(wanted: list[str], tmp: Path, data: str, smoke: bool) -> dict[str, dict[str, Any]]:
+    """Each rlcore side's keys (its GPU config loaded and checked on this machine first, as `rlcore config validate`
+    does, also under --smoke) and TRL's peer values (peer.json): those of teacher_colocated.yaml with the shared
+    keys, as a user's rlcore run resolves them."""
+    student, teacher = str(tmp / "student"), str(tmp / "teacher")
+    keys: dict[str, dict[str, Any]] = {}
+    peer: dict[str, dict[str, Any]] = {}
+    for what in dict.fromkeys([*[w for w in wanted if w in OWN], "full"]):
+        gpu = rlcore_keys(what, student, teacher, data, tmp / f"out-{what}", gpu=True)
+        gpu_config = user_config("gkd", example_of(what), flat(gpu))
+        run = rlcore_keys(what, student, teacher, data, tmp / f"out-{what}", gpu=not smoke)
+        config = user_config("gkd", example_of(what), flat(run)) if smoke else gpu_config
+        if what == "full":
+            peer = {"gpu": peer_of(gpu_config), "run": peer_of(config)}
+        if what in wanted:
+            keys[what] = flat(run)
+            RUNS[what] = {**provenance(example_of(what), *run), "settings": rlcore_settings(config, what, not smoke)}
+    (tmp / "peer.json").write_text(json.dumps(peer))
+    return keys
+
+
+def print_runs() -> None:
+    """Each rlcore side's example and the keys set on it."""
+    print_provenance({"rlcore_runs": {LABELS.get(what, what): run for what, run in RUNS.items()}})
+
+
 HOST: dict[str, Any] = {}  # host_info() of the machine this call's sides ran on, measured once in main()
+RUNS: dict[str, dict[str, Any]] = {}  # each rlcore side's example, keys and settings
+RATIOS: dict[str, dict[str, Any]] = {}  # each rlcore side's x TRL per round, median and range
 
 
 def record(sides: dict[str, dict], args: argparse.Namespace, started: float) -> dict:
-    """The results JSON: every side's row (settings and commit included), the targets and which were met."""
+    """The results JSON: every side's row (settings and commit included), each rlcore side's example and keys, the
+    per-round ratios, the targets and which were met."""
     return {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "smoke": args.smoke,
-            "host": HOST,
+            "host": HOST, "rounds": args.rounds,
             "sides": sides, "labels": {k: v for k, v in LABELS.items() if k in sides},
-            "targets": {"full": "tokens/s >= 1.5 x DistillationTrainer's, peak GPU memory <= its peak",
-                        "topk": "tokens/s >= 2 x DistillationTrainer's"},
-            "targets_base": trl_base(sides), "met": targets_met(sides), "wall_s": round(time.perf_counter() - started, 1),
-            "work": f"{MICRO * ACCUM} completions x {TOKENS} tokens a step, lmbda 1, beta {SAME['beta']}, vocabulary {VOCAB}, "
-                    f"student Qwen2-0.5B shape, teacher Qwen2-1.5B shape, bf16, median of steps {SKIP + 1}-{STEPS}"}
+            "rlcore_runs": RUNS, "ratios": RATIOS,
+            "targets": {"full": "median over the rounds of tokens/s / the round's fastest TRL side's >= 1.5, peak GPU "
+                                "memory <= its peak", "topk": "the same median >= 2"},
+            "targets_base": trl_base(sides), "met": targets_met(sides, RATIOS),
+            "wall_s": round(time.perf_counter() - started, 1),
+            "work": f"{MICRO * ACCUM} completions x {TOKENS} tokens a step, lmbda 1, vocabulary {VOCAB}, "
+                    f"student Qwen2-0.5B shape, teacher Qwen2-1.5B shape, bf16 checkpoints, median of steps "
+                    f"{SKIP + 1}-{STEPS}; rlcore: the example's other settings (dtype auto, sleep, offloading, beta, "
+                    f"vLLM's memory share), given to TRL where it has them"}
 
 if __name__ == "__main__":
     main()

@@ -1,20 +1,25 @@
-"""GRPO with `train.engine=megatron` against `train.engine=hf`, side by side in one run.
+"""GRPO with `train.engine=megatron` against `train.engine=hf`, side by side in one run, as a user runs them:
+`rlcore run --plugin grpo --use-ray --config examples/ray/grpo/colocate_device_groups.yaml train.engine=ENGINE`,
+scaled to this host's GPUs, the example's defaults (dtype auto, sleep level 1, offloading) everywhere except the
+work both engines share (`SHARED`: model, data and reward, batch, lengths, steps) and each engine's keys
+(`ENGINES`), listed in the table.
 
-    python benchmarks/megatron_gpu.py --part one   # one H200: the Qwen2-0.5B-shaped work of grpo_gpu.py, colocated
-                                                   # with vLLM in one process; target: megatron time/train <= 0.8x hf's
-    python benchmarks/megatron_gpu.py --part two   # two H200s: a Qwen2.5-7B-shaped random model, GRPO colocated on Ray
-                                                   # (tensor parallel 2 on both sides) with megatron, and the hf engine
-                                                   # on one GPU for the same model (expected: out of memory)
+    python benchmarks/megatron_gpu.py --part one   # one H200: the Qwen2-0.5B-shaped work of grpo_gpu.py, train and
+                                                   # vLLM colocated; target: megatron time/train <= 0.8x hf's
+    python benchmarks/megatron_gpu.py --part two   # two H200s: a Qwen2.5-7B-shaped random model, the example on both
+                                                   # GPUs (tensor parallel 2 for train and vLLM) with megatron, and
+                                                   # the hf engine on one GPU for the same model (expected: out of memory)
     python benchmarks/megatron_gpu.py --part train # one H200, no vLLM: the train phase alone (GRPO's loss on 64 rows of
                                                    # 64 + up to 256 tokens, micro-batches of 16), hf vs megatron with
                                                    # SDPA core attention vs megatron with the local spec's attention
     python benchmarks/megatron_gpu.py              # parts one and two (needs two GPUs)
 
-Each engine runs in a subprocess of its own (one vLLM per process). The table gives median step time, median
-`time/train`, completion tokens per second and the peak GPU memory (nvidia-smi, every GPU, sampled every 0.2 s);
-a run that fails says how (an out-of-memory error is a result for part two). `--json PATH` (default
-benchmarks/results/megatron_gpu.json) is written after each part. `--smoke --part one` runs part one's code paths on
-the CPU (a tiny model, the hf rollout engine in vLLM's place, float32, 2 steps).
+Part one runs its engines interleaved, megatron, megatron-bf16, hf, megatron, ... (`--rounds`, default 2), each in
+a fresh process (one vLLM per process), the model drawn once; the ratios to hf are per round, with their median and
+range. The table gives median step time, median `time/train`, completion tokens per second and the peak GPU memory
+(nvidia-smi, every GPU, sampled every 0.2 s); a run that fails says how (an out-of-memory error is a result for part
+two). `--json PATH` (default benchmarks/results/megatron_gpu.json) is written after each run. `--smoke --part one`
+runs part one's code paths on the CPU (a tiny model, the hf rollout engine in vLLM's place, float32, 2 steps).
 """
 
 from __future__ import annotations
@@ -31,68 +36,51 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import git_commit, results_path, write_json
+from fair import (failure, git_commit, interleave, print_provenance, profile_env, provenance, read_profile,
+                  results_path, rlcore_run, scaled, spread, spread_text, user_config, write_json)
 
-PROMPTS, GENERATIONS, TOKENS, STEPS, SKIP = 8, 8, 256, 8, 2
+PROMPTS, GENERATIONS, TOKENS, STEPS, SKIP = 8, 8, 256, 6, 2
 SMALL = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=2048, dtype="bfloat16")  # Qwen2-0.5B's shape
 LARGE = dict(hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944,
              vocab_size=152064, max_position_embeddings=4096, dtype="bfloat16")  # Qwen2.5-7B's shape
 NO_MASTER_WEIGHTS = {"use_distributed_optimizer": False, "master_weights": False}
 RESULTS = Path(__file__).parent / "results" / "megatron_gpu.json"
-COMMON = dict(learning_rate=1e-6, lr_scheduler_type="constant", max_grad_norm=1.0, beta=0.0, loss_type="dapo",
-              num_generations=GENERATIONS, max_completion_length=TOKENS, per_device_train_batch_size=16,
-              gradient_accumulation_steps=4, seed=42, max_steps=STEPS, save_steps=100_000)
-# --smoke (part one's code paths on the CPU): a tiny model, the hf rollout engine for vLLM, float32, 2 prompts x 4
-# generations x 8 tokens, 2 steps, none skipped
-SMOKE_SHAPE = dict(hidden_size=64, num_layers=2, vocab_size=1024)
+EXAMPLE = "grpo/colocate_device_groups.yaml"
+# the work every engine does, set on the example (with the model and the data)
+SHARED: dict[str, Any] = dict(reward_funcs=["toy"], num_generations=GENERATIONS, max_completion_length=TOKENS,
+                              per_device_train_batch_size=16, gradient_accumulation_steps=4, max_steps=STEPS)
+# each engine's own keys
+ENGINES: dict[str, dict[str, Any]] = {
+    "megatron": {"train.engine": "megatron"},
+    "megatron-bf16": {"train.engine": "megatron", "train.engine_kwargs": NO_MASTER_WEIGHTS},  # hf's numerics: bf16 AdamW
+    "hf": {"train.engine": "hf"},
+}
+ENGINE_CLASSES = {"megatron": ("rlcore.plugins.megatron.engine", "MegatronTrainEngine", "train_step"),
+                  "hf": ("rlcore.plugins.hf.train", "HFTrainEngine", "train_step")}
+# --smoke (part one's code paths on the CPU): a tiny model (its context as long as the GPU model's), the hf rollout
+# engine for vLLM, 2 prompts x 4 generations x 8 tokens, 2 steps, none skipped
+SMOKE_SHAPE = dict(hidden_size=64, num_layers=2, vocab_size=1024, max_position_embeddings=2048)
 SMOKE = dict(num_generations=4, max_completion_length=8, per_device_train_batch_size=4, gradient_accumulation_steps=2,
              max_steps=2)
 
 
-def run_grpo(model: str, out: Path, engine: str, part: str, smoke: bool = False) -> dict:
-    """One GRPO run in this process; per-step seconds and metrics."""
-    from fair import StepClock
-
-    from rlcore import load_plugins
-    from rlcore.plugins.grpo.config import GRPOConfig
-    from rlcore.plugins.grpo.trainer import GRPOTrainer
-
-    clock = StepClock()
-    plugins = load_plugins()
-    plugins.register(clock, "clock")
+def run_keys(model: str, data: str, out: Path, engine: str, part: str,
+             gpu: bool) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(shared, scaling, own) keys of one engine's run: the GPU run's (`gpu`), or --smoke's on the CPU."""
     gpus = 2 if part == "two" and engine == "megatron" else 1
-    rollout = {"engine": "vllm", "gpus": gpus, "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.3,
-               "vllm_max_model_len": 1024, "vllm_tensor_parallel_size": gpus}
-    train: dict[str, Any] = {"gpus": gpus, "dtype": "bfloat16", "engine": engine.split("-")[0]}
-    if engine.startswith("megatron"):
-        train["tensor_model_parallel_size"] = gpus
-    if engine == "megatron-bf16":  # the hf engine's numerics: AdamW on the bf16 params, no fp32 master copies
-        train["engine_kwargs"] = NO_MASTER_WEIGHTS
-    config = GRPOConfig(**COMMON, model=model, output_dir=str(out), train=train, rollout=rollout,
-                        colocate_groups=[["train", "rollout"]], sleep_level=1 if part == "two" else 0,
-                        offload_model=part == "two", offload_optimizer=part == "two")
-    if smoke:  # the GPU run's config validated above; this one runs on the CPU
-        config = GRPOConfig(**{**COMMON, **SMOKE}, model=model, output_dir=str(out), sleep_level=0,
-                            train={**train, "gpus": 0, "dtype": "float32"}, rollout={"engine": "hf", "dtype": "float32"})
-    profile: dict[str, Any] = {}
-    if os.environ.get("RLCORE_BENCH_PROFILE"):  # the last step's train phase under torch's profiler
-        from fair import profile_nth_call
+    shared = {"model": model, "dataset": data, **SHARED, **({} if gpu else SMOKE)}
+    scale = {**scaled(EXAMPLE, gpus if gpu else 0), "output_dir": str(out)}
+    own = dict(ENGINES[engine])
+    if gpus > 1:
+        own.update({"train.tensor_model_parallel_size": gpus, "rollout.vllm_tensor_parallel_size": gpus})
+    if not gpu:
+        own["rollout.engine"] = "hf"
+    return shared, scale, own
 
-        if engine.startswith("megatron"):
-            from rlcore.plugins.megatron.engine import MegatronTrainEngine as Engine
-        else:
-            from rlcore.plugins.hf.train import HFTrainEngine as Engine
-        profile_nth_call(Engine, "train_step", config.max_steps - 1, profile)
-    trainer = GRPOTrainer(config, plugins, use_ray=part == "two" and not smoke)
-    clock.start()
-    trainer.fit()
-    rows = clock.rows
-    return {"step_s": clock.step_s(), "profile": profile,
-            "phases": {k: [r.get(k) for r in rows] for k in sorted({k for r in rows for k in r}) if k.startswith("time/")},
-            "train_s": [r.get("time/train", float("nan")) for r in rows],
-            "mean_length": [r["completions/mean_length"] for r in rows],
-            "completions": config.per_device_train_batch_size * config.gradient_accumulation_steps}
+
+def flat(parts: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    return {k: v for part in parts for k, v in part.items()}
 
 
 class PeakMemory:
@@ -206,49 +194,74 @@ def train_phase_part(tmp: Path, variants: tuple[str, ...] = TRAIN_VARIANTS) -> d
 ONE_ENGINES = ("megatron", "megatron-bf16", "hf")
 
 
-def one_gpu_record(rows: list[dict]) -> dict:
-    """Each megatron run's time/train and device-wide peak against hf's, and whether the targets are met."""
+def one_gpu_record(done: list[dict[str, dict]]) -> dict:
+    """Each megatron engine's time/train and device-wide peak against hf's of the same round: per round, their median
+    and range, and whether the targets are met by the medians; `runs`, the last round's rows."""
     def peak(r: dict) -> float:
         return max(r.get("peak_gpu_mib", {}).values(), default=float("nan"))
 
-    hf = rows[-1]
     ratios = []
-    for r in rows[:-1]:
-        train = r.get("train_s", float("nan")) / hf.get("train_s", float("nan"))
-        memory = peak(r) / peak(hf)
-        ratios.append({"engine": r["engine"], "train_x_hf": round(train, 3), "peak_x_hf": round(memory, 3),
-                       "met": train <= 1.0 and memory <= 1.0})
-    return {"runs": rows, "ratios": ratios, "target": "time/train <= 1.0x hf (stretch 0.8x), peak GPU memory <= hf's"}
+    for engine in ONE_ENGINES[:-1]:
+        pairs = [(r[engine], r["hf"]) for r in done if engine in r and "hf" in r]
+        if not pairs:
+            continue
+        train = [ours.get("train_s", float("nan")) / hf.get("train_s", float("nan")) for ours, hf in pairs]
+        memory = [peak(ours) / peak(hf) for ours, hf in pairs]
+        median_train, median_memory = statistics.median(train), statistics.median(memory)
+        ratios.append({"engine": engine, "train_x_hf": round(median_train, 3), "peak_x_hf": round(median_memory, 3),
+                       "train_x_hf_rounds": spread(train), "peak_x_hf_rounds": spread(memory),
+                       "met": median_train <= 1.0 and median_memory <= 1.0})
+    last = {engine: row for r in done for engine, row in r.items()}
+    return {"runs": [last[e] for e in ONE_ENGINES if e in last], "ratios": ratios, "rounds": done,
+            "target": "time/train <= 1.0x hf (stretch 0.8x), peak GPU memory <= hf's, by the median over the rounds"}
 
 
-def subprocess_run(model: str, engine: str, part: str, tmp: Path, smoke: bool = False) -> dict:
-    out = tmp / f"{part}-{engine}.json"
-    cmd = [sys.executable, __file__, "--run", engine, "--part", part, "--model", model, "--out", str(out)]
-    cmd += ["--smoke"] if smoke else []
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+def subprocess_run(model: str, data: str, engine: str, part: str, tmp: Path, name: str, smoke: bool = False,
+                   profile: bool = False) -> dict:
+    """One engine's run through `rlcore run` (its GPU config checked here first, under --smoke too): medians of step,
+    time/train and tokens/s, and the peak GPU memory."""
+    out = tmp / f"out-{name}"
+    gpu_keys = run_keys(model, data, out, engine, part, gpu=True)
+    user_config("grpo", EXAMPLE, flat(gpu_keys))
+    keys = run_keys(model, data, out, engine, part, gpu=not smoke)
+    if smoke:
+        user_config("grpo", EXAMPLE, flat(keys))
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     if part == "two" and engine == "hf":  # the hf engine on one GPU, as a user would try first
-        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")[0]
+        env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")[0]
+    profiled = None
+    if profile:  # the last step's train phase, in the train worker
+        site, profiled = profile_env(tmp, name, keys[0]["max_steps"] - 1, ENGINE_CLASSES[engine.split("-")[0]])
+        env.update(site)
     started = time.perf_counter()
+    result: dict[str, Any] = {"engine": engine, "run": provenance(EXAMPLE, *keys)}
     with PeakMemory() as memory:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    result: dict[str, Any] = {"engine": engine, "wall_s": round(time.perf_counter() - started, 1),
-                              "peak_gpu_mib": memory.peak}
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout)[-2000:]
-        result["failed"] = "out of memory" if "out of memory" in tail.lower() else f"exit {done.returncode}"
-        result["error_tail"] = tail
+        try:
+            raw = rlcore_run("grpo", EXAMPLE, flat(keys), tmp, name, use_ray=True, env=env)
+        except Exception as error:  # noqa: BLE001 - an out-of-memory error is a result for part two
+            raw = None
+            result.update(failure(error))
+    result.update(wall_s=round(time.perf_counter() - started, 1), peak_gpu_mib=memory.peak)
+    if raw is None:
+        if "out of memory" in result.get("error_tail", "").lower():
+            result["failed"] = "out of memory"
         return result
-    raw = json.loads(out.read_text())
     skip = 0 if smoke else SKIP
-    step, train = statistics.median(raw["step_s"][skip:]), statistics.median(raw["train_s"][skip:])
-    length = statistics.median(raw["mean_length"][skip:])
-    result.update(step_s=round(step, 3), train_s=round(train, 3), tokens_per_s=round(length * raw["completions"] / step, 1),
+    rows = raw["rows"]
+    train_s = [r.get("time/train", float("nan")) for r in rows]
+    if profiled:  # the profiled last step is not measured
+        raw["step_s"], train_s, rows = raw["step_s"][:-1], train_s[:-1], rows[:-1]
+    step, train = statistics.median(raw["step_s"][skip:]), statistics.median(train_s[skip:])
+    length = statistics.median(r["completions/mean_length"] for r in rows[skip:])
+    completions = keys[0]["per_device_train_batch_size"] * keys[0]["gradient_accumulation_steps"]
+    phases = sorted({k for r in rows for k in r if k.startswith("time/")})
+    result.update(step_s=round(step, 3), train_s=round(train, 3), tokens_per_s=round(length * completions / step, 1),
                   steps_measured=len(raw["step_s"][skip:]), per_step_s=[round(s, 3) for s in raw["step_s"]],
-                  per_step_train_s=[round(s, 3) for s in raw["train_s"]],
-                  phases_s={k: round(statistics.median([v for v in vs[skip:] if v is not None] or [float("nan")]), 4)
-                            for k, vs in raw.get("phases", {}).items()})
-    if raw.get("profile"):
-        result["profile"] = raw["profile"]
+                  per_step_train_s=[round(s, 3) for s in train_s], setup_s=raw["setup_s"],
+                  phases_s={k: round(statistics.median([r[k] for r in rows[skip:] if r.get(k) is not None]
+                                                       or [float("nan")]), 4) for k in phases})
+    if profiled:
+        result["profile"] = read_profile(profiled, "train_step")
     return result
 
 
@@ -259,25 +272,43 @@ def build(shape: dict, name: str, device: str = "cuda") -> str:
     return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-bench" / name, **shape, device=device))
 
 
-def part_one(tmp: Path, smoke: bool) -> dict:
-    """GRPO colocated with vLLM on one GPU, megatron's train engine against hf's (--smoke: the CPU, hf rollout)."""
+def part_one(tmp: Path, smoke: bool, rounds: int, profile: bool, record: dict, path: Path) -> dict:
+    """GRPO colocated with vLLM on one GPU, megatron's train engine against hf's, interleaved in rounds (--smoke: the
+    CPU, hf rollout); written into `record` at `path` after each run."""
     model = build(SMOKE_SHAPE, "tiny-smoke", device="cpu") if smoke else build(SMALL, "qwen2-0.5b-shape")
-    rows = [subprocess_run(model, engine, "one", tmp, smoke) for engine in ONE_ENGINES]
-    record = one_gpu_record(rows)
-    print_table("one H200, GRPO colocated with vLLM, Qwen2-0.5B shape (megatron: fp32 main params, grads and moments; "
-                "megatron-bf16 and hf: bf16 AdamW)", rows)
-    for r in record["ratios"]:
+    data = prompts_file(tmp)
+    done: list[dict[str, dict]] = []
+    key = "one_gpu_qwen2_0.5b_colocated"
+    for index, engine in interleave(list(ONE_ENGINES), rounds):
+        while len(done) <= index:
+            done.append({})
+        done[index][engine] = subprocess_run(model, data, engine, "one", tmp, f"{engine}-{index + 1}", smoke, profile)
+        record[key] = one_gpu_record(done)
+        write_json(path, record)
+    rows = record[key]["runs"]
+    print_table("one H200, GRPO on colocate_device_groups.yaml, Qwen2-0.5B shape (megatron: fp32 main params, grads "
+                "and moments; megatron-bf16 and hf: bf16 AdamW); the last round's runs", rows)
+    for r in record[key]["ratios"]:
         print(f"{r['engine']:14} time/train x hf {r['train_x_hf']}, peak GPU x hf {r['peak_x_hf']}: "
-              f"{'met' if r['met'] else 'NOT met'} (target time <= 1.0x, stretch 0.8x; peak <= 1.0x)")
+              f"{'met' if r['met'] else 'NOT met'} (target time <= 1.0x, stretch 0.8x; peak <= 1.0x, by the median)")
+        print(f"{'':14} time/train x hf by round: {spread_text(r['train_x_hf_rounds'])}")
     for row in rows:
         print(f"{row['engine']:14} phases (median s): " + ", ".join(f"{k[5:]} {v}" for k, v in row.get("phases_s", {}).items()))
-        if row.get("profile"):
-            print(f"{row['engine']}: the last train phase under torch's profiler, {row['profile']['seconds']:.3f} s\n"
-                  f"{row['profile']['table']}")
+    print_provenance({"rlcore_runs": {row["engine"]: row["run"] for row in rows}})
     for row in rows:
         if "failed" in row:
-            print(f"{row['engine']} failed ({row['failed']}); the end of its output:\n{row['error_tail']}")
-    return record
+            print(f"{row['engine']} failed ({row['failed']}); the end of its output:\n{row.get('error_tail', '')}")
+    return record[key]
+
+
+def prompts_file(tmp: Path) -> str:
+    """The toy task's prompts as chat rows with their targets (the `toy` reward reads `target`)."""
+    from rlcore.testing import toy_dataset
+
+    path = tmp / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]})
+                            + "\n" for r in toy_dataset()))
+    return str(path)
 
 
 def print_table(title: str, rows: list[dict]) -> None:
@@ -292,6 +323,7 @@ def print_table(title: str, rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["one", "two", "both", "train"], default="both")
+    parser.add_argument("--rounds", type=int, default=2, help="part one: rounds of the engines, interleaved (default 2)")
     parser.add_argument("--train-variant", choices=TRAIN_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--variants", default=",".join(TRAIN_VARIANTS),
                         help=f"--part train: the engines to run, hf first (default {','.join(TRAIN_VARIANTS)})")
@@ -302,37 +334,34 @@ def main() -> None:
                         "rollout engine for vLLM, float32, 2 steps (the GPU run's configs are built there too)")
     parser.add_argument("--profile", action="store_true", help="part one: each engine's last train phase under "
                         "torch's profiler; its table is printed and kept in the JSON")
-    parser.add_argument("--run", choices=ONE_ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.train_variant:  # a child: one engine's train phase
         Path(args.out).write_text(json.dumps(run_train_phase(args.model, args.train_variant)))
         return
-    if args.run:  # a child: one engine's run
-        result = run_grpo(args.model, Path(args.out).with_suffix(""), args.run, args.part, args.smoke)
-        Path(args.out).write_text(json.dumps(result))
-        return
-    if args.profile:
-        os.environ["RLCORE_BENCH_PROFILE"] = "1"  # read by the children
     if args.smoke and args.part != "one":
         parser.error("--smoke runs part one's code paths only: add --part one")
     path = results_path(args.json, RESULTS.name, args.smoke)
     kind = args.kind or ("nvidia-h200" if args.part in ("one", "train") else "nvidia-h200-x2")
     record: dict[str, Any] = {"kind": kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
-                              "smoke": args.smoke, "steps": STEPS, "skip": SKIP,
+                              "smoke": args.smoke, "steps": STEPS, "skip": SKIP, "example": f"examples/ray/{EXAMPLE}",
                               "prompts": PROMPTS, "generations": GENERATIONS, "completion_tokens": TOKENS}
     with tempfile.TemporaryDirectory() as tmp:
         if args.part == "train":
             record["one_gpu_train_phase"] = train_phase_part(Path(tmp), tuple(args.variants.split(",")))
         if args.part in ("one", "both"):
-            record["one_gpu_qwen2_0.5b_colocated"] = part_one(Path(tmp), args.smoke)
-            write_json(path, record)
+            part_one(Path(tmp), args.smoke, args.rounds, args.profile, record, path)
         if args.part in ("two", "both"):
-            model = build(LARGE, "qwen2.5-7b-shape")
-            rows = [subprocess_run(model, "megatron", "two", Path(tmp)), subprocess_run(model, "hf", "two", Path(tmp))]
-            record["two_gpu_qwen2.5_7b_colocated_tp2"] = {"runs": rows}
-            print_table("two H200s, GRPO colocated on Ray, Qwen2.5-7B shape: megatron TP2 (+ vLLM TP2) vs hf on one GPU", rows)
+            model, data = build(LARGE, "qwen2.5-7b-shape"), prompts_file(Path(tmp))
+            rows = []
+            for engine in ("megatron", "hf"):
+                rows.append(subprocess_run(model, data, engine, "two", Path(tmp), f"two-{engine}"))
+                record["two_gpu_qwen2.5_7b_colocated_tp2"] = {"runs": rows}
+                write_json(path, record)
+            print_table("two H200s, GRPO on colocate_device_groups.yaml, Qwen2.5-7B shape: megatron TP2 (+ vLLM TP2) "
+                        "on both GPUs vs hf on one GPU", rows)
+            print_provenance({"rlcore_runs": {row["engine"]: row["run"] for row in rows}})
     write_json(path, record)
     print(f"\nwrote {path}")
 

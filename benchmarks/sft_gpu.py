@@ -1,11 +1,17 @@
-"""SFT on one GPU, side by side: rlcore (`rlcore run --plugin sft --use-ray`, 1 worker, TRL's SFTTrainer inside)
-against TRL's SFTTrainer in one process, on the same work.
+"""SFT on one GPU, side by side: rlcore as a user runs it (`rlcore run --plugin sft --use-ray --config
+examples/ray/sft/multi_node.yaml`, scaled to one GPU: 1 worker, TRL's SFTTrainer inside) against TRL's SFTTrainer in
+one process, on the same work, interleaved in rounds.
 
-The same random-weight Qwen2-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads, vocabulary 32000,
-bf16, drawn on the GPU), the same synthetic chat rows of mixed lengths, and the same TRL settings on both sides
-(`SAME`): packing (TRL's best-fit-decreasing) with `padding_free` set on both, max_length 2048, per-device batch
-4, optimizer, schedule, seed, 25 steps. Both sides run TRL's own data pipeline, so step n trains the same
-tokens on both.
+rlcore's side keeps the example's settings (packing, gradient checkpointing, bf16, the optimizer and its cosine
+schedule with warmup, dtype auto) except the keys both sides must share: the model, the data, the batch, the
+length and the steps (`SHARED`); TRL gets the values rlcore's run resolved for every key both spell the same way
+(`PEER`), so a slow default shows in the ratio. The table says which keys were set.
+
+The same random-weight Qwen2-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads, vocabulary 32000, bf16
+checkpoint, drawn on the GPU once), the same synthetic chat rows of mixed lengths, max_length 2048, per-device batch
+4, 25 steps. Both sides run TRL's own data pipeline, so step n trains the same tokens on both. The sides run TRL,
+rlcore, TRL, rlcore (`--rounds`, default 2), each in a fresh process; the table gives each round's ratio, their
+median and range.
 
 Each side reports two measures, and the table gives both with what lies between them:
 - the median step: the middle of each step's seconds (steps SKIP+1..N), insensitive to stalls;
@@ -16,14 +22,15 @@ than 1.5 x the median (stalls: logging, data, allocator) are listed with their s
 agree, window throughput is what a user waits for; a ratio of medians that differs from the ratio of
 throughputs is the stalls' share, printed.
 
-    python benchmarks/sft_gpu.py                  # both sides, one GPU, about 3 minutes
+    python benchmarks/sft_gpu.py                  # both sides, one GPU, 2 rounds: about 5 minutes
     python benchmarks/sft_gpu.py --only trl       # one side (kept in the JSON)
-    python benchmarks/sft_gpu.py --smoke          # a tiny model on the CPU, float32, 3 steps: the code paths only
+    python benchmarks/sft_gpu.py --smoke --rounds 1   # a tiny model on the CPU, float32, 3 steps: the code paths only
     python benchmarks/sft_gpu.py --profile        # + one step of each side under torch's profiler (where the time goes)
 
-Target (issue 24): rlcore's median step <= 1.0 x TRL's. Results (`--json PATH`, default
-benchmarks/results/sft_gpu-<date>-<kind>.json, written after each side) with both sides' settings and the git
-commit; a side that fails is recorded with its stderr's end and the other still runs.
+Target (issue 24): rlcore's median step <= 1.0 x TRL's, by the median over the rounds. Results (`--json PATH`,
+default benchmarks/results/sft_gpu-<date>-<kind>.json, written after each side) with both sides' settings, the
+example and the keys set on it, and the git commit; a side that fails is recorded with its stderr's end and the
+other still runs.
 """
 
 from __future__ import annotations
@@ -40,35 +47,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import build_model, chat_rows, failure, git_commit, host_info, results_path, write_json
+from fair import (build_model, chat_rows, failure, git_commit, host_info, interleave, print_provenance, profile_env,
+                  provenance, read_profile, results_path, rlcore_run, scaled, spread, spread_text, user_config,
+                  write_json)
 
 SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
              vocab_size=32000, max_position_embeddings=4096, dtype="bfloat16")
 ROWS, STEPS, SKIP, MICRO = 2048, 25, 5, 4
 # --smoke: a tiny model on the CPU, 64 rows, blocks of 256 tokens, float32, 3 steps with the first skipped
-SMOKE_SHAPE = dict(hidden_size=64, num_layers=2, vocab_size=1024, max_position_embeddings=512)
+SMOKE_SHAPE = dict(hidden_size=64, num_layers=2, vocab_size=1024, max_position_embeddings=4096)
 SMOKE_ROWS, SMOKE_STEPS, SMOKE_SKIP = 64, 3, 1
-SMOKE = dict(max_length=256, bf16=False)
-# Keys TRL's SFTConfig and rlcore's SFTConfig spell the same way, set to the same values on both sides.
-SAME: dict[str, Any] = dict(
-    max_length=2048, packing=True, padding_free=True, per_device_train_batch_size=MICRO, gradient_accumulation_steps=1,
-    learning_rate=1e-5, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-    bf16=True, gradient_checkpointing=False, seed=42, dataloader_num_workers=0,
-)
-TIMING = '''
-"""Stamps each step's end on the driver, with TRL's cumulative token count, into {out}."""
-import json, time
-from rlcore import hookimpl
-
-rows = []
-
-
-@hookimpl
-def rlcore_step_end(trainer, step, metrics):
-    rows.append({{"step": step, "t": time.perf_counter(), "num_tokens": metrics.get("num_tokens")}})
-    with open({out!r}, "w") as f:
-        json.dump(rows, f)
-'''
+EXAMPLE = "sft/multi_node.yaml"
+# The keys set on rlcore's example, and given to TRL alike (with the model, the data and the steps)
+SHARED: dict[str, Any] = dict(max_length=2048, per_device_train_batch_size=MICRO, gradient_accumulation_steps=1)
+SMOKE = dict(max_length=256, bf16=False)  # --smoke, both sides: the CPU has no bf16 autocast to count on
+# Keys TRL's SFTConfig and rlcore's SFTConfig spell the same way: TRL gets rlcore's resolved values
+PEER = ("max_length", "packing", "padding_free", "per_device_train_batch_size", "gradient_accumulation_steps",
+        "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "bf16",
+        "gradient_checkpointing", "seed", "dataloader_num_workers")
 
 
 def measures(stamps: list[dict], skip: int) -> dict:
@@ -86,32 +82,38 @@ def measures(stamps: list[dict], skip: int) -> dict:
             "per_step_s": [round(s, 4) for s in seconds], "per_step_tokens": tokens}
 
 
-def run_rlcore(model: str, data: str, tmp: Path, steps: int, smoke: bool = False, profile: bool = False) -> dict:
-    out, stamps, plugin = tmp / "rlcore", tmp / "rlcore.json", tmp / "timing_rlcore.py"
-    plugin.write_text(TIMING.format(out=str(stamps)))
-    same = {**SAME, **SMOKE} if smoke else SAME
-    overrides = [f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in same.items()]
-    device = ["default.gpus=0", "dtype=float32"] if smoke else ["default.gpus=1", "dtype=bfloat16"]
-    cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", "sft", "--with", str(plugin), "--use-ray",
-           f"model={model}", f"dataset={data}", f"output_dir={out}", f"max_steps={steps}", *device, "save_steps=0",
-           "run_ahead=true", *overrides]
-    extra, profiled = profile_env(tmp, "rlcore", steps) if profile else ({}, None)
-    started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True,
-                          env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **extra})
-    done.check_returncode()  # the CalledProcessError carries the child's stderr into the results row
-    settings = {**same, "framework": "rlcore run --plugin sft --use-ray, 1 worker (TRL's SFTTrainer inside)",
-                "stamped": "on the driver at each step's end (Ray's call inside)",
-                "run_ahead": "each step begins while the driver logs the last (rlcore's default)"}
-    return {"stamps": json.loads(stamps.read_text()), "wall_s": round(time.perf_counter() - started, 1),
-            "cmd": " ".join(cmd[1:]), "settings": settings, "profile": profiled and read_profile(profiled)}
+def rlcore_keys(model: str, data: str, tmp: Path, steps: int, gpu: bool) -> tuple[dict, dict, dict]:
+    """(shared, scaling, own) keys of rlcore's run: the GPU run's (`gpu`), or --smoke's on the CPU."""
+    shared = {"model": model, "dataset": data, "max_steps": steps, **SHARED, **({} if gpu else SMOKE)}
+    return shared, {**scaled(EXAMPLE, 1 if gpu else 0), "output_dir": str(tmp / "rlcore")}, {}
+
+
+def flat(parts: tuple[dict, ...]) -> dict[str, Any]:
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def run_rlcore(keys: dict[str, Any], tmp: Path, steps: int, profile: bool = False) -> dict:
+    """rlcore's side, one round: `rlcore run --plugin sft --use-ray` on the example; the stamps carry TRL's token
+    count (its `num_tokens` metric)."""
+    env, profiled = profile_env(tmp, "rlcore", max(0, steps - 2), TRAINING_STEP) if profile else ({}, None)
+    run = rlcore_run("sft", EXAMPLE, keys, tmp, "rlcore", use_ray=True, env=env)
+    starts = [0.0]
+    for s in run["step_s"]:
+        starts.append(starts[-1] + s)
+    stamps = [{"step": i + 1, "t": t, "num_tokens": row.get("num_tokens")}
+              for i, (t, row) in enumerate(zip(starts[1:], run["rows"]))]
+    settings = {"framework": "rlcore run --plugin sft --use-ray, 1 worker (TRL's SFTTrainer inside)",
+                "stamped": "on the driver at each step's end (Ray's call inside)"}
+    return {"stamps": stamps, "wall_s": run["wall_s"], "cmd": run["cmd"], "settings": settings,
+            "profile": profiled and read_profile(profiled)}
 
 
 def run_trl(model: str, data: str, tmp: Path, steps: int, smoke: bool = False, profile: bool = False) -> dict:
     stamps = tmp / "trl.json"
     cmd = [sys.executable, __file__, "--trl-child", "--model", model, "--data", data, "--out", str(stamps),
-           "--steps", str(steps), "--output-dir", str(tmp / "trl")] + (["--smoke"] if smoke else [])
-    extra, profiled = profile_env(tmp, "trl", steps) if profile else ({}, None)
+           "--steps", str(steps), "--output-dir", str(tmp / "trl"), "--peer", str(tmp / "peer.json")]
+    cmd += ["--smoke"] if smoke else []
+    extra, profiled = profile_env(tmp, "trl", max(0, steps - 2), TRAINING_STEP) if profile else ({}, None)
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **extra})
     done.check_returncode()  # the CalledProcessError carries the child's stderr into the results row
@@ -120,8 +122,10 @@ def run_trl(model: str, data: str, tmp: Path, steps: int, smoke: bool = False, p
             "settings": result["settings"], "profile": profiled and read_profile(profiled)}
 
 
-def trl_child(model: str, data: str, out: str, steps: int, output_dir: str, smoke: bool = False) -> None:
-    """TRL's SFTTrainer in this one process, as its documentation runs it; stamps at each step's log."""
+def trl_child(model: str, data: str, out: str, steps: int, output_dir: str, peer: dict[str, dict[str, Any]],
+              smoke: bool = False) -> None:
+    """TRL's SFTTrainer in this one process, as its documentation runs it, with rlcore's values of the keys both
+    spell alike (`peer`: the GPU run's, and --smoke's on the CPU); stamps at each step's log."""
     from datasets import load_dataset
     from fair import trl_args
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -134,13 +138,14 @@ def trl_child(model: str, data: str, out: str, steps: int, output_dir: str, smok
             if logs and "num_tokens" in logs:
                 rows.append({"step": state.global_step, "t": time.perf_counter(), "num_tokens": logs["num_tokens"]})
 
-    args = trl_args(SFTConfig, dict(SAME, output_dir=output_dir, max_steps=steps, logging_steps=1, save_strategy="no",
-                                    report_to="none", disable_tqdm=True), dict(SMOKE, use_cpu=True) if smoke else None)
+    args = trl_args(SFTConfig, dict(peer["gpu"], output_dir=output_dir, max_steps=steps, logging_steps=1,
+                                    save_strategy="no", report_to="none", disable_tqdm=True),
+                    dict(peer["run"], use_cpu=True) if smoke else None)
     dtype = "float32" if smoke else "bfloat16"
     trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype=dtype), args=args,
                          train_dataset=load_dataset("json", data_files=data, split="train"),
                          processing_class=AutoTokenizer.from_pretrained(model), callbacks=[Clock()])
-    settings = {k: getattr(args, k) for k in SAME}
+    settings = {k: getattr(args, k) for k in PEER}
     settings.update(packing_strategy=args.packing_strategy, padding_free_in_effect=trainer.padding_free,
                     attn_implementation=trainer.model.config._attn_implementation,
                     framework="trl.SFTTrainer, one process", stamped="on_log at each step (logging_steps 1)")
@@ -148,71 +153,7 @@ def trl_child(model: str, data: str, out: str, steps: int, output_dir: str, smok
     Path(out).write_text(json.dumps({"stamps": rows, "settings": settings}, default=str))
 
 
-# --profile, both sides alike: a sitecustomize on the PYTHONPATH of a side's run (TRL's child; rlcore's driver and
-# the Ray workers that inherit it) that wraps TRL's SFTTrainer.training_step as soon as trl.trainer.sft_trainer is
-# imported, in whichever process trains, and writes the profiled step's table to {out}
-PROFILE_SITE = '''
-import importlib.abc, importlib.util, json, sys
-sys.path.insert(0, {fair!r})
-
-
-def _patch(module):
-    from fair import profile_nth_call
-    sink = {{}}
-    profile_nth_call(module.SFTTrainer, "training_step", {nth}, sink)
-    profiled = module.SFTTrainer.training_step
-
-    def training_step(*args, **kwargs):
-        out = profiled(*args, **kwargs)
-        if "table" in sink and not sink.get("written"):
-            sink["written"] = True
-            with open({out!r}, "w") as f:
-                json.dump({{k: v for k, v in sink.items() if k != "written"}}, f)
-        return out
-
-    module.SFTTrainer.training_step = training_step
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "trl.trainer.sft_trainer":
-            return None
-        sys.meta_path.remove(self)  # once: the real spec, its loader patching the module after it runs
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _Finder())
-'''
-
-
-def profile_env(tmp: Path, side: str, steps: int) -> tuple[dict[str, str], Path]:
-    """--profile: the environment that profiles TRL's training_step at the second-to-last step (0-based
-    steps - 2) of `side`'s run, and the file its table goes to."""
-    out, site = tmp / f"profile-{side}.json", tmp / f"site-{side}"
-    site.mkdir()
-    nth = max(0, steps - 2)
-    (site / "sitecustomize.py").write_text(PROFILE_SITE.format(fair=str(Path(__file__).resolve().parent), nth=nth,
-                                                               out=str(out)))
-    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    return {"PYTHONPATH": path}, out
-
-
-def read_profile(out: Path) -> dict | None:
-    """The profiled step ({seconds, self_cuda_s, self_cpu_s, table}), printed; None if it was not written."""
-    if not out.is_file():
-        return None
-    found = json.loads(out.read_text())
-    print(f"\n{out.stem}: one training_step under torch's profiler, {found['seconds']:.3f} s "
-          f"(CUDA busy {found.get('self_cuda_s', 0):.3f} s, CPU {found['self_cpu_s']:.3f} s)\n{found['table']}")
-    return found
+TRAINING_STEP = ("trl.trainer.sft_trainer", "SFTTrainer", "training_step")  # --profile's, on both sides alike
 
 
 def build(tmp: Path, smoke: bool = False) -> tuple[str, str]:
@@ -247,20 +188,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, help=f"optimizer steps (default {STEPS}; --smoke {SMOKE_STEPS})")
     parser.add_argument("--only", choices=["rlcore", "trl"], help="run one side (kept in the JSON beside the other's)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of TRL, rlcore (default 2)")
     parser.add_argument("--json", help="default benchmarks/results/sft_gpu-<date>-<kind>.json")
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200"), help="machine kind, for the record")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, float32, 3 steps: the code "
-                        "paths only (TRL's GPU config is built there too)")
+                        "paths only (rlcore's and TRL's GPU configs are built there too)")
     parser.add_argument("--profile", action="store_true", help="each side's second-to-last training_step under "
                         "torch's profiler (the same wrapper on both; its table is printed and kept in the JSON; the "
                         "step times of such a run include it)")
     parser.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
-    for flag in ("--model", "--data", "--out", "--output-dir"):
+    for flag in ("--model", "--data", "--out", "--output-dir", "--peer"):
         parser.add_argument(flag, help=argparse.SUPPRESS)
     args = parser.parse_args()
     steps, skip = (args.steps or SMOKE_STEPS, SMOKE_SKIP) if args.smoke else (args.steps or STEPS, SKIP)
     if args.trl_child:
-        trl_child(args.model, args.data, args.out, steps, args.output_dir, args.smoke)
+        trl_child(args.model, args.data, args.out, steps, args.output_dir, json.loads(Path(args.peer).read_text()),
+                  args.smoke)
         return
 
     HOST.update(host_info())
@@ -268,60 +211,93 @@ def main() -> None:
     path = results_path(args.json, f"sft_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
     kept = json.loads(path.read_text()).get("sides", {}) if args.only and path.exists() else {}
     sides: dict[str, dict] = {}  # sides run in calls of their own (--only) add up in one file
+    rounds: list[dict[str, dict]] = []
     tmp = Path(tempfile.mkdtemp(prefix="rlcore-sft-bench-"))
     try:
         model, data = build(tmp, args.smoke)
-        for name, run in {"trl": run_trl, "rlcore": run_rlcore}.items():
-            if args.only not in (None, name):
-                continue
+        # the GPU run's config, loaded and checked as `rlcore config validate` does (on the CPU too, under --smoke)
+        gpu = rlcore_keys(model, data, tmp, steps, gpu=True)
+        gpu_config = user_config("sft", EXAMPLE, flat(gpu))
+        keys = rlcore_keys(model, data, tmp, steps, gpu=not args.smoke)
+        config = user_config("sft", EXAMPLE, flat(keys)) if args.smoke else gpu_config
+        peer = {"gpu": {k: getattr(gpu_config, k) for k in PEER}, "run": {k: getattr(config, k) for k in PEER}}
+        (tmp / "peer.json").write_text(json.dumps(peer))
+        RUN.update(provenance(EXAMPLE, *keys))
+        from rlcore.engine_checks import resolve_dtype
+
+        rlcore_settings = {**peer["run"], "dtype": f"{config.dtype} -> {resolve_dtype(config.dtype, model, not args.smoke)}",
+                           "run_ahead": config.run_ahead}
+        for index, name in interleave(["trl", "rlcore"] if args.only is None else [args.only], args.rounds):
+            while len(rounds) <= index:
+                rounds.append({})
             try:
-                raw = run(model, data, tmp, steps, args.smoke, args.profile)
-                sides[name] = {**measures(raw["stamps"], skip), **{k: raw[k] for k in ("settings", "wall_s", "cmd")}}
+                if name == "rlcore":
+                    raw = run_rlcore(flat(keys), tmp, steps, args.profile)
+                    raw["settings"] = {**rlcore_settings, **raw["settings"]}
+                else:
+                    raw = run_trl(model, data, tmp, steps, args.smoke, args.profile)
+                row = {**measures(raw["stamps"], skip), **{k: raw[k] for k in ("settings", "wall_s", "cmd")}}
                 if args.profile:  # the profiled step is among those measured: a --profile run's times are not a result
-                    sides[name]["profile"] = raw["profile"] or "not written (the profiled step did not run)"
+                    row["profile"] = raw["profile"] or "not written (the profiled step did not run)"
             except Exception as error:  # noqa: BLE001 - the other side still runs
-                sides[name] = failure(error)
-            sides[name]["commit"] = git_commit()
-            write_json(path, result({**kept, **sides}, args, steps, skip, started))
+                row = failure(error)
+            row["commit"] = git_commit()
+            rounds[index][name] = row
+            sides[name] = {**row, "rounds": [r[name] for r in rounds if name in r]}
+            write_json(path, result({**kept, **sides}, rounds, args, steps, skip, started))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    record = result({**kept, **sides}, args, steps, skip, started)
+    record = result({**kept, **sides}, rounds, args, steps, skip, started)
     write_json(path, record)
-    print(f"\nSFT on one GPU, Qwen2-0.5B shape (random bf16), packing + padding_free, max_length {SAME['max_length']}, "
-          f"per-device batch {MICRO}, steps {skip + 1}-{steps}")
-    print(f"{'side':<26}{'median step s':>14}{'mean step s':>12}{'window tok/s':>14}{'tokens/step':>13}{'stall s':>9}")
-    for name, m in record["sides"].items():
-        if "failed" in m:
-            print(f"{name:<26}FAILED: {m['failed']}")
-            continue
-        print(f"{name:<26}{m['median_step_s']:>14.3f}{m['mean_step_s']:>12.3f}{m['tokens_per_s']:>14,.0f}"
-              f"{m['median_tokens_per_step']:>13,.0f}{m['stall_s']:>9.2f}")
+    print(f"\nSFT on one GPU, Qwen2-0.5B shape (random bf16 checkpoint), max_length {config.max_length}, per-device "
+          f"batch {MICRO}, steps {skip + 1}-{steps}")
+    print(f"{'side':<20}{'round':>6}{'median step s':>14}{'mean step s':>12}{'window tok/s':>14}{'tokens/step':>13}"
+          f"{'stall s':>9}")
+    for index, done in enumerate(rounds):
+        for name, m in done.items():
+            if "failed" in m:
+                print(f"{name:<20}{index + 1:>6}  FAILED: {m['failed']}")
+                continue
+            print(f"{name:<20}{index + 1:>6}{m['median_step_s']:>14.3f}{m['mean_step_s']:>12.3f}{m['tokens_per_s']:>14,.0f}"
+                  f"{m['median_tokens_per_step']:>13,.0f}{m['stall_s']:>9.2f}")
     print("\n".join(record["explanation"]))
-    if "ratio_median_step" in record:
-        ratio = record["ratio_median_step"]
-        print(f"rlcore / TRL median step: {ratio:.3f} (target <= 1.0: {'met' if record['met'] else 'NOT met'})")
+    if "ratio" in record:
+        print(f"rlcore / TRL median step, by round: {spread_text(record['ratio'])} (target <= 1.0 by the median: "
+              f"{'met' if record['met'] else 'NOT met'})")
+    print_provenance({"rlcore_runs": {"rlcore": RUN}})
+    rl, trl = sides.get("rlcore", {}).get("settings", {}), sides.get("trl", {}).get("settings", {})
+    print(f"\n{'setting':<30}{'rlcore':>28}{'TRL':>28}")
+    for key in dict.fromkeys([*rl, *trl]):
+        value, other = rl.get(key, "-"), trl.get(key, "-")
+        print(f"{key:<30}{str(value):>28}{str(other):>28}{'' if value == other else '   DIFFERS'}")
     print(f"wrote {path}")
-    failed = [name for name, side in sides.items() if "failed" in side]
+    failed = sorted({name for done in rounds for name, side in done.items() if "failed" in side})
     if failed:
         raise SystemExit(f"failed: {', '.join(failed)}")
 
 
 HOST: dict[str, Any] = {}  # host_info() of the machine this call ran on (main() measures it once)
+RUN: dict[str, Any] = {}  # rlcore's example and the keys set on it
 
 
-def result(sides: dict[str, dict], args: argparse.Namespace, steps: int, skip: int, started: float) -> dict[str, Any]:
-    """The results JSON: both sides' measures, settings and commits, what lies between the measures, the target."""
+def result(sides: dict[str, dict], rounds: list[dict[str, dict]], args: argparse.Namespace, steps: int, skip: int,
+           started: float) -> dict[str, Any]:
+    """The results JSON: both sides' measures (the last round's, each round's under `rounds`), settings and commits,
+    rlcore's example and keys, what lies between the measures, the per-round ratio and the target."""
     measured = {name: side for name, side in sides.items() if "failed" not in side}
     record: dict[str, Any] = {"benchmark": "sft_gpu", "kind": args.kind, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                               "commit": git_commit(), "smoke": args.smoke, "host": HOST, "shape": SHAPE, "rows": ROWS,
-                              "steps": steps,
-                              "skip": skip, "same": SAME, "sides": sides, "explanation": explain(measured),
+                              "steps": steps, "skip": skip, "shared": SHARED, "rlcore_runs": {"rlcore": RUN},
+                              "sides": sides, "explanation": explain(measured),
                               "wall_s": round(time.perf_counter() - started, 1),
-                              "target": "rlcore's median step <= 1.0 x TRL's"}
-    if len(measured) == 2:
-        ratio = measured["rlcore"]["median_step_s"] / measured["trl"]["median_step_s"]
-        record.update(ratio_median_step=round(ratio, 3), met=ratio <= 1.0,
-                      ratio_window_throughput=round(measured["rlcore"]["tokens_per_s"] / measured["trl"]["tokens_per_s"], 3))
+                              "target": "rlcore's median step <= 1.0 x TRL's, the median over the rounds"}
+    pairs = [(r["rlcore"], r["trl"]) for r in rounds
+             if "median_step_s" in r.get("rlcore", {}) and "median_step_s" in r.get("trl", {})]
+    if pairs:
+        ratios = [ours["median_step_s"] / theirs["median_step_s"] for ours, theirs in pairs]
+        windows = [ours["tokens_per_s"] / theirs["tokens_per_s"] for ours, theirs in pairs]
+        record.update(ratio=spread(ratios), ratio_median_step=round(statistics.median(ratios), 3),
+                      met=statistics.median(ratios) <= 1.0, ratio_window_throughput=spread(windows))
     return record
 
 if __name__ == "__main__":
