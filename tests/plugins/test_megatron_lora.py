@@ -192,23 +192,27 @@ def test_lora_target_names_are_checked_before_anything_is_built(tiny_model):
 
 
 def test_grpo_with_lora_on_the_megatron_engine(tiny_model, tmp_path):
-    """Two GRPO steps with train.engine=megatron and train.lora_rank=8 through the trainer: the steps run, and
-    final/ holds the merged model and, in final/adapter, the PEFT adapter that gives the same weights on the base."""
+    """Two GRPO steps with train.engine=megatron and train.lora_rank=8 through the trainer: the steps run, final/
+    holds the merged model and, in final/adapter, the PEFT adapter that gives the same weights on the base; a run
+    cut after one step and resumed gives the uninterrupted run's second step."""
     from peft import PeftModel
 
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
 
-    out = tmp_path / "run"
-    config = GRPOConfig(**{
-        "model": str(tiny_model), "output_dir": str(out), "learning_rate": 1e-2, "max_completion_length": 8,
-        "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "num_generations": 4, "max_steps": 2,
-        "train": {"engine": "megatron", "lora_rank": 8}, "save_steps": 2,
-    })
-    GRPOTrainer(config, load_plugins()).fit()
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    def run(name, **overrides):
+        config = GRPOConfig(**{
+            "model": str(tiny_model), "output_dir": str(tmp_path / name), "learning_rate": 1e-2,
+            "max_completion_length": 8, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2,
+            "num_generations": 4, "max_steps": 2, "train": {"engine": "megatron", "lora_rank": 8}, "save_steps": 2,
+            **overrides,
+        })
+        GRPOTrainer(config, load_plugins()).fit()
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    rows = run("run")
     assert [r["step"] for r in rows] == [1, 2] and all(r["grad_norm"] > 0 for r in rows)
-    final = out / "final"
+    final = tmp_path / "run" / "final"
     merged = dict(_hf_model(final).named_parameters())
     assert json.loads((final / "adapter" / "adapter_config.json").read_text())["r"] == 8
     reference = dict(PeftModel.from_pretrained(_hf_model(tiny_model), str(final / "adapter")).merge_and_unload().named_parameters())
@@ -216,6 +220,11 @@ def test_grpo_with_lora_on_the_megatron_engine(tiny_model, tmp_path):
     assert all(torch.allclose(merged[n], reference[n], atol=1e-6, rtol=0) for n in merged)
     base = dict(_hf_model(tiny_model).named_parameters())
     assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    run("cut", max_steps=1, save_steps=1)
+    resumed = run("cut", save_steps=1, resume="auto")
+    assert resumed[-1]["step"] == 2
+    for key in ("reward", "grad_norm", "loss"):
+        assert resumed[-1][key] == rows[-1][key], key
 
 
 # -- tensor parallelism on the CPU: two processes over gloo ---------------------------------------------------
