@@ -36,7 +36,6 @@ from megatron.core.transformer.module import MegatronModule
 from .mapping import LINEAR_ATTENTION_TP
 
 
-
 class ZeroCenteredRMSNorm(torch.nn.Module):
     """x / rms(x) * (1 + weight), computed in float32 and cast back (transformers' `Qwen3_5RMSNorm`); the weight
     starts at zero. Built by megatron's `build_module(spec, config=..., hidden_size=..., eps=...)`."""

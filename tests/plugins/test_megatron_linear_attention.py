@@ -55,7 +55,7 @@ def randomise(module: torch.nn.Module, seed: int) -> None:
     """Every parameter random (norm weights, A_log and dt_bias too), so no default hides a mistake."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in module.named_parameters():
+        for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.ndim > 1 else 0.5))
 
 
