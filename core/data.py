@@ -24,7 +24,7 @@ import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import ConfigError, RlcoreError
 
@@ -271,6 +271,18 @@ def load_prompts(path: str | os.PathLike | list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def has_conversations(path: str | os.PathLike | list[str] | None) -> bool:
+    """Whether a row of the dataset(s) has a conversation for its prompt (a list of messages in `prompt`, or a
+    `messages` column), which only a chat template turns into tokens; False where the files cannot be read (the
+    data checks say why)."""
+    try:
+        rows = load_rows(path) if path else []
+    except RlcoreError:
+        return False
+    return any(isinstance(row.get("prompt"), list) or (row.get("prompt") is None and row.get("messages") is not None)
+               for row in rows)
+
+
 class PromptEncoder:
     """A model's tokenizer for prompts: a conversation goes through the chat template (with the
     generation prompt), plain text too when `use_chat_template` and the tokenizer has one; the ids are
@@ -425,19 +437,103 @@ def _is_repo_id(name: str) -> bool:
     return True
 
 
-def _hub_unreachable(model_id: str) -> str | None:
-    """Why the Hub cannot be asked for `model_id` now (HF_HUB_OFFLINE is set, or one request does not
-    connect), or None when it answers (also with an error of its own, which loading then reports)."""
-    from huggingface_hub import constants, model_info
+def _hub_unreachable(model_id: str, repo_type: str = "model") -> str | None:
+    """Why the Hub cannot be asked for `model_id` (a model, or a dataset with `repo_type`) now (HF_HUB_OFFLINE is
+    set, or one request does not connect), or None when it answers (also with an error of its own, which loading
+    then reports)."""
+    from huggingface_hub import constants, repo_info
     from huggingface_hub.errors import HfHubHTTPError
 
     if constants.HF_HUB_OFFLINE:
         return "HF_HUB_OFFLINE is set"
     try:
-        model_info(model_id, timeout=10)
+        repo_info(model_id, repo_type=repo_type, timeout=10)
     except HfHubHTTPError:  # the Hub answered (no such model, gated)
         return None
     except Exception as exc:  # no connection: no DNS, refused, timed out, a proxy that fails
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         return f"the Hub ({constants.ENDPOINT}) cannot be reached ({reason})"
     return None
+
+
+SPLIT_NAMES = ("train", "test", "validation", "valid", "dev", "eval")
+
+
+def split_files(name: str, config: str | None = None, split: str = "train") -> list[str]:
+    """The data files of split `split` (of configuration `config`) of the dataset `name`, as TRL's `dataset_name`,
+    `dataset_config` and `dataset_train_split` pick them: a file (its one split, train); a folder laid out as the
+    Hub's datasets are (`train.jsonl`, `data/train-00000-of-00001.parquet`, `CONFIG/train-*.parquet`; files named
+    for no split are all train); or a Hub dataset's id, read from the local Hugging Face cache, or downloaded where
+    the Hub answers. A ConfigError says in one line why there are none."""
+    file, _ = dataset_file(name)
+    if file.is_file():
+        if config:
+            _refuse("dataset_config", f"'{config}' names a configuration of a Hub dataset, but '{name}' is one file; "
+                    "drop dataset_config")
+        if split != "train":
+            _refuse("dataset_train_split", f"'{split}': the file '{name}' has one split, train; give the split's "
+                    "file as dataset_name, or a folder with a file per split")
+        return [str(name)]
+    folder = Path(os.path.expanduser(name))
+    if not folder.is_dir():
+        folder = _hub_dataset(name)
+    if config:
+        if not (folder / config).is_dir():
+            found = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+            _refuse("dataset_config", f"'{config}': '{name}' has no folder '{config}' (configurations there: "
+                    f"{', '.join(found) or 'none'})")
+        folder = folder / config
+    data = sorted(p for p in folder.rglob("*") if p.suffix.lower() in FORMATS and p.is_file()
+                  and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    chosen = [p for p in data if _split_of(p.relative_to(folder)) == split]
+    if not chosen and split == "train":
+        chosen = [p for p in data if _split_of(p.relative_to(folder)) is None]
+    depth = min((len(p.relative_to(folder).parts) for p in chosen), default=0)
+    chosen = [p for p in chosen if len(p.relative_to(folder).parts) == depth]  # a configuration's folder is deeper
+    tops = sorted({p.relative_to(folder).parts[0] for p in chosen if depth > 1} - {"data", split})
+    if len(tops) > 1:
+        _refuse("dataset_config", f"is not given, but '{name}' has several configurations ({', '.join(tops)}); set "
+                "it to one of them")
+    if not chosen:
+        shown = ", ".join(str(p.relative_to(folder)) for p in data[:5]) or f"no {', '.join(FORMATS)} file"
+        _refuse("dataset_train_split", f"'{split}': '{name}' has no file of that split (a file or folder named "
+                f"{split}, or {split}-*.parquet; found: {shown}); set it to one of the dataset's splits")
+    return [str(p) for p in chosen]
+
+
+def _refuse(key: str, message: str) -> NoReturn:
+    raise ConfigError(f"{key}: {message}", [(key, message)])
+
+
+def _split_of(relative: Path) -> str | None:
+    """The split a data file's path names (`train.jsonl`, `data/test-00000.parquet`, `train/0.jsonl`), or None."""
+    names = [*relative.parts[:-1], relative.name.split(".")[0]]
+    for part in reversed(names):
+        for word in re.split(r"[-_]", part):
+            if word in SPLIT_NAMES:
+                return word
+    return None
+
+
+def _hub_dataset(name: str) -> Path:
+    """The folder of the Hub dataset `name`: its snapshot in the local Hugging Face cache, else downloaded (its
+    data files only) where the Hub answers; else a ConfigError naming the fix."""
+    if not _is_repo_id(name):
+        _refuse("dataset_name", f"'{name}' is neither a local file or folder nor a Hub dataset's id")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, repo_type="dataset", local_files_only=True))
+    except Exception:  # not in the cache: ask the Hub, where it answers
+        pass
+    unreachable = _hub_unreachable(name, repo_type="dataset")
+    if unreachable is not None:
+        _refuse("dataset_name", f"'{name}' is neither a local file or folder nor in the local Hugging Face cache, and "
+                f"{unreachable}: download it where there is a network (`hf download {name} --repo-type dataset`), or "
+                "give a local file")
+    patterns = [f"*{suffix}" for suffix in FORMATS]
+    try:
+        return Path(snapshot_download(name, repo_type="dataset", allow_patterns=patterns))
+    except Exception as exc:  # no such dataset, gated, or the download failed
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        _refuse("dataset_name", f"'{name}' cannot be downloaded from the Hub: {reason}")

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from .config import config_error, problems_of
+from .model_checks import ModelUse, model_problems
 from .resources import ResourcePlan, plan_from_config
-from .sections import train_engine_problems
+from .sections import generate_engine_problems, train_engine_problems
 from .session import RoleSession, RoleSetup, announce
 from .trainer import Trainer
 
@@ -76,6 +77,13 @@ class RoleTrainer(Trainer):
         `rlcore config validate`, which runs no user code. `rlcore.problems_of` turns raising checks into pairs."""
         return []
 
+    @classmethod
+    def models(cls, config: Any) -> list[ModelUse]:
+        """The models a run of `config` loads, with the lengths, prompts and vocabulary it asks of each
+        (`rlcore.model_checks.ModelUse`): their files are checked against them in `rlcore config validate` and
+        before a run allocates anything, whatever `check_on_run` says; none for a demo that builds its model."""
+        return []
+
     def prepare(self) -> None:
         """What the roles' setups need, once every check passed (a demo's model written to disk)."""
 
@@ -107,6 +115,10 @@ class RoleTrainer(Trainer):
         problems = problems_of([("(resource plan)", plan)] if roles else [])
         problems += cls.problems(config, plugins, run=run) if own else []
         problems += train_engine_problems(config, plugins) if "train" in roles else []
+        uses = cls.models(config)  # the models' own files: read, never loaded
+        problems += model_problems(uses)
+        problems += [problem for use in uses for role in use.roles if role in roles
+                     for problem in generate_engine_problems(config, plugins, role, use.name)]
         if problems:
             raise config_error(problems)
         return plans[0] if plans else None

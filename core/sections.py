@@ -193,6 +193,24 @@ def train_engine_problems(config: Any, plugins: Any) -> list[tuple[str, str]]:
     return [(path(key), message) for key, message in check(**train_options(config, getattr(config, "model", None) or ""))]
 
 
+def generate_engine_problems(config: Any, plugins: Any, role: str, model: str) -> list[tuple[str, str]]:
+    """The engine's own check (`EngineSpec.check`, of kind rollout or teacher) of the options `rollout_options` gives
+    the generate role `role` serving `model`, each key under the role's section (`rollout.vllm_tensor_parallel_size`);
+    none where the role has no such section, or its engine is not registered (the plan names that) or has no check."""
+    section = getattr(config, role, None)
+    if not isinstance(section, GenerateRoleConfig):
+        return []
+    for kind in ("rollout", "teacher"):
+        try:
+            check = plugins.engines.get(section.engine, kind=kind).check
+        except RlcoreError:
+            continue
+        if check is not None:
+            options = rollout_options(section, model, getattr(config, "seed", 0))
+            return [(f"{role}.{key}", message) for key, message in check(**options)]
+    return []
+
+
 def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any]:
     """A generating engine's options from its section (a `RolloutRoleConfig`, or one like it: a served
     teacher's): the model, dtype and seed, the section's `vllm_*` keys when its engine is vllm, then its
@@ -205,5 +223,5 @@ def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any
 
 __all__ = [
     "DTYPE_HELP", "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "NonfiniteKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
-    "default_of", "rollout_options", "train_engine_problems", "train_options",
+    "default_of", "generate_engine_problems", "rollout_options", "train_engine_problems", "train_options",
 ]

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .data import split_files
+from .errors import ConfigError
+
 # TRL's name -> rlcore's, where only the spelling differs
 RENAMES = {
     "model_name_or_path": "model",  # ModelConfig
@@ -34,6 +37,8 @@ def trl_keys(t: Any) -> None:
         for source, target in RENAMES.items():
             if t.foreign(source, where) and target in known:
                 t.put(f"TRL's {_path(where, source)}", target, t.take(source, where), where)
+    _script_arguments(t)
+    _model_config(t)
     _peft(t)
     _precision(t)
     if t.foreign("dtype") and "dtype" not in t.own:  # ModelConfig's dtype: every role's, as torch_dtype
@@ -41,6 +46,106 @@ def trl_keys(t: Any) -> None:
     if t.foreign("attn_implementation"):
         t.note("attn_implementation", t.take("attn_implementation"), "the engine picks its attention kernel "
                "(transformers' sdpa, vLLM's own); the result is the same", origin="TRL's")
+
+
+# ModelConfig's keys of features rlcore does not build: (the value that asks for nothing, why it is refused otherwise)
+NOT_BUILT = {
+    "trust_remote_code": (False, "rlcore's engines load the architectures transformers and vLLM ship, never a model "
+                          "repository's own code; use a model transformers supports"),
+    "load_in_4bit": (False, "a 4-bit (bitsandbytes) base model is not built in rlcore; train LoRA on the model in "
+                     "bfloat16 (use_peft, dtype: bfloat16) instead"),
+    "load_in_8bit": (False, "an 8-bit (bitsandbytes) base model is not built in rlcore; train LoRA on the model in "
+                     "bfloat16 (use_peft, dtype: bfloat16) instead"),
+    "use_rslora": (False, "rank-stabilised LoRA is not built in rlcore (its LoRA scales by lora_alpha / lora_r)"),
+    "use_dora": (False, "DoRA is not built in rlcore; use_peft trains plain LoRA"),
+    "lora_target_parameters": (None, "LoRA on parameters (MoE experts) is not built in rlcore; its LoRA adapts the "
+                               "modules lora_target_modules names"),
+    "lora_modules_to_save": (None, "training whole modules beside LoRA is not built in rlcore; use_peft: false "
+                             "trains every weight"),
+    "lora_task_type": ("CAUSAL_LM", "rlcore's LoRA adapts causal language models only"),
+}
+QUANTISATION = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")  # only with load_in_4bit
+LORA = ("use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+
+
+def _script_arguments(t: Any) -> None:
+    """TRL's ScriptArguments: `dataset_name` (a file, a folder, or a Hub dataset where the Hub answers or the cache
+    has it) with `dataset_config` and `dataset_train_split` becomes `dataset`, the files of that split."""
+    given = {key: t.take(key) for key in ("dataset_name", "dataset_config", "dataset_train_split") if t.foreign(key)}
+    given = {key: value for key, value in given.items() if value is not None}  # TRL's defaults: nothing asked
+    name, split = given.get("dataset_name"), given.get("dataset_train_split", "train")
+    if name is not None and "dataset" not in t.own:
+        t.refuse("dataset_name", "this algorithm reads no dataset; drop it")
+    elif name is not None:
+        try:
+            files = split_files(str(name), given.get("dataset_config"), str(split))
+        except ConfigError as exc:
+            t.out.problems.extend(exc.problems or [("dataset_name", str(exc))])
+        else:
+            picked = "".join(f", {key} {given[key]!r}" for key in ("dataset_config", "dataset_train_split") if key in given)
+            t.put(f"TRL's dataset_name {name!r}{picked}", "dataset", files[0] if len(files) == 1 else files)
+    else:
+        for key in ("dataset_config", "dataset_train_split"):
+            if key in given and not (key == "dataset_train_split" and given[key] == "train"):
+                t.out.problems.append((key, f"({given[key]!r}) picks from TRL's dataset_name, which is not given; give "
+                                       "dataset_name, or the split's file as dataset"))
+    if t.foreign("dataset_test_split"):
+        t.note("dataset_test_split", t.take("dataset_test_split"), "rlcore evaluates on no test split (gkd holds the "
+               "dataset's last eval_size rows out)", origin="TRL's")
+    for key in ("dataset_streaming", "streaming"):
+        if t.foreign(key):
+            if t.take(key):
+                t.refuse(key, "rlcore reads a dataset's files whole, once per node, not as a stream; drop it")
+            else:
+                t.note(key, False, "rlcore reads the files whole", origin="TRL's")
+    if t.foreign("ignore_bias_buffers"):
+        t.note("ignore_bias_buffers", t.take("ignore_bias_buffers"), "a DDP workaround of TRL's scripts for models "
+               "with boolean buffers; rlcore's engines broadcast none", origin="TRL's")
+    for key, why in (("datasets", "TRL's dataset mixture is not read here; give dataset: [FILE, ...] (read one after "
+                      "another)"),
+                     ("test_split_size", "rlcore holds no test split out of the dataset (gkd: eval_size rows); drop it")):
+        if t.foreign(key):
+            value = t.take(key)
+            if value:
+                t.refuse(key, why)
+            else:
+                t.note(key, value, "asks for nothing", origin="TRL's")
+
+
+def _model_config(t: Any) -> None:
+    """TRL's ModelConfig beyond the names RENAMES maps: what asks for nothing is noted, the rest refused with why."""
+    if t.foreign("model_revision"):
+        revision = t.take("model_revision")
+        if revision in (None, "main"):
+            t.note("model_revision", revision, "rlcore loads the model as it is on disk or the Hub's main",
+                   origin="TRL's")
+        else:
+            t.refuse("model_revision", f"({revision!r}): rlcore loads a model's main revision; download that revision "
+                     f"(`hf download MODEL --revision {revision} --local-dir DIR`) and give model: DIR")
+    for key, (off, why) in NOT_BUILT.items():
+        if t.foreign(key):
+            value = t.take(key)
+            if value == off or (off is None and not value):
+                t.note(key, value, "asks for nothing rlcore does not do", origin="TRL's")
+            else:
+                t.refuse(key, f"({value!r}): {why}")
+    for where in [None, "train"]:  # TRL's default, None: peft's modules for the architecture; rlcore's all-linear
+        if (t.node(where) or {}).get("lora_target_modules", "") is None:
+            t.take("lora_target_modules", where)
+            t.note(_path(where, "lora_target_modules"), None, "LoRA adapts every linear layer (all-linear), as "
+                   "rlcore's default", origin="TRL's")
+    for key in QUANTISATION:
+        if t.foreign(key):
+            t.note(key, t.take(key), "quantisation options, without load_in_4bit", origin="TRL's")
+    trains = "lora_rank" in t.own or any("lora_rank" in section.model_fields for section in t.sections.values())
+    for key in LORA if not trains else ():
+        if not t.foreign(key):
+            continue
+        value = t.take(key)
+        if key == "use_peft" and value:
+            t.refuse(key, "this algorithm trains no weights, so it has no LoRA; drop it")
+        else:
+            t.note(key, value, "this algorithm trains no weights", origin="TRL's")
 
 
 def _path(where: str | None, key: str) -> str:

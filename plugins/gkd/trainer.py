@@ -16,7 +16,8 @@ from typing import Any
 from rlcore import ConfigError, GenerateWorker, RoleSetup, RoleTrainer, SamplingParams
 from rlcore.batch import pad_width
 from rlcore.config import problems_of
-from rlcore.data import PromptEncoder
+from rlcore.data import PromptEncoder, model_problem
+from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options, train_options
 
 from .config import GKDConfig
@@ -62,16 +63,40 @@ class GKDTrainer(RoleTrainer):
 
     @classmethod
     def problems(cls, config: GKDConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
-        """The dataset, the models' tokenizers and vocabularies; builds nothing."""
+        """The dataset, the student's tokenizer, a teacher that is there; builds nothing (`models`: their files)."""
         teacher = config.teacher.model or config.teacher_model
         problems = problems_of([
             ("dataset", lambda: DistillData.rows_of(config)),
             ("model", lambda: config.model and PromptEncoder(config.model, config.use_chat_template)),
         ])
-        if not any(k == "model" for k, _ in problems):  # else the student's vocabulary cannot be compared
-            problems += problems_of([("teacher_model", lambda: teacher and config.model
-                                      and _same_vocabulary(config.model, teacher, config))])
+        missing = model_problem(teacher) if teacher else None
+        if missing:
+            problems.append(("teacher.model" if config.teacher.model else "teacher_model", missing))
         return problems
+
+    @classmethod
+    def models(cls, cfg: GKDConfig) -> list[ModelUse]:
+        """Student and teacher hold a prompt and its completion (and vLLM's context, where set); the prompts are
+        conversations, through the student's chat template; the teacher reads the student's token ids."""
+        if not cfg.model:
+            return []
+        roles = cls.roles(cfg)
+        both = (("max_prompt_length", "max_completion_length"), (cfg.max_prompt_length, cfg.max_completion_length))
+
+        def vllm(role: str) -> list[Any]:
+            section = getattr(cfg, role)
+            if role in roles and section.engine == "vllm" and section.vllm_max_model_len:
+                return [((f"{role}.vllm_max_model_len",), (section.vllm_max_model_len,))]
+            return []
+
+        uses = [ModelUse("model", cfg.model, (both, *vllm("rollout")), roles=("rollout",),
+                         conversations=lambda: "dataset" if cfg.dataset else None)]
+        teacher = cfg.teacher.model or cfg.teacher_model
+        if teacher:
+            uses.append(ModelUse("teacher.model" if cfg.teacher.model else "teacher_model", teacher,
+                                 (both, *vllm("teacher")), tokenizer_of="model", roles=("teacher",),
+                                 same_vocabulary_size=cfg.gkd_logits_topk is None))
+        return uses
 
     def prepare(self) -> None:
         cfg = self.config
@@ -201,21 +226,3 @@ class GKDTrainer(RoleTrainer):
         super().load_model(path)
         self.stale = "rollout" in self.session.roles
 
-
-def _same_vocabulary(student: str, teacher: str, config: GKDConfig) -> None:
-    """Full vocabulary needs the student's and the teacher's output layers to have the same size."""
-    from transformers import AutoConfig
-
-    sizes = {}
-    for key, path in (("model", student), ("teacher_model", teacher)):
-        try:
-            sizes[key] = AutoConfig.from_pretrained(path).vocab_size
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{key} '{path}' has no loadable config: {str(exc).splitlines()[0][:200]}",
-                              [(key, f"'{path}' has no loadable config")]) from None
-    if sizes["model"] != sizes["teacher_model"] and config.gkd_logits_topk is None:
-        raise ConfigError(
-            f"the student's vocabulary ({sizes['model']}) and the teacher's ({sizes['teacher_model']}) differ; full-"
-            "vocabulary distillation needs one vocabulary. Use a teacher of the student's family, or set gkd_logits_topk",
-            [("teacher_model", f"vocabulary {sizes['teacher_model']} differs from the student's {sizes['model']}")],
-        )

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from rlcore import Batch, GenerateWorker, RlcoreError, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
+from rlcore.data import has_conversations
+from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options, train_options
 
 from .config import GRPOConfig
@@ -49,6 +51,20 @@ class GRPOTrainer(RoleTrainer):
     def problems(cls, config: GRPOConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """Reward names and options, the dataset and the model's tokenizer."""
         return ExperienceMaker.check(config, plugins)
+
+    @classmethod
+    def models(cls, cfg: GRPOConfig) -> list[ModelUse]:
+        """The policy holds a prompt and its completion (and vLLM's context, where set); the reward model's files."""
+        if not cfg.model:
+            return []
+        lengths = [(("max_prompt_length", "max_completion_length"), (cfg.max_prompt_length, cfg.max_completion_length))]
+        if cfg.rollout.engine == "vllm" and cfg.rollout.vllm_max_model_len:
+            lengths.append((("rollout.vllm_max_model_len",), (cfg.rollout.vllm_max_model_len,)))
+        uses = [ModelUse("model", cfg.model, tuple(lengths), roles=("rollout",),
+                         conversations=lambda: "dataset" if has_conversations(cfg.dataset) else None)]
+        if "orm" in cls.roles(cfg) and cfg.orm.model:
+            uses.append(ModelUse("orm.model", cfg.orm.model))
+        return uses
 
     def setups(self) -> dict[str, RoleSetup]:
         cfg, roles = self.config, self.roles(self.config)

@@ -25,10 +25,11 @@ from typing import Any
 
 from rlcore import ConfigError, NotRegistered, RlcoreError, RoleSetup, RoleTrainer, SamplingParams
 from rlcore.config import problems_of
-from rlcore.data import PromptEncoder, load_rows, prompt_view
+from rlcore.data import PromptEncoder, has_conversations, load_rows, prompt_view
 from rlcore.errors import did_you_mean
 from rlcore.rewards import check_reward, resolve_reward
 from rlcore.log import logger
+from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options
 from rlcore.testing import build_tiny_model, toy_dataset
 
@@ -80,6 +81,19 @@ class SampleTrainer(RoleTrainer):
         if cfg.model and cfg.uses_local_sampler:
             checks.append(("model", lambda: PromptEncoder(cfg.model, cfg.use_chat_template)))
         return cls.name_problems(cfg, plugins, run_code=run) + problems_of(checks)
+
+    @classmethod
+    def models(cls, cfg: SampleConfig) -> list[ModelUse]:
+        """The sampler's model holds a prompt and its candidate (and vLLM's context, where set); the reward
+        models' files."""
+        uses = []
+        if cfg.model and cfg.uses_local_sampler:
+            lengths = [(("max_prompt_length", "max_new_tokens"), (cfg.max_prompt_length, cfg.max_new_tokens))]
+            if cfg.sampler.engine == "vllm" and cfg.sampler.vllm_max_model_len:
+                lengths.append((("sampler.vllm_max_model_len",), (cfg.sampler.vllm_max_model_len,)))
+            uses.append(ModelUse("model", cfg.model, tuple(lengths), roles=("sampler",),
+                                 conversations=lambda: "dataset" if has_conversations(cfg.dataset) else None))
+        return uses + [ModelUse(key, getattr(cfg, key)) for key in ("orm_model", "prm_model") if getattr(cfg, key)]
 
     @staticmethod
     def name_problems(cfg: SampleConfig, plugins: Any, run_code: bool = True) -> list[tuple[str, str]]:

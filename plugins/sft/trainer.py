@@ -18,6 +18,7 @@ from typing import Any
 from rlcore import ConfigError, RoleSetup, RoleTrainer
 from rlcore.checkpoint import load_state
 from rlcore.data import model_problem
+from rlcore.model_checks import ModelUse
 from rlcore.session import announce
 
 from .build import build_pt, build_sft, trainer_kwargs_problems
@@ -76,6 +77,14 @@ class LMTrainer(RoleTrainer):
         if config.dataset:
             problems.extend(check_files(config.datasets, cls.kind))
         return problems
+
+    @classmethod
+    def models(cls, config: LMConfig) -> list[ModelUse]:
+        """The model holds a sequence (or a packed block) of max_length tokens."""
+        if not config.model:
+            return []
+        lengths = ((("max_length",), (config.max_length,)),) if config.max_length else ()
+        return [ModelUse("model", config.model, lengths)]
 
     def setups(self) -> dict[str, RoleSetup]:
         return {ROLE: RoleSetup(LMWorker, type(self).build, self.options())}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rlcore import EngineSpec, hookimpl
 
-from .engine import VLLMRolloutEngine
+from .engine import VLLMRolloutEngine, check_options
 
 __all__ = ["VLLMRolloutEngine"]
 
@@ -15,6 +15,6 @@ __all__ = ["VLLMRolloutEngine"]
 @hookimpl
 def rlcore_engines():
     yield EngineSpec("vllm", kind="rollout", factory=VLLMRolloutEngine, description="vLLM offline engine; sleep mode, in-process weight loading",
-                     imports=("vllm",))
+                     imports=("vllm",), check=check_options)
     yield EngineSpec("vllm", kind="teacher", factory=VLLMRolloutEngine, description="vLLM prompt top-k log-probs for distillation",
-                     imports=("vllm",))
+                     imports=("vllm",), check=check_options)

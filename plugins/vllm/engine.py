@@ -82,6 +82,30 @@ def _validate(
         raise ConfigError(f"invalid vllm engine options ({len(problems)}):\n{lines}", problems)
 
 
+def check_options(model: str = "", vllm_tensor_parallel_size: int = 1, **_: Any) -> list[tuple[str, str]]:
+    """`EngineSpec.check`: the tensor size against the model's heads, read from its config.json (vLLM splits the
+    attention heads evenly over the ranks, and the KV heads too, or replicates them where there are fewer)."""
+    from rlcore.model_checks import read_model
+
+    files = read_model(model) if model else None
+    size = vllm_tensor_parallel_size
+    if files is None or not isinstance(size, int) or size <= 1:
+        return []
+    heads, kv = files.value("num_attention_heads"), files.value("num_key_value_heads")
+    if not isinstance(heads, int):
+        return []
+    kv = kv if isinstance(kv, int) else heads
+    divisors = ", ".join(str(n) for n in range(1, heads + 1) if heads % n == 0 and (kv % n == 0 or n % kv == 0))
+    fix = f"use a size that splits them evenly ({divisors})"
+    if heads % size:
+        return [("vllm_tensor_parallel_size", f"{size} does not divide the {heads} attention heads of '{model}' "
+                 f"(num_attention_heads, config.json); {fix}")]
+    if kv % size and size % kv:
+        return [("vllm_tensor_parallel_size", f"{size} neither divides nor is a multiple of the {kv} KV heads of "
+                 f"'{model}' (num_key_value_heads, config.json); {fix}")]
+    return []
+
+
 def _loader(holder: Any, model: Any, replay: bool = True) -> Any:
     """`holder`'s weight loader for `model`, made once: vLLM's `load_weights`, traced on a bucket layout's first
     load and replayed as one batched copy after (rlcore.weight_replay; `vllm_weight_replay=False`: never)."""

@@ -666,7 +666,8 @@ def test_sft_runs_on_the_cpu(rlcore_cli, files, tmp_path):
 
 def test_sampling_runs_on_the_cpu(rlcore_cli, files, tmp_path):
     summary, err = run(rlcore_cli, "--plugin", "sample", "--config", write(files, tmp_path, "sample.yaml", SAMPLING),
-                       "sampler_engine=hf", "max_new_tokens=4", "device_groups.sample_group.device=CPU",
+                       "sampler_engine=hf", "max_new_tokens=4", "max_length=512",  # the tiny model holds 1024
+                       "device_groups.sample_group.device=CPU",
                        "device_groups.sample_group.ranks=1", "device_groups.rm_group.device=CPU",
                        "device_groups.rm_group.ranks=1")
     assert summary["algorithm"] == "sample" and "sampler: 1 worker, CPU" in err

@@ -159,3 +159,147 @@ def test_run_help_lists_the_algorithms_keys(python_m_rlcore):
     assert "\n  train.gradient_checkpointing = false  " in done.stdout
     general = python_m_rlcore("run", "--help")
     assert general.returncode == 0 and "`rlcore config show --plugin NAME`" in general.stdout
+
+
+# TRL's CLI example config (trl/examples/cli_configs/example_config.yaml), its dataset a local file
+TRL_EXAMPLE = """\
+model_name_or_path: {model}
+dataset_name: {dataset}
+report_to: none
+learning_rate: 0.0001
+lr_scheduler_type: cosine
+"""
+
+
+def test_trls_example_config_with_a_local_dataset_validates(python_m_rlcore, trl_files, tiny):
+    (trl_files / "example.yaml").write_text(TRL_EXAMPLE.format(model=tiny, dataset="prompts.jsonl"))
+    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", "example.yaml")
+    assert (done.returncode, done.stdout) == (0, "example.yaml: valid for algorithm 'grpo'\n"), done.stderr
+    config = shown(python_m_rlcore("config", "show", "--plugin", "grpo", "--config", "example.yaml"))
+    assert (config["model"], config["dataset"], config["lr_scheduler_type"]) == (tiny, "prompts.jsonl", "cosine")
+
+
+def trl_defaults() -> dict:
+    """Every key of TRL's ScriptArguments and ModelConfig at TRL's default."""
+    import dataclasses
+
+    from trl import ModelConfig, ScriptArguments
+
+    return {f.name: f.default for cls in (ScriptArguments, ModelConfig) for f in dataclasses.fields(cls)}
+
+
+@pytest.mark.parametrize(("algorithm", "data"), [
+    ("grpo", "prompts.jsonl"), ("gkd", "chats.jsonl"), ("sft", "chats.jsonl"), ("pt", "texts.jsonl"),
+    ("sample", "prompts.jsonl"),
+])
+def test_every_key_of_trls_script_arguments_and_model_config_loads(trl_files, tiny, algorithm, data):
+    from rlcore.config import load_config
+    from rlcore.plugins.gkd import GKDConfig
+    from rlcore.plugins.grpo import GRPOConfig
+    from rlcore.plugins.sampling import SampleConfig
+    from rlcore.plugins.sft import PretrainConfig, SFTConfig
+
+    (trl_files / "texts.jsonl").write_text("".join(json.dumps({"text": f"word {i}"}) + "\n" for i in range(8)))
+    model = {"grpo": GRPOConfig, "gkd": GKDConfig, "sft": SFTConfig, "pt": PretrainConfig, "sample": SampleConfig}[algorithm]
+    keys = {**trl_defaults(), "model_name_or_path": tiny, "dataset_name": str(trl_files / data)}
+    if algorithm == "gkd":
+        keys["teacher_model_name_or_path"] = tiny
+    (trl_files / "all.yaml").write_text(yaml.safe_dump(keys))
+    config = load_config(model, trl_files / "all.yaml")
+    assert (config.model, config.dataset) == (tiny, str(trl_files / data))
+    assert (config.train.lora_rank if hasattr(config, "train") else getattr(config, "lora_rank", 0)) == 0  # use_peft false
+    translation = translate(keys, model)
+    consumed = set(keys) - set(model.model_fields) - {"model_name_or_path", "dataset_name", "teacher_model_name_or_path"}
+    said = " ".join(translation.noted + translation.mapped)
+    quiet = {"dtype", "lora_r", "use_peft", "dataset_config"}  # as dtype, lora_rank; dataset_config null: nothing
+    assert all(key in said for key in consumed - quiet), said  # each said, none dropped
+
+
+@pytest.mark.parametrize(("key", "value", "reason"), [
+    ("model_revision", "v1.0", "rlcore loads a model's main revision; download that revision (`hf download MODEL "
+                               "--revision v1.0 --local-dir DIR`) and give model: DIR"),
+    ("trust_remote_code", True, "never a model repository's own code"),
+    ("load_in_4bit", True, "a 4-bit (bitsandbytes) base model is not built in rlcore"),
+    ("load_in_8bit", True, "an 8-bit (bitsandbytes) base model is not built in rlcore"),
+    ("use_dora", True, "DoRA is not built in rlcore"),
+    ("use_rslora", True, "rank-stabilised LoRA is not built"),
+    ("lora_modules_to_save", ["lm_head"], "training whole modules beside LoRA is not built"),
+    ("lora_target_parameters", ["experts.down_proj"], "LoRA on parameters (MoE experts) is not built"),
+    ("lora_task_type", "SEQ_CLS", "causal language models only"),
+    ("dataset_streaming", True, "not as a stream"),
+])
+def test_what_rlcore_does_not_build_is_refused_in_one_line(key, value, reason):
+    from rlcore.plugins.grpo import GRPOConfig
+
+    translation = translate({key: value}, GRPOConfig)
+    (problem,) = translation.problems
+    assert problem[0] == key and reason in problem[1] and "\n" not in problem[1]
+    assert key not in translation.data
+
+
+def test_lora_keys_for_an_algorithm_that_trains_nothing():
+    from rlcore.plugins.sampling import SampleConfig
+
+    translation = translate({"use_peft": True, "lora_alpha": 16}, SampleConfig)
+    assert translation.problems == [("use_peft", "this algorithm trains no weights, so it has no LoRA; drop it")]
+    assert translation.noted == ["TRL's lora_alpha: 16 (this algorithm trains no weights)"]
+
+
+@pytest.fixture
+def splits(tmp_path):
+    """A folder laid out as a Hub dataset: train and test files, and a configuration of its own."""
+    folder = tmp_path / "folder"
+    for path in ("train.jsonl", "test.jsonl", "big/data/train-00000-of-00002.jsonl", "big/data/train-00001-of-00002.jsonl",
+                 "big/data/test-00000-of-00001.jsonl"):
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(json.dumps({"prompt": path}) + "\n")
+    return folder
+
+
+@pytest.mark.parametrize(("keys", "files"), [
+    ({}, ["train.jsonl"]),
+    ({"dataset_train_split": "test"}, ["test.jsonl"]),
+    ({"dataset_config": "big"}, ["big/data/train-00000-of-00002.jsonl", "big/data/train-00001-of-00002.jsonl"]),
+    ({"dataset_config": "big", "dataset_train_split": "test"}, ["big/data/test-00000-of-00001.jsonl"]),
+])
+def test_dataset_name_of_a_folder_picks_the_configuration_and_split(splits, keys, files):
+    from rlcore.plugins.grpo import GRPOConfig
+
+    translation = translate({"dataset_name": str(splits), "dataset_test_split": "test", **keys}, GRPOConfig)
+    expected = [str(splits / f) for f in files]
+    assert translation.problems == [] and translation.data["dataset"] == (expected[0] if len(expected) == 1 else expected)
+    assert any(line.startswith("TRL's dataset_test_split: 'test' (rlcore evaluates on no test split") for line in translation.noted)
+
+
+@pytest.mark.parametrize(("keys", "problem"), [
+    ({"dataset_train_split": "validation"}, ("dataset_train_split", "'validation': '{folder}' has no file of that split")),
+    ({"dataset_config": "small"}, ("dataset_config", "'small': '{folder}' has no folder 'small' (configurations there: big)")),
+])
+def test_a_split_or_configuration_the_folder_lacks_is_one_line(splits, keys, problem):
+    from rlcore.plugins.grpo import GRPOConfig
+
+    (got,) = translate({"dataset_name": str(splits), **keys}, GRPOConfig).problems
+    assert got[0] == problem[0] and got[1].startswith(problem[1].format(folder=splits))
+
+
+def test_a_hub_dataset_without_the_hub_is_one_line(python_m_rlcore, tmp_path, tiny):
+    (tmp_path / "hub.yaml").write_text(f"model_name_or_path: {tiny}\ndataset_name: trl-lib/tldr\n")
+    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", "hub.yaml")  # HF_HUB_OFFLINE is set
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "rlcore: error: invalid configuration in hub.yaml (1 problem):",
+        "  dataset_name: 'trl-lib/tldr' is neither a local file or folder nor in the local Hugging Face cache, and "
+        "HF_HUB_OFFLINE is set: download it where there is a network (`hf download trl-lib/tldr --repo-type dataset`), "
+        "or give a local file"]
+
+
+def test_a_hub_dataset_in_the_local_cache_is_read_from_there(python_m_rlcore, tmp_path, tiny):
+    repo = tmp_path / "hub" / "datasets--trl-lib--tldr"
+    snapshot = repo / "snapshots" / ("1" * 40)
+    (snapshot / "data").mkdir(parents=True)
+    (snapshot / "data" / "train-00000-of-00001.jsonl").write_text(json.dumps({"prompt": "Summarise: hi"}) + "\n")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("1" * 40)
+    done = python_m_rlcore("config", "show", "--plugin", "grpo", "--model_name_or_path", tiny,
+                           "--dataset_name", "trl-lib/tldr", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert shown(done)["dataset"] == str(snapshot / "data" / "train-00000-of-00001.jsonl")

@@ -301,6 +301,7 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
     sample = ["--plugin", "sample", *ray, "--config", str(EXAMPLES / "sample" / "sampling.yaml"),
               f"model={student}", f"dataset={data['sums16']}", "prm_model=null", "orm_model=toy",
               "orm_threshold=-1", "num_return_sequences=4", "n_best_to_keep=1", "max_new_tokens=32", "batch_size=8",
+              "max_prompt_length=512",  # the tiny models hold 1024 positions
               "device_groups.nproc_per_node=1", "device_groups.sample_group.ranks=[0]",
               "device_groups.rm_group.device=CPU", "device_groups.rm_group.ranks=1",
               "device_groups.rm_group.workers=[orm]"]

@@ -57,7 +57,8 @@ def rlcore(*args, timeout=TIMEOUT_S):
 
 TWO_GPUS = ["device_groups.nproc_per_node=2", "device_groups.sample_group.ranks=[0]", "device_groups.rm_group.ranks=[1]",
             "sampler.vllm_gpu_memory_utilization=0.5", "sampler.vllm_max_model_len=1024", "prm.engine_kwargs={}",
-            "prm_step_token=null", "num_return_sequences=4", "n_best_to_keep=1", "max_new_tokens=64", "batch_size=8"]
+            "prm_step_token=null", "num_return_sequences=4", "n_best_to_keep=1", "max_new_tokens=64", "batch_size=8",
+            "max_prompt_length=512"]  # with max_new_tokens, within vllm_max_model_len
 
 
 def test_the_sampling_example_on_two_gpus(models, dataset, tmp_path):

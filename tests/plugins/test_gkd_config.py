@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -58,9 +59,16 @@ def test_a_bad_plan_fails_before_any_model_is_built(tmp_path):
     assert not (tmp_path / "run").exists()  # the demo's models were never written
 
 
-def test_different_vocabularies_need_top_k(models):
+def test_different_vocabularies_need_top_k_and_one_tokenizer(models, tmp_path):
     config = GKDConfig(model=models["student"], teacher_model=models["other"], dataset=models["dataset"])
-    with pytest.raises(ConfigError, match="vocabulary .* differ"):
+    with pytest.raises(ConfigError, match="has a vocabulary of 400 ids"):
+        GKDTrainer.check(config, load_plugins())
+    with pytest.raises(ConfigError, match="has another tokenizer than model"):  # top-k reads the student's ids too
+        GKDTrainer.check(config.model_copy(update={"gkd_logits_topk": 8}), load_plugins())
+    padded = shutil.copytree(models["student"], tmp_path / "padded")  # one tokenizer, more embedding rows (Qwen2.5's)
+    (padded / "config.json").write_text(json.dumps({**json.loads((padded / "config.json").read_text()), "vocab_size": 320}))
+    config = config.model_copy(update={"teacher_model": str(padded)})
+    with pytest.raises(ConfigError, match="has a vocabulary of 320 ids"):
         GKDTrainer.check(config, load_plugins())
     GKDTrainer.check(config.model_copy(update={"gkd_logits_topk": 8}), load_plugins())
 

@@ -160,6 +160,7 @@ def md5(row):
 
 def run(plugins, tmp_path, tiny_model, config=SampleConfig, use_ray=False, out="run", **keys):
     data = write_rows(tmp_path / "data.jsonl", keys.pop("rows", ROWS))
+    keys.setdefault("max_prompt_length", 512)  # with max_new_tokens, within the tiny model's 1024 positions
     cfg = config(**{"model": str(tiny_model), "dataset": str(data), "output_dir": str(tmp_path / out), **keys})
     summary = SampleTrainer(cfg, plugins, use_ray=use_ray).fit()
     return summary, tmp_path / out
@@ -350,7 +351,7 @@ def test_kill_9_at_any_point_then_resume_gives_the_same_bytes(plugins, fakes, tm
     resumed, before the final rename (the state says done); resumed once more. The file equals an
     uninterrupted run's byte for byte, and each kill's lock was taken over."""
     rows = [dict(ROWS[i % 4], n=i) for i in range(8)]
-    keys = {**SCORED, "batch_size": 2, "easy_query_threshold": None}
+    keys = {**SCORED, "batch_size": 2, "easy_query_threshold": None, "max_prompt_length": 512}
     run(plugins, tmp_path, tiny_model, rows=rows, out="whole", **keys)
     killer = tmp_path / "killer.py"
     killer.write_text(KILLER)

@@ -106,7 +106,8 @@ def distill(tmp_path, out, **keys):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     config = DistillConfig(**{"model": "tiny", "dataset": str(data), "output_dir": str(tmp_path / out),
-                              "num_return_sequences": 2, "max_new_tokens": 8, "batch_size": 2, "max_concurrency": 2,
+                              "num_return_sequences": 2, "max_new_tokens": 8, "max_prompt_length": 512,
+                              "batch_size": 2, "max_concurrency": 2,
                               "retry_backoff_s": 0.01, **keys})
     return SampleTrainer(config, load_plugins()).fit(), tmp_path / out
 
