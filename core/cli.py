@@ -394,5 +394,7 @@ def _config_validate(args: argparse.Namespace) -> int:
     check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
     if check is not None:  # the plan, names, data, model: what run checks before it allocates
         check(config, plugins)
+    for line in args.translation.noted:  # a foreign key rlcore needs nothing for, one line each, as `run` says
+        logger.info(line)
     print(f"{args.config}: valid for algorithm '{algorithm}'")
     return 0

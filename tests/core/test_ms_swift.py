@@ -507,6 +507,8 @@ def test_ms_swifts_published_examples_through_config_validate(rlcore_cli, files,
     if not expected:
         assert done.returncode == 0, done.stderr[-3000:]
         assert "valid for algorithm 'gkd'" in done.stdout
+        for key in ("sequence_parallel: True", "padding_free: True", "recompute_granularity: 'selective'"):
+            assert f"rlcore: ms-swift's {key} (" in done.stderr  # what changes nothing here, one line each
         return
     assert done.returncode == 2, done.stderr[-3000:]
     problems = {line.split(": ", 1)[0].strip() for line in done.stderr.splitlines() if line.startswith("  ")}
