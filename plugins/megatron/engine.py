@@ -1,5 +1,5 @@
 """`MegatronTrainEngine`: megatron-core's GPTModel (its local layer spec with torch SDPA as the core attention,
-`attention.py`: no Transformer Engine, no Apex) built from a Hugging Face Qwen2 or Llama checkpoint, trained with tensor, pipeline and data parallelism.
+`attention.py`: no Transformer Engine, no Apex) built from a Hugging Face checkpoint of an architecture `mapping` declares, trained with tensor, pipeline and data parallelism.
 
 The group's workers (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the worker runtime) form one
 torch.distributed world; megatron's parallel state cuts it as rlcore's `Mesh` orders ranks (tensor
@@ -205,6 +205,8 @@ class MegatronTrainEngine(TrainEngine):
             post_process=self.last_stage, share_embeddings_and_output_weights=self.spec.tied,
             position_embedding_type="rope", rotary_percent=self.spec.rotary_percent,
             rotary_base=int(theta) if float(theta).is_integer() else theta,
+            seq_len_interpolation_factor=self.spec.rope_factor if self.spec.rope_type == "linear" else None,
+            rope_scaling=self.spec.rope_type == "llama3", rope_scaling_factor=self.spec.rope_factor,
         )
         if self.spec.scaled_embedding and self.first_stage:
             from .gemma import scale_embeddings

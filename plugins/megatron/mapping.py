@@ -174,6 +174,8 @@ class ModelSpec:
     # layers of kind "sliding_attention" (Gemma 3): their window and their rotary embedding's base
     sliding_window: int = 0
     local_rope_theta: float = 0.0
+    rope_type: str = "default"  # one of ROPE_TYPES
+    rope_factor: float = 1.0  # linear and llama3 scaling's factor
 
     @property
     def heads_per_group(self) -> int:
@@ -240,6 +242,17 @@ def _refuse(message: str) -> ConfigError:
     return ConfigError(f"megatron engine: {message}", [("model", message)])
 
 
+# Rotary embeddings megatron-core's RotaryEmbedding computes as transformers does: default; linear (positions over
+# `factor`, megatron's seq_len_interpolation_factor); llama3 (megatron's rope_scaling, whose other numbers are fixed).
+ROPE_TYPES = ("default", "linear", "llama3")
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _rope_type(params: Any) -> str:
+    kind = params.get("rope_type", params.get("type")) if isinstance(params, Mapping) else None
+    return kind or "default"
+
+
 def spec_from_hf_config(config: Any) -> ModelSpec:
     """A `ModelSpec` from a transformers config; a ConfigError for an architecture without a mapping, or one whose
     configuration the mapping does not express."""
@@ -256,10 +269,14 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
     local_rope = rope.get("sliding_attention") if isinstance(rope, Mapping) else None
     rope = rope.get("full_attention", rope) if isinstance(rope, Mapping) else rope
     problems = []
-    for params in (rope, local_rope):
-        rope_type = params.get("rope_type", params.get("type", "default")) if isinstance(params, Mapping) else "default"
-        if rope_type not in ("default", None):
-            problems.append(("model", f"rope_type {rope_type!r} is not mapped (only the default rotary embedding)"))
+    rope_type, local_type = _rope_type(rope), _rope_type(local_rope)
+    if rope_type not in ROPE_TYPES:
+        problems.append(("model", f"rope_type {rope_type!r} is not mapped (default, linear and llama3 are)"))
+    elif rope_type == "llama3" and any(rope.get(key) != value for key, value in LLAMA3_ROPE.items()):
+        problems.append(("model", "rope_type 'llama3' is mapped with megatron-core's "
+                                  + ", ".join(f"{k} {v}" for k, v in LLAMA3_ROPE.items()) + " only"))
+    if local_type != "default":
+        problems.append(("model", f"rope_type {local_type!r} of the sliding-window layers is not mapped (only the default)"))
     problems += [("model", f"{name}: {message}") for refused, message in arch.refuse if refused(config)]
     if problems:
         raise ConfigError("megatron engine: " + "; ".join(m for _, m in problems), problems)
@@ -302,6 +319,8 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
         softmax_scale=float(config.query_pre_attn_scalar) ** -0.5 if hasattr(config, "query_pre_attn_scalar") else None,
         sliding_window=int(config.sliding_window) if "sliding_attention" in layer_types else 0,
         local_rope_theta=float(local_rope["rope_theta"]) if isinstance(local_rope, Mapping) else 0.0,
+        rope_type=rope_type,
+        rope_factor=float(rope.get("factor", 1.0)) if rope_type != "default" else 1.0,
     )
 
 

@@ -130,6 +130,36 @@ def test_gemma_3s_sliding_window_and_local_rotary_base_count(checkpoints, tmp_pa
     assert (got["as built"] - got["one base"]).abs().max() > 1e-3
 
 
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("arch,rope", [
+    ("llama", LLAMA3), ("llama", {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}),
+    ("gemma3", {"full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+], ids=["llama3", "linear", "gemma3-linear"])
+def test_scaled_rotary_embeddings_equal_transformers(checkpoints, tmp_path, arch, rope):
+    """Llama 3.1's llama3 scaling and linear scaling (Gemma 3 4B-27B's global layers): megatron-core's rotary
+    embedding with rope_scaling or seq_len_interpolation_factor gives transformers' log-probs, on rows long enough
+    for the scaling to show (300 positions)."""
+    from rlcore.plugins.hf.common import model_outputs
+    from rlcore.plugins.megatron import make_forward_engine
+
+    base = checkpoints.get(arch) or build_tiny_model(tmp_path / arch, arch=arch, num_layers=2, seed=3)
+    unscaled = json.loads((base / "config.json").read_text())["rope_parameters"]
+    path = _changed(base, tmp_path / "scaled", rope_parameters=rope)
+    batch = _batch(seed=5, width=300)
+    with torch.no_grad():
+        expected = model_outputs(_hf_model(path), batch["input_ids"], batch["attention_mask"], 1.0).logprobs()
+        plain = model_outputs(_hf_model(_changed(base, tmp_path / "plain", rope_parameters={
+            **unscaled, **({"full_attention": {"rope_type": "default", "rope_theta": rope["full_attention"]["rope_theta"]}}
+                           if arch == "gemma3" else {"rope_type": "default", "rope_theta": rope["rope_theta"]})})),
+            batch["input_ids"], batch["attention_mask"], 1.0).logprobs()
+    assert (expected - plain).abs().max() > 1e-4  # the scaling shows
+    torch.testing.assert_close(make_forward_engine(model=str(path)).forward_logprobs(batch), expected, atol=1e-5, rtol=0)
+
+
 def test_unnormalised_top_k_routing_equals_transformers(checkpoints, tmp_path):
     """Qwen3-MoE with norm_topk_prob false: the top-k softmax weights as they are (megatron's
     moe_router_pre_softmax), not renormalised; the log-probs are transformers'."""

@@ -97,9 +97,17 @@ def test_an_architecture_without_a_mapping_is_refused():
     with pytest.raises(ConfigError, match="GPT2LMHeadModel has no Hugging Face <-> megatron mapping; supported: Qwen2ForCausalLM, LlamaForCausalLM"):
         mapping.spec_from_hf_config(config)
     scaled = _config("llama", tied=True)
-    scaled.rope_parameters = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}
-    with pytest.raises(ConfigError, match="rope_type 'llama3' is not mapped"):
+    scaled.rope_parameters = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}
+    with pytest.raises(ConfigError, match=r"rope_type 'yarn' is not mapped \(default, linear and llama3 are\)"):
         mapping.spec_from_hf_config(scaled)
+    scaled.rope_parameters = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 2.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    with pytest.raises(ConfigError, match="rope_type 'llama3' is mapped with megatron-core's low_freq_factor 1.0, "
+                                          "high_freq_factor 4.0, original_max_position_embeddings 8192 only"):
+        mapping.spec_from_hf_config(scaled)
+    scaled.rope_parameters["low_freq_factor"] = 1.0
+    spec = mapping.spec_from_hf_config(scaled)
+    assert (spec.rope_type, spec.rope_factor, spec.rope_theta) == ("llama3", 8.0, 5e5)
 
 
 def test_parallel_problems_name_what_does_not_divide():
@@ -190,9 +198,9 @@ def test_configurations_the_declarations_refuse_are_named(checkpoints):
     assert {p.hf[0] for p in mapping.layer_pairs(spec, 0) if "norm" in p.hf[0]} >= {
         "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"}
     gemma.final_logit_softcapping = 30.0
-    gemma.rope_parameters["full_attention"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
-    with pytest.raises(ConfigError, match=r"rope_type 'linear' is not mapped .*; Gemma3ForCausalLM: "
-                                          r"final_logit_softcapping is not mapped"):
+    gemma.rope_parameters["sliding_attention"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e4}
+    with pytest.raises(ConfigError, match=r"rope_type 'linear' of the sliding-window layers is not mapped .*; "
+                                          r"Gemma3ForCausalLM: final_logit_softcapping is not mapped"):
         mapping.spec_from_hf_config(gemma)
     windowed = _hf_config(checkpoints["mistral"])
     windowed.sliding_window = 4096
