@@ -161,6 +161,16 @@ def _add_delta(linear: Any, args: tuple[Any, ...], output: Any) -> Any:
     return output + linear.adapter(args[0]).to(output.dtype)
 
 
+def _output_requires_grad(module: Any, args: tuple[Any, ...], output: Any) -> Any:
+    """The frozen embedding's output as needing grad while training: megatron's recomputation (an autograd Function)
+    passes gradients back only where its inputs require them, and every adapter is behind it."""
+    import torch
+
+    if torch.is_grad_enabled() and not output.requires_grad:
+        output.requires_grad_()
+    return output
+
+
 def add_adapters(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, targets: str | Iterable[str],
                  seed: int) -> dict[str, Any]:
     """Freeze every weight of `model`, put an adapter on each linear that `targets` names, and return them by the
@@ -187,6 +197,9 @@ def add_adapters(model: torch.nn.Module, *, rank: int, alpha: float, dropout: fl
     if not adapters:
         raise RlcoreError(f"lora_target_modules={_targets(targets)!r} matches no linear of the model "
                           f"(megatron names: {', '.join(MEGATRON_LINEARS + TORCH_LINEARS)})")
+    embedding = getattr(model, "embedding", None)  # the first pipeline stage's
+    if embedding is not None:
+        embedding.register_forward_hook(_output_requires_grad)
     grouped = [n for n, m in model.named_modules() if type(m).__name__ in ("GroupedMLP", "TEGroupedMLP")]
     if grouped and wanted & {"linear_fc1", "linear_fc2"}:
         raise RlcoreError(f"LoRA on grouped experts ({grouped[0]}) is not built; the local spec's SequentialMLP is")

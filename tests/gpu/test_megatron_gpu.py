@@ -222,12 +222,14 @@ def test_bf16_log_probs_match_the_hf_engine(model_dir):
     assert diff.mean() < 0.05 and diff.max() < 0.5
 
 
-@pytest.mark.parametrize("distributed,master", [(True, True), (False, False)],
-                         ids=["distributed-optimizer", "bf16-adamw-no-master-weights"])
-def test_lora_in_bf16_trains_the_adapters_and_exports_base_plus_scaled_b_a(model_dir, tmp_path, distributed, master):
+@pytest.mark.parametrize("distributed,master,recompute", [(True, True, False), (False, False, False), (True, True, True)],
+                         ids=["distributed-optimizer", "bf16-adamw-no-master-weights", "gradient-checkpointing"])
+def test_lora_in_bf16_trains_the_adapters_and_exports_base_plus_scaled_b_a(model_dir, tmp_path, distributed, master,
+                                                                          recompute):
     """LoRA at tensor size 1 in bf16: the optimizer holds the adapters alone, the loss falls, the base stays bitwise
     through training and export, the export is base + scale * B @ A (in fp32, rounded once to bf16) in Hugging Face
-    names, peft loads the adapter onto the transformers model, and save -> load gives the same next step."""
+    names, peft loads the adapter onto the transformers model, and save -> load gives the same next step; with
+    megatron's full recomputation too (the adapters' hooks run again in the recomputed forward)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -235,7 +237,8 @@ def test_lora_in_bf16_trains_the_adapters_and_exports_base_plus_scaled_b_a(model
     from rlcore.plugins.megatron import make_train_engine, mapping
 
     options = dict(model=model_dir, device="cuda", dtype="bfloat16", learning_rate=1e-2, max_steps=8, seed=0,
-                   lora_rank=8, lora_alpha=16, use_distributed_optimizer=distributed, master_weights=master)
+                   lora_rank=8, lora_alpha=16, use_distributed_optimizer=distributed, master_weights=master,
+                   gradient_checkpointing=recompute)
     engine = make_train_engine(**options)
 
     def base_weights():
