@@ -1,5 +1,6 @@
-"""LoRA on megatron-core's parallel linears (linear_qkv, linear_proj, linear_fc1, linear_fc2; the experts' too),
-correct under tensor parallelism, and its weights out as Hugging Face tensors: merged into the base, or a PEFT adapter.
+"""LoRA on megatron-core's parallel linears (linear_qkv, linear_proj, linear_fc1, linear_fc2; the experts' too) and
+the gated delta-net's torch linears, correct under tensor parallelism, and its weights out in Hugging Face names:
+merged into the base, or a PEFT adapter.
 
 An adapter is a child module of the linear it adapts (`<linear>.adapter.lora_A`, `.lora_B`), its output added to the
 linear's by a forward hook: the GPTModel keeps megatron's classes, forward and parameter names, so the Hugging Face
@@ -16,8 +17,8 @@ adapters start equal on every rank and for every tensor size; B starts at zero (
 
 Why not peft's own megatron path (`LoraConfig(megatron_config=...)`, peft.tuners.lora.tp_layer), as of peft 0.21:
 its dispatcher fails before building anything (`dispatch_megatron` reads `kwargs["fan_in_fan_out"]`, which
-`LoraModel` no longer passes: KeyError); behind that, its forward multiplies the (output, bias) tuple that megatron's
-parallel linears return by the scaling, it sets `params_dtype=float32` on the TransformerConfig it is handed (the
+`LoraModel` no longer passes: KeyError); behind that, its forward takes the (output, bias) tuples that megatron's
+parallel linears return for tensors (`lora_B(lora_A(x)) * scaling`), it sets `params_dtype=float32` on the TransformerConfig it is handed (the
 engine's own), it initialises the replicated factor on each tensor rank independently (then B @ A is no longer one
 matrix), and it renames every adapted weight to `...base_layer.weight`, which neither the Hugging Face mapping nor
 megatron's checkpoints know. peft is used for what fits: `LoraConfig` writes `adapter_config.json`, and the adapter
