@@ -88,6 +88,15 @@ def test_ms_swift_gkd_yaml_with_a_longer_vllm_context_fails_validate_in_one_line
         f"  rollout.vllm_max_model_len: 16384 tokens is longer than the context of model '{models['tiny']}': 1024 "
         "positions (max_position_embeddings, config.json); set it to at most 1024, or use a model with a longer context",
     ]
+    # `rlcore run` (on the CPU here, without vLLM) stops the same way before any worker starts or any file is written
+    on_cpu = ["use_vllm=false", "train.gpus=0", "rollout.gpus=0", "colocate_groups=[]", "output_dir=out"]
+    run = python_m_rlcore("run", "--config", "gkd.yaml", *on_cpu, "max_completion_length=1000")
+    assert run.returncode == 2 and run.stderr.splitlines()[-2:] == [
+        "rlcore: error: invalid configuration (1 problem):",
+        "  max_prompt_length + max_completion_length: 512 + 1000 = 1512 tokens is longer than the context of model "
+        f"'{models['tiny']}': 1024 positions (max_position_embeddings, config.json); lower them to 1024 in all, or use "
+        "a model with a longer context"], run.stderr
+    assert not (tmp_path / "out").exists()
     fits = python_m_rlcore("config", "validate", "--config", "gkd.yaml", "rollout.vllm_max_model_len=1024")
     assert fits.returncode == 0, fits.stderr
 

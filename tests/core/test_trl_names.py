@@ -303,3 +303,16 @@ def test_a_hub_dataset_in_the_local_cache_is_read_from_there(python_m_rlcore, tm
     done = python_m_rlcore("config", "show", "--plugin", "grpo", "--model_name_or_path", tiny,
                            "--dataset_name", "trl-lib/tldr", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
     assert shown(done)["dataset"] == str(snapshot / "data" / "train-00000-of-00001.jsonl")
+
+
+def test_a_folder_of_several_configurations_needs_dataset_config(tmp_path):
+    from rlcore.plugins.grpo import GRPOConfig
+
+    for config in ("plain", "chat"):
+        (tmp_path / config).mkdir()
+        (tmp_path / config / "train-00000-of-00001.jsonl").write_text(json.dumps({"prompt": config}) + "\n")
+    (got,) = translate({"dataset_name": str(tmp_path)}, GRPOConfig).problems
+    assert got == ("dataset_config", f"is not given, but '{tmp_path}' has several configurations (chat, plain); set it "
+                   "to one of them")
+    picked = translate({"dataset_name": str(tmp_path), "dataset_config": "chat"}, GRPOConfig)
+    assert picked.data["dataset"] == str(tmp_path / "chat" / "train-00000-of-00001.jsonl")
