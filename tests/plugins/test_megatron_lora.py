@@ -366,3 +366,8 @@ def test_every_architectures_adapter_loads_in_peft_as_the_merged_export(arch, mo
     real = mask.bool()
     torch.testing.assert_close(mine[real], theirs[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(engine.forward_logprobs(batch), expected, atol=1e-4, rtol=0)
+    engine.save(str(tmp_path / "ckpt"))  # through Hugging Face names and back: every adapter bit for bit
+    resumed = make_train_engine(model=model, learning_rate=1e-2, seed=1, **LORA)
+    resumed.load(str(tmp_path / "ckpt"))
+    loaded, trained = _adapters(resumed), _adapters(engine)
+    assert loaded.keys() == trained.keys() and all(torch.equal(loaded[n], t) for n, t in trained.items())
