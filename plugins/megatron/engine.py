@@ -182,18 +182,21 @@ class MegatronTrainEngine(TrainEngine):
     def _build_model(self) -> Any:
         from megatron.core.models.gpt import GPTModel
 
-        from .attention import SdpaAttention, layer_spec
+        from .attention import SdpaAttention, layer_spec, sliding_windows
 
         theta = self.spec.rope_theta
         spec = layer_spec(qk_norm=self.spec.qk_norm, num_experts=self.spec.num_experts)
         # causal SDPA needs no mask; another core attention (megatron's local one) takes the [T, T] mask
         self.causal_mask = not issubclass(spec.submodules.self_attention.submodules.core_attention, SdpaAttention)
-        if self.spec.sandwich_norms:  # Gemma 3: sandwich and (1 + w) norms, sliding windows with their own rotary base
+        kinds = [self.spec.layer_type(i) for i in range(self.spec.num_layers)]
+        if "sliding_attention" in kinds:  # those layers see the last sliding_window positions
+            spec.submodules.self_attention.submodules.core_attention = sliding_windows(
+                tuple(self.spec.sliding_window if kind == "sliding_attention" else None for kind in kinds))
+        if self.spec.sandwich_norms:  # Gemma 3: sandwich and (1 + w) norms, sliding layers with their own rotary base
             from .gemma import gemma_block_spec
 
-            kinds = [self.spec.layer_type(i) for i in range(self.spec.num_layers)]
             spec = gemma_block_spec(spec, len(mapping.layer_range(self.spec, self.pp_rank, self.pp)), kinds,
-                                    self.spec.sliding_window, self.spec.local_rope_theta)
+                                    self.spec.local_rope_theta)
         elif self.spec.zero_centered_norm:  # Qwen3.5: its norms, gated attention and linear attention, layer by layer
             from .linear_attention import hybrid_layer_specs
 

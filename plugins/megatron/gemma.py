@@ -21,7 +21,6 @@ import torch
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.mlp import MLP
 
-from .attention import sliding_windows
 from .linear_attention import ZeroCenteredRMSNorm
 
 
@@ -62,11 +61,10 @@ class SandwichMLP(MLP):
         return self.post_layernorm(out), bias
 
 
-def gemma_block_spec(layer_spec: Any, stage_layers: int, layer_types: Sequence[str], window: int,
-                     local_rope_theta: float) -> Any:
+def gemma_block_spec(layer_spec: Any, stage_layers: int, layer_types: Sequence[str], local_rope_theta: float) -> Any:
     """A megatron block spec (`TransformerBlockSubmodules`) of a pipeline stage's `stage_layers` layers from the
-    engine's transformer-layer spec; `layer_types` are every layer's ("attention" or "sliding_attention"), by global
-    index."""
+    engine's transformer-layer spec (its core attention already windowed, `attention.sliding_windows`); `layer_types`
+    are every layer's ("attention" or "sliding_attention"), by global index."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     spec = copy.deepcopy(layer_spec)
@@ -77,8 +75,6 @@ def gemma_block_spec(layer_spec: Any, stage_layers: int, layer_types: Sequence[s
                                        {"local_layers": local, "local_rope_theta": local_rope_theta})
     attention = layer.self_attention.submodules
     attention.q_layernorm = attention.k_layernorm = ZeroCenteredRMSNorm
-    attention.core_attention = sliding_windows(tuple(window if kind == "sliding_attention" else None
-                                                     for kind in layer_types))
     layer.mlp.module = SandwichMLP
     return TransformerBlockSubmodules(layer_specs=[spec] * stage_layers, layer_norm=ZeroCenteredRMSNorm)
 

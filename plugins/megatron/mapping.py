@@ -63,6 +63,15 @@ class Pair:
         return tuple(zip(self.params, self.megatron_params or self.params))
 
 
+def attention_kinds(config: Any) -> tuple[str, ...]:
+    """Each layer's kind from the config's `layer_types` ("sliding_attention" or full), else every layer
+    "sliding_attention" where the config has a `sliding_window` (Mistral's), else every layer "attention"."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        return tuple("sliding_attention" if t == "sliding_attention" else "attention" for t in types)
+    return ("sliding_attention" if getattr(config, "sliding_window", None) else "attention",) * config.num_hidden_layers
+
+
 @dataclass(frozen=True)
 class Architecture:
     """A Hugging Face causal LM as megatron-core's GPT model builds it: what its layers hold beyond Llama's.
@@ -82,7 +91,7 @@ class Architecture:
     scaled_embedding: bool = False  # the embedding output times sqrt(hidden_size)
     activation: str = "silu"  # the gated MLP's: silu or gelu_tanh
     refuse: tuple[tuple[Callable[[Any], bool], str], ...] = ()
-    layer_types: Callable[[Any], tuple[str, ...]] = field(default=lambda c: ("attention",) * c.num_hidden_layers)
+    layer_types: Callable[[Any], tuple[str, ...]] = field(default=attention_kinds)
 
 
 def _set(key: str) -> Callable[[Any], bool]:
@@ -90,15 +99,9 @@ def _set(key: str) -> Callable[[Any], bool]:
 
 
 _BIASES = ((_set("attention_bias"), "attention_bias=true is not mapped"), (_set("mlp_bias"), "mlp_bias=true is not mapped"))
-_NO_WINDOW = ((_set("sliding_window"), "sliding_window is not mapped (the config's sliding_window must be null)"),)
-_NO_SWA = ((_set("use_sliding_window"), "sliding-window attention is not mapped (use_sliding_window must be false)"),)
 _MIXED_MOE = ((lambda c: bool(getattr(c, "mlp_only_layers", None)) or getattr(c, "decoder_sparse_step", 1) != 1,
                "dense layers among the MoE layers (mlp_only_layers, decoder_sparse_step != 1) are not mapped"),)
 
-
-
-def _gemma3_layers(config: Any) -> tuple[str, ...]:
-    return tuple("sliding_attention" if t == "sliding_attention" else "attention" for t in config.layer_types)
 
 
 _GEMMA3 = _BIASES[:1] + (
@@ -120,17 +123,17 @@ _QWEN3_5 = _BIASES[:1] + ((lambda c: not set(c.layer_types) <= {"linear_attentio
                            "layer_types other than linear_attention and full_attention are not mapped"),)
 
 ARCHITECTURES: dict[str, Architecture] = {a.hf_class: a for a in (
-    Architecture("Qwen2ForCausalLM", qkv_bias=True, refuse=_NO_SWA),
+    Architecture("Qwen2ForCausalLM", qkv_bias=True),
     Architecture("LlamaForCausalLM", refuse=_BIASES),
-    Architecture("MistralForCausalLM", refuse=_NO_WINDOW),
-    Architecture("Qwen3ForCausalLM", qk_norm=True, refuse=_BIASES[:1] + _NO_SWA),
-    Architecture("Qwen3MoeForCausalLM", qk_norm=True, moe=True, refuse=_BIASES[:1] + _NO_SWA + _MIXED_MOE),
+    Architecture("MistralForCausalLM"),
+    Architecture("Qwen3ForCausalLM", qk_norm=True, refuse=_BIASES[:1]),
+    Architecture("Qwen3MoeForCausalLM", qk_norm=True, moe=True, refuse=_BIASES[:1] + _MIXED_MOE),
     Architecture("Qwen3_5ForCausalLM", qk_norm=True, output_gate=True, zero_centered_norm=True, refuse=_QWEN3_5,
                  layer_types=_qwen3_5_layers),
     Architecture("Qwen3_5MoeForCausalLM", qk_norm=True, moe=True, shared_expert=True, output_gate=True,
                  zero_centered_norm=True, refuse=_QWEN3_5, layer_types=_qwen3_5_layers),
     Architecture("Gemma3ForCausalLM", qk_norm=True, zero_centered_norm=True, sandwich_norms=True, scaled_embedding=True,
-                 activation="gelu_tanh", refuse=_GEMMA3, layer_types=_gemma3_layers),
+                 activation="gelu_tanh", refuse=_GEMMA3),
 )}
 
 

@@ -130,6 +130,26 @@ def test_gemma_3s_sliding_window_and_local_rotary_base_count(checkpoints, tmp_pa
     assert (got["as built"] - got["one base"]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("arch,window", [
+    ("mistral", {"sliding_window": 8}),  # every layer (Mistral 7B v0.1's kind)
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),  # layers from 1 on
+], ids=["mistral", "qwen3"])
+def test_sliding_window_attention_equals_transformers(checkpoints, tmp_path, arch, window):
+    from rlcore.plugins.hf.common import model_outputs
+    from rlcore.plugins.megatron import make_forward_engine
+
+    # layer_types null: transformers derives Qwen's from use_sliding_window and max_window_layers
+    path = _changed(checkpoints[arch], tmp_path / "windowed", **window, layer_types=None)
+    batch = _batch(seed=6)
+    with torch.no_grad():
+        expected = model_outputs(_hf_model(path), batch["input_ids"], batch["attention_mask"], 1.0).logprobs()
+        plain = model_outputs(_hf_model(checkpoints[arch]), batch["input_ids"], batch["attention_mask"], 1.0).logprobs()
+    assert (expected - plain).abs().max() > 1e-3  # the window shows on rows of 24
+    engine = make_forward_engine(model=str(path))
+    assert "sliding_attention" in engine.spec.layer_types and engine.spec.sliding_window == 8
+    torch.testing.assert_close(engine.forward_logprobs(batch), expected, atol=1e-5, rtol=0)
+
+
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}
 

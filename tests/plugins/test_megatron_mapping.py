@@ -203,9 +203,9 @@ def test_configurations_the_declarations_refuse_are_named(checkpoints):
                                           r"Gemma3ForCausalLM: final_logit_softcapping is not mapped"):
         mapping.spec_from_hf_config(gemma)
     windowed = _hf_config(checkpoints["mistral"])
-    windowed.sliding_window = 4096
-    with pytest.raises(ConfigError, match="MistralForCausalLM: sliding_window is not mapped"):
-        mapping.spec_from_hf_config(windowed)
+    windowed.sliding_window = 4096  # Mistral 7B v0.1's: every layer
+    spec = mapping.spec_from_hf_config(windowed)
+    assert (spec.layer_types, spec.sliding_window) == (("sliding_attention",) * 2, 4096)
     mixed = _hf_config(checkpoints["qwen3_moe"])
     mixed.mlp_only_layers = [1]
     with pytest.raises(ConfigError, match="Qwen3MoeForCausalLM: dense layers among the MoE layers"):
