@@ -442,10 +442,13 @@ def test_a_named_train_engine_wins_and_only_megatron_takes_expert_parallelism(fi
 
 
 def test_swift_rlhf_configs_without_megatron_keys_keep_the_default_engine():
-    """`swift rlhf --rlhf_type grpo` (transformers' trainer, TRL's names) is not `megatron rlhf`."""
+    """`swift rlhf --rlhf_type grpo` (transformers' trainer, TRL's names) is not `megatron rlhf`; one of Megatron's
+    keys makes it so."""
     data = {"rlhf_type": "grpo", "model": "m", "dataset": "d.jsonl", "learning_rate": 1e-6,
             "per_device_train_batch_size": 2, "lora_rank": 8}
     assert "engine" not in (translate(data, GRPOConfig).data.get("train") or {})
+    megatron = {"rlhf_type": "grpo", "model": "m", "dataset": "d.jsonl", "micro_batch_size": 2}
+    assert translate(megatron, GRPOConfig).data["train"]["engine"] == "megatron"
 
 
 # ms-swift's published Ray examples (tests/core/fixtures/ms_swift: its files as published), with only the model,
@@ -526,11 +529,16 @@ def test_ms_swifts_gkd_examples_are_megatron_lora_runs(files, long_models, tmp_p
            else 2000 // 16, gkd_logits_topk=64)
 
 
-def test_the_plan_of_a_published_example_is_checked_against_its_gpus(rlcore_cli, files, long_models, tmp_path):
+@pytest.mark.parametrize("override, said", [
+    ("rollout.gpus=2", "got train.gpus=4, rollout.gpus=2"),  # the plan: colocated roles share the same 4 GPUs
+    ("train.tensor_model_parallel_size=4", "key/value heads"),  # the megatron engine's check: tensor size vs the model
+])
+def test_a_published_example_is_checked_against_its_gpus_and_model(rlcore_cli, files, long_models, tmp_path, override,
+                                                                      said):
     path = published("gkd/rollout_colocate_teacher_colocate.yaml", files, long_models, tmp_path)
-    done = rlcore_cli("config", "validate", "--config", str(path), "rollout.gpus=2",
+    done = rlcore_cli("config", "validate", "--config", str(path), override,
                       env={"RLCORE_DISABLE_PLUGINS": "", "HF_HUB_OFFLINE": "1"}, timeout=300)
-    assert done.returncode == 2 and "got train.gpus=4, rollout.gpus=2" in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 2 and said in done.stderr, done.stderr[-3000:]
 
 
 # -------------------------------------------------------------------------
