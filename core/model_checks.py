@@ -158,7 +158,9 @@ def model_problems(uses: list[ModelUse]) -> list[tuple[str, str]]:
                 continue
             problems = [p for p in problems if p[0] != key] + [(key, message)]
             shortest[key] = limit
-        if use.conversations is not None and files.has_tokenizer() and not files.has_chat_template():
+        # (a hub id's snapshot may hold tokenizer_config.json without its chat_template.jinja yet)
+        chatless = not files.cached and files.has_tokenizer() and not files.has_chat_template()
+        if use.conversations is not None and chatless:
             where = use.conversations()
             if where:
                 problems.append((where, f"holds conversation prompts (messages), but the tokenizer of {use.key} "

@@ -44,9 +44,10 @@ def for_run(config: Any) -> Any:
 class RoleTrainer(Trainer):
     """An algorithm that runs roles. Write `roles()` (a classmethod of the config: which roles this run has),
     `setups()` (a `RoleSetup` per role), `train_step()`, and where needed `problems()` (the algorithm's own
-    checks), `prepare()` (what the setups need, built once the checks pass), `session_options()` (e.g.
-    `syncs`), and its state (`state_dict`, `load_state_dict`; `checkpointed` names the role whose engine a
-    checkpoint holds, or override `save_model` / `load_model`). `self.plan` and `self.session` are the run's.
+    checks), `models()` (the models it loads, whose files the base checks against its keys), `prepare()` (what
+    the setups need, built once the checks pass), `session_options()` (e.g. `syncs`), and its state (`state_dict`,
+    `load_state_dict`; `checkpointed` names the role whose engine a checkpoint holds, or override `save_model` /
+    `load_model`). `self.plan` and `self.session` are the run's.
     """
 
     checkpointed: str | None = None  # the role whose engine state a checkpoint holds (in its folder `model`)

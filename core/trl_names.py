@@ -82,7 +82,8 @@ def _script_arguments(t: Any) -> None:
         except ConfigError as exc:
             t.out.problems.extend(exc.problems or [("dataset_name", str(exc))])
         else:
-            picked = "".join(f", {key} {given[key]!r}" for key in ("dataset_config", "dataset_train_split") if key in given)
+            picked = "".join(f", {key} {given[key]!r}" for key in ("dataset_config", "dataset_train_split")
+                             if key in given)
             t.put(f"TRL's dataset_name {name!r}{picked}", "dataset", files[0] if len(files) == 1 else files)
     else:
         for key in ("dataset_config", "dataset_train_split"):
@@ -99,11 +100,15 @@ def _script_arguments(t: Any) -> None:
             else:
                 t.note(key, False, "rlcore reads the files whole", origin="TRL's")
     if t.foreign("ignore_bias_buffers"):
-        t.note("ignore_bias_buffers", t.take("ignore_bias_buffers"), "a DDP workaround of TRL's scripts for models "
-               "with boolean buffers; rlcore's engines broadcast none", origin="TRL's")
+        if t.take("ignore_bias_buffers"):
+            t.refuse("ignore_bias_buffers", "(true) is TRL's scripts' workaround for DDP with a model's boolean buffers, "
+                     "which rlcore does not apply (its DDP broadcasts every buffer, as PyTorch's default); drop it")
+        else:
+            t.note("ignore_bias_buffers", False, "asks for nothing", origin="TRL's")
     for key, why in (("datasets", "TRL's dataset mixture is not read here; give dataset: [FILE, ...] (read one after "
                       "another)"),
-                     ("test_split_size", "rlcore holds no test split out of the dataset (gkd: eval_size rows); drop it")):
+                     ("test_split_size", "rlcore holds no test split out of the dataset (gkd: eval_size rows); "
+                      "drop it")):
         if t.foreign(key):
             value = t.take(key)
             if value:

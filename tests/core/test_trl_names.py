@@ -227,6 +227,7 @@ def test_every_key_of_trls_script_arguments_and_model_config_loads(trl_files, ti
     ("lora_target_parameters", ["experts.down_proj"], "LoRA on parameters (MoE experts) is not built"),
     ("lora_task_type", "SEQ_CLS", "causal language models only"),
     ("dataset_streaming", True, "not as a stream"),
+    ("ignore_bias_buffers", True, "which rlcore does not apply"),
 ])
 def test_what_rlcore_does_not_build_is_refused_in_one_line(key, value, reason):
     from rlcore.plugins.grpo import GRPOConfig
