@@ -17,7 +17,7 @@ from typing import Any
 
 from rlcore import ConfigError, RoleSetup, RoleTrainer
 from rlcore.checkpoint import load_state
-from rlcore.data import model_problem
+from rlcore.data import has_conversations, model_problem
 from rlcore.model_checks import ModelUse
 from rlcore.session import announce
 
@@ -80,11 +80,14 @@ class LMTrainer(RoleTrainer):
 
     @classmethod
     def models(cls, config: LMConfig) -> list[ModelUse]:
-        """The model holds a sequence (or a packed block) of max_length tokens."""
+        """The model holds a sequence (or a packed block) of max_length tokens; sft's conversations go through its
+        chat template (TRL's SFTTrainer), unless trainer_kwargs.chat_template_path gives one."""
         if not config.model:
             return []
         lengths = ((("max_length",), (config.max_length,)),) if config.max_length else ()
-        return [ModelUse("model", config.model, lengths)]
+        chats = cls.kind == "sft" and "chat_template_path" not in config.trainer_kwargs
+        return [ModelUse("model", config.model, lengths, conversations=(
+            lambda: "dataset" if has_conversations(config.datasets) else None) if chats else None)]
 
     def setups(self) -> dict[str, RoleSetup]:
         return {ROLE: RoleSetup(LMWorker, type(self).build, self.options())}

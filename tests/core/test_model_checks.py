@@ -223,3 +223,13 @@ def test_every_problem_at_once(tmp_path, models, data):
     assert [key for key, _ in problems if key != "(resource plan)"] == [
         "model", "max_prompt_length + max_completion_length", "rollout.vllm_max_model_len",
         "rollout.vllm_tensor_parallel_size"]
+
+
+def test_sft_conversations_need_a_chat_template_too(tmp_path, models, data):
+    model = copy_of(models["tiny"], tmp_path)
+    (model / "chat_template.jinja").unlink()
+    problems = problems_of(SFTTrainer, SFTConfig, [f"model={model}", f"dataset={data['chats']}"])
+    assert [key for key, _ in problems] == ["dataset"] and "has no chat template" in problems[0][1]
+    texts = tmp_path / "texts.jsonl"  # TRL's prompt-completion rows of text: no template needed
+    texts.write_text("".join(json.dumps({"prompt": f"Say {i}", "completion": str(i)}) + "\n" for i in range(8)))
+    SFTTrainer.check(load_config(SFTConfig, None, [f"model={model}", f"dataset={texts}"]), load_plugins())
