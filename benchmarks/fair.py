@@ -297,11 +297,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_child(cmd: list[str], env: dict[str, str] | None = None) -> None:
-    """Run `cmd` with its output passed through as it comes; on a non-zero exit, a CalledProcessError that carries
-    the end of the child's stderr (its traceback), for the side's results row."""
+def run_child(cmd: list[str], env: dict[str, str] | None = None, stdout: Any = None) -> None:
+    """Run `cmd` with its output passed through as it comes (its stdout to `stdout` where given); on a non-zero exit,
+    a CalledProcessError that carries the end of the child's stderr (its traceback), for the side's results row."""
     tail: collections.deque[str] = collections.deque(maxlen=400)
-    with subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace") as child:
+    with subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, errors="replace") as child:
         for line in child.stderr:
             sys.stderr.write(line)
             tail.append(line)
@@ -442,7 +442,8 @@ def rlcore_run(algorithm: str, example: str, keys: dict[str, Any], tmp: Path, na
     cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", algorithm, "--with", str(plugin),
            *(["--use-ray"] if use_ray else []), "--config", str(example_path(example)), *overrides_of(keys)]
     started = time.perf_counter()
-    run_child(cmd, {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})})
+    # the run's final metrics line goes to stderr: the benchmark's stdout is its own rows and table
+    run_child(cmd, {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}, stdout=sys.stderr)
     clock = json.loads(out.read_text())
     stamps = [clock["start"]] + [row["t"] for row in clock["rows"]] if clock["start"] is not None else []
     return {"step_s": [b - a for a, b in zip(stamps, stamps[1:])], "rows": [row["metrics"] for row in clock["rows"]],

@@ -601,8 +601,8 @@ def main() -> None:
         for index, what in order:
             name = f"{what}-{index + 1}"
             try:
-                row = summarise(child(what, tmp, data, args.smoke, name, keys.get(what), args.profile),
-                                0 if args.smoke else SKIP)
+                run = {**keys[what], "output_dir": str(tmp / f"out-{name}")} if what in keys else None  # fresh each round
+                row = summarise(child(what, tmp, data, args.smoke, name, run, args.profile), 0 if args.smoke else SKIP)
             except Exception as error:  # noqa: BLE001 - the other sides still run; the child's log says why
                 row = failure(error)
             if what in RUNS and "failed" not in row:  # rlcore's settings: those of the config it ran with

@@ -380,7 +380,8 @@ def main() -> None:
                 record["rounds"].append({})
             try:
                 if side == "rlcore":
-                    result = run_rlcore(args.mode, flat, tmp, f"rlcore-{index + 1}", args.profile)
+                    name = f"rlcore-{index + 1}"  # a fresh output_dir each round: a used one holds checkpoints
+                    result = run_rlcore(args.mode, {**flat, "output_dir": str(tmp / name)}, tmp, name, args.profile)
                 else:
                     result = trl_child(model, str(data), tmp, f"trl-{index + 1}", processes, args.mode, args.smoke)
                     record["settings"]["trl"] = result.pop("settings")

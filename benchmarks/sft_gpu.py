@@ -232,7 +232,8 @@ def main() -> None:
                 rounds.append({})
             try:
                 if name == "rlcore":
-                    raw = run_rlcore(flat(keys), tmp, steps, args.profile)
+                    out = {"output_dir": str(tmp / f"rlcore-{index + 1}")}  # fresh each round: a used one holds checkpoints
+                    raw = run_rlcore({**flat(keys), **out}, tmp, steps, args.profile)
                     raw["settings"] = {**rlcore_settings, **raw["settings"]}
                 else:
                     raw = run_trl(model, data, tmp, steps, args.smoke, args.profile)
