@@ -190,7 +190,11 @@ def train_engine_problems(config: Any, plugins: Any) -> list[tuple[str, str]]:
             return f"train.engine_kwargs.{key}"
         return f"train.{key}" if key in type(train).model_fields else key
 
-    return [(path(key), message) for key, message in check(**train_options(config, getattr(config, "model", None) or ""))]
+    model = getattr(config, "model", None) or ""
+    problems = check(**train_options(config, model))
+    if not model:  # no model yet (a demo builds its tiny one when it runs): nothing to say about it
+        problems = [(key, message) for key, message in problems if key != "model"]
+    return [(path(key), message) for key, message in problems]
 
 
 def generate_engine_problems(config: Any, plugins: Any, role: str, model: str) -> list[tuple[str, str]]:
@@ -207,7 +211,7 @@ def generate_engine_problems(config: Any, plugins: Any, role: str, model: str) -
             continue
         if check is not None:
             options = rollout_options(section, model, getattr(config, "seed", 0))
-            return [(f"{role}.{key}", message) for key, message in check(**options)]
+            return [(f"{role}.{key}", message) for key, message in check(**options) if model or key != "model"]
     return []
 
 

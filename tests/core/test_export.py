@@ -94,7 +94,8 @@ def test_sft_and_pt_write_the_trained_model_and_name_their_engine_as_a_user_know
     pytest.importorskip("trl")
     out, done = run_ok(algorithm, "max_steps=2")
     trainer = "TRL's SFTTrainer" if algorithm == "sft" else "transformers' Trainer"  # never the internal build_sft
-    assert done.stderr.splitlines()[0] == f"rlcore: default: 1 worker, in this process, engine hf ({trainer})"
+    placement = f"rlcore: default: 1 worker, in this process, engine hf ({trainer}), float32"  # dtype auto on the CPU
+    assert done.stderr.splitlines()[0] == placement
     assert all("learning_rate" in json.loads(row) for row in (out / "metrics.jsonl").read_text().splitlines())
     model, tokenizer = load(out / "final")
     assert tokenizer("ab").input_ids

@@ -19,6 +19,7 @@ from rlcore.plugins.sft.config import PretrainConfig, SFTConfig
 from rlcore.plugins.sft.data import demo_rows
 from rlcore.plugins.sft.trainer import PretrainTrainer, SFTTrainer
 from rlcore.resources import plan_from_config
+from rlcore.testing import build_tiny_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray" / "sft"
 STEPS = 4
@@ -254,7 +255,14 @@ def test_data_mistakes_name_the_file_row_and_column(plugins, tiny_model, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-def test_trainer_kwargs_and_config_mistakes_are_reported_at_once(plugins, tiny_model, chats, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory):
+    """The tiny model with a real model's context (the examples' max_length is 2048-4096 tokens)."""
+    return build_tiny_model(tmp_path_factory.mktemp("long") / "tiny-qwen2", max_position_embeddings=32768)
+
+
+def test_trainer_kwargs_and_config_mistakes_are_reported_at_once(plugins, tiny_model, long_model, chats, tmp_path,
+                                                                 monkeypatch):
     with pytest.raises(ConfigError) as caught:
         make(plugins, tmp_path / "run", tiny_model, chats, default={"gpus": 2}, device_groups={
             "g": {"device": "GPU", "ranks": 2, "workers": ["default"]}},
@@ -268,7 +276,7 @@ def test_trainer_kwargs_and_config_mistakes_are_reported_at_once(plugins, tiny_m
         load_config(SFTConfig, overrides=[f"model={tiny_model}"])
     with pytest.raises(ConfigError, match="fp16: and bf16 are both set"):
         load_config(SFTConfig, overrides=["bf16=true", "fp16=true"])
-    on_gpus = load_config(SFTConfig, EXAMPLES / "multi_node.yaml", [f"model={tiny_model}", f"dataset={chats}",
+    on_gpus = load_config(SFTConfig, EXAMPLES / "multi_node.yaml", [f"model={long_model}", f"dataset={chats}",
                                                                      f"output_dir={tmp_path / 'gpu'}"])
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the same config without --use-ray: this process
     with pytest.raises(ConfigError, match="device_groups puts the default role on GPUs, and without --use-ray"):
@@ -311,7 +319,7 @@ def test_the_two_node_examples_place_sixteen_ranks_on_two_nodes(plugins, example
     assert plan.ranks_of("default") == tuple(range(16)) and plan.group_of("default").device == "GPU"
 
 
-def test_every_example_validates_from_the_cli(chats, tiny_model, tmp_path, capsys):
+def test_every_example_validates_from_the_cli(chats, long_model, tmp_path, capsys):
     from rlcore.cli import main
 
     corpus = tmp_path / "corpus.jsonl"
@@ -321,10 +329,10 @@ def test_every_example_validates_from_the_cli(chats, tiny_model, tmp_path, capsy
     for example in examples:
         algorithm, data = ("pt", corpus) if example.name == "pretrain.yaml" else ("sft", chats)
         code = main(["config", "validate", "--plugin", algorithm, "--config", str(example), f"dataset={data}",
-                     f"model={tiny_model}"])  # its hub id is checked too, and this machine may have no network
+                     f"model={long_model}"])  # its hub id is checked too, and this machine may have no network
         out = capsys.readouterr()
         assert code == 0 and f"valid for algorithm '{algorithm}'" in out.out, (example, out.err)
-    assert main(["config", "validate", "--plugin", "sft", "--config", str(EXAMPLES / "lora.yaml"), f"model={tiny_model}"]) == 2
+    assert main(["config", "validate", "--plugin", "sft", "--config", str(EXAMPLES / "lora.yaml"), f"model={long_model}"]) == 2
     assert "dataset: 'data/prompt_completion.jsonl' does not exist" in capsys.readouterr().err  # the data is checked
 
 
