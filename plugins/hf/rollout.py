@@ -11,6 +11,7 @@ Build one with `HFRolloutEngine(model="path/or/hub-id")` or through the registry
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -54,6 +55,7 @@ class HFRolloutEngine(RolloutEngine):
         self._shapes = [p.shape for p in self._params]
         self._sleep_level = 0
         self._unloaded: set[int] = set()  # ids of params dropped by sleep(2) and not yet updated
+        self._pieces: dict[int, set[tuple[int, str]]] = {}  # the expert slices of a fused parameter updated so far
         # transformers 5.24 renamed forward's `past_key_values` (and the output's) to `cache`; 5.40 drops the old name
         import inspect
 
@@ -160,17 +162,38 @@ class HFRolloutEngine(RolloutEngine):
             raise RlcoreError("update_weights on a sleeping rollout engine; call wake_up(tags=['weights']) first")
         with torch.no_grad():
             for name, tensor in named_tensors:
-                target = self._targets.get(name)
-                if target is None:
-                    raise RlcoreError(
-                        f"update_weights: the model has no weight '{name}'.{did_you_mean(name, self._targets)}"
-                    )
+                target, whole, piece = self._target_of(name)
                 if tuple(target.shape) != tuple(tensor.shape):
                     raise RlcoreError(
                         f"update_weights: '{name}' has shape {tuple(tensor.shape)}; the model's is {tuple(target.shape)}"
                     )
                 target.copy_(tensor)
-                self._unloaded.discard(id(target))
+                if piece is None:
+                    self._unloaded.discard(id(whole))
+                else:  # one expert's slice of a fused parameter: loaded once every slice has come
+                    pieces = self._pieces.setdefault(id(whole), set())
+                    pieces.add(piece)
+                    if len(pieces) == whole.shape[0] * (2 if piece[1] != "down_proj" else 1):
+                        self._unloaded.discard(id(whole))
+                        pieces.clear()
+
+    def _target_of(self, name: str) -> tuple[Any, Any, tuple[int, str] | None]:
+        """The tensor `name` is copied into, the parameter it belongs to, and (expert, projection) where it is
+        one expert's slice of transformers' fused experts: checkpoints and the megatron engine name experts one
+        by one (`mlp.experts.3.gate_proj.weight`), transformers 5 keeps them as `mlp.experts.gate_up_proj`
+        [experts, 2 * width, hidden] (gate rows, then up rows) and `mlp.experts.down_proj` [experts, hidden, width]."""
+        target = self._targets.get(name)
+        if target is not None:
+            return target, target, None
+        match = _EXPERT.match(name)
+        fused = match and self._targets.get(f"{match['prefix']}.{'down_proj' if match['proj'] == 'down_proj' else 'gate_up_proj'}")
+        if fused is None or fused.dim() != 3 or int(match["expert"]) >= fused.shape[0]:
+            raise RlcoreError(f"update_weights: the model has no weight '{name}'.{did_you_mean(name, self._targets)}")
+        expert, proj = int(match["expert"]), match["proj"]
+        width = fused.shape[1] // 2
+        view = {"gate_proj": lambda: fused[expert, :width], "up_proj": lambda: fused[expert, width:],
+                "down_proj": lambda: fused[expert]}[proj]()
+        return view, fused, (expert, proj)
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         """Join train rank 0's broadcast group as `rank` (NCCL buffers arrive on this engine's GPU)."""
@@ -217,6 +240,7 @@ class HFRolloutEngine(RolloutEngine):
             raise RlcoreError(f"wake_up: unknown tags {unknown}; known: {', '.join(TAGS)}")
         if "weights" not in tags or not self._sleep_level:
             return
+        self._pieces.clear()
         for p, shape in zip(self._params, self._shapes):
             if self._sleep_level == 2:
                 p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
@@ -233,6 +257,9 @@ class HFRolloutEngine(RolloutEngine):
                 f"{len(self._unloaded)} weights were dropped by sleep(level=2) and not reloaded; "
                 "call update_weights with every weight after wake_up"
             )
+
+
+_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
 
 def _sample(logits: Any, params: SamplingParams, generator: Any) -> tuple[Any, Any]:

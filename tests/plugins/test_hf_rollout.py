@@ -275,3 +275,30 @@ def test_every_architecture_generates_with_the_logprobs_of_a_teacher_forced_forw
     trainer = HFTrainEngine(str(path), dtype="float32")
     for g, want in zip(generations, recompute(trainer, PROMPTS, generations, 0.8)):
         torch.testing.assert_close(torch.tensor(g.logprobs), want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_moe_checkpoints_experts_one_by_one_fill_transformers_fused_experts(tmp_path):
+    """The megatron engine and a checkpoint name experts one by one; transformers 5 fuses them: after a sleep
+    that dropped the weights, the per-expert tensors of another seed's checkpoint make it that model exactly."""
+    from safetensors.torch import load_file
+
+    from rlcore.testing import build_tiny_model
+
+    want_dir = build_tiny_model(tmp_path / "a", "qwen3_moe", seed=1)
+    want = HFRolloutEngine(want_dir)
+    rollout = HFRolloutEngine(build_tiny_model(tmp_path / "b", "qwen3_moe", seed=2))
+    params = SamplingParams(n=2, max_tokens=6, seed=3)
+    expected = want.generate(PROMPTS, params)
+    assert [g.logprobs for g in rollout.generate(PROMPTS, params)] != [g.logprobs for g in expected]
+    named = {k: v for f in sorted(want_dir.glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in named and "model.layers.0.mlp.experts.gate_up_proj" not in named
+    rollout.sleep(level=2)
+    rollout.wake_up()
+    experts = [(k, v) for k, v in named.items() if ".experts." in k]
+    rollout.update_weights([(k, v) for k, v in named.items() if ".experts." not in k] + experts[:-1])
+    with pytest.raises(RlcoreError, match="dropped by sleep"):  # one expert slice is still missing
+        rollout.generate(PROMPTS, params)
+    rollout.update_weights(experts[-1:])
+    assert [g.logprobs for g in rollout.generate(PROMPTS, params)] == [g.logprobs for g in expected]
+    with pytest.raises(RlcoreError, match="no weight 'model.layers.0.mlp.experts.99.gate_proj.weight'"):
+        rollout.update_weights([("model.layers.0.mlp.experts.99.gate_proj.weight", named[experts[0][0]])])

@@ -222,7 +222,7 @@ def test_train_steps_equal_the_hf_engine(checkpoints, arch):
                                atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["qwen2_untied", "mistral", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen2_untied", "mistral", "qwen3", "qwen3_moe", "gemma3"])
 def test_grpo_on_the_megatron_engine_runs_like_the_hf_engine(checkpoints, arch, tmp_path):
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
