@@ -82,12 +82,21 @@ def _validate(
         raise ConfigError(f"invalid vllm engine options ({len(problems)}):\n{lines}", problems)
 
 
-def check_options(model: str = "", vllm_tensor_parallel_size: int = 1, **_: Any) -> list[tuple[str, str]]:
-    """`EngineSpec.check`: the tensor size against the model's heads, read from its config.json (vLLM splits the
-    attention heads evenly over the ranks, and the KV heads too, or replicates them where there are fewer)."""
+def check_options(model: str = "", vllm_tensor_parallel_size: int = 1, vllm_engine_kwargs: Any = None,
+                  **_: Any) -> list[tuple[str, str]]:
+    """`EngineSpec.check`: the model's architecture against the installed vLLM's (where vLLM is installed), and
+    the tensor size against its heads, read from its config.json (vLLM splits the attention heads evenly over the
+    ranks, and the KV heads too, or replicates them where there are fewer)."""
     from rlcore.model_checks import read_model
 
     files = read_model(model) if model else None
+    impl = (vllm_engine_kwargs or {}).get("model_impl", "auto") if isinstance(vllm_engine_kwargs, dict) else "auto"
+    if files is not None and impl != "transformers":
+        unsupported = unsupported_architecture(files.config.get("architectures"))
+        if unsupported:
+            return [("model", f"'{model}' is a {unsupported}, which vLLM {_vllm_version()} does not serve "
+                              f"(config.json architectures); use the rollout engine hf, or try vLLM's Transformers "
+                              f"backend with vllm_engine_kwargs.model_impl=transformers")]
     size = vllm_tensor_parallel_size
     if files is None or not isinstance(size, int) or size <= 1:
         return []
@@ -104,6 +113,30 @@ def check_options(model: str = "", vllm_tensor_parallel_size: int = 1, **_: Any)
         return [("vllm_tensor_parallel_size", f"{size} neither divides nor is a multiple of the {kv} KV heads of "
                  f"'{model}' (num_key_value_heads, config.json); {fix}")]
     return []
+
+
+def unsupported_architecture(architectures: Any) -> str | None:
+    """The first of a config's `architectures` that the installed vLLM's registry lacks, where it lacks all of
+    them (vLLM serves a model by any one it knows); None where vLLM is not installed here or knows one. The
+    text-only Qwen3.5 (`Qwen3_5ForCausalLM`) is such a case for vLLM 0.26, which serves Qwen3.5 only as the
+    published `Qwen3_5ForConditionalGeneration`."""
+    if not isinstance(architectures, list) or not architectures:
+        return None
+    try:
+        from vllm.model_executor.models import ModelRegistry
+    except Exception:  # no vLLM here (a CPU machine validating for a GPU one): the engine reports it when built
+        return None
+    supported = set(ModelRegistry.get_supported_archs())
+    return None if any(a in supported for a in architectures) else str(architectures[0])
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def _loader(holder: Any, model: Any, replay: bool = True) -> Any:

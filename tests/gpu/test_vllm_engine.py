@@ -175,3 +175,14 @@ def test_update_weights_from_a_trained_hf_engine_passes_the_weight_sync_check(en
         t = torch.tensor([ids])
         want = train.forward_logprobs(Batch(input_ids=t, attention_mask=torch.ones_like(t)))[0, len(sequence):]
         assert (torch.tensor(g.logprobs) - want.float().cpu()).abs().mean() < 0.05
+
+
+def test_the_installed_vllm_registry_refuses_a_text_only_qwen3_5_before_it_starts(model_dir, tmp_path):
+    """vLLM 0.26 serves Qwen3.5 only as Qwen3_5ForConditionalGeneration: `rlcore run` on a text-only checkpoint
+    stopped inside the rollout actor with vLLM's list of every architecture; the check says it in one line."""
+    from rlcore.plugins.vllm.engine import check_options
+    from rlcore.testing import build_tiny_model
+
+    (problem,) = check_options(model=str(build_tiny_model(tmp_path / "q35", "qwen3_5")))
+    assert problem[0] == "model" and "Qwen3_5ForCausalLM" in problem[1]
+    assert check_options(model=str(model_dir)) == []

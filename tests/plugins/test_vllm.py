@@ -206,3 +206,21 @@ def test_generate_asks_for_log_probs_only_when_wanted_and_decodes_every_completi
     for g in out:
         assert g.text == tokenizer.decode(g.token_ids, skip_special_tokens=True) and g.text
         assert g.logprobs == ([-0.1 * t for t in range(len(g.token_ids))] if logprobs else [])
+
+
+def test_an_architecture_vllm_lacks_is_refused_in_one_line_before_it_starts(monkeypatch, tmp_path):
+    """Over a stand-in for vLLM's model registry (the real one: tests/gpu/test_vllm_engine.py): Qwen3.5 as a text-only
+    Qwen3_5ForCausalLM is refused by config validate's check, not 100 lines of vLLM's list of architectures later."""
+    from rlcore.plugins.vllm.engine import check_options
+    from rlcore.testing import build_tiny_model
+
+    registry = types.SimpleNamespace(get_supported_archs=lambda: {"Qwen2ForCausalLM", "Qwen3_5ForConditionalGeneration"})
+    for name, module in {"vllm": types.ModuleType("vllm"), "vllm.model_executor": types.ModuleType("vllm.model_executor"),
+                         "vllm.model_executor.models": types.SimpleNamespace(ModelRegistry=registry)}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    text_only = build_tiny_model(tmp_path / "q35", "qwen3_5")
+    (problem,) = check_options(model=str(text_only))
+    assert problem[0] == "model" and "is a Qwen3_5ForCausalLM, which vLLM" in problem[1]
+    assert "use the rollout engine hf" in problem[1] and "\n" not in problem[1]
+    assert check_options(model=str(text_only), vllm_engine_kwargs={"model_impl": "transformers"}) == []  # the user's call
+    assert check_options(model=str(build_tiny_model(tmp_path / "q2"))) == []
