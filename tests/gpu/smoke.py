@@ -361,7 +361,9 @@ def make_rows(models: dict[str, str], data: dict[str, str], gpu: bool) -> list[R
                               "reward_funcs=[toy,format]"],
             check_ms_swift("reward"), 180, default=False, output_key="train.output_dir"),
         Row("ms-swift-gkd", [*ray, "--config", swift["gkd"], *swift_scale, "global_batch_size=4",
-                             "micro_batch_size=2", "train.tensor_model_parallel_size=1"],
+                             "micro_batch_size=2", "train.tensor_model_parallel_size=1",
+                             # the YAML's recompute_granularity: full is megatron's recomputation, which needs CUDA
+                             *([] if gpu else ["recompute_granularity=none"])],
             check_ms_swift("jsd"), 180, default=False, output_key="train.output_dir"),
     ]
 
