@@ -140,7 +140,8 @@ def chunked_head_of(model: Any) -> Any | None:
 
 
 def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
-                  chunked: bool = False, use_trl: bool | None = None, host_mask: torch.Tensor | None = None) -> ModelOutputs:
+                  chunked: bool = False, use_trl: bool | None = None, host_mask: torch.Tensor | None = None,
+                  packed: bool = False) -> ModelOutputs:
     """One forward pass of `model` (differentiable when grad is on): `HeadModelOutputs` of its last hidden
     states with `chunked` where `chunked_head_of(model)` allows it (the forward projects one position only),
     else `HFModelOutputs` of its logits. `host_mask`: the attention mask on the CPU, where the caller has it
@@ -148,21 +149,63 @@ def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
 
     Where `host_mask` is right-padded the model is given no mask: a causal model's states at the real tokens are
     the same, transformers then builds no [B, 1, T, T] mask (nor reads the mask's values on the GPU to see whether
-    it may skip it), and SDPA runs causal without a mask (its flash kernel where the device has one). The outputs
-    keep `attention_mask` for which positions count."""
+    it may skip it), and SDPA runs causal without a mask (its flash kernel where the device has one). With `packed`
+    such rows run padding-free where they hold padding (`PackedRows`): the model sees their real tokens only. The
+    outputs keep `attention_mask` for which positions count, in the padded layout either way."""
     lm_head = chunked_head_of(model) if chunked else None
-    model_mask = None if host_mask is not None and right_padded(host_mask) else attention_mask
+    padded = host_mask is not None and right_padded(host_mask)
+    pack = PackedRows.of(input_ids, host_mask) if packed and padded else None
+    model_mask = None if padded else attention_mask
+    inputs = dict(input_ids=input_ids, attention_mask=model_mask, use_cache=False)
+    if pack is not None:  # one row of every real token; transformers masks each sequence off from the others
+        inputs = dict(input_ids=pack.input_ids, position_ids=pack.position_ids, attention_mask=None, use_cache=False)
     if lm_head is None:
-        logits = model(input_ids=input_ids, attention_mask=model_mask, use_cache=False).logits
+        logits = model(**inputs).logits
+        logits = logits if pack is None else pack.unpack(logits)
         return HFModelOutputs(logits, input_ids, attention_mask, temperature)
     base = getattr(model, "base_model", None)
     if base is not None and base is not model and not hasattr(model, "module") and not hasattr(model, "get_base_model"):
         # a plain causal LM: its decoder's last hidden state, without every layer's (output_hidden_states keeps
         # them all until the outputs go) or the head's one position
-        hidden = base(input_ids=input_ids, attention_mask=model_mask, use_cache=False).last_hidden_state
+        hidden = base(**inputs).last_hidden_state
     else:  # through the wrapper's own forward (DDP's gradient hooks, peft's adapters)
-        hidden = model(input_ids=input_ids, attention_mask=model_mask, use_cache=False, output_hidden_states=True,
-                       logits_to_keep=1).hidden_states[-1]
+        hidden = model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+    hidden = hidden if pack is None else pack.unpack(hidden)
     from rlcore.head import HeadModelOutputs  # torch, at first use: importing the plugin imports none
 
     return HeadModelOutputs(hidden, lm_head, input_ids, attention_mask, temperature, use_trl, host_mask)
+
+
+class PackedRows:
+    """Right-padded rows [B, T] as one row of their real tokens [1, N] (padding-free), with each sequence's own
+    position ids, as transformers' `DataCollatorWithFlattening` lays them out. Given position ids that restart and
+    no attention mask, transformers' causal mask keeps every token to its own sequence
+    (`masking_utils.find_packed_sequence_indices`: a block-causal mask for sdpa and eager, a document `BlockMask`
+    for flex_attention, varlen kernels for flash_attention_2/3), so a token's states are those of its padded row.
+    `unpack` puts a packed [1, N, ...] result back in the padded layout [B, T, ...] (zeros at padding; a
+    differentiable `index_copy`), so a loss reads the same shapes either way."""
+
+    def __init__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, index: torch.Tensor, shape: tuple[int, int]):
+        self.input_ids, self.position_ids, self.index, self.shape = input_ids, position_ids, index, shape
+
+    @classmethod
+    def of(cls, input_ids: torch.Tensor, host_mask: torch.Tensor) -> PackedRows | None:
+        """The packed form of `input_ids` whose right-padded CPU mask is `host_mask`, or None where packing saves
+        nothing (one row, or no padding: the model then runs causal on the rows as they are)."""
+        from rlcore.batch import copy_to
+
+        B, T = host_mask.shape
+        mask = host_mask.bool()
+        if B < 2 or bool(mask.all()) or not bool(mask.any()):
+            return None
+        index = mask.reshape(-1).nonzero().squeeze(1)  # found on the CPU: no wait for the device
+        positions = (mask.long().cumsum(dim=1) - 1).reshape(-1).index_select(0, index)
+        device = input_ids.device
+        index, positions = copy_to(index, device), copy_to(positions, device)
+        return cls(input_ids.reshape(-1).index_select(0, index)[None], positions[None], index, (B, T))
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """[1, N, ...] -> [B, T, ...], zeros where the rows are padding."""
+        flat = packed[0]
+        out = flat.new_zeros(self.shape[0] * self.shape[1], *flat.shape[1:])
+        return out.index_copy(0, self.index, flat).view(*self.shape, *flat.shape[1:])

@@ -42,11 +42,13 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 @dataclass(frozen=True)
 class HFOptions(TrainOptions):
-    """The train engines' options plus the hf engine's own: `chunked_lm_head`, `liger_kernel` and
-    `torch_compile` with its backend and mode, named as transformers' TrainingArguments names them (see
-    `HFTrainEngine`)."""
+    """The train engines' options plus the hf engine's own: `chunked_lm_head`, `padding_free` with
+    `max_tokens_per_micro_batch`, `liger_kernel` and `torch_compile` with its backend and mode, named as
+    transformers' TrainingArguments (and TRL's, verl's) name them (see `HFTrainEngine`)."""
 
     chunked_lm_head: bool = True
+    padding_free: bool = True
+    max_tokens_per_micro_batch: int | None = None
     liger_kernel: bool = False
     torch_compile: bool = False
     torch_compile_backend: str = "inductor"
@@ -54,6 +56,13 @@ class HFOptions(TrainOptions):
 
     def problems(self) -> list[tuple[str, str]]:
         problems = super().problems()
+        budget = self.max_tokens_per_micro_batch
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            problems.append(("max_tokens_per_micro_batch", f"max_tokens_per_micro_batch={budget!r} must be a "
+                             "positive int (tokens of one micro-batch), or unset"))
+        elif budget is not None and not self.padding_free:
+            problems.append(("max_tokens_per_micro_batch", "max_tokens_per_micro_batch forms padding-free "
+                             "micro-batches; set padding_free: true, or unset max_tokens_per_micro_batch"))
         if self.torch_compile:
             import torch
 
@@ -87,6 +96,11 @@ class HFTrainEngine(TrainEngine):
     states and applies the LM head in chunks of positions (`rlcore.head`; TRL's chunked log-prob
     kernel where TRL is installed), so no [B, T, V] logits exist for log-probs, top-k or a distillation loss;
     models whose logits are more than a plain head (soft-capping, a logit scale) keep the logits path.
+    `padding_free` (on by default) runs rows that hold padding as one packed row of their real tokens with
+    per-sequence position ids (`PackedRows`; transformers keeps each sequence's attention to itself), and a train
+    step forms its micro-batches by tokens (`token_micro_batches`): rows are added to a micro-batch while its real
+    tokens stay within `max_tokens_per_micro_batch` (unset: `micro_batch_size` x the batch's longest row, the
+    padded split's size), as verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu` does.
     `forward_only=True` builds the model without optimizer (see the module docstring). `liger_kernel` (off by
     default) swaps the model's RMSNorm, SwiGLU MLP and rotary embedding for liger-kernel's fused Triton kernels
     (`liger_kernel.transformers._apply_liger_kernel_to_instance`, as transformers' Trainer does for
@@ -110,6 +124,8 @@ class HFTrainEngine(TrainEngine):
         self.max_grad_norm = opt.max_grad_norm
         self.logprob_micro_batch_size = o.logprob_micro_batch_size
         self.chunked_lm_head = bool(o.chunked_lm_head)
+        self.padding_free = bool(o.padding_free)
+        self.max_tokens_per_micro_batch = o.max_tokens_per_micro_batch
         self.lora = o.lora_rank > 0
         self.forward_only = o.forward_only
         self.global_step = 0
@@ -231,7 +247,7 @@ class HFTrainEngine(TrainEngine):
     def _outputs(self, module: Any, input_ids: Any, attention_mask: Any, temperature: float,
                  host_mask: Any = None) -> Any:
         return model_outputs(module, input_ids, attention_mask, temperature, chunked=self.chunked_lm_head,
-                             host_mask=host_mask)
+                             host_mask=host_mask, packed=self.padding_free)
 
     def _chunks(self, attention_mask: Any) -> Iterator[tuple[slice, int]]:
         """Row slices of at most `logprob_micro_batch_size`, each with its longest row's width."""
@@ -250,8 +266,11 @@ class HFTrainEngine(TrainEngine):
 
         `loss_fn(outputs, micro)` sees each micro-batch with its per-token columns ([B, T] and [B, T, k] alike)
         trimmed to the micro-batch's longest row (right padding only), and `HFModelOutputs` of the forward
-        pass at `temperature`, as GRPO's importance ratio needs. Gradients whose norm is NaN or infinite are
-        dropped: weights, optimizer and schedule stay as they were, and the metrics say `update_skipped`.
+        pass at `temperature`, as GRPO's importance ratio needs. The micro-batches are runs of consecutive rows:
+        `micro_batch_size` rows each, or with `padding_free` as many rows as `max_tokens_per_micro_batch` holds
+        (the loss's normalisers are the step's, so the step is the same however its rows are split). Gradients
+        whose norm is NaN or infinite are dropped: weights, optimizer and schedule stay as they were, and the
+        metrics say `update_skipped`.
         """
         import torch
 
@@ -259,7 +278,12 @@ class HFTrainEngine(TrainEngine):
 
         check_train_step("hf", self.forward_only, micro_batch_size, temperature)
         token_columns(batch)
-        num_micro = math.ceil(len(batch) / micro_batch_size)
+        lengths = host_column(batch, "attention_mask").sum(dim=1).tolist()
+        spans: list[int] = []
+        if self.padding_free:
+            budget = self.max_tokens_per_micro_batch or micro_batch_size * max(max(lengths, default=1), 1)
+            spans = token_micro_batches(lengths, budget)
+        num_micro = len(spans) if self.padding_free else math.ceil(len(batch) / micro_batch_size)
         if self.ddp is not None:  # every rank must run the same number of backward passes
             count = torch.tensor([num_micro], device=self.device)
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
@@ -269,12 +293,18 @@ class HFTrainEngine(TrainEngine):
                 f"train_step: rank {self.rank} got {len(batch)} rows but its group runs {num_micro} "
                 f"micro-batches; give every worker at least that many rows"
             )
+        if self.padding_free:
+            spans = split_to(spans, lengths, num_micro)
+        else:
+            spans = [len(part) for part in batch.split(num_micro)]
         self._ensure_loaded()
         module = self.ddp or self.model
         module.train()
         sums: dict[str, Any] = defaultdict(float)
         total_loss: Any = 0.0
-        for i, micro in enumerate(batch.split(num_micro)):
+        starts = [sum(spans[:i]) for i in range(num_micro)]
+        for i, (start, rows) in enumerate(zip(starts, spans)):
+            micro = batch.select(slice(start, start + rows))
             micro = trim_padding(micro).to(self.device)
             sync = self.ddp is None or i == num_micro - 1
             with nullcontext() if sync else self.ddp.no_sync():
@@ -440,6 +470,31 @@ class HFTrainEngine(TrainEngine):
             "lora": self.lora,
             "forward_only": self.forward_only,
         }
+
+
+def token_micro_batches(lengths: list[int], budget: int) -> list[int]:
+    """The row counts of consecutive micro-batches over rows of `lengths` tokens: each takes rows while their
+    tokens stay within `budget` (a row longer than the budget is a micro-batch of its own)."""
+    spans: list[int] = []
+    rows = tokens = 0
+    for length in lengths:
+        if rows and tokens + length > budget:
+            spans.append(rows)
+            rows = tokens = 0
+        rows, tokens = rows + 1, tokens + length
+    return spans + [rows] if rows else spans
+
+
+def split_to(spans: list[int], lengths: list[int], count: int) -> list[int]:
+    """`spans` split further until there are `count` (the group's most, so every DDP rank runs as many backward
+    passes): the micro-batch of most tokens is halved by rows each time. `count` <= the rows."""
+    spans = list(spans)
+    while len(spans) < count:
+        starts = [sum(spans[:i]) for i in range(len(spans))]
+        tokens = [sum(lengths[s:s + n]) if n > 1 else -1 for s, n in zip(starts, spans)]
+        i = max(range(len(spans)), key=tokens.__getitem__)
+        spans[i:i + 1] = [spans[i] - spans[i] // 2, spans[i] // 2]
+    return spans
 
 
 def _move_module(module: Any, device: Any) -> None:
