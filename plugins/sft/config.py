@@ -84,6 +84,9 @@ class LMConfig(TrainingConfig):
     @model_validator(mode="after")
     def _consistent(self) -> LMConfig:
         problems = []
+        if getattr(self, "padding_free", False) and not self.packing and self.max_length is not None:
+            problems.append(("padding_free", "without packing, TRL's SFTTrainer does not cut rows to max_length; set "
+                             "max_length: null (rows as they are), or packing: true (padding-free already)"))
         if self.bf16 and self.fp16:
             problems.append(("fp16", "and bf16 are both set; choose one mixed precision"))
         if self.packing and self.max_length is None:
@@ -109,7 +112,8 @@ class SFTConfig(LMConfig):
     assistant_only_loss: bool = Field(
         False, description="messages rows: loss on assistant turns only (the chat template needs {% generation %})"
     )
-    padding_free: bool = Field(False, description="no padding: a micro-batch is one flattened sequence (flash attention)")
+    padding_free: bool = Field(False, description="no padding: a micro-batch is one flattened sequence, each row "
+                               "with its own position ids (packing: true is padding-free already)")
     model_name: list[str] | None = Field(
         None, min_length=1, max_length=2, description="fills {{NAME}} in the rows (ms-swift's self-cognition data); "
         "two values: the first for rows tagged zh, the second for the others"

@@ -359,3 +359,18 @@ def test_conversations_given_to_pt_are_one_problem_pointing_to_sft(chats):
     (problem,) = check_files([chats], "pt")
     assert problem == (f"{chats}: rows 1, 2, 3, 4, 5, ... (64 in all), column 'text'",
                        "is missing; a pre-training row needs non-empty text; conversations train with --plugin sft")
+
+
+def test_padding_free_rows_give_the_padded_loss_curve(plugins, tiny_model, chats, tmp_path):
+    """TRL's padding-free collator (one flattened row, each sequence's own position ids) on transformers' sdpa:
+    the packed-sequence mask keeps each row to itself, so the loss curve is the padded one's."""
+    curves = {}
+    for padding_free in (False, True):
+        out = tmp_path / f"free-{padding_free}"
+        make(plugins, out, tiny_model, chats, **ONE_PROCESS, max_steps=2, max_length=None,
+             padding_free=padding_free).fit()
+        curves[padding_free] = losses(out)
+    assert len(curves[True]) == 2
+    assert curves[True] == pytest.approx(curves[False], rel=1e-5)
+    with pytest.raises(ValueError, match="padding_free without packing"):  # TRL would refuse it in every worker
+        SFTConfig(model=str(tiny_model), dataset=chats, padding_free=True, max_length=64)
