@@ -87,6 +87,151 @@ def same_stop_tokens(model: str) -> list[int]:
     return stop
 
 
+# -- mixed lengths and model-FLOP utilisation -----------------------------------------------------------------
+
+H200_BF16_DENSE_FLOPS = 989e12  # NVIDIA H200 SXM, dense bf16 tensor-core peak (no sparsity)
+
+
+def nudge_to_stop(model: str, median: int, limit: int, device: str = "cpu", rows: int = 64, seed: int = 0) -> dict:
+    """Make a random model's sampled completions stop after a long-tailed number of tokens, the same for every side
+    (they all load this checkpoint): the output row of its first stop token becomes `alpha` x the mean direction u
+    of its last hidden states, so the stop token's logit is alpha x (h . u), which varies with the context; alpha is
+    found by bisection so that the median length is `median` of `limit`. The lengths are estimated on random
+    continuations (a random model samples near-uniformly), teacher-forced: per position the stop probability
+    sigmoid(alpha h.u - logsumexp of the other logits), per row the survival product. Returns the estimate (alpha,
+    quantiles, the share reaching `limit`). Run it after `same_stop_tokens` and before any side loads the model."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    stop = GenerationConfig.from_pretrained(model).eos_token_id
+    stop = [stop] if isinstance(stop, int) else list(stop)
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device).eval()
+    saved_dtype = json.loads((Path(model) / "config.json").read_text()).get("dtype", "float32")
+    vocab = lm.get_output_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    allowed = torch.tensor([i for i in range(vocab) if i not in set(stop)])
+    ids = allowed[torch.randint(0, len(allowed), (rows, 16 + limit), generator=g)].to(device)
+    with torch.no_grad():
+        hidden = lm.model(input_ids=ids).last_hidden_state[:, 15:15 + limit].float()  # predicting completion token t
+        logits = lm.get_output_embeddings()(hidden)
+        logits[..., stop] = -torch.inf
+        others = torch.logsumexp(logits, dim=-1)
+        del logits
+        u = hidden.mean(dim=(0, 1))
+        u = u / u.norm()
+        score = hidden @ u  # [rows, limit]
+
+    def lengths(alpha: float) -> torch.Tensor:
+        hazard = torch.sigmoid(alpha * score - others)
+        survive = torch.cumprod(1 - hazard, dim=1)  # P(no stop through token t)
+        return survive.mean(dim=0)  # over rows: P(length > t)
+
+    def median_of(alpha: float) -> int:
+        below = (lengths(alpha) < 0.5).nonzero()
+        return int(below[0]) + 1 if len(below) else limit
+
+    low, high = 0.0, 1.0
+    while median_of(high) > median and high < 1e6:
+        high *= 2
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if median_of(mid) > median else (low, mid)
+    alpha = high
+    survive = lengths(alpha).cpu()
+    with torch.no_grad():
+        lm.get_output_embeddings().weight[stop[0]] = (alpha * u).to(lm.get_output_embeddings().weight.dtype)
+    lm.to(getattr(torch, saved_dtype)).save_pretrained(model)
+
+    def quantile(q: float) -> int:
+        below = (survive < 1 - q).nonzero()
+        return int(below[0]) + 1 if len(below) else limit
+
+    return {"alpha": round(alpha, 4), "stop_token": stop[0], "median_tokens": median_of(alpha), "limit": limit,
+            "p10": quantile(0.1), "p90": quantile(0.9), "p99": quantile(0.99),
+            "reach_limit": round(float(survive[-1]), 4), "mean_tokens": round(float(survive.sum()) + 0.0, 1),
+            "how": "the stop token's output row = alpha x the mean direction of the last hidden states; lengths "
+                   "estimated on random continuations, teacher-forced"}
+
+
+def nudge_on(device: str, model: str, median: int, limit: int) -> dict:
+    """`nudge_to_stop` in a child process on `device` (the parent keeps no CUDA memory); its estimate."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from fair import nudge_to_stop; "
+            "print(json.dumps(nudge_to_stop(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])))")
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), model, str(median), str(limit), device],
+                          check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def train_flops_per_token(model: str, context: float, forward_only: bool = False) -> float:
+    """Model FLOPs of one token through `model`'s train phase: 6 x its matmul weights (every linear layer and the LM
+    head, not the input embedding: forward 2, backward 4) plus attention's scores and values over `context`
+    positions (the mean a token attends to: half its sequence, causal), 12 x layers x attention width x context;
+    `forward_only` (a teacher): a third of that. Padding is not counted: what a side computes on pads is its waste."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model)
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config)
+    weights = sum(m.weight.numel() for m in lm.modules() if isinstance(m, torch.nn.Linear))
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    width = text.num_attention_heads * (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    flops = 6 * weights + 12 * text.num_hidden_layers * width * context
+    return flops / 3 if forward_only else flops
+
+
+def mfu(tokens: float, flops_per_token: float, seconds: float, peak: float = H200_BF16_DENSE_FLOPS) -> float:
+    """Model-FLOP utilisation: the useful FLOPs of `tokens` in `seconds` over the device's peak."""
+    return tokens * flops_per_token / seconds / peak if seconds > 0 else float("nan")
+
+
+def train_phase_clock(trainer: Any) -> Any:
+    """TRL's train phase per optimizer step: the seconds in `training_step` less those in `_prepare_inputs` (TRL's
+    GRPO and distillation trainers generate and score there), the device synchronised at each end; a
+    TrainerCallback whose `seconds` holds one value a step (the optimizer's step itself is not in it; rlcore's
+    time/train holds it)."""
+    import torch
+    from transformers import TrainerCallback
+
+    class TrainPhase(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+            self.step = 0.0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seconds.append(self.step)
+            self.step = 0.0
+
+    phase = TrainPhase()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def timed(method: Any, sign: float) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            sync()
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                sync()
+                phase.step += sign * (time.perf_counter() - start)
+        return wrapper
+
+    trainer.training_step = timed(trainer.training_step, 1.0)
+    trainer._prepare_inputs = timed(trainer._prepare_inputs, -1.0)
+    trainer.add_callback(phase)
+    return phase
+
+
+def prompt_tokens(model: str, prompts: list[Any]) -> float:
+    """The mean length in tokens of `prompts` (chat messages through the model's chat template, or text)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    lengths = [len(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False))
+               if isinstance(p, list) else len(tokenizer(p)["input_ids"]) for p in prompts]
+    return sum(lengths) / max(len(lengths), 1)
+
+
 WORDS = ("the a model learns to answer questions about numbers words tables lists code and text with "
          "care every day in many ways").split()
 

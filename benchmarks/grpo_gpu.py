@@ -1,4 +1,4 @@
-"""GRPO on the GPU, side by side: rlcore as a user runs it against TRL's GRPOTrainer, interleaved in rounds.
+"""GRPO on the GPU, side by side: rlcore as a user runs it against TRL's GRPOTrainer and verl, interleaved in rounds.
 
 rlcore's side is `rlcore run --plugin grpo --use-ray --config examples/ray/grpo/colocate.yaml KEY=VALUE...`
 (`--mode separate`: examples/ray/grpo/separate.yaml with async_generate=true, as the README runs it), scaled to
@@ -23,6 +23,23 @@ machine's speed was seen to drift between calls.
     python benchmarks/grpo_gpu.py --only rlcore --profile   # + torch's profile of rlcore's last train_step
     python benchmarks/grpo_gpu.py --smoke --rounds 1  # a tiny model on the CPU, hf rollout, TRL without vLLM,
                                                       # 2 steps: the code paths only (both GPU configs built too)
+    python benchmarks/grpo_gpu.py --lengths mixed     # completions of long-tailed lengths (median 64 of 256)
+    python benchmarks/grpo_gpu.py --only verl         # verl 0.9.1 (its wheels staged by benchmarks/verl/stage.sh;
+                                                      # its site directory in VERL_SITE, default /tmp/gpu/verl-site)
+
+Lengths. `--lengths fixed` (the default): every completion of the random model runs to the limit, so no micro-batch
+holds padding. `--lengths mixed`: the model is nudged to stop (`fair.nudge_to_stop`: its stop token's output row is
+set so that the estimated median completion is 64 tokens, with a long tail to the 256 limit), the same checkpoint
+for every side, so the sides measure what padding costs them. The table then gives each side's train phase: its
+seconds, trained tokens per second (prompt and completion tokens, no padding counted) and model-FLOP utilisation
+against the H200's dense bf16 peak (`fair.train_flops_per_token`; TRL's train phase is its training_step less the
+generation in _prepare_inputs, verl's its update_actor timing).
+
+verl. `--only verl` (or `--sides rlcore,trl,verl`): verl 0.9.1's GRPO, FSDP actor with vLLM colocated (its hybrid
+engine), on the same model, data and reward, batch, lengths, sampling, optimizer, loss aggregation (rlcore's
+loss_type as verl's loss_agg_mode), KL off and vLLM memory share (`verl_side.overrides`), attn_implementation sdpa
+and use_remove_padding false (no flash-attn in the image), in a process whose Python path puts verl's own site
+directory first (verl pins transformers < 5.11).
 
 The table gives each side's median step time and completion tokens per second over the rounds, the per-round
 ratio, rlcore's phases and weight-sync seconds and GB/s, the example and the keys set on it, then every compared
@@ -36,6 +53,7 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import math
 import os
 import statistics
 import sys
@@ -48,6 +66,9 @@ import yaml
 from fair import (build_model, failure, free_port, git_commit, host_info, interleave, print_provenance, profile_env,
                   provenance, read_profile, results_path, rlcore_run, run_child, same_stop_tokens, scaled, spread,
                   spread_text, user_config, write_json)
+
+import verl_side
+from fair import mfu, nudge_on, prompt_tokens, train_flops_per_token, train_phase_clock
 
 from rlcore.testing import toy_dataset
 
@@ -65,6 +86,9 @@ SHARED: dict[str, Any] = dict(reward_funcs=["toy"], num_generations=GENERATIONS,
 SMOKE = dict(num_generations=4, max_completion_length=8, per_device_train_batch_size=4, gradient_accumulation_steps=2,
              max_steps=2)
 SMOKE_CPU = {"rollout.engine": "hf"}  # --smoke's rlcore run: no vLLM on the CPU
+MIXED_MEDIAN = {"gpu": 64, "smoke": 3}  # --lengths mixed: the median completion (of 256; --smoke: of 8)
+VERL_SITE = os.environ.get("VERL_SITE", "/tmp/gpu/verl-site")  # benchmarks/verl/install.sh puts verl there
+SIDES = ("rlcore", "trl", "verl")
 # TRL's keys given rlcore's resolved value (the example's, else rlcore's default), so TRL runs what the user's rlcore
 # runs: (TRL's key, rlcore's key path)
 PEER = [(key, key) for key in (
@@ -142,6 +166,8 @@ def run_rlcore(mode: str, keys: dict[str, Any], tmp: Path, name: str, profile: b
     rows = run["rows"]
     phases = sorted({k for r in rows for k in r if k.startswith("time/")})
     return {"step_s": run["step_s"], "mean_length": [r["completions/mean_length"] for r in rows],
+            "max_length": [r.get("completions/max_length") for r in rows],
+            "train_s": [r.get("time/train") for r in rows],
             "sync_s": [r.get("weight_sync/seconds") for r in rows], "sync_gb_s": [r.get("weight_sync/gb_per_s") for r in rows],
             "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}, "wall_s": run["wall_s"],
             "setup_s": run["setup_s"], "profile": profiled and read_profile(profiled, "train_step")}
@@ -177,6 +203,7 @@ def run_trl(model: str, data: str, out: Path, processes: int, peer: dict[str, di
     args = trl_args(GRPOConfig, gpu, cpu if smoke else None)
     trainer = GRPOTrainer(model=model, reward_funcs=toy_reward, args=args,
                           train_dataset=load_dataset("json", data_files=data, split="train"), callbacks=[clock])
+    phase = train_phase_clock(trainer)
     settings = {label: lookup(args, path) for label, _, path in COMPARED}
     settings["completions per optimizer step"] = args.per_device_train_batch_size * args.gradient_accumulation_steps * processes
     settings.update({
@@ -190,6 +217,7 @@ def run_trl(model: str, data: str, out: Path, processes: int, peer: dict[str, di
     })
     trainer.train()
     return {"step_s": clock.step_s(), "mean_length": [log["completions/mean_length"] for log in clock.logs],
+            "max_length": [log.get("completions/max_length") for log in clock.logs], "train_s": phase.seconds,
             "settings": settings}
 
 
@@ -212,6 +240,31 @@ def trl_child(model: str, data: str, tmp: Path, name: str, processes: int, mode:
     return result
 
 
+# -- verl's side, in a process of its own (verl_side.py) ------------------------------------------------
+
+
+def run_verl(config: Any, model: str, tmp: Path, name: str, prompt_length: int, gpu: bool) -> dict:
+    """verl's side, one round: `python -m verl.trainer.main_ppo` with the overrides of rlcore's resolved config.
+    Without `gpu` (--smoke) its data, reward and overrides are built and not run (verl needs a GPU and vLLM)."""
+    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]} for r in toy_dataset()]
+    data = verl_side.write_data(rows, tmp / "verl" / "train.parquet")
+    reward = tmp / "verl" / "toy_reward.py"
+    reward.write_text(verl_side.REWARD)
+    work = {"prompts": PROMPTS if gpu else 2, "generations": config.num_generations,
+            "micro": config.per_device_train_batch_size, "steps": config.max_steps}
+    keys = verl_side.overrides(config, model, data, reward, tmp / name, work, prompt_length)
+    log = tmp / f"{name}.verl.jsonl"
+    if not gpu:
+        return {"skipped": "--smoke: verl needs a GPU and vLLM; its data, reward and overrides were built",
+                "settings": verl_side.settings(config, keys), "cmd": " ".join(["python -m verl.trainer.main_ppo", *keys])}
+    started = time.perf_counter()
+    run_child(verl_side.command(keys), verl_side.environment(VERL_SITE, log), stdout=sys.stderr)
+    result = verl_side.read_log(log)
+    result.update(wall_s=time.perf_counter() - started, settings=verl_side.settings(config, keys),
+                  cmd=" ".join(["python -m verl.trainer.main_ppo", *keys]))
+    return result
+
+
 # -- the driver ---------------------------------------------------------------------------------------
 
 
@@ -224,14 +277,35 @@ def implementation(config: Any) -> dict[str, Any]:
         "log-probs": "hidden states + LM head in chunks" if chunked else "full [B, T, V] logits",
         "old log-probs": "the train step's own forward (one step per round)" if old_logprobs_in_step(config)
         else "a separate no-grad forward",
-        "padding": "right-padded, each micro-batch cut to its longest row; LM head on real tokens only",
+        "padding": "padding-free: rows packed, token-budget micro-batches; LM head on real tokens only"
+        if config.train.engine_kwargs.get("padding_free", True) else
+        "right-padded, each micro-batch cut to its longest row; LM head on real tokens only",
         "optimizer": "adamw_torch",
     }
 
 
-def summarise(result: dict, completions: int, skip: int = SKIP) -> dict:
+def train_phase(result: dict, completions: int, skip: int, work: dict[str, Any]) -> dict[str, Any]:
+    """The train phase's median seconds, trained tokens per second (prompt and completion, no padding) and
+    model-FLOP utilisation (`fair.mfu`), and a padded batch's share of padding (its longest completion's width for
+    every row: what a side that pads each micro-batch to its longest row computes at most)."""
+    seconds = [s for s in (result.get("train_s") or [])[skip:] if s]
+    lengths = [m for m in result["mean_length"][skip:] if m == m]
+    if not seconds or not lengths:
+        return {}
+    mean, prompt = statistics.median(lengths), work["prompt_tokens"]
+    step = statistics.median(seconds)
+    tokens = completions * (prompt + mean)
+    out = {"train_s": round(step, 4), "train_tokens_per_s": round(tokens / step, 1),
+           "train_mfu": round(mfu(tokens, train_flops_per_token(work["model"], (prompt + mean) / 2), step), 4)}
+    longest = [m for m in (result.get("max_length") or [])[skip:] if m]
+    if longest:
+        out["padded_share"] = round(1 - (prompt + mean) / (prompt + statistics.median(longest)), 3)
+    return out
+
+
+def summarise(result: dict, completions: int, skip: int = SKIP, work: dict[str, Any] | None = None) -> dict:
     if result.get("profile"):  # the profiled last step is not measured
-        for key in ("step_s", "mean_length", "sync_s", "sync_gb_s"):
+        for key in ("step_s", "mean_length", "max_length", "train_s", "sync_s", "sync_gb_s"):
             result[key] = (result.get(key) or [])[:-1] or result.get(key)
         result["phases"] = {k: v[:-1] for k, v in result.get("phases", {}).items()}
     steps = result["step_s"][skip:]
@@ -241,6 +315,10 @@ def summarise(result: dict, completions: int, skip: int = SKIP) -> dict:
            "wall_s": round(result["wall_s"], 1)}
     if result.get("setup_s") is not None:
         out["setup_s"] = result["setup_s"]
+    if work is not None:
+        out.update(train_phase(result, completions, skip, work))
+    if result.get("verl_mfu_actor"):  # verl's own estimate, beside ours
+        out["verl_mfu_actor"] = round(statistics.median(result["verl_mfu_actor"][skip:] or [float("nan")]), 4)
     if any(s is not None for s in result.get("sync_s") or []):
         sync = [s for s in result["sync_s"][skip:] if s is not None]
         rate = [g for g in result["sync_gb_s"][skip:] if g is not None]
@@ -256,8 +334,20 @@ def summarise(result: dict, completions: int, skip: int = SKIP) -> dict:
     return out
 
 
+VERL_BY_DESIGN = [
+    "verl: `python -m verl.trainer.main_ppo` (Ray, FSDP actor, vLLM colocated as its hybrid engine, async rollout), "
+    "its site directory first (transformers < 5.11); attn_implementation sdpa and use_remove_padding false (its "
+    "padding-free path needs flash-attn, absent from the image), so its micro-batches are padded; old log-probs from a "
+    "separate forward; no reference model (KL off)",
+]
+
+
 def differences(mode: str) -> list[str]:
-    """What differs between the two runs by design, beyond the compared settings."""
+    """What differs between the runs by design, beyond the compared settings."""
+    return _differences(mode) + VERL_BY_DESIGN
+
+
+def _differences(mode: str) -> list[str]:
     if mode == "colocate":
         return ["rlcore: `rlcore run --use-ray` on the example: Ray, train and rollout roles colocated on the GPU, with "
                 "the example's sleep level and offloading; TRL: one process, vLLM colocated (sleep mode where rlcore's "
@@ -285,36 +375,53 @@ def ratio_of(mode: str, ours: dict, theirs: dict) -> float:
 
 TARGETS = {"colocate": ("ratio <= 0.5 (rlcore / TRL step time)", lambda r: r <= 0.5),
            "separate": ("speedup >= 1.3 (rlcore / TRL tokens/s)", lambda r: r >= 1.3)}
-LABELS = {"colocate": ("rlcore colocate.yaml", "TRL colocate"), "separate": ("rlcore separate.yaml async", "TRL sync DP x2")}
+VERL_TARGET = ("ratio <= 0.8 (rlcore / verl step time)", lambda r: r <= 0.8)
+LABELS = {"colocate": ("rlcore colocate.yaml", "TRL colocate", "verl 0.9.1 hybrid engine"),
+          "separate": ("rlcore separate.yaml async", "TRL sync DP x2", "verl 0.9.1 hybrid engine")}
 
 
 def print_table(mode: str, record: dict) -> None:
-    labels = dict(zip(("rlcore", "trl"), LABELS[mode]))
-    print(f"\n{'':<28}{'round':>6}{'step (s)':>10}{'tokens/s':>12}{'sync (s)':>10}{'sync GB/s':>11}")
+    labels = dict(zip(SIDES, LABELS[mode]))
+    print(f"\n{'':<28}{'round':>6}{'step (s)':>10}{'tokens/s':>12}{'train (s)':>11}{'train tok/s':>13}{'MFU':>7}"
+          f"{'padded':>8}{'sync (s)':>10}{'sync GB/s':>11}")
     for i, done in enumerate(record["rounds"]):
-        for side in ("rlcore", "trl"):
+        for side in SIDES:
             row = done.get(side)
             if row is None:
                 continue
-            if "failed" in row:
-                print(f"{labels[side]:<28}{i + 1:>6}  FAILED: {row['failed']}")
+            if "failed" in row or "skipped" in row:
+                print(f"{labels[side]:<28}{i + 1:>6}  {'FAILED: ' + row['failed'] if 'failed' in row else row['skipped']}")
                 continue
-            print(f"{labels[side]:<28}{i + 1:>6}{row['step_s']:>10.3f}{row['tokens_per_s']:>12.0f}"
+            train = (f"{row['train_s']:>11.3f}{row['train_tokens_per_s']:>13.0f}{row['train_mfu']:>7.1%}"
+                     if "train_s" in row else f"{'-':>11}{'-':>13}{'-':>7}")
+            print(f"{labels[side]:<28}{i + 1:>6}{row['step_s']:>10.3f}{row['tokens_per_s']:>12.0f}{train}"
+                  f"{row.get('padded_share', float('nan')):>8.1%}"
                   + (f"{row['sync_s']:>10.3f}{row['sync_gb_s']:>11.1f}" if "sync_s" in row else ""))
+    print("(train: the train phase; MFU of the H200's dense bf16 peak; padded: a padded batch's share of padding, its "
+          "longest completion's width for every row)")
     target, _ = TARGETS[mode]
     if record.get("ratio"):
-        print(f"{'ratio, median of rounds':<28}{spread_text(record['ratio'])}   target: {target}: "
+        print(f"{'ratio to TRL, median':<28}{spread_text(record['ratio'])}   target: {target}: "
               f"{'met' if record['met'] else 'NOT met'}")
+    if record.get("ratio_verl"):
+        print(f"{'ratio to verl, median':<28}{spread_text(record['ratio_verl'])}   target: {VERL_TARGET[0]}: "
+              f"{'met' if record['met_verl'] else 'NOT met'}")
+    if record.get("lengths"):
+        est = record["lengths"]
+        print(f"lengths: mixed, estimated p10 {est['p10']}, median {est['median_tokens']}, p90 {est['p90']}, "
+              f"{est['reach_limit']:.0%} reach {est['limit']} ({est['how']})")
     ours = next((d["rlcore"] for d in record["rounds"] if "step_s" in d.get("rlcore", {})), {})
     theirs = next((d["trl"] for d in record["rounds"] if "step_s" in d.get("trl", {})), {})
     if ours.get("phases_s"):
         print("rlcore phases (median s, round 1): " + ", ".join(f"{k} {v:.3f}" for k, v in ours["phases_s"].items()))
     print_provenance(record)
-    rl, trl = record.get("settings", {}).get("rlcore", {}), record.get("settings", {}).get("trl", {})
-    print(f"\n{'setting':<34}{'rlcore':>26}{'TRL':>26}")
-    for key in dict.fromkeys([*rl, *trl]):
-        value, other = rl.get(key, "-"), trl.get(key, "-")
-        print(f"{key:<34}{str(value):>26}{str(other):>26}{'' if value == other else '   DIFFERS'}")
+    every = record.get("settings", {})
+    ran = [side for side in SIDES if side in every]
+    print(f"\n{'setting':<34}" + "".join(f"{side:>30}" for side in ran))
+    for key in dict.fromkeys(k for side in ran for k in every[side]):
+        values = [every[side].get(key, "-") for side in ran]
+        print(f"{key:<34}" + "".join(f"{str(v)[:29]:>30}" for v in values)
+              + ("" if len({str(v) for v in values}) == 1 else "   DIFFERS"))
     print("\nby design:\n" + "\n".join(f"- {line}" for line in differences(mode)))
     if ours.get("profile") or theirs.get("profile"):
         print("(profiles printed above)")
@@ -325,7 +432,11 @@ def main() -> None:
     parser.add_argument("--mode", choices=["colocate", "separate"], default="colocate")
     parser.add_argument("--json", help="where to write the results (default benchmarks/results/grpo_gpu-<mode>-<date>-<kind>.json)")
     parser.add_argument("--kind", default=os.environ.get("RLCORE_MACHINE_KIND", "nvidia-h200"), help="machine kind, for the record")
-    parser.add_argument("--only", choices=["rlcore", "trl"], help="run one side (kept in the JSON beside the other's)")
+    parser.add_argument("--only", choices=list(SIDES), help="run one side (kept in the JSON beside the others')")
+    parser.add_argument("--sides", default="rlcore,trl", help="the sides of a round, in order (default rlcore,trl; "
+                        "verl too: rlcore,trl,verl)")
+    parser.add_argument("--lengths", choices=["fixed", "mixed"], default="fixed",
+                        help="fixed: every completion to the limit; mixed: a model nudged to stop, long-tailed lengths")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of rlcore, TRL (default 2)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, hf rollout, TRL without vLLM, "
                         "2 steps: the code paths only (both GPU configs are built there too)")
@@ -347,12 +458,16 @@ def main() -> None:
 
     own = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.set)}  # as rlcore run
     started = time.perf_counter()
-    path = results_path(args.json, f"grpo_gpu-{args.mode}-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
+    mixed = args.lengths == "mixed"
+    stem = f"grpo_gpu-{args.mode}{'-mixed' if mixed else ''}"
+    path = results_path(args.json, f"{stem}-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
     record = json.loads(path.read_text()) if args.only and path.exists() else {}  # the other side's earlier rounds
     record.update({"mode": args.mode, "kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
                    "smoke": args.smoke, "host": host_info(), "rounds_asked": args.rounds,
-                   "work": f"{PROMPTS} prompts x {GENERATIONS} generations x {TOKENS} tokens, Qwen2-0.5B shape, "
-                   f"bf16 checkpoint, median of steps {SKIP + 1}-{STEPS}", "by_design": differences(args.mode)})
+                   "work": f"{PROMPTS} prompts x {GENERATIONS} generations x {TOKENS} tokens"
+                   f"{' at most, long-tailed lengths' if mixed else ''}, Qwen2-0.5B shape, "
+                   f"bf16 checkpoint, median of steps {SKIP + 1}-{STEPS}", "by_design": differences(args.mode),
+                   "lengths_asked": args.lengths})
     record["rounds"] = [] if not args.only else record.get("rounds", [])
     processes = 2 if args.mode == "separate" else 1
     skip = 0 if args.smoke else SKIP
@@ -361,9 +476,15 @@ def main() -> None:
         tmp = Path(tmp_dir)
         model = build_model(tmp / "qwen2-0.5b-shaped", SHAPE, SMOKE_SHAPE if args.smoke else None)
         same_stop_tokens(model)  # before either side loads the model
+        if mixed:  # the same nudged checkpoint for every side
+            median = MIXED_MEDIAN["smoke" if args.smoke else "gpu"]
+            record["lengths"] = nudge_on("cpu" if args.smoke else "cuda", model, median,
+                                         SMOKE["max_completion_length"] if args.smoke else TOKENS)
         data = tmp / "prompts.jsonl"
         rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "target": r["target"]} for r in toy_dataset()]
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        work = {"model": model, "prompt_tokens": prompt_tokens(model, [r["prompt"] for r in rows])}
+        prompt_length = 2 ** math.ceil(math.log2(work["prompt_tokens"] * 2))  # verl's max_prompt_length: room for all
         # the GPU run's config, loaded and checked as `rlcore config validate` does (on the CPU too, under --smoke)
         gpu_keys = rlcore_keys(args.mode, model, str(data), tmp / "rlcore", own, gpu=True)
         gpu_config = user_config("grpo", EXAMPLES[args.mode], {k: v for part in gpu_keys for k, v in part.items()})
@@ -375,17 +496,22 @@ def main() -> None:
         record.setdefault("settings", {})["rlcore"] = {**rlcore_settings(config, args.mode, not args.smoke),
                                               **implementation(config)}
         flat = {k: v for part in keys for k, v in part.items()}
-        for index, side in interleave([args.only] if args.only else ["rlcore", "trl"], args.rounds):
+        for index, side in interleave([args.only] if args.only else args.sides.split(","), args.rounds):
             if len(record["rounds"]) <= index:
                 record["rounds"].append({})
             try:
                 if side == "rlcore":
                     name = f"rlcore-{index + 1}"  # a fresh output_dir each round: a used one holds checkpoints
                     result = run_rlcore(args.mode, {**flat, "output_dir": str(tmp / name)}, tmp, name, args.profile)
-                else:
+                elif side == "trl":
                     result = trl_child(model, str(data), tmp, f"trl-{index + 1}", processes, args.mode, args.smoke)
                     record["settings"]["trl"] = result.pop("settings")
-                record["rounds"][index][side] = summarise(result, completions, skip)
+                else:
+                    result = run_verl(config, model, tmp, f"verl-{index + 1}", prompt_length, not args.smoke)
+                    record["settings"]["verl"] = result.pop("settings")
+                    record.setdefault("verl_runs", []).append(result.pop("cmd"))
+                row = result if "skipped" in result else summarise(result, completions, skip, work)
+                record["rounds"][index][side] = row
             except Exception as error:  # noqa: BLE001 - the other side still runs; the child's log says why
                 record["rounds"][index][side] = failure(error)
             record["rounds"][index][side]["commit"] = git_commit()
@@ -400,15 +526,24 @@ def main() -> None:
 
 
 def compare(mode: str, record: dict) -> None:
-    """Each side's median over the rounds, the per-round ratio (rounds where both sides ran), its median and range,
-    the target met by the median, into `record`."""
-    for side in ("rlcore", "trl"):
+    """Each side's median over the rounds, the per-round ratios to TRL and to verl (rounds where both sides ran),
+    their medians and ranges, the targets met by the medians, into `record`."""
+    for side in SIDES:
         done = [r[side] for r in record["rounds"] if "step_s" in r.get(side, {})]
         if done:
             record[side] = {"step_s": round(statistics.median(r["step_s"] for r in done), 4),
                             "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in done), 1),
                             "steps_measured": done[0]["steps_measured"], "rounds": len(done),
                             "settings": record.get("settings", {}).get(side, {})}
+            for key in ("train_s", "train_tokens_per_s", "train_mfu", "padded_share"):
+                values = [r[key] for r in done if key in r]
+                if values:
+                    record[side][key] = round(statistics.median(values), 4)
+    versus_verl = [r["rlcore"]["step_s"] / r["verl"]["step_s"] for r in record["rounds"]
+                   if "step_s" in r.get("rlcore", {}) and "step_s" in r.get("verl", {})]
+    if versus_verl:
+        record.update(ratio_verl=spread(versus_verl), target_verl=VERL_TARGET[0],
+                      met_verl=VERL_TARGET[1](statistics.median(versus_verl)))
     ratios = [ratio_of(mode, r["rlcore"], r["trl"]) for r in record["rounds"]
               if "step_s" in r.get("rlcore", {}) and "step_s" in r.get("trl", {})]
     if ratios:
