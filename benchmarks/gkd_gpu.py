@@ -41,6 +41,13 @@ topk (`--rounds`, default 2), each in a fresh process (one vLLM per process):
     python benchmarks/gkd_gpu.py --smoke --rounds 1   # tiny models on the CPU, no vLLM: the code paths only (TRL's
                                                   # and rlcore's GPU configs are built there too)
     python benchmarks/gkd_gpu.py --only full --profile   # + torch's profile of rlcore's last train_step
+    python benchmarks/gkd_gpu.py --only trl --only full --lengths mixed   # long-tailed completion lengths
+
+`--lengths mixed`: the student is nudged to stop (`fair.nudge_to_stop`, estimated median 64 of the 256 tokens, a long
+tail to the limit; the same checkpoint for both sides), so each side's padding shows. Every timed side also reports
+its train phase (rlcore's time/train; TRL's training_step less the generation in _prepare_inputs): seconds, trained
+tokens per second (prompt and completion, no padding) and model-FLOP utilisation against the H200's dense bf16 peak,
+counting the student's forward and backward and the teacher's forward (`fair.train_flops_per_token`).
 
 The table gives each side's median step time (steps 3-8) and completion tokens per second (the median over the
 rounds, each round's too), the peak GPU memory (device-wide, sampled every 0.2 s while the run's process lives, above
@@ -67,8 +74,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fair import (failure, free_port, git_commit, host_info, interleave, print_provenance, profile_env, provenance,
-                  read_profile, results_path, rlcore_run, run_child, scaled, spread, spread_text, user_config, write_json)
+from fair import (failure, free_port, git_commit, host_info, interleave, mfu, print_provenance, profile_env,
+                  prompt_tokens, provenance, read_profile, results_path, rlcore_run, run_child, scaled, spread,
+                  spread_text, train_flops_per_token, user_config, write_json)
 
 MICRO, ACCUM, TOKENS, STEPS, SKIP = 8, 8, 256, 8, 2
 VOCAB = 151936
@@ -86,6 +94,7 @@ SMOKE_WORK: dict[str, Any] = dict(per_device_train_batch_size=2, gradient_accumu
                                   max_steps=2)
 MAX_BATCHED_TOKENS = 4096  # TRL fixes vLLM's max_num_batched_tokens at 4096
 TARGETS = {"full": 1.5, "topk": 2.0}
+MIXED_MEDIAN = {"gpu": 64, "smoke": 3}  # --lengths mixed: the student's median completion (of 256; --smoke: of 8)
 LENGTHS = (256, 512, 1024)  # the memory sweep's sequence lengths
 SIDES = ("trl", "full", "topk", "memory")  # the default run; trl-gkd and served with --only
 LABELS = {"trl": "TRL DistillationTrainer (vLLM)", "trl-gkd": "TRL GKDTrainer (generate)",
@@ -211,6 +220,7 @@ def run_rlcore(what: str, keys: dict[str, Any], tmp: Path, name: str, profile: b
     completions = keys["per_device_train_batch_size"] * keys["gradient_accumulation_steps"]
     phases = sorted({k for r in rows for k in r if k.startswith("time/")})
     return {"step_s": run["step_s"], "tokens": [r["completions/mean_length"] * completions for r in rows],
+            "train_s": [r.get("time/train") for r in rows], "completions": completions,
             "phases": {k: [r.get(k, 0.0) for r in rows] for k in phases}, "jsd": [r.get("jsd") for r in rows],
             "setup_s": run["setup_s"], "cmd": run["cmd"], "profile": profiled and read_profile(profiled, "train_step")}
 
@@ -223,7 +233,7 @@ def run_trl(student: str, teacher: str, data: str, out: Path, peer: dict[str, di
     transformers' `torch_compile` (Trainer compiles the whole student; the teacher stays eager). `peer`: TRL's keys
     with the values of rlcore's run, the GPU run's (`gpu`) and this one's (`run`, --smoke's on the CPU)."""
     from datasets import load_dataset
-    from fair import trainer_clock, trl_args
+    from fair import train_phase_clock, trainer_clock, trl_args
     from transformers import AutoTokenizer, GenerationConfig
     from trl import DistillationConfig, DistillationTrainer
 
@@ -245,6 +255,7 @@ def run_trl(student: str, teacher: str, data: str, out: Path, peer: dict[str, di
     dataset = load_dataset("json", data_files=data, split="train").remove_columns("messages")
     trainer = DistillationTrainer(model=student, teacher_model=teacher, args=args, train_dataset=dataset,
                                   processing_class=tokenizer, callbacks=[clock])
+    phase = train_phase_clock(trainer)
     settings = {k: getattr(args, k) for k in peer["gpu"]}
     settings.update(lmbda="1 (on-policy only)", gkd_logits_topk=None, dtype="bfloat16 (model_init_kwargs)",
                     use_liger_kernel=args.use_liger_kernel, torch_compile=args.torch_compile,
@@ -256,7 +267,8 @@ def run_trl(student: str, teacher: str, data: str, out: Path, peer: dict[str, di
     trainer.train()
     completions = args.per_device_train_batch_size * args.gradient_accumulation_steps
     tokens = [log["completions/mean_length"] * completions for log in clock.logs]
-    return {"step_s": clock.step_s(), "tokens": tokens, "settings": settings, **torch_peaks()}
+    return {"step_s": clock.step_s(), "tokens": tokens, "settings": settings, "train_s": phase.seconds,
+            "completions": completions, **torch_peaks()}
 
 
 def run_trl_gkd(student: str, teacher: str, data: str, out: Path, peer: dict[str, dict[str, Any]],
@@ -361,6 +373,12 @@ def run_build(root: Path, smoke: bool) -> None:
     student = build_tiny_model(root / "student", device=device, **(SMOKE_STUDENT if smoke else STUDENT))
     build_tiny_model(root / "teacher", device=device, **(SMOKE_TEACHER if smoke else TEACHER))
     same_stop_tokens(str(student))
+    if os.environ.get("RLCORE_BENCH_LENGTHS") == "mixed":  # the student's completions: long-tailed lengths
+        from fair import nudge_to_stop
+
+        limit = (SMOKE_WORK if smoke else WORK)["max_completion_length"]
+        estimate = nudge_to_stop(str(student), MIXED_MEDIAN["smoke" if smoke else "gpu"], limit, device)
+        (root / "lengths.json").write_text(json.dumps(estimate))
 
 
 # -- the driver ---------------------------------------------------------------------------------------
@@ -443,11 +461,29 @@ def summarise(result: dict, skip: int) -> dict:
            "steps_measured": len(steps), "wall_s": result["wall_s"], "settings": result.get("settings", {}),
            "per_step_s": [round(s, 3) for s in result["step_s"]]}
     out.update({k: result[k] for k in ("setup_s", "cmd") if k in result})
+    out.update(train_phase(result, skip))
     if result.get("phases"):
         out["phases_s"] = {k.removeprefix("time/"): round(statistics.median(v[skip:]), 3) for k, v in result["phases"].items()}
     if result.get("profile"):
         out["profile"] = result["profile"]
     return out
+
+
+def train_phase(result: dict, skip: int) -> dict[str, Any]:
+    """The train phase's median seconds, trained tokens per second (prompt and completion tokens, no padding) and
+    model-FLOP utilisation: the student's forward and backward and the teacher's forward (`WORK_INFO`)."""
+    seconds = [s for s in (result.get("train_s") or [])[skip:] if s]
+    tokens = [t for t in result["tokens"][skip:] if t == t]
+    if not seconds or not tokens or not WORK_INFO:
+        return {}
+    step, completions = statistics.median(seconds), result["completions"]
+    mean, prompt = statistics.median(tokens) / completions, WORK_INFO["prompt_tokens"]
+    context = (prompt + mean) / 2
+    flops = (train_flops_per_token(WORK_INFO["student"], context)
+             + train_flops_per_token(WORK_INFO["teacher"], context, forward_only=True))
+    trained = completions * (prompt + mean)
+    return {"train_s": round(step, 4), "train_tokens_per_s": round(trained / step, 1),
+            "train_mfu": round(mfu(trained, flops, step), 4)}
 
 
 def print_table(sides: dict[str, dict], met: dict[str, bool], ratios: dict[str, dict]) -> None:
@@ -478,6 +514,13 @@ def print_table(sides: dict[str, dict], met: dict[str, bool], ratios: dict[str, 
                                                         for r in side["rounds"]))
         if side.get("phases_s"):
             print(f"{'':<38}phases: " + ", ".join(f"{k} {v:.3f}" for k, v in side["phases_s"].items()))
+        if "train_s" in side:
+            print(f"{'':<38}train phase: {side['train_s']:.3f} s, {side['train_tokens_per_s']:.0f} trained tokens/s, "
+                  f"MFU {side['train_mfu']:.1%} of the H200's dense bf16 peak")
+    if LENGTHS_ESTIMATE:
+        est = LENGTHS_ESTIMATE
+        print(f"lengths: mixed, estimated p10 {est['p10']}, median {est['median_tokens']}, p90 {est['p90']}, "
+              f"{est['reach_limit']:.0%} reach {est['limit']}")
     for what, side in sides.items():
         if side.get("profile"):
             print(f"\n{LABELS[what]}: the last train phase under torch's profiler ({side['profile']['seconds']:.3f} s):\n"
@@ -534,6 +577,8 @@ def over_rounds(rows: list[dict]) -> dict:
     if not done:
         return {**rows[-1], "rounds": rows} if len(rows) > 1 else rows[-1]
     med = {k: statistics.median(r[k] for r in done) for k in ("step_s", "tokens_per_s", "peak_gpu_gib")}
+    med.update({k: statistics.median(r[k] for r in done if k in r) for k in ("train_s", "train_tokens_per_s", "train_mfu")
+                if any(k in r for r in done)})
     return {**done[-1], **{k: round(v, 3) for k, v in med.items()}, "rounds": rows}
 
 
@@ -549,6 +594,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the timed sides, interleaved (default 2)")
     parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU, no vLLM, 2 steps: the code paths only")
     parser.add_argument("--profile", action="store_true", help="profile rlcore's last train phase (not measured)")
+    parser.add_argument("--lengths", choices=["fixed", "mixed"], default="fixed",
+                        help="fixed: the random student's completions run to the limit; mixed: it is nudged to stop")
     parser.add_argument("--merge", action="append", default=[], metavar="JSON",
                         help="an earlier call's results (repeatable): its sides are kept beside this run's (later ones "
                         "win); with no --only nothing runs: the merged table, targets and JSON only")
@@ -577,9 +624,11 @@ def main() -> None:
         HOST.update(host_info())
     if args.profile:
         os.environ["RLCORE_BENCH_PROFILE"] = "1"  # the children read it
+    os.environ["RLCORE_BENCH_LENGTHS"] = args.lengths  # the build child reads it
     wanted = list(dict.fromkeys(args.only or ([] if args.merge else list(SIDES))))
     started = time.perf_counter()
-    path = results_path(args.json, f"gkd_gpu-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
+    stem = "gkd_gpu-mixed" if args.lengths == "mixed" else "gkd_gpu"
+    path = results_path(args.json, f"{stem}-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
     kept: dict[str, dict] = {}  # sides run in calls of their own (--only, --merge) add up in one file
     for earlier in [path] * bool(args.only and path.exists()) + [Path(m) for m in args.merge]:
         old = json.loads(earlier.read_text())
@@ -596,6 +645,11 @@ def main() -> None:
         if wanted:
             child("build", tmp, smoke=args.smoke)
             data = dataset_file(tmp)
+            WORK_INFO.update(student=str(tmp / "student"), teacher=str(tmp / "teacher"),
+                             prompt_tokens=prompt_tokens(str(tmp / "student"), [[{"role": "user", "content": p}]
+                                                                                 for p in PROMPTS]))
+            if (tmp / "lengths.json").exists():
+                LENGTHS_ESTIMATE.update(json.loads((tmp / "lengths.json").read_text()))
             keys = prepare(wanted, tmp, str(data), args.smoke)
         per_side: dict[str, list[dict]] = {}
         for index, what in order:
@@ -654,6 +708,8 @@ def print_runs() -> None:
 HOST: dict[str, Any] = {}  # host_info() of the machine this call's sides ran on, measured once in main()
 RUNS: dict[str, dict[str, Any]] = {}  # each rlcore side's example, keys and settings
 RATIOS: dict[str, dict[str, Any]] = {}  # each rlcore side's x TRL per round, median and range
+WORK_INFO: dict[str, Any] = {}  # the models and the mean prompt length, for the train phase's MFU
+LENGTHS_ESTIMATE: dict[str, Any] = {}  # --lengths mixed: nudge_to_stop's estimate of the completion lengths
 
 
 def record(sides: dict[str, dict], args: argparse.Namespace, started: float) -> dict:
@@ -662,7 +718,7 @@ def record(sides: dict[str, dict], args: argparse.Namespace, started: float) -> 
     return {"kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "smoke": args.smoke,
             "host": HOST, "rounds": args.rounds,
             "sides": sides, "labels": {k: v for k, v in LABELS.items() if k in sides},
-            "rlcore_runs": RUNS, "ratios": RATIOS,
+            "rlcore_runs": RUNS, "ratios": RATIOS, "lengths": LENGTHS_ESTIMATE or "fixed",
             "targets": {"full": "median over the rounds of tokens/s / the round's fastest TRL side's >= 1.5, peak GPU "
                                 "memory <= its peak", "topk": "the same median >= 2"},
             "targets_base": trl_base(sides), "met": targets_met(sides, RATIOS),
