@@ -254,8 +254,9 @@ def run_verl(config: Any, model: str, tmp: Path, name: str, prompt_length: int, 
             "micro": config.per_device_train_batch_size, "steps": config.max_steps}
     keys = verl_side.overrides(config, model, data, reward, tmp / name, work, prompt_length)
     log = tmp / f"{name}.verl.jsonl"
+    checked = verl_side.check(keys, VERL_SITE) if Path(VERL_SITE).is_dir() else f"not checked: no {VERL_SITE}"
     if not gpu:
-        return {"skipped": "--smoke: verl needs a GPU and vLLM; its data, reward and overrides were built",
+        return {"skipped": f"--smoke: verl needs a GPU and vLLM; its overrides were built ({checked})",
                 "settings": verl_side.settings(config, keys), "cmd": " ".join(["python -m verl.trainer.main_ppo", *keys])}
     started = time.perf_counter()
     run_child(verl_side.command(keys), verl_side.environment(VERL_SITE, log), stdout=sys.stderr)

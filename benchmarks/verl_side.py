@@ -148,6 +148,34 @@ def settings(config: Any, keys: list[str]) -> dict[str, Any]:
     }
 
 
+CHECK = """
+import os, sys
+import verl
+from hydra import compose, initialize_config_dir
+from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+with initialize_config_dir(os.path.join(os.path.dirname(verl.__file__), "trainer", "config"), version_base=None):
+    cfg = compose("ppo_trainer", overrides=sys.argv[1:])
+for section in (cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.algorithm):
+    omega_conf_to_dataclass(section)
+validate_config(cfg, use_reference_policy=False, use_critic=False)
+print("verl", verl.__version__, "accepts the overrides")
+"""
+
+
+def check(keys: list[str], site: str) -> str:
+    """verl's own checks of `keys` in its environment (no GPU): Hydra composes them onto its ppo_trainer config,
+    the actor, rollout and algorithm sections become verl's dataclasses, `validate_config` passes. Its last line,
+    or a RuntimeError with verl's message."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", CHECK, *keys], env=environment(site, Path(os.devnull)),
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"verl refused the overrides: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
 def command(keys: list[str]) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", *keys]
 
