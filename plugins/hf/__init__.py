@@ -19,7 +19,7 @@ __all__ = ["build_tiny_model", "make_forward_engine", "make_rollout_engine", "ma
 
 # What a forward engine takes: the model and how to run it; nothing about training.
 FORWARD_OPTIONS = ("model", "dtype", "device", "logprob_micro_batch_size", "seed", "chunked_lm_head", "padding_free",
-                   "liger_kernel",
+                   "attn_implementation", "liger_kernel",
                    "torch_compile", "torch_compile_backend", "torch_compile_mode")
 
 

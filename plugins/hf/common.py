@@ -17,15 +17,18 @@ if TYPE_CHECKING:
 
 
 
-def load_causal_lm(model: str, dtype: str, device: torch.device, liger_kernel: bool = False) -> Any:
+def load_causal_lm(model: str, dtype: str, device: torch.device, liger_kernel: bool = False,
+                   attn_implementation: str | None = None) -> Any:
     """AutoModelForCausalLM from a local directory or a hub id, on `device`, in `dtype` (`auto`: see
-    `rlcore.engine_checks.resolve_dtype`), in eval mode; with `liger_kernel`,
-    with liger-kernel's kernels (`apply_liger`). `compile_layers` is applied by the engine, after peft."""
+    `rlcore.engine_checks.resolve_dtype`), in eval mode, with `attn_implementation` (None: transformers' default);
+    with `liger_kernel`, with liger-kernel's kernels (`apply_liger`). `compile_layers` is applied by the engine,
+    after peft."""
     from transformers import AutoModelForCausalLM
 
     dtype = resolve_dtype(dtype, model, device.type == "cuda")
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
-        lm = AutoModelForCausalLM.from_pretrained(os.path.expanduser(str(model)), dtype=dtype)
+        lm = AutoModelForCausalLM.from_pretrained(os.path.expanduser(str(model)), dtype=dtype, **extra)
     except OSError as exc:
         raise ConfigError(f"model={str(model)!r} could not be loaded: {exc}", [("model", str(exc))]) from exc
     lm = lm.to(device).eval()

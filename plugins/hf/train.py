@@ -38,6 +38,9 @@ COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
 # outputs past the next replay (saved activations across micro-batches, a colocated teacher's answer): GKD on the
 # H200 stopped with "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+# None: transformers' default (sdpa where torch has it). Packed rows get a block-causal mask under sdpa and eager, a
+# document BlockMask under flex_attention (blocks of other sequences skipped), varlen kernels under flash attention.
+ATTN_IMPLEMENTATIONS = (None, "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class HFOptions(TrainOptions):
     chunked_lm_head: bool = True
     padding_free: bool = True
     max_tokens_per_micro_batch: int | None = None
+    attn_implementation: str | None = None
     liger_kernel: bool = False
     torch_compile: bool = False
     torch_compile_backend: str = "inductor"
@@ -57,6 +61,9 @@ class HFOptions(TrainOptions):
     def problems(self) -> list[tuple[str, str]]:
         problems = super().problems()
         budget = self.max_tokens_per_micro_batch
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            problems.append(("attn_implementation", f"attn_implementation={self.attn_implementation!r} is not one "
+                             "of transformers' attention implementations: " + ", ".join(ATTN_IMPLEMENTATIONS[1:])))
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             problems.append(("max_tokens_per_micro_batch", f"max_tokens_per_micro_batch={budget!r} must be a "
                              "positive int (tokens of one micro-batch), or unset"))
@@ -101,6 +108,8 @@ class HFTrainEngine(TrainEngine):
     step forms its micro-batches by tokens (`token_micro_batches`): rows are added to a micro-batch while its real
     tokens stay within `max_tokens_per_micro_batch` (unset: `micro_batch_size` x the batch's longest row, the
     padded split's size), as verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu` does.
+    `attn_implementation` (transformers' name; unset: its default, sdpa) picks the attention kernel: under sdpa a
+    packed micro-batch's mask is dense, under `flex_attention` it skips the other sequences' blocks.
     `forward_only=True` builds the model without optimizer (see the module docstring). `liger_kernel` (off by
     default) swaps the model's RMSNorm, SwiGLU MLP and rotary embedding for liger-kernel's fused Triton kernels
     (`liger_kernel.transformers._apply_liger_kernel_to_instance`, as transformers' Trainer does for
@@ -133,14 +142,15 @@ class HFTrainEngine(TrainEngine):
         torch.manual_seed(o.seed)
         if o.forward_only:  # no gradients to average: no torch.distributed world to join
             self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-            self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel).requires_grad_(False)
+            self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel,
+                                        o.attn_implementation).requires_grad_(False)
             if o.torch_compile:
                 compile_layers(self.model, o.torch_compile_backend, o.torch_compile_mode)
             self.trainable, self.ddp, self.optimizer, self.scheduler = [], None, None, None
             return
         self.rank, self.world_size = join_torch_world(self.device, o.dist_timeout_s)
 
-        self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel)
+        self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel, o.attn_implementation)
         if o.gradient_checkpointing:
             self.model.config.use_cache = False
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

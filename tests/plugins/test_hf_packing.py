@@ -39,11 +39,13 @@ def params(engine: HFTrainEngine) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in engine.model.named_parameters()}
 
 
-@pytest.mark.parametrize("chunked", [True, False])
-def test_packed_rows_give_the_padded_log_probs_and_attend_within_their_own_sequence(tiny_model, chunked):
+@pytest.mark.parametrize("chunked, attention", [(True, None), (False, None), (True, "eager")])
+def test_packed_rows_give_the_padded_log_probs_and_attend_within_their_own_sequence(tiny_model, chunked, attention):
     batch = mixed_batch()
-    padded = HFTrainEngine(tiny_model, chunked_lm_head=chunked, padding_free=False, forward_only=True)
-    packed = HFTrainEngine(tiny_model, chunked_lm_head=chunked, forward_only=True)
+    keys = dict(chunked_lm_head=chunked, attn_implementation=attention, forward_only=True)
+    padded = HFTrainEngine(tiny_model, padding_free=False, **keys)
+    packed = HFTrainEngine(tiny_model, **keys)
+    assert packed.model.config._attn_implementation == (attention or "sdpa")
     seen = decoder_inputs(packed)
     want, got = padded.forward_logprobs(batch), packed.forward_logprobs(batch)
     real = int(batch["attention_mask"].sum())
@@ -102,6 +104,8 @@ def test_the_packing_options_are_checked(tiny_model):
         HFTrainEngine(tiny_model, max_tokens_per_micro_batch=0)
     with pytest.raises(ConfigError, match="set padding_free: true"):
         HFTrainEngine(tiny_model, padding_free=False, max_tokens_per_micro_batch=64)
+    with pytest.raises(ConfigError, match="attn_implementation='flash' is not one of"):
+        HFTrainEngine(tiny_model, attn_implementation="flash")
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
