@@ -40,6 +40,7 @@ each() {  # every test of a module in a pytest process of its own
 if [ "$what" = all ]; then
     run tests/gpu/test_vllm_engine.py
     run tests/gpu/test_hf_cuda.py
+    run tests/gpu/test_hf_packing_gpu.py
 fi
 if [ "$what" = all ] || [ "$what" = sync ]; then
     run tests/gpu/test_weight_sync_gpu.py
