@@ -1,0 +1,543 @@
+"""Memory plans: each GPU's predicted peak in each phase of a step (generation, training, weight sync), before
+anything loads, from the resource plan and the models' config.json.
+
+The terms live with the engines: an `EngineSpec.memory` (or a factory's `memory` attribute) is given a
+`MemoryQuery` (the role's engine options, what the algorithm asks of it per step as a `RoleUse`, the model's
+`ModelShape`, the GPU's size, the session's offload settings) and answers an `EngineMemory`: the bytes of each
+component while the role works, while a colocated role holds the GPU, and during a weight sync, plus the option
+changes that would lower them (`Fix`). Core only sums the roles on each GPU per phase and compares the peak with
+the GPU's memory; an engine that gives no terms is shown as unknown, never as zero.
+
+The GPU's memory is torch.cuda's (device 0) where there is one, else the config's `gpu_memory_gib` (default 80 GiB,
+an A100/H100's; an H200 has 140 GiB: `gpu_memory_gib: 140`), since a CPU-only machine plans for remote GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+GiB = 1 << 30
+PHASES = ("generation", "training", "weight sync")
+DEFAULT_GPU_GIB = 80.0
+# one process's CUDA context, cuBLAS workspaces and the caching allocator's slack on a GPU (torch + NCCL)
+CUDA_CONTEXT = GiB // 2
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+Phase = Literal["generation", "training"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder's shapes, read from config.json: what its weights, KV cache and activations take."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool = True
+    attention_bias: bool = False
+    experts: int = 0  # routed experts of a MoE layer (0: dense)
+    expert_intermediate: int = 0
+    experts_per_token: int = 0
+    shared_intermediate: int = 0
+    saved_dtype: str | None = None  # torch_dtype of the checkpoint
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelShape | None:
+        """The shape a config.json (or its `text_config`) gives; None where it lacks a decoder's keys."""
+        c = config.get("text_config") or config
+        need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        if not all(isinstance(c.get(k), int) for k in need):
+            return None
+        heads = c["num_attention_heads"]
+        experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
+        return cls(
+            hidden=c["hidden_size"], layers=c["num_hidden_layers"], heads=heads,
+            kv_heads=c.get("num_key_value_heads") or heads, head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            intermediate=c.get("intermediate_size") or 4 * c["hidden_size"], vocab=c["vocab_size"],
+            tied=bool(c.get("tie_word_embeddings", config.get("tie_word_embeddings", True))),
+            attention_bias=bool(c.get("attention_bias", c.get("model_type", config.get("model_type")) == "qwen2")),
+            experts=int(experts), expert_intermediate=int(c.get("moe_intermediate_size") or 0),
+            experts_per_token=int(c.get("num_experts_per_tok") or 0),
+            shared_intermediate=int(c.get("shared_expert_intermediate_size") or 0),
+            saved_dtype=c.get("torch_dtype") or c.get("dtype") or config.get("torch_dtype") or config.get("dtype"),
+        )
+
+    def linears(self) -> list[tuple[int, int]]:
+        """(in, out) of one layer's linear weights: attention, then the MLP (a MoE's routed and shared experts)."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        out = [(h, q), (h, kv), (h, kv), (q, h)]
+        if self.experts:
+            out += [(h, self.expert_intermediate), (h, self.expert_intermediate), (self.expert_intermediate, h)] * self.experts
+            out.append((h, self.experts))
+            if self.shared_intermediate:
+                out += [(h, self.shared_intermediate), (h, self.shared_intermediate), (self.shared_intermediate, h)]
+        else:
+            out += [(h, self.intermediate), (h, self.intermediate), (self.intermediate, h)]
+        return out
+
+    @property
+    def params(self) -> int:
+        """Every weight: embeddings, layers (linears, biases, norms), final norm, and the head when untied."""
+        per_layer = sum(i * o for i, o in self.linears()) + 2 * self.hidden
+        if self.attention_bias:
+            per_layer += (self.heads + 2 * self.kv_heads) * self.head_dim
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.vocab * self.hidden + self.layers * per_layer + self.hidden + head
+
+    def lora_params(self, rank: int) -> int:
+        """LoRA's A and B on every linear of every layer (peft's `all-linear`; the head is left out)."""
+        return self.layers * sum(rank * (i + o) for i, o in self.linears() if o != self.experts or not self.experts)
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V of one token in every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def activation_bytes_per_token(self, dtype_bytes: int, checkpointing: bool = False) -> int:
+        """What backward keeps of one token, summed over the layers, with flash/SDPA attention (no [T, T] scores).
+
+        Per layer, a pre-norm decoder with SwiGLU saves (Korthikanti et al. 2022, "Reducing Activation
+        Recomputation in Large Transformer Models", counted for this block): the two norms' inputs and outputs (4h),
+        q, k, v and their rotated q, k (2q + 3kv), the attention output (q), the gate and up outputs, the activation
+        and the product (4I; a MoE: each token's `experts_per_token` experts plus the shared one), all in the
+        model's dtype. With gradient checkpointing only each layer's input (h) is kept, plus one layer recomputed.
+        """
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        inter = self.experts_per_token * self.expert_intermediate + self.shared_intermediate if self.experts else self.intermediate
+        layer = (4 * h + 3 * q + 3 * kv + 4 * inter) * dtype_bytes
+        if checkpointing:
+            return self.layers * h * dtype_bytes + layer
+        return self.layers * layer
+
+
+def shape_of(name: str | None) -> ModelShape | None:
+    """The shape of a model (a directory, or a hub id in the local cache) from its config.json; None where it
+    cannot be read (nothing is downloaded)."""
+    if not name:
+        return None
+    from .model_checks import read_model
+
+    files = read_model(str(name))
+    return ModelShape.from_config(files.config) if files is not None and files.config else None
+
+
+def dtype_bytes(dtype: str | None, shape: ModelShape | None, cuda: bool = True) -> int:
+    """Bytes per weight of `dtype` as the engines resolve it (`auto` on a GPU: the checkpoint's half precision,
+    bfloat16 for a float32 checkpoint)."""
+    if dtype and dtype != "auto":
+        return DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 2)
+    if not cuda:
+        return 4
+    return 2
+
+
+@dataclass(frozen=True)
+class RoleUse:
+    """What an algorithm asks of one role per step (its `RoleTrainer.memory_use`): the role's engine and options
+    (as its setup builds it), the model it loads, the phase it works in, and the workload's sizes.
+
+    `micro_batch` sequences of at most `seq_len` tokens go through one forward/backward; `sequences` are generated
+    at once (a KV cache engine's batch); `logits` is what a loss asks of the vocabulary (`full`, or `topk` with
+    `topk` ids; a colocated teacher's too). `sync` says whether the role sends or receives weights. `knobs` maps
+    the workload's names (`micro_batch`, `topk`) to the config keys that set them, so a fix can name them.
+    """
+
+    engine: Any
+    kind: str
+    options: dict[str, Any]
+    phase: Phase
+    model: str | None = None
+    micro_batch: int = 1
+    seq_len: int = 0
+    sequences: int = 0
+    logits: Literal["full", "topk"] = "full"
+    topk: int = 0
+    sync: Literal["send", "receive"] | None = None
+    knobs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemoryQuery:
+    """What an engine's memory function is asked: the role, its use, the model's shape and the GPU."""
+
+    role: str
+    use: RoleUse
+    model: ModelShape | None
+    gpu_bytes: int
+    workers: int
+    colocated: bool
+    sleep_level: int = 1
+    offload_model: bool = False
+    offload_optimizer: bool = False
+    bucket_bytes: int = 512 << 20
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.use.options
+
+
+@dataclass(frozen=True)
+class Fix:
+    """An option change that lowers an engine's peak: `options` (engine options, or `use.KNOB` for a workload
+    knob), `cost` (lower is tried and shown first: 1 costs time, 3 changes the batch, 5 changes what is trained)."""
+
+    options: dict[str, Any]
+    cost: int
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """An engine's answer, bytes per component on one of its GPUs: while it works (`active`), while a colocated
+    role holds the GPU (`resident`), while weights are synced (`sync`; None: as `resident`)."""
+
+    active: dict[str, int]
+    resident: dict[str, int]
+    sync: dict[str, int] | None = None
+    fixes: tuple[Fix, ...] = ()
+
+
+def memory_function(plugins: Any, engine: Any, kind: str) -> Callable[[MemoryQuery], EngineMemory] | None:
+    """The engine's memory function: its `EngineSpec.memory` (a registered name), or a factory's `memory`."""
+    if not isinstance(engine, str):
+        return getattr(engine, "memory", None)
+    for spec in getattr(plugins, "engines", ()) or ():
+        if spec.name == engine and spec.kind == kind:
+            return getattr(spec, "memory", None)
+    return None
+
+
+# -- the plan -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GpuPhase:
+    """One GPU (or identical GPUs) in one phase: each role's components and the sum; None where unknown."""
+
+    gpus: tuple[int, ...]
+    phase: str
+    terms: list[tuple[str, str, int | None]]
+    total: int
+
+    @property
+    def peak(self) -> int:
+        return sum(b for _, _, b in self.terms if b is not None)
+
+    @property
+    def unknown(self) -> list[str]:
+        return sorted({role for role, _, b in self.terms if b is None})
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.total
+
+    def largest(self) -> tuple[str, str, int]:
+        role, component, size = max(((r, c, b) for r, c, b in self.terms if b is not None), key=lambda t: t[2])
+        return role, component, size
+
+
+@dataclass
+class MemoryPlan:
+    """Every GPU's predicted peak per phase, with the GPU's memory it is set against."""
+
+    rows: list[GpuPhase]
+    gpu_bytes: int
+    source: str
+    fixes: dict[str, tuple[Fix, ...]] = field(default_factory=dict)  # per role
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def over(self) -> list[GpuPhase]:
+        return [row for row in self.rows if not row.fits]
+
+    @property
+    def fits(self) -> bool:
+        return not self.over
+
+    def peak(self) -> int:
+        return max((row.peak for row in self.rows), default=0)
+
+    def table(self) -> str:
+        """The plan as text: per GPU and phase, each component, the peak and the headroom."""
+        lines = [f"memory plan: GPU memory {gib(self.gpu_bytes)} ({self.source})"]
+        for row in self.rows:
+            head = self.gpu_bytes - row.peak
+            unknown = f" + unknown ({', '.join(row.unknown)})" if row.unknown else ""
+            state = "OVER" if head < 0 else "ok"
+            lines.append(f"GPU {_ranges(row.gpus)} {row.phase}: peak {gib(row.peak)}{unknown} of {gib(self.gpu_bytes)}, "
+                         f"headroom {gib(head)} [{state}]")
+            for role, component, size in row.terms:
+                lines.append(f"    {role:<10} {component:<28} {'unknown' if size is None else gib(size)}")
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"gpu_bytes": self.gpu_bytes, "source": self.source, "fits": self.fits, "rows": [
+            {"gpus": list(r.gpus), "phase": r.phase, "peak_bytes": r.peak, "unknown": r.unknown,
+             "terms": [{"role": role, "component": c, "bytes": b} for role, c, b in r.terms]} for r in self.rows]}
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def gpu_memory(config: Any) -> tuple[int, str]:
+    """The GPU's memory in bytes and where it was read: torch.cuda's device 0, else `gpu_memory_gib`, else 80 GiB."""
+    given = getattr(config, "gpu_memory_gib", None)
+    if given:
+        return int(given * GiB), "gpu_memory_gib"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.get_device_properties(0).total_memory), f"torch.cuda: {torch.cuda.get_device_name(0)}"
+    except Exception:  # noqa: BLE001 - no usable CUDA: the default below
+        pass
+    return int(DEFAULT_GPU_GIB * GiB), f"default {DEFAULT_GPU_GIB:g} GiB; set gpu_memory_gib"
+
+
+def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugins: Any,
+                gpu_bytes: int | None = None, source: str = "") -> MemoryPlan:
+    """Sum each GPU's roles per phase. A role works in its `RoleUse.phase`; in the other phase it keeps what its
+    engine says stays resident; in `weight sync`, the roles that send or receive hold their `sync` terms."""
+    if gpu_bytes is None:
+        gpu_bytes, source = gpu_memory(config)
+    answers: dict[str, EngineMemory | None] = {}
+    notes: list[str] = []
+    for role, use in uses.items():
+        ranks = resource_plan.ranks_of(role) if role in resource_plan.roles else ()
+        if not ranks:
+            continue
+        shape = shape_of(use.model)
+        fn = memory_function(plugins, use.engine, use.kind)
+        if fn is None:
+            answers[role] = None
+            notes.append(f"{role}: engine {use.engine if isinstance(use.engine, str) else getattr(use.engine, '__name__', use.engine)} "
+                         "reports no memory terms (shown as unknown)")
+            continue
+        if shape is None:
+            answers[role] = None
+            notes.append(f"{role}: {use.model or 'the model'}'s config.json cannot be read here (shown as unknown)")
+            continue
+        colocated = any(set(ranks) & set(resource_plan.ranks_of(r)) for r in uses if r != role and r in resource_plan.roles)
+        query = MemoryQuery(
+            role=role, use=use, model=shape, gpu_bytes=gpu_bytes, workers=len(ranks), colocated=colocated,
+            sleep_level=getattr(config, "sleep_level", 1), offload_model=getattr(config, "offload_model", False),
+            offload_optimizer=getattr(config, "offload_optimizer", False),
+            bucket_bytes=int(getattr(config, "weight_sync_bucket_mb", 512)) << 20)
+        answers[role] = fn(query)
+    by_gpu: dict[tuple, list[int]] = {}
+    rows: list[GpuPhase] = []
+    for rank in resource_plan.gpu_ranks:
+        roles = tuple(r for r in resource_plan.roles_on(rank) if r in answers)
+        if not roles:
+            continue
+        for phase in PHASES:
+            terms: list[tuple[str, str, int | None]] = []
+            for role in roles:
+                answer, use = answers[role], uses[role]
+                if answer is None:
+                    terms.append((role, "(unknown)", None))
+                    continue
+                if phase == "weight sync":
+                    part = answer.sync if use.sync and answer.sync is not None else answer.resident
+                else:
+                    part = answer.active if use.phase == phase else answer.resident
+                terms += [(role, component, size) for component, size in part.items() if size]
+            key = (phase, tuple(terms))
+            if key in by_gpu:
+                by_gpu[key].append(rank)
+            else:
+                by_gpu[key] = [rank]
+                rows.append(GpuPhase((rank,), phase, terms, gpu_bytes))
+    for row in rows:
+        row.gpus = tuple(by_gpu[(row.phase, tuple(row.terms))])
+    rows.sort(key=lambda r: (r.gpus, PHASES.index(r.phase)))
+    fixes = {role: answer.fixes for role, answer in answers.items() if answer is not None}
+    return MemoryPlan(rows, gpu_bytes, source, fixes, notes)
+
+
+# -- what fits ------------------------------------------------------------------------------------------------
+
+
+def option_key(config: Any, role: str, option: str, knobs: dict[str, str]) -> str | None:
+    """The config key that sets a role's engine option (`train.gradient_checkpointing`, `train.engine_kwargs.X`, a
+    top-level key), or a workload knob (`use.micro_batch`: the algorithm's key); None where the config has none."""
+    if option.startswith("use."):
+        return knobs.get(option[4:])
+    section = getattr(config, role, None)
+    if section is not None and option in type(section).model_fields:
+        return f"{role}.{option}"
+    if option in type(config).model_fields:
+        return option
+    if section is not None and "engine_kwargs" in type(section).model_fields:
+        return f"{role}.engine_kwargs.{option}"
+    return None
+
+
+def candidate_changes(config: Any, plan: MemoryPlan, uses: dict[str, RoleUse]) -> list[tuple[int, dict[str, Any], str]]:
+    """Config changes that may lower the peak, cheapest first: the session's offloads (core's keys), then each
+    engine's fixes as config keys. Each is (cost, {key: value}, why)."""
+    out: list[tuple[int, dict[str, Any], str]] = []
+    colocated = any(len(row.terms) and len({r for r, _, _ in row.terms}) > 1 for row in plan.rows)
+    if colocated:
+        if not getattr(config, "offload_optimizer", True):
+            out.append((1, {"offload_optimizer": True}, "the optimizer state leaves the GPU while another role works"))
+        if not getattr(config, "offload_model", True):
+            out.append((1, {"offload_model": True}, "the train weights leave the GPU while another role works"))
+        if getattr(config, "sleep_level", 1) == 0:
+            out.append((1, {"sleep_level": 1}, "vLLM frees its weights and KV cache while another role works"))
+    for role, fixes in plan.fixes.items():
+        for fix in fixes:
+            keys = {option_key(config, role, k, uses[role].knobs): v for k, v in fix.options.items()}
+            if None not in keys:
+                out.append((fix.cost, keys, fix.why))
+    return sorted(out, key=lambda item: item[0])
+
+
+@dataclass
+class Suggestion:
+    changes: dict[str, Any]
+    peak: int
+    fits: bool
+    why: str = ""
+
+    def overrides(self) -> list[str]:
+        return [f"{k}={_yaml(v)}" for k, v in self.changes.items()]
+
+
+def suggestions(config: Any, plan: MemoryPlan, uses: dict[str, RoleUse],
+                replan: Callable[[dict[str, Any]], MemoryPlan]) -> list[Suggestion]:
+    """Each candidate change with the peak its plan predicts, those that fit first (cheapest first); where no one
+    change fits, the candidates together in cost order, as one suggestion, once enough of them fit."""
+    tried: list[Suggestion] = []
+    candidates = candidate_changes(config, plan, uses)
+    seen_keys: set[str] = set()
+    for _, changes, why in candidates:
+        key = ",".join(sorted(changes))
+        if key in seen_keys and any(s.fits and ",".join(sorted(s.changes)) == key for s in tried):
+            continue  # a cheaper value of the same key fits already
+        new = replan(changes)
+        tried.append(Suggestion(changes, new.peak(), new.fits, why))
+        seen_keys.add(key)
+    fitting = [s for s in tried if s.fits]
+    if fitting:
+        return _one_per_key(fitting) + [s for s in tried if not s.fits and not _same_keys(s, fitting)]
+    combined: dict[str, Any] = {}
+    for _, changes, _ in candidates:
+        if set(changes) & set(combined):
+            continue
+        combined.update(changes)
+        new = replan(dict(combined))
+        if new.fits:
+            return [Suggestion(dict(combined), new.peak(), True, "together")] + tried
+    return tried
+
+
+def _one_per_key(found: list[Suggestion]) -> list[Suggestion]:
+    out, keys = [], set()
+    for s in found:
+        key = ",".join(sorted(s.changes))
+        if key not in keys:
+            keys.add(key)
+            out.append(s)
+    return out
+
+
+def _same_keys(s: Suggestion, others: list[Suggestion]) -> bool:
+    return any(set(s.changes) == set(o.changes) for o in others)
+
+
+def refusal(plan: MemoryPlan, found: list[Suggestion]) -> str:
+    """The message of a plan that will not fit: where, by how much, the largest component, and what fits."""
+    row = max(plan.over, key=lambda r: r.peak - r.total)
+    role, component, size = row.largest()
+    lines = [f"the plan will not fit in GPU memory: GPU {_ranges(row.gpus)} in {row.phase} needs {gib(row.peak)} of "
+             f"{gib(row.total)} (over by {gib(row.peak - row.total)}); its largest part is {role} {component} "
+             f"({gib(size)})"]
+    fitting = [s for s in found if s.fits]
+    if fitting:
+        lines.append("changes that fit, cheapest first (rlcore run --fit applies the first):")
+        lines += [f"  {' '.join(s.overrides())}  -> peak {gib(s.peak)}" + (f"  ({s.why})" if s.why else "") for s in fitting]
+    else:
+        lines.append("no change rlcore knows of fits; more GPUs (tensor or pipeline parallel), a smaller model, or "
+                     "shorter sequences. Closest: " + "; ".join(f"{' '.join(s.overrides())} -> {gib(s.peak)}" for s in found[:3]))
+    return "\n".join(lines)
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _ranges(ranks: tuple[int, ...]) -> str:
+    out, ordered = [], sorted(ranks)
+    start = prev = ordered[0]
+    for r in ordered[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+        if r is not None:
+            start = prev = r
+    return ",".join(out)
+
+
+# -- terms the engines share: a decoder's training state and activations ---------------------------------------
+
+
+def train_terms(q: MemoryQuery, *, grad_bytes: int, moment_bytes: int, master_bytes: int = 0,
+                shard_state: int = 1, shards: int = 1, chunk_rows: int = 1024) -> dict[str, int]:
+    """The bytes of a decoder trained with Adam on one GPU: weights, gradients, Adam's two moments, master
+    weights (per trainable parameter `grad_bytes`, `moment_bytes` for both moments, `master_bytes`), the
+    optimizer state split over `shard_state` ranks (a distributed optimizer), the model over `shards` (tensor x
+    pipeline); activations of one micro-batch at `seq_len`; the logits of the loss (chunked head: `chunk_rows`
+    rows at a time; else [B, T, V] in float32 with its gradient)."""
+    s, o = q.model, q.options
+    assert s is not None
+    d = dtype_bytes(o.get("dtype"), s)
+    rank = int(o.get("lora_rank") or 0)
+    trainable = s.lora_params(rank) if rank else s.params
+    adapter_bytes = 4 if rank else d  # peft keeps the adapters in float32
+    tokens = q.use.micro_batch * q.use.seq_len
+    terms = {
+        "weights": s.params * d // shards + (trainable * adapter_bytes // shards if rank else 0),
+        "gradients": trainable * (4 if rank else grad_bytes) // shards,
+        "optimizer state": trainable * (8 if rank else moment_bytes) // shards // shard_state,
+        "master weights": 0 if rank else trainable * master_bytes // shards // shard_state,
+        "activations": tokens * s.activation_bytes_per_token(d, bool(o.get("gradient_checkpointing"))) // shards,
+    }
+    rows = min(tokens, chunk_rows) if o.get("chunked_lm_head", True) else tokens
+    terms["logits"] = rows * s.vocab * (d + 8) // shards
+    return terms
+
+
+def teacher_terms(q: MemoryQuery) -> tuple[dict[str, int], dict[str, int]]:
+    """A colocated teacher in a train worker (option `teacher`: {engine, options, offload}): its weights and its
+    forward's output over the student's micro-batch (full vocabulary in float32, or top-k ids and log-probs), while
+    training; what stays resident while another role works (nothing when `offload`)."""
+    teacher = q.options.get("teacher")
+    if not teacher:
+        return {}, {}
+    shape = shape_of(teacher.get("options", {}).get("model"))
+    if shape is None:
+        raise LookupError("teacher")
+    d = dtype_bytes(teacher.get("options", {}).get("dtype"), shape)
+    weights = shape.params * d
+    tokens = q.use.micro_batch * q.use.seq_len
+    out = tokens * q.use.topk * 12 if q.use.logits == "topk" else tokens * shape.vocab * 4
+    active = {"teacher weights": weights, "teacher logits" if q.use.logits == "full" else "teacher top-k": out}
+    return active, ({} if teacher.get("offload") else {"teacher weights": weights})
+
+
+__all__ = [
+    "CUDA_CONTEXT", "DEFAULT_GPU_GIB", "EngineMemory", "Fix", "GiB", "GpuPhase", "MemoryPlan", "MemoryQuery", "ModelShape",
+    "PHASES", "RoleUse", "Suggestion", "candidate_changes", "gpu_memory", "plan_memory", "refusal", "shape_of",
+    "suggestions", "teacher_terms", "train_terms",
+]
