@@ -349,11 +349,13 @@ def _run(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args, resume=args.resume)
     check_run(plugins, algorithm, config, use_ray=args.use_ray)
     log.setup(args.log_level or getattr(config, "log_level", "info"))
-    config = _checked_memory(args, plugins, algorithm, config, fit=args.fit, save=args.fit)
+    config, fitted = _checked_memory(args, plugins, algorithm, config, fit=args.fit)
     log.redact(log.secrets_of(config))
     for line in args.translation.noted:  # "ms-swift's KEY: ...", "TRL's KEY: ..."
         logger.info(line)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
+    if fitted:  # the run's checks passed: its output_dir keeps the config it runs with
+        _save_fitted(config, fitted)
     metrics = trainer.fit()
     print(json.dumps({"algorithm": algorithm, **jsonable(metrics or {})}, default=str))
     return 0
@@ -455,35 +457,36 @@ def _fitting(args: argparse.Namespace, plugins: Plugins, algorithm: str, config:
         return plan, uses, []
 
     def replan(changes: dict[str, Any]) -> Any:
-        new, _ = _memory_plan(plugins, algorithm, _refit(args, plugins, algorithm, changes))
+        try:
+            new, _ = _memory_plan(plugins, algorithm, _refit(args, plugins, algorithm, changes))
+        except ConfigError:  # the change breaks one of the algorithm's rules (a batch no longer divisible)
+            return None
         return new
 
     return plan, uses, suggestions(config, plan, uses, replan)
 
 
-def _checked_memory(args: argparse.Namespace, plugins: Plugins, algorithm: str, config: Any, fit: bool = False,
-                    save: bool = False) -> Any:
+def _checked_memory(args: argparse.Namespace, plugins: Plugins, algorithm: str, config: Any,
+                    fit: bool = False) -> tuple[Any, list[str]]:
     """The memory plan's table in the log; a plan that will not fit refused (a ConfigError naming the changes that
-    fit), or with `fit` the config with the first of them (saved in output_dir/config.fit.yaml with `save`)."""
+    fit), or with `fit` the config with the first of them. Returns the config and the overrides `fit` applied."""
     from .memory import refusal
 
     plan, _, found = _fitting(args, plugins, algorithm, config)
     if plan is None:
-        return config
+        return config, []
     for line in plan.table().splitlines():
         logger.info(line)
     if plan.fits:
-        return config
+        return config, []
     fitting = [s for s in found if s.fits]
     if fit and fitting:
         fixed = _refit(args, plugins, algorithm, fitting[0].changes)
         logger.warning(f"--fit: {' '.join(fitting[0].overrides())} (predicted peak {fitting[0].peak / (1 << 30):.1f} GiB)")
-        if save:
-            _save_fitted(fixed, fitting[0].overrides())
-        return fixed
+        return fixed, fitting[0].overrides()
     if not getattr(config, "memory_check", True):
         logger.warning(refusal(plan, found) + "\n(memory_check: false, so the run goes on)")
-        return config
+        return config, []
     raise ConfigError(refusal(plan, found))
 
 

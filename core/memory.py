@@ -144,7 +144,8 @@ class RoleUse:
     `micro_batch` sequences of at most `seq_len` tokens go through one forward/backward; `sequences` are generated
     at once (a KV cache engine's batch); `logits` is what a loss asks of the vocabulary (`full`, or `topk` with
     `topk` ids; a colocated teacher's too). `sync` says whether the role sends or receives weights. `knobs` maps
-    the workload's names (`micro_batch`, `topk`) to the config keys that set them, so a fix can name them.
+    the workload's names (`micro_batch`, `accumulation`, `topk`) to the config keys that set them, so a fix can
+    name them (a smaller micro-batch with more accumulation keeps the step's batch).
     """
 
     engine: Any
@@ -153,6 +154,7 @@ class RoleUse:
     phase: Phase
     model: str | None = None
     micro_batch: int = 1
+    accumulation: int = 1
     seq_len: int = 0
     sequences: int = 0
     logits: Literal["full", "topk"] = "full"
@@ -303,8 +305,9 @@ def gpu_memory(config: Any) -> tuple[int, str]:
 
 def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugins: Any,
                 gpu_bytes: int | None = None, source: str = "") -> MemoryPlan:
-    """Sum each GPU's roles per phase. A role works in its `RoleUse.phase`; in the other phase it keeps what its
-    engine says stays resident; in `weight sync`, the roles that send or receive hold their `sync` terms."""
+    """Sum each GPU's roles per phase (those some role on the GPU works in). A role works in its `RoleUse.phase`;
+    in another phase it keeps what its engine says stays resident; in `weight sync`, the roles that send or receive
+    hold their `sync` terms."""
     if gpu_bytes is None:
         gpu_bytes, source = gpu_memory(config)
     answers: dict[str, EngineMemory | None] = {}
@@ -337,7 +340,8 @@ def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugi
         roles = tuple(r for r in resource_plan.roles_on(rank) if r in answers)
         if not roles:
             continue
-        for phase in PHASES:
+        working = {uses[r].phase for r in roles} | ({"weight sync"} if any(uses[r].sync for r in roles) else set())
+        for phase in (p for p in PHASES if p in working):  # the phases some role on this GPU works in
             terms: list[tuple[str, str, int | None]] = []
             for role in roles:
                 answer, use = answers[role], uses[role]
@@ -412,9 +416,10 @@ class Suggestion:
 
 
 def suggestions(config: Any, plan: MemoryPlan, uses: dict[str, RoleUse],
-                replan: Callable[[dict[str, Any]], MemoryPlan]) -> list[Suggestion]:
-    """Each candidate change with the peak its plan predicts, those that fit first (cheapest first); where no one
-    change fits, the candidates together in cost order, as one suggestion, once enough of them fit."""
+                replan: Callable[[dict[str, Any]], MemoryPlan | None]) -> list[Suggestion]:
+    """Each candidate change with the peak its plan predicts (`replan`; None: the change is not a valid config),
+    those that fit first (cheapest first); where no one change fits, the candidates together in cost order, as
+    one suggestion, once enough of them fit."""
     tried: list[Suggestion] = []
     candidates = candidate_changes(config, plan, uses)
     seen_keys: set[str] = set()
@@ -423,6 +428,8 @@ def suggestions(config: Any, plan: MemoryPlan, uses: dict[str, RoleUse],
         if key in seen_keys and any(s.fits and ",".join(sorted(s.changes)) == key for s in tried):
             continue  # a cheaper value of the same key fits already
         new = replan(changes)
+        if new is None:  # the change makes the config invalid (the algorithm's own rules)
+            continue
         tried.append(Suggestion(changes, new.peak(), new.fits, why))
         seen_keys.add(key)
     fitting = [s for s in tried if s.fits]
@@ -434,7 +441,7 @@ def suggestions(config: Any, plan: MemoryPlan, uses: dict[str, RoleUse],
             continue
         combined.update(changes)
         new = replan(dict(combined))
-        if new.fits:
+        if new is not None and new.fits:
             return [Suggestion(dict(combined), new.peak(), True, "together")] + tried
     return tried
 
@@ -518,10 +525,11 @@ def train_terms(q: MemoryQuery, *, grad_bytes: int, moment_bytes: int, master_by
     return terms
 
 
-def teacher_terms(q: MemoryQuery) -> tuple[dict[str, int], dict[str, int]]:
+def teacher_terms(q: MemoryQuery, chunk_rows: int = 1024) -> tuple[dict[str, int], dict[str, int]]:
     """A colocated teacher in a train worker (option `teacher`: {engine, options, offload}): its weights and its
-    forward's output over the student's micro-batch (full vocabulary in float32, or top-k ids and log-probs), while
-    training; what stays resident while another role works (nothing when `offload`)."""
+    forward's output over the student's micro-batch (top-k ids and log-probs; the full vocabulary as its hidden
+    states for the chunked heads, or as [B, T, V] float32 log-probs: an offloaded teacher's, or without the chunked
+    head), while training; what stays resident while another role works (nothing when `offload`)."""
     teacher = q.options.get("teacher")
     if not teacher:
         return {}, {}
@@ -531,8 +539,14 @@ def teacher_terms(q: MemoryQuery) -> tuple[dict[str, int], dict[str, int]]:
     d = dtype_bytes(teacher.get("options", {}).get("dtype"), shape)
     weights = shape.params * d
     tokens = q.use.micro_batch * q.use.seq_len
-    out = tokens * q.use.topk * 12 if q.use.logits == "topk" else tokens * shape.vocab * 4
-    active = {"teacher weights": weights, "teacher logits" if q.use.logits == "full" else "teacher top-k": out}
+    if q.use.logits == "topk":  # int64 ids and float32 log-probs
+        part, out = "teacher top-k", tokens * q.use.topk * 12
+    elif q.options.get("chunked_lm_head", True) and not teacher.get("offload"):
+        # its last hidden states; both heads applied `chunk_rows` rows at a time (two float32 [rows, V] blocks)
+        part, out = "teacher hidden + chunk", tokens * shape.hidden * d + 2 * min(tokens, chunk_rows) * shape.vocab * 4
+    else:
+        part, out = "teacher logits", tokens * shape.vocab * 4
+    active = {"teacher weights": weights, part: out}
     return active, ({} if teacher.get("offload") else {"teacher weights": weights})
 
 

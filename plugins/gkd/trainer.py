@@ -134,8 +134,8 @@ class GKDTrainer(RoleTrainer):
         teacher = cfg.teacher.model or cfg.teacher_model
         topk = {"logits": "topk", "topk": cfg.gkd_logits_topk} if cfg.gkd_logits_topk else {}
         uses = {"train": RoleUse(cfg.train.engine, "train", cls.train_setup_options(cfg, cfg.model, teacher), "training",
-                                 cfg.model, cfg.per_device_train_batch_size, length, sync="send" if "rollout" in roles else None,
-                                 knobs={"micro_batch": "per_device_train_batch_size", "topk": "gkd_logits_topk"}, **topk)}
+                                 cfg.model, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, length, sync="send" if "rollout" in roles else None,
+                                 knobs={"micro_batch": "per_device_train_batch_size", "accumulation": "gradient_accumulation_steps", "topk": "gkd_logits_topk"}, **topk)}
         if "rollout" in roles:
             uses["rollout"] = RoleUse(cfg.rollout.engine, "rollout", rollout_options(cfg.rollout, cfg.model, cfg.seed),
                                       "generation", cfg.model, seq_len=length,

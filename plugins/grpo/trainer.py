@@ -76,10 +76,10 @@ class GRPOTrainer(RoleTrainer):
         roles, length = cls.roles(cfg), cfg.max_prompt_length + cfg.max_completion_length
         rollouts = max((cfg.rollout.gpus or cfg.train_workers) // cfg.rollout.vllm_tensor_parallel_size, 1)
         in_flight = -(-cfg.per_device_train_batch_size * cfg.train_workers * cfg.micro_steps_per_generation // rollouts)
-        micro = {"micro_batch": "per_device_train_batch_size"}
+        micro = {"micro_batch": "per_device_train_batch_size", "accumulation": "gradient_accumulation_steps"}
         uses = {
             "train": RoleUse(cfg.train.engine, "train", train_options(cfg, cfg.model), "training", cfg.model,
-                             cfg.per_device_train_batch_size, length, sync="send", knobs=micro),
+                             cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, length, sync="send", knobs=micro),
             "rollout": RoleUse(cfg.rollout.engine, "rollout", rollout_options(cfg.rollout, cfg.model, cfg.seed),
                                "generation", cfg.model, seq_len=length, sequences=in_flight, sync="receive"),
         }

@@ -41,8 +41,10 @@ def train_fixes(q: MemoryQuery) -> tuple[Fix, ...]:
     if not o.get("chunked_lm_head", True):
         fixes.append(Fix({"chunked_lm_head": True}, 2, "the loss's logits 1024 rows at a time"))
     size = use.micro_batch // 2
-    while size >= 1:  # each halving, largest first (the first that fits is the cheapest)
-        fixes.append(Fix({"use.micro_batch": size}, 3, "fewer sequences per micro-batch (more accumulation)"))
+    while size >= 1 and "accumulation" in use.knobs:  # each halving, largest first; the step's batch stays
+        more = use.accumulation * use.micro_batch // size
+        fixes.append(Fix({"use.micro_batch": size, "use.accumulation": more}, 3, "fewer sequences per micro-batch, "
+                         "more of them per step"))
         size //= 2
     if o.get("teacher") and use.logits == "full":
         fixes.append(Fix({"use.topk": 64}, 4, "the teacher's top-64 log-probs instead of the full vocabulary"))
