@@ -418,8 +418,8 @@ class Suggestion:
 def suggestions(config: Any, plan: MemoryPlan, uses: dict[str, RoleUse],
                 replan: Callable[[dict[str, Any]], MemoryPlan | None]) -> list[Suggestion]:
     """Each candidate change with the peak its plan predicts (`replan`; None: the change is not a valid config),
-    those that fit first (cheapest first); where no one change fits, the candidates together in cost order, as
-    one suggestion, once enough of them fit."""
+    those that fit first (cheapest first); where no one change fits, the candidates added up in cost order (a
+    key's later, stronger value replacing its earlier one) until they fit, as one suggestion."""
     tried: list[Suggestion] = []
     candidates = candidate_changes(config, plan, uses)
     seen_keys: set[str] = set()
@@ -436,9 +436,7 @@ def suggestions(config: Any, plan: MemoryPlan, uses: dict[str, RoleUse],
     if fitting:
         return _one_per_key(fitting) + [s for s in tried if not s.fits and not _same_keys(s, fitting)]
     combined: dict[str, Any] = {}
-    for _, changes, _ in candidates:
-        if set(changes) & set(combined):
-            continue
+    for _, changes, _ in candidates:  # a later value of a key (a smaller micro-batch) replaces the earlier one
         combined.update(changes)
         new = replan(dict(combined))
         if new is not None and new.fits:
