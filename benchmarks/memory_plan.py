@@ -63,8 +63,8 @@ CASES: dict[str, dict[str, Any]] = {
                      "keys": {**GRPO_WORK, "train.lora_rank": 16, "per_device_train_batch_size": 4,
                               "gradient_accumulation_steps": 16, "rollout.vllm_gpu_memory_utilization": 0.35}},
     "overflow": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_7B}, "data": "prompts",
-                 "keys": {**GRPO_WORK, "sleep_level": 0, "offload_optimizer": False, "offload_model": False, "memory_check": False,
-                          "max_steps": 1}, "expect_oom": True},
+                 "keys": {**GRPO_WORK, "sleep_level": 0, "offload_optimizer": False, "offload_model": False,
+                          "memory_check": False, "max_steps": 1}, "expect_oom": True},
 }
 
 # --with: the trainer's phases timed, torch's peak per phase (this process holds every role: no Ray)
@@ -173,7 +173,8 @@ def measure(case: dict[str, Any], keys: dict[str, Any], tmp: Path, name: str) ->
         seen["device_peak"] = max(seen["device_peak"], device_peak)
     tail = (done.stderr or "")[-1500:]
     return {"returncode": done.returncode, "phases": phases, "out_of_memory": "out of memory" in tail.lower(),
-            "stderr_tail": tail if done.returncode else "", "device_peak_run": max((u for _, u in points), default=0) - baseline}
+            "stderr_tail": tail if done.returncode else "",
+            "device_peak_run": max((u for _, u in points), default=0) - baseline}
 
 
 def compare(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
@@ -235,7 +236,8 @@ def main() -> int:
             print(f"{name:<14} {row['phase']:<12} {row['predicted_gib']:>9.1f}G {row.get('torch_peak_gib', '-'):>10}G "
                   f"{row.get('device_peak_gib', '-'):>11}G {row.get('error', '-'):>7}  {row.get('meets_target', '-')}")
         if "overflow_shown" in case:
-            print(f"{name:<14} predicted to overflow: {not case['predicted_fits']}; ran out of memory: {case['out_of_memory']}")
+            print(f"{name:<14} predicted to overflow: {not case['predicted_fits']}; "
+                  f"ran out of memory: {case['out_of_memory']}")
     print(f"results: {path}")
     return 0
 

@@ -18,122 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .model_shape import ModelShape, dtype_bytes, shape_of
+
 GiB = 1 << 30
 PHASES = ("generation", "training", "weight sync")
 DEFAULT_GPU_GIB = 80.0
 # one process's CUDA context, cuBLAS workspaces and the caching allocator's slack on a GPU (torch + NCCL)
 CUDA_CONTEXT = GiB // 2
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+LORA_RANK = 16  # the rank a "use LoRA" fix proposes
 
 Phase = Literal["generation", "training"]
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A decoder's shapes, read from config.json: what its weights, KV cache and activations take."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool = True
-    attention_bias: bool = False
-    experts: int = 0  # routed experts of a MoE layer (0: dense)
-    expert_intermediate: int = 0
-    experts_per_token: int = 0
-    shared_intermediate: int = 0
-    saved_dtype: str | None = None  # torch_dtype of the checkpoint
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ModelShape | None:
-        """The shape a config.json (or its `text_config`) gives; None where it lacks a decoder's keys."""
-        c = config.get("text_config") or config
-        need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-        if not all(isinstance(c.get(k), int) for k in need):
-            return None
-        heads = c["num_attention_heads"]
-        experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
-        return cls(
-            hidden=c["hidden_size"], layers=c["num_hidden_layers"], heads=heads,
-            kv_heads=c.get("num_key_value_heads") or heads, head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-            intermediate=c.get("intermediate_size") or 4 * c["hidden_size"], vocab=c["vocab_size"],
-            tied=bool(c.get("tie_word_embeddings", config.get("tie_word_embeddings", True))),
-            attention_bias=bool(c.get("attention_bias", c.get("model_type", config.get("model_type")) == "qwen2")),
-            experts=int(experts), expert_intermediate=int(c.get("moe_intermediate_size") or 0),
-            experts_per_token=int(c.get("num_experts_per_tok") or 0),
-            shared_intermediate=int(c.get("shared_expert_intermediate_size") or 0),
-            saved_dtype=c.get("torch_dtype") or c.get("dtype") or config.get("torch_dtype") or config.get("dtype"),
-        )
-
-    def linears(self) -> list[tuple[int, int]]:
-        """(in, out) of one layer's linear weights: attention, then the MLP (a MoE's routed and shared experts)."""
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        out = [(h, q), (h, kv), (h, kv), (q, h)]
-        if self.experts:
-            out += [(h, self.expert_intermediate), (h, self.expert_intermediate), (self.expert_intermediate, h)] * self.experts
-            out.append((h, self.experts))
-            if self.shared_intermediate:
-                out += [(h, self.shared_intermediate), (h, self.shared_intermediate), (self.shared_intermediate, h)]
-        else:
-            out += [(h, self.intermediate), (h, self.intermediate), (self.intermediate, h)]
-        return out
-
-    @property
-    def params(self) -> int:
-        """Every weight: embeddings, layers (linears, biases, norms), final norm, and the head when untied."""
-        per_layer = sum(i * o for i, o in self.linears()) + 2 * self.hidden
-        if self.attention_bias:
-            per_layer += (self.heads + 2 * self.kv_heads) * self.head_dim
-        head = 0 if self.tied else self.vocab * self.hidden
-        return self.vocab * self.hidden + self.layers * per_layer + self.hidden + head
-
-    def lora_params(self, rank: int) -> int:
-        """LoRA's A and B on every linear of every layer (peft's `all-linear`; the head is left out)."""
-        return self.layers * sum(rank * (i + o) for i, o in self.linears() if o != self.experts or not self.experts)
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V of one token in every layer."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
-
-    def activation_bytes_per_token(self, dtype_bytes: int, checkpointing: bool = False) -> int:
-        """What backward keeps of one token, summed over the layers, with flash/SDPA attention (no [T, T] scores).
-
-        Per layer, a pre-norm decoder with SwiGLU saves (Korthikanti et al. 2022, "Reducing Activation
-        Recomputation in Large Transformer Models", counted for this block): the two norms' inputs and outputs (4h),
-        q, k, v and their rotated q, k (2q + 3kv), the attention output (q), the gate and up outputs, the activation
-        and the product (4I; a MoE: each token's `experts_per_token` experts plus the shared one), all in the
-        model's dtype. With gradient checkpointing only each layer's input (h) is kept, plus one layer recomputed.
-        """
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        inter = self.experts_per_token * self.expert_intermediate + self.shared_intermediate if self.experts else self.intermediate
-        layer = (4 * h + 3 * q + 3 * kv + 4 * inter) * dtype_bytes
-        if checkpointing:
-            return self.layers * h * dtype_bytes + layer
-        return self.layers * layer
-
-
-def shape_of(name: str | None) -> ModelShape | None:
-    """The shape of a model (a directory, or a hub id in the local cache) from its config.json; None where it
-    cannot be read (nothing is downloaded)."""
-    if not name:
-        return None
-    from .model_checks import read_model
-
-    files = read_model(str(name))
-    return ModelShape.from_config(files.config) if files is not None and files.config else None
-
-
-def dtype_bytes(dtype: str | None, shape: ModelShape | None, cuda: bool = True) -> int:
-    """Bytes per weight of `dtype` as the engines resolve it (`auto` on a GPU: the checkpoint's half precision,
-    bfloat16 for a float32 checkpoint)."""
-    if dtype and dtype != "auto":
-        return DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 2)
-    if not cuda:
-        return 4
-    return 2
 
 
 @dataclass(frozen=True)
@@ -320,8 +214,8 @@ def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugi
         fn = memory_function(plugins, use.engine, use.kind)
         if fn is None:
             answers[role] = None
-            notes.append(f"{role}: engine {use.engine if isinstance(use.engine, str) else getattr(use.engine, '__name__', use.engine)} "
-                         "reports no memory terms (shown as unknown)")
+            engine = use.engine if isinstance(use.engine, str) else getattr(use.engine, "__name__", use.engine)
+            notes.append(f"{role}: engine {engine} reports no memory terms (shown as unknown)")
             continue
         if shape is None:
             answers[role] = None
@@ -333,7 +227,12 @@ def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugi
             sleep_level=getattr(config, "sleep_level", 1), offload_model=getattr(config, "offload_model", False),
             offload_optimizer=getattr(config, "offload_optimizer", False),
             bucket_bytes=int(getattr(config, "weight_sync_bucket_mb", 512)) << 20)
-        answers[role] = fn(query)
+        try:
+            answers[role] = fn(query)
+        except LookupError as exc:  # a model the engine reads beside its own (a colocated teacher) is not readable
+            answers[role] = None
+            notes.append(f"{role}: the {exc.args[0] if exc.args else 'other'} model's config.json cannot be read here "
+                         "(shown as unknown)")
     by_gpu: dict[tuple, list[int]] = {}
     rows: list[GpuPhase] = []
     for rank in resource_plan.gpu_ranks:
@@ -471,7 +370,8 @@ def refusal(plan: MemoryPlan, found: list[Suggestion]) -> str:
         lines += [f"  {' '.join(s.overrides())}  -> peak {gib(s.peak)}" + (f"  ({s.why})" if s.why else "") for s in fitting]
     else:
         lines.append("no change rlcore knows of fits; more GPUs (tensor or pipeline parallel), a smaller model, or "
-                     "shorter sequences. Closest: " + "; ".join(f"{' '.join(s.overrides())} -> {gib(s.peak)}" for s in found[:3]))
+                     "shorter sequences. Closest: "
+                     + "; ".join(f"{' '.join(s.overrides())} -> {gib(s.peak)}" for s in found[:3]))
     return "\n".join(lines)
 
 
@@ -506,7 +406,7 @@ def train_terms(q: MemoryQuery, *, grad_bytes: int, moment_bytes: int, master_by
     rows at a time; else [B, T, V] in float32 with its gradient)."""
     s, o = q.model, q.options
     assert s is not None
-    d = dtype_bytes(o.get("dtype"), s)
+    d = dtype_bytes(o.get("dtype"))
     rank = int(o.get("lora_rank") or 0)
     trainable = s.lora_params(rank) if rank else s.params
     adapter_bytes = 4 if rank else d  # peft keeps the adapters in float32
@@ -534,7 +434,7 @@ def teacher_terms(q: MemoryQuery, chunk_rows: int = 1024) -> tuple[dict[str, int
     shape = shape_of(teacher.get("options", {}).get("model"))
     if shape is None:
         raise LookupError("teacher")
-    d = dtype_bytes(teacher.get("options", {}).get("dtype"), shape)
+    d = dtype_bytes(teacher.get("options", {}).get("dtype"))
     weights = shape.params * d
     tokens = q.use.micro_batch * q.use.seq_len
     if q.use.logits == "topk":  # int64 ids and float32 log-probs
@@ -548,8 +448,42 @@ def teacher_terms(q: MemoryQuery, chunk_rows: int = 1024) -> tuple[dict[str, int
     return active, ({} if teacher.get("offload") else {"teacher weights": weights})
 
 
+def train_fixes(q: MemoryQuery) -> tuple[Fix, ...]:
+    """A train engine's fixes, cheapest first: gradient checkpointing, the chunked head, a smaller micro-batch with
+    more accumulation (each halving; the algorithm's knobs name the keys), a colocated teacher's top-k, LoRA."""
+    o, use, fixes = q.options, q.use, []
+    if not o.get("gradient_checkpointing"):
+        fixes.append(Fix({"gradient_checkpointing": True}, 2, "recompute activations in backward"))
+    if not o.get("chunked_lm_head", True):
+        fixes.append(Fix({"chunked_lm_head": True}, 2, "the loss's logits 1024 rows at a time"))
+    size = use.micro_batch // 2
+    while size >= 1 and "accumulation" in use.knobs:  # each halving, largest first; the step's batch stays
+        more = use.accumulation * use.micro_batch // size
+        fixes.append(Fix({"use.micro_batch": size, "use.accumulation": more}, 3, "fewer sequences per micro-batch, "
+                         "more of them per step"))
+        size //= 2
+    if o.get("teacher") and use.logits == "full":
+        fixes.append(Fix({"use.topk": 64}, 4, "the teacher's top-64 log-probs instead of the full vocabulary"))
+    if not o.get("lora_rank"):
+        fixes.append(Fix({"lora_rank": LORA_RANK}, 5, "LoRA: no gradients or optimizer state for the base weights"))
+    return tuple(fixes)
+
+
+def forward_terms(q: MemoryQuery, shards: int = 1, chunk_rows: int = 1024) -> EngineMemory:
+    """A forward-only model (a reference) over `shards` GPUs: its weights, one layer's activations and the chunked
+    head's logits of `logprob_micro_batch_size` sequences; it keeps its weights on the GPU."""
+    s = q.model
+    d = dtype_bytes(q.options.get("dtype"))
+    rows = int(q.options.get("logprob_micro_batch_size", 16)) * q.use.seq_len
+    weights = s.params * d // shards
+    active = {"cuda context": CUDA_CONTEXT, "weights": weights,
+              "activations": rows * s.activation_bytes_per_token(d) // s.layers // shards,
+              "logits": min(rows, chunk_rows) * s.vocab * (d + 4) // shards}
+    return EngineMemory(active, {"cuda context": CUDA_CONTEXT, "weights": weights})
+
+
 __all__ = [
     "CUDA_CONTEXT", "DEFAULT_GPU_GIB", "EngineMemory", "Fix", "GiB", "GpuPhase", "MemoryPlan", "MemoryQuery", "ModelShape",
     "PHASES", "RoleUse", "Suggestion", "candidate_changes", "gpu_memory", "plan_memory", "refusal", "shape_of",
-    "suggestions", "teacher_terms", "train_terms",
+    "forward_terms", "suggestions", "teacher_terms", "train_fixes", "train_terms",
 ]

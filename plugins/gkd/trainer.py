@@ -133,9 +133,11 @@ class GKDTrainer(RoleTrainer):
         roles, length = cls.roles(cfg), cfg.max_prompt_length + cfg.max_completion_length
         teacher = cfg.teacher.model or cfg.teacher_model
         topk = {"logits": "topk", "topk": cfg.gkd_logits_topk} if cfg.gkd_logits_topk else {}
+        knobs = {"micro_batch": "per_device_train_batch_size", "accumulation": "gradient_accumulation_steps",
+                 "topk": "gkd_logits_topk"}
         uses = {"train": RoleUse(cfg.train.engine, "train", cls.train_setup_options(cfg, cfg.model, teacher), "training",
-                                 cfg.model, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, length, sync="send" if "rollout" in roles else None,
-                                 knobs={"micro_batch": "per_device_train_batch_size", "accumulation": "gradient_accumulation_steps", "topk": "gkd_logits_topk"}, **topk)}
+                                 cfg.model, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, length,
+                                 sync="send" if "rollout" in roles else None, knobs=knobs, **topk)}
         if "rollout" in roles:
             uses["rollout"] = RoleUse(cfg.rollout.engine, "rollout", rollout_options(cfg.rollout, cfg.model, cfg.seed),
                                       "generation", cfg.model, seq_len=length,

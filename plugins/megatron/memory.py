@@ -4,14 +4,15 @@ Each GPU holds 1 / (tensor x pipeline) of the model. With `master_weights` (mega
 bf16 weights, an fp32 gradient buffer (`main_grad`, 4 bytes a parameter), fp32 master weights (4) and Adam's two
 fp32 moments (8); `use_distributed_optimizer` splits the master weights and moments over the data-parallel ranks.
 Without master weights AdamW steps on the bf16 params (gradients and moments in bf16). Activations are split over
-the tensor ranks. Offloading and sleeping follow the hf engine's (see `plugins.hf.memory`).
+the tensor ranks. Offloading and sleeping follow the hf engine's.
 """
 
 from __future__ import annotations
 
-from rlcore.memory import CUDA_CONTEXT, EngineMemory, MemoryQuery, dtype_bytes, teacher_terms, train_terms
-
-from ..hf.memory import forward_memory, train_fixes
+from rlcore.head import CHUNK_ROWS
+from rlcore.memory import (
+    CUDA_CONTEXT, EngineMemory, MemoryQuery, dtype_bytes, forward_terms, teacher_terms, train_fixes, train_terms,
+)
 
 
 def _split(q: MemoryQuery) -> tuple[int, int]:
@@ -22,7 +23,7 @@ def _split(q: MemoryQuery) -> tuple[int, int]:
 
 def train_memory(q: MemoryQuery) -> EngineMemory:
     shards, dp = _split(q)
-    d = dtype_bytes(q.options.get("dtype"), q.model)
+    d = dtype_bytes(q.options.get("dtype"))
     master = bool(q.options.get("master_weights", True)) and d < 4
     state = dp if q.options.get("use_distributed_optimizer", True) else 1
     terms = train_terms(q, grad_bytes=4 if master else d, moment_bytes=8 if master else 2 * d,
@@ -43,7 +44,4 @@ def train_memory(q: MemoryQuery) -> EngineMemory:
 
 
 def megatron_forward_memory(q: MemoryQuery) -> EngineMemory:
-    shards, _ = _split(q)
-    answer = forward_memory(q)
-    part = {k: (v if k == "cuda context" else v // shards) for k, v in answer.active.items()}
-    return EngineMemory(part, {"cuda context": CUDA_CONTEXT, "weights": part["weights"]})
+    return forward_terms(q, shards=_split(q)[0], chunk_rows=CHUNK_ROWS)

@@ -99,7 +99,9 @@ class LMTrainer(RoleTrainer):
         options = {"model": config.model, "dtype": config.dtype, "gradient_checkpointing": config.gradient_checkpointing,
                    "lora_rank": config.lora_rank, "chunked_lm_head": False}
         return {ROLE: RoleUse("hf", "train", options, "training", config.model, config.per_device_train_batch_size,
-                              config.gradient_accumulation_steps, config.max_length or 1024, knobs={"micro_batch": "per_device_train_batch_size", "accumulation": "gradient_accumulation_steps"})}
+                              config.gradient_accumulation_steps, config.max_length or 1024,
+                              knobs={"micro_batch": "per_device_train_batch_size",
+                                     "accumulation": "gradient_accumulation_steps"})}
 
     def setups(self) -> dict[str, RoleSetup]:
         return {ROLE: RoleSetup(LMWorker, type(self).build, self.options())}

@@ -160,7 +160,8 @@ def test_the_plan_of_each_shipped_example(plugin, example, models, capsys):
     assert plan["fits"] and plan["gpu_bytes"] == 80 * GiB  # no GPU here: the documented default
     phases = {row["phase"] for row in plan["rows"]}
     assert "training" in phases
-    train = next(r for r in plan["rows"] if r["phase"] == "training" and any(t["role"] in ("train", "default") for t in r["terms"]))
+    train = next(r for r in plan["rows"]
+                 if r["phase"] == "training" and any(t["role"] in ("train", "default") for t in r["terms"]))
     weights = next(t["bytes"] for t in train["terms"] if t["component"] == "weights")
     assert weights == 2 * P_05B + (4 * LORA_05B if example == "sft/lora.yaml" else 0)
     if "colocate" in example:  # vLLM sleeps while the policy trains; its share is taken while it generates
@@ -206,10 +207,15 @@ def test_where_no_one_change_fits_the_changes_add_up(models, capsys):
     assert "[OVER]" not in capsys.readouterr().out.split("--fit:")[1]
 
 
-def test_run_refuses_before_any_model_loads(models, tmp_path, capsys):
-    """The model directory holds only config.json: a run that reached a model load would fail otherwise."""
-    code = main(["run", "--plugin", "sft", "--config", str(EXAMPLES / "sft/pretrain.yaml"), f"model={models['q15']}",
-                 "max_length=8192", "per_device_train_batch_size=8", "gpu_memory_gib=40", f"output_dir={tmp_path / 'out'}"])
+def test_run_refuses_before_any_model_loads_and_fit_goes_on_to_the_run_s_checks(models, tmp_path, capsys):
+    """The model directory holds only config.json: a run that reached the model's checks would fail there."""
+    args = ["run", "--plugin", "sft", "--config", str(EXAMPLES / "sft/pretrain.yaml"), f"model={models['q15']}",
+            "max_length=8192", "per_device_train_batch_size=8", "gpu_memory_gib=140", f"output_dir={tmp_path / 'out'}"]
+    assert main(args) == 2
     err = capsys.readouterr().err
-    assert code == 2 and "the plan will not fit in GPU memory" in err and "gradient_checkpointing=true" in err
-    assert not (tmp_path / "out").exists()
+    assert "the plan will not fit in GPU memory" in err and "gradient_checkpointing=true" in err
+    assert "without weights" not in err and not (tmp_path / "out").exists()
+    assert main([*args, "--fit"]) == 2  # fitted, the run's own checks come next: this model has no weights
+    err = capsys.readouterr().err
+    assert "--fit: gradient_checkpointing=true" in err and "without weights" in err
+    assert not (tmp_path / "out" / "config.fit.yaml").exists()  # written once the run's checks pass
