@@ -138,7 +138,7 @@ def case_keys(case: dict[str, Any], models: dict[str, str], data: dict[str, str]
 
 
 def predict(case: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
-    """`rlcore plan --json` of the case (torch.cuda gives the GPU's memory)."""
+    """`rlcore plan --json` of the case (the GPU's memory read from nvidia-smi)."""
     cmd = [sys.executable, "-m", "rlcore", "plan", "--plugin", case["plugin"], "--config",
            str(HERE.parent / "examples" / "ray" / case["example"]), *overrides_of(keys), "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True)  # exit 2 where it will not fit: the JSON is printed first

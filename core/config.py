@@ -134,8 +134,8 @@ class RunConfig(BaseConfig):
     offload_model: bool = Field(False, description="offload train weights while colocated rollout runs")
     offload_optimizer: bool = Field(False, description="offload optimizer state while colocated rollout runs")
     gpu_memory_gib: float | None = Field(
-        None, gt=0, description="each GPU's memory for the memory plan (rlcore plan); unset: torch.cuda's where there is "
-        "a GPU, else 80 (an A100/H100; an H200: 140)"
+        None, gt=0, description="each GPU's memory for the memory plan (rlcore plan); unset: this machine's GPU "
+        "(nvidia-smi), else 80 (an A100/H100; an H200: 140)"
     )
     memory_check: bool = Field(
         True, description="refuse a run whose memory plan predicts a GPU out of memory (false: a warning only)"

@@ -8,8 +8,9 @@ component while the role works, while a colocated role holds the GPU, and during
 changes that would lower them (`Fix`). Core only sums the roles on each GPU per phase and compares the peak with
 the GPU's memory; an engine that gives no terms is shown as unknown, never as zero.
 
-The GPU's memory is torch.cuda's (device 0) where there is one, else the config's `gpu_memory_gib` (default 80 GiB,
-an A100/H100's; an H200 has 140 GiB: `gpu_memory_gib: 140`), since a CPU-only machine plans for remote GPUs.
+The GPU's memory is the config's `gpu_memory_gib` where set (a CPU-only machine plans for remote GPUs), else this
+machine's GPU (nvidia-smi: torch.cuda's figure without a CUDA context in the driver), else 80 GiB (an A100/H100's;
+an H200 has 140 GiB: `gpu_memory_gib: 140`).
 """
 
 from __future__ import annotations
@@ -183,18 +184,36 @@ def gib(n: int) -> str:
 
 
 def gpu_memory(config: Any) -> tuple[int, str]:
-    """The GPU's memory in bytes and where it was read: torch.cuda's device 0, else `gpu_memory_gib`, else 80 GiB."""
+    """The GPU's memory in bytes and where it was read: `gpu_memory_gib` where set, else this machine's first
+    visible GPU (NVML through nvidia-smi, as torch.cuda.mem_get_info would read it, without making a CUDA context
+    in the driver), else 80 GiB."""
     given = getattr(config, "gpu_memory_gib", None)
     if given:
         return int(given * GiB), "gpu_memory_gib"
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return int(torch.cuda.get_device_properties(0).total_memory), f"torch.cuda: {torch.cuda.get_device_name(0)}"
-    except Exception:  # noqa: BLE001 - no usable CUDA: the default below
-        pass
+    found = _local_gpu()
+    if found is not None:
+        return found
     return int(DEFAULT_GPU_GIB * GiB), f"default {DEFAULT_GPU_GIB:g} GiB; set gpu_memory_gib"
+
+
+def _local_gpu() -> tuple[int, str] | None:
+    """(total bytes, name) of the first GPU CUDA_VISIBLE_DEVICES shows; None without nvidia-smi or a GPU."""
+    import os
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if smi is None or visible == "":
+        return None
+    first = (visible or "0").split(",")[0].strip()
+    try:
+        out = subprocess.run([smi, f"--id={first}", "--query-gpu=memory.total,name", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        mib, name = out.strip().splitlines()[0].split(",", 1)
+        return int(float(mib)) << 20, f"nvidia-smi: {name.strip()}"
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugins: Any,

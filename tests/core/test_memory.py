@@ -128,6 +128,16 @@ def test_a_forward_only_reference_keeps_its_weights():
     assert got.resident["weights"] == got.active["weights"] == 2 * P_05B
 
 
+def test_the_gpu_s_memory_is_the_key_then_this_machine_s_then_80_gib(monkeypatch):
+    from types import SimpleNamespace
+
+    from rlcore.memory import gpu_memory
+
+    assert gpu_memory(SimpleNamespace(gpu_memory_gib=140)) == (140 * GiB, "gpu_memory_gib")
+    monkeypatch.setenv("PATH", "")  # no nvidia-smi: a CPU-only machine plans for 80 GiB GPUs
+    assert gpu_memory(SimpleNamespace(gpu_memory_gib=None))[0] == 80 * GiB
+
+
 def test_an_engine_that_gives_no_terms_is_unknown_never_zero(models):
     class Plugins:
         engines = [EngineSpec("mine", kind="train", factory=dict)]
