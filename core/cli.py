@@ -355,7 +355,9 @@ def _run(args: argparse.Namespace) -> int:
         logger.info(line)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
     if fitted:  # the run's checks passed: its output_dir keeps the config it runs with
-        _save_fitted(config, fitted)
+        from .memory import save_fitted
+
+        save_fitted(config, fitted)
     metrics = trainer.fit()
     print(json.dumps({"algorithm": algorithm, **jsonable(metrics or {})}, default=str))
     return 0
@@ -420,25 +422,6 @@ def _config_validate(args: argparse.Namespace) -> int:
 # -- the memory plan ----------------------------------------------------------------------------------------------
 
 
-def _memory_plan(plugins: Plugins, algorithm: str, config: Any) -> tuple[Any, dict[str, Any]]:
-    """The run's memory plan and the roles' uses; (None, {}) where the algorithm describes none (no model named,
-    or no `memory_use`) or no role has a GPU."""
-    from .memory import plan_memory
-    from .resources import plan_from_config
-    from .role_trainer import for_run
-
-    trainer = plugins.algorithms.get(algorithm).trainer
-    if not hasattr(trainer, "memory_use"):
-        return None, {}
-    config = for_run(config)
-    uses = trainer.memory_use(config)
-    if not uses:
-        return None, {}
-    resources = plan_from_config(config, roles=trainer.roles(config), policy=config.placement, plugins=plugins)
-    plan = plan_memory(config, resources, uses, plugins)
-    return (plan if plan.rows else None), uses
-
-
 def _refit(args: argparse.Namespace, plugins: Plugins, algorithm: str, changes: dict[str, Any]) -> Any:
     """The config with `changes` (dotted keys) over the command line's overrides."""
     from .memory import Suggestion
@@ -450,15 +433,15 @@ def _refit(args: argparse.Namespace, plugins: Plugins, algorithm: str, changes: 
 
 def _fitting(args: argparse.Namespace, plugins: Plugins, algorithm: str, config: Any) -> tuple[Any, Any, list[Any]]:
     """(the plan, the roles' uses, the suggestions where it will not fit)."""
-    from .memory import suggestions
+    from .memory import plan_of, suggestions
 
-    plan, uses = _memory_plan(plugins, algorithm, config)
+    plan, uses = plan_of(plugins, algorithm, config)
     if plan is None or plan.fits:
         return plan, uses, []
 
     def replan(changes: dict[str, Any]) -> Any:
         try:
-            new, _ = _memory_plan(plugins, algorithm, _refit(args, plugins, algorithm, changes))
+            new, _ = plan_of(plugins, algorithm, _refit(args, plugins, algorithm, changes))
         except ConfigError:  # the change breaks one of the algorithm's rules (a batch no longer divisible)
             return None
         return new
@@ -490,26 +473,8 @@ def _checked_memory(args: argparse.Namespace, plugins: Plugins, algorithm: str, 
     raise ConfigError(refusal(plan, found))
 
 
-FIT_HEADER = "# rlcore --fit: the run's config with the change that fits its GPUs:"
-
-
-def _save_fitted(config: Any, changes: list[str], path: str | None = None) -> str:
-    """Write the fitted config (`output_dir/config.fit.yaml` unless `path`): never over a file rlcore did not write."""
-    from pathlib import Path
-
-    target = Path(path) if path else Path(config.output_dir) / "config.fit.yaml"
-    if target.exists() and (path or not target.read_text().startswith(FIT_HEADER)):
-        raise ConfigError(f"{target} exists; rlcore writes the fitted config only to a new file (give another path)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(f"{FIT_HEADER} {' '.join(changes)}\n" + render_config(config))
-    tmp.replace(target)
-    logger.info(f"the fitted config is in {target}")
-    return str(target)
-
-
 def _plan(args: argparse.Namespace) -> int:
-    from .memory import refusal
+    from .memory import plan_of, refusal, save_fitted
 
     plugins, algorithm, config = _configured(args)
     plan, _, found = _fitting(args, plugins, algorithm, config)
@@ -525,8 +490,8 @@ def _plan(args: argparse.Namespace) -> int:
     changes = fitting[0].overrides()
     print(f"--fit: {' '.join(changes)}")
     fixed = _refit(args, plugins, algorithm, fitting[0].changes)
-    new, _ = _memory_plan(plugins, algorithm, fixed)
+    new, _ = plan_of(plugins, algorithm, fixed)
     print(json.dumps(new.as_json(), indent=1) if args.json else new.table())
     if args.output:
-        _save_fitted(fixed, changes, args.output)
+        save_fitted(fixed, changes, args.output)
     return 0
