@@ -14,10 +14,10 @@ peaks are the run's own):
   will not fit: run once with memory_check=false to show it
   runs out of memory.
 
-Phases are the trainer's own (`generate` -> generation, `train` -> training, `sync` -> weight sync), timed by a
-hook-only plugin given with --with (`PROBE`), which resets torch's peak at each phase's start and reads it at its
-end; the device's samples are matched to the phases by time. SFT trains inside TRL's loop: its whole run is one
-training phase.
+Phases are the trainer's own (`generate` -> generation; `train`, `logprobs`, `teacher` -> training; `sync` ->
+weight sync), timed by a hook-only plugin given with --with (`PROBE`), which resets torch's peak at each phase's
+start and reads it at its end; the device's samples are matched to the phases by time. SFT's steps run inside
+TRL's loop: where its trainer times no phase, its whole run is one training phase.
 
     python benchmarks/memory_plan.py                 # every case (about 10 minutes on an H200)
     python benchmarks/memory_plan.py --only grpo sft
@@ -48,7 +48,10 @@ QWEN_15B = dict(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, i
                 vocab_size=151936, max_position_embeddings=4096, dtype="bfloat16", seed=1)
 QWEN_7B = dict(hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944, vocab_size=152064,
                max_position_embeddings=4096, dtype="bfloat16", arch="qwen2_untied")
-PHASES = {"generate": "generation", "train": "training", "sync": "weight sync"}
+# the trainers' timed phases -> the plan's: the train role's forward passes (GRPO's old log-probs, GKD's colocated
+# teacher) are its training phase too
+PHASES = {"generate": "generation", "train": "training", "logprobs": "training", "teacher": "training",
+          "sync": "weight sync"}
 GRPO_WORK = dict(reward_funcs=["toy"], num_generations=8, max_completion_length=256, per_device_train_batch_size=16,
                  gradient_accumulation_steps=4, max_steps=3)
 CASES: dict[str, dict[str, Any]] = {
