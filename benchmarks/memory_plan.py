@@ -21,6 +21,7 @@ TRL's loop: where its trainer times no phase, its whole run is one training phas
 
     python benchmarks/memory_plan.py                 # every case (about 10 minutes on an H200)
     python benchmarks/memory_plan.py --only grpo sft
+    python benchmarks/memory_plan.py --predict-only  # on the CPU: each case's prediction for an H200 (no run)
 
 Target (issue 47): the prediction within 10% of the device's peak in each phase, and never under it by more than 5%.
 Results: benchmarks/results/memory_plan-<date>-<kind>.json (`--json PATH`), with the prediction's components.
@@ -125,6 +126,18 @@ with open(sys.argv[2], "w", buffering=1) as f:
 '''
 
 
+def config_only(path: Path, shape: dict[str, Any]) -> str:
+    """A model directory holding only the config.json of `shape` (what the plan reads), for --predict-only."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "qwen2", "hidden_size": shape["hidden_size"], "num_hidden_layers": shape["num_layers"],
+              "num_attention_heads": shape["num_heads"], "num_key_value_heads": shape["num_kv_heads"],
+              "intermediate_size": shape["intermediate_size"], "vocab_size": shape["vocab_size"],
+              "max_position_embeddings": shape["max_position_embeddings"], "torch_dtype": shape["dtype"],
+              "tie_word_embeddings": shape.get("arch") != "qwen2_untied"}
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
 def write_data(tmp: Path) -> dict[str, str]:
     from rlcore.testing import toy_dataset
 
@@ -202,7 +215,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", choices=list(CASES), help="run only these cases")
     parser.add_argument("--json", help="where to write the results")
+    parser.add_argument("--predict-only", action="store_true", help="each case's prediction for an H200 (140 GiB), "
+                        "from config.json alone, on any machine; nothing runs")
     args = parser.parse_args()
+    if args.predict_only:
+        return predict_only(args)
     import torch
 
     if not torch.cuda.is_available():
@@ -242,6 +259,27 @@ def main() -> int:
             print(f"{name:<14} predicted to overflow: {not case['predicted_fits']}; "
                   f"ran out of memory: {case['out_of_memory']}")
     print(f"results: {path}")
+    return 0
+
+
+def predict_only(args: argparse.Namespace) -> int:
+    """Each case's plan on a 140 GiB GPU, printed and written to --json (a temporary file by default)."""
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        data = {"prompts": str(tmp / "prompts.jsonl"), "chats": str(tmp / "chats.jsonl")}  # the plan reads no data
+        for name in args.only or list(CASES):
+            case = CASES[name]
+            models = {key: config_only(tmp / f"model-{shape['hidden_size']}x{shape['num_layers']}", shape)
+                      for key, shape in case["models"].items()}
+            predicted = predict(case, {**case_keys(case, models, data, tmp / f"out-{name}"), "gpu_memory_gib": 140})
+            out[name] = {"fits": predicted["fits"], "peaks_gib": {r["phase"]: round(r["peak_bytes"] / GiB, 1)
+                                                                  for r in predicted["rows"] if 0 in r["gpus"]}}
+            print(f"{name:<14} fits on 140 GiB: {predicted['fits']!s:<5} " + "  ".join(
+                f"{phase} {peak:.1f} GiB" for phase, peak in out[name]["peaks_gib"].items()))
+    path = Path(args.json) if args.json else Path(tempfile.gettempdir()) / "memory_plan-predicted.json"
+    write_json(path, {"benchmark": "memory_plan", "predict_only": True, "gpu_gib": 140, "cases": out})
+    print(f"wrote {path}")
     return 0
 
 
