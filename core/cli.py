@@ -479,7 +479,8 @@ def _plan(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args)
     plan, _, found = _fitting(args, plugins, algorithm, config)
     if plan is None:
-        print(f"{algorithm}: nothing to plan (no model named, or no role on a GPU)")
+        print(f"{algorithm}: nothing to plan (no model named, no role on a GPU, or an algorithm that describes no "
+              "memory use)")
         return 0
     print(json.dumps(plan.as_json(), indent=1) if args.json else plan.table())
     if plan.fits:

@@ -176,14 +176,15 @@ def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugi
     by_gpu: dict[tuple, list[int]] = {}
     rows: list[GpuPhase] = []
     for rank in resource_plan.gpu_ranks:
-        roles = tuple(r for r in resource_plan.roles_on(rank) if r in answers)
-        if not roles:
+        roles = resource_plan.roles_on(rank)  # one the algorithm describes no use of (a reward model) is unknown
+        if not any(r in answers for r in roles):
             continue
-        working = {uses[r].phase for r in roles} | ({"weight sync"} if any(uses[r].sync for r in roles) else set())
+        described = [r for r in roles if r in answers]
+        working = {uses[r].phase for r in described} | ({"weight sync"} if any(uses[r].sync for r in described) else set())
         for phase in (p for p in PHASES if p in working):  # the phases some role on this GPU works in
             terms: list[tuple[str, str, int | None]] = []
             for role in roles:
-                answer, use = answers[role], uses[role]
+                answer, use = answers.get(role), uses.get(role)
                 if answer is None:
                     terms.append((role, "(unknown)", None))
                     continue

@@ -154,6 +154,16 @@ def test_an_engine_that_gives_no_terms_is_unknown_never_zero(models):
     assert "unknown (rollout, train)" in plan.table() and "reports no memory terms" in plan.table()
 
 
+def test_a_role_on_a_gpu_whose_use_is_not_described_is_unknown(models, capsys):
+    """GRPO's reward model (`orm`) on the policy's GPU: the algorithm gives no use of it, so it is unknown there."""
+    args = ["plan", "--plugin", "grpo", "--config", str(EXAMPLES / "grpo/colocate.yaml"), f"model={models['q05']}",
+            "reward_funcs=[orm]", f"orm.model={models['q05']}", "orm.gpus=4",
+            "colocate_groups=[[train, rollout, orm]]", "--json"]
+    assert main(args) == 0, capsys.readouterr().err
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows and all(row["unknown"] == ["orm"] for row in rows)
+
+
 @pytest.mark.parametrize("plugin, example", [
     ("grpo", "grpo/colocate.yaml"), ("grpo", "grpo/colocate_device_groups.yaml"), ("grpo", "grpo/separate.yaml"),
     ("grpo", "grpo/separate_device_groups.yaml"), ("gkd", "gkd/teacher_colocated.yaml"),
