@@ -97,7 +97,7 @@ def _explain(exc: BaseException) -> None:
 
 
 OWN_OPTIONS = {
-    "--plugin", "--with", "--config", "--from-ms-swift", "--use-ray", "--resume", "--json", "--keys", "--output", "--help",
+    "--plugin", "--with", "--config", "--from-ms-swift", "--use-ray", "--resume", "--fit", "--json", "--keys", "--output", "--help",
     "--version", "--log-level",
 }
 
@@ -110,7 +110,7 @@ def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[
     `key=value` (what follows `--device_groups` may be a JSON string), a bare `--key` (last, or before another
     option or a KEY=VALUE) is `key=true`, and `--key a b` is the list `key=[a, b]`. The CLI's own options stay as
     they are; every override moves to the end, in the order given, so options and overrides may interleave."""
-    if not argv or argv[0] not in ("run", "config"):
+    if not argv or argv[0] not in ("run", "config", "plan"):
         return argv
     head, overrides, i = [], [], 0
     while i < len(argv):
@@ -118,7 +118,8 @@ def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[
         key, eq, value = item[2:].partition("=")
         if not item.startswith("--") or len(item) == 2 or f"--{key}" in OWN_OPTIONS:
             (overrides if "=" in item and not item.startswith("-") else head).append(item)
-            if item in ("--plugin", "--with", "--config", "--from-ms-swift", "--log-level") and i + 1 < len(argv):  # values
+            if item in ("--plugin", "--with", "--config", "--from-ms-swift", "--log-level", "--output", "-o") \
+                    and i + 1 < len(argv):  # values
                 head.append(argv[i + 1])
                 i += 1
         elif eq:
@@ -198,7 +199,19 @@ def _parser(keys_help: str = "") -> argparse.ArgumentParser:
     run.add_argument("--log-level", choices=LEVELS, help="stderr and output_dir/run.log: debug also shows third-party "
                      "progress bars and libraries' Python warnings, which run.log has at every level but error "
                      "(default: the config's log_level, info)")
+    run.add_argument("--fit", action="store_true", help="where the memory plan will not fit, apply the first change "
+                     "that fits (saved in output_dir/config.fit.yaml) instead of refusing")
     run.set_defaults(func=_run)
+
+    plan = commands.add_parser("plan", help="predict each GPU's memory per phase; refuse a plan that will not fit",
+                               description="Each GPU's predicted peak per phase of a step (generation, training, weight "
+                               "sync), by component, from the plan and the models' config.json; nothing loads. Exit 2 "
+                               "where it will not fit, with the changes that fit.")
+    _add_plugin_and_config(plan)
+    plan.add_argument("--fit", action="store_true", help="apply the first change that fits and print its plan")
+    plan.add_argument("-o", "--output", metavar="FILE", help="with --fit: write the fitted config here (a new file)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(func=_plan)
 
     listing = commands.add_parser("plugins", help="list installed plugins and what each provides")
     listing.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
@@ -336,10 +349,15 @@ def _run(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args, resume=args.resume)
     check_run(plugins, algorithm, config, use_ray=args.use_ray)
     log.setup(args.log_level or getattr(config, "log_level", "info"))
+    config, fitted = _checked_memory(args, plugins, algorithm, config, fit=args.fit)
     log.redact(log.secrets_of(config))
     for line in args.translation.noted:  # "ms-swift's KEY: ...", "TRL's KEY: ..."
         logger.info(line)
     trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
+    if fitted:  # the run's checks passed: its output_dir keeps the config it runs with
+        from .memory import save_fitted
+
+        save_fitted(config, fitted)
     metrics = trainer.fit()
     print(json.dumps({"algorithm": algorithm, **jsonable(metrics or {})}, default=str))
     return 0
@@ -396,5 +414,85 @@ def _config_validate(args: argparse.Namespace) -> int:
         check(config, plugins)
     for line in args.translation.noted:  # a foreign key rlcore needs nothing for, one line each, as `run` says
         logger.info(line)
+    _checked_memory(args, plugins, algorithm, config)
     print(f"{args.config}: valid for algorithm '{algorithm}'")
+    return 0
+
+
+# -- the memory plan ----------------------------------------------------------------------------------------------
+
+
+def _refit(args: argparse.Namespace, plugins: Plugins, algorithm: str, changes: dict[str, Any]) -> Any:
+    """The config with `changes` (dotted keys) over the command line's overrides."""
+    from .memory import Suggestion
+
+    model = with_settings(plugins.algorithms.get(algorithm).config, plugins.settings, algorithm)
+    overrides = list(args.overrides) + (["resume=auto"] if getattr(args, "resume", False) else [])
+    return load_config(model, args.config, overrides + Suggestion(changes, 0, True).overrides(), algorithm=algorithm)
+
+
+def _fitting(args: argparse.Namespace, plugins: Plugins, algorithm: str, config: Any) -> tuple[Any, Any, list[Any]]:
+    """(the plan, the roles' uses, the suggestions where it will not fit)."""
+    from .memory import plan_of, suggestions
+
+    plan, uses = plan_of(plugins, algorithm, config)
+    if plan is None or plan.fits:
+        return plan, uses, []
+
+    def replan(changes: dict[str, Any]) -> Any:
+        try:
+            new, _ = plan_of(plugins, algorithm, _refit(args, plugins, algorithm, changes))
+        except ConfigError:  # the change breaks one of the algorithm's rules (a batch no longer divisible)
+            return None
+        return new
+
+    return plan, uses, suggestions(config, plan, uses, replan)
+
+
+def _checked_memory(args: argparse.Namespace, plugins: Plugins, algorithm: str, config: Any,
+                    fit: bool = False) -> tuple[Any, list[str]]:
+    """The memory plan's table in the log; a plan that will not fit refused (a ConfigError naming the changes that
+    fit), or with `fit` the config with the first of them. Returns the config and the overrides `fit` applied."""
+    from .memory import refusal
+
+    plan, _, found = _fitting(args, plugins, algorithm, config)
+    if plan is None:
+        return config, []
+    for line in plan.table().splitlines():
+        logger.info(line)
+    if plan.fits:
+        return config, []
+    fitting = [s for s in found if s.fits]
+    if fit and fitting:
+        fixed = _refit(args, plugins, algorithm, fitting[0].changes)
+        logger.warning(f"--fit: {' '.join(fitting[0].overrides())} (predicted peak {fitting[0].peak / (1 << 30):.1f} GiB)")
+        return fixed, fitting[0].overrides()
+    if not getattr(config, "memory_check", True):
+        logger.warning(refusal(plan, found) + "\n(memory_check: false, so the run goes on)")
+        return config, []
+    raise ConfigError(refusal(plan, found))
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .memory import plan_of, refusal, save_fitted
+
+    plugins, algorithm, config = _configured(args)
+    plan, _, found = _fitting(args, plugins, algorithm, config)
+    if plan is None:
+        print(f"{algorithm}: nothing to plan (no model named, no role on a GPU, or an algorithm that describes no "
+              "memory use)")
+        return 0
+    print(json.dumps(plan.as_json(), indent=1) if args.json else plan.table())
+    if plan.fits:
+        return 0
+    fitting = [s for s in found if s.fits]
+    if not (args.fit and fitting):
+        raise ConfigError(refusal(plan, found))
+    changes = fitting[0].overrides()
+    print(f"--fit: {' '.join(changes)}")
+    fixed = _refit(args, plugins, algorithm, fitting[0].changes)
+    new, _ = plan_of(plugins, algorithm, fixed)
+    print(json.dumps(new.as_json(), indent=1) if args.json else new.table())
+    if args.output:
+        save_fitted(fixed, changes, args.output)
     return 0

@@ -133,6 +133,13 @@ class RunConfig(BaseConfig):
     sleep_level: Literal[0, 1, 2] = Field(1, description="rollout sleep level while colocated training runs")
     offload_model: bool = Field(False, description="offload train weights while colocated rollout runs")
     offload_optimizer: bool = Field(False, description="offload optimizer state while colocated rollout runs")
+    gpu_memory_gib: float | None = Field(
+        None, gt=0, description="each GPU's memory for the memory plan (rlcore plan); unset: this machine's GPU "
+        "(nvidia-smi), else 80 (an A100/H100; an H200: 140)"
+    )
+    memory_check: bool = Field(
+        True, description="refuse a run whose memory plan predicts a GPU out of memory (false: a warning only)"
+    )
 
 
 # -------------------------------------------------------------------------

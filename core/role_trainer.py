@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import config_error, problems_of
+from .memory import RoleUse
 from .model_checks import ModelUse, model_problems
 from .resources import ResourcePlan, plan_from_config
 from .sections import generate_engine_problems, train_engine_problems
@@ -84,6 +85,12 @@ class RoleTrainer(Trainer):
         (`rlcore.model_checks.ModelUse`): their files are checked against them in `rlcore config validate` and
         before a run allocates anything, whatever `check_on_run` says; none for a demo that builds its model."""
         return []
+
+    @classmethod
+    def memory_use(cls, config: Any) -> dict[str, RoleUse]:
+        """What a step asks of each role, for the memory plan (`rlcore plan`): the role's engine and options as
+        `setups` builds them, its phase and its workload's sizes (`rlcore.memory.RoleUse`); none: nothing to plan."""
+        return {}
 
     def prepare(self) -> None:
         """What the roles' setups need, once every check passed (a demo's model written to disk)."""

@@ -93,6 +93,10 @@ class EngineSpec:
     # building anything (no weights read, no device taken), so that a run and `rlcore config validate` report a
     # bad engine option before any worker starts; None: the options are checked when the engine is built
     check: Callable[..., list[tuple[str, str]]] | None = None
+    # `memory(query: rlcore.memory.MemoryQuery) -> rlcore.memory.EngineMemory`: the bytes this engine holds on one
+    # of its GPUs per phase, from the options and the model's config.json (nothing loaded), for `rlcore plan`;
+    # None: its terms are shown as unknown
+    memory: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from rlcore import ConfigError, GenerateWorker, RoleSetup, RoleTrainer, Sampling
 from rlcore.batch import pad_width
 from rlcore.config import problems_of
 from rlcore.data import PromptEncoder, model_problem
+from rlcore.memory import RoleUse
 from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options, train_options
 
@@ -107,11 +108,13 @@ class GKDTrainer(RoleTrainer):
         if not self.student:
             raise ConfigError("model is unset; name the student model", [("model", "is unset")])
 
-    def setups(self) -> dict[str, RoleSetup]:
-        cfg, roles = self.config, self.roles(self.config)
-        train = train_options(cfg, self.student)
-        if not cfg.served_teacher:  # colocated: a forward-only engine inside each train worker, with its parallelism
-            teacher = {"model": self.teacher_path, "dtype": cfg.train.dtype, "seed": cfg.seed}
+    @staticmethod
+    def train_setup_options(cfg: GKDConfig, student: str, teacher_path: str | None) -> dict[str, Any]:
+        """The student's train options; a colocated teacher (`teacher`) is a forward-only engine inside each train
+        worker, with its parallelism."""
+        train = train_options(cfg, student)
+        if not cfg.served_teacher:
+            teacher = {"model": teacher_path, "dtype": cfg.train.dtype, "seed": cfg.seed}
             if cfg.train.engine == "megatron":
                 teacher.update(cfg.train.parallel_options())
             if "device" in cfg.train.engine_kwargs:
@@ -119,6 +122,34 @@ class GKDTrainer(RoleTrainer):
             if cfg.train.engine == "hf":  # the student's kernels and compilation, the teacher's too
                 teacher.update({key: value for key, value in cfg.train.engine_kwargs.items() if key in TEACHER_KEYS})
             train["teacher"] = {"engine": cfg.train.engine, "options": teacher, "offload": cfg.offload_teacher_model}
+        return train
+
+    @classmethod
+    def memory_use(cls, cfg: GKDConfig) -> dict[str, RoleUse]:
+        """The student trains micro-batches of prompt + completion beside its teacher's forward (full vocabulary or
+        top-k); the rollout generates the on-policy completions; a served teacher scores them."""
+        if not cfg.model:
+            return {}
+        roles, length = cls.roles(cfg), cfg.max_prompt_length + cfg.max_completion_length
+        teacher = cfg.teacher.model or cfg.teacher_model
+        topk = {"logits": "topk", "topk": cfg.gkd_logits_topk} if cfg.gkd_logits_topk else {}
+        knobs = {"micro_batch": "per_device_train_batch_size", "accumulation": "gradient_accumulation_steps",
+                 "topk": "gkd_logits_topk"}
+        uses = {"train": RoleUse(cfg.train.engine, "train", cls.train_setup_options(cfg, cfg.model, teacher), "training",
+                                 cfg.model, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, length,
+                                 sync="send" if "rollout" in roles else None, knobs=knobs, **topk)}
+        if "rollout" in roles:
+            uses["rollout"] = RoleUse(cfg.rollout.engine, "rollout", rollout_options(cfg.rollout, cfg.model, cfg.seed),
+                                      "generation", cfg.model, seq_len=length,
+                                      sequences=cfg.per_device_train_batch_size, sync="receive")
+        if "teacher" in roles:
+            uses["teacher"] = RoleUse(cfg.teacher.engine, "teacher", rollout_options(cfg.teacher, teacher, cfg.seed),
+                                      "training", teacher, seq_len=length, sequences=cfg.per_device_train_batch_size)
+        return uses
+
+    def setups(self) -> dict[str, RoleSetup]:
+        cfg, roles = self.config, self.roles(self.config)
+        train = self.train_setup_options(cfg, self.student, self.teacher_path)
         setups = {"train": RoleSetup(DistillWorker, cfg.train.engine, train)}
         if "rollout" in roles:
             setups["rollout"] = RoleSetup(GenerateWorker, cfg.rollout.engine,

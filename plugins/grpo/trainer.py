@@ -13,6 +13,7 @@ from typing import Any
 
 from rlcore import Batch, GenerateWorker, RlcoreError, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
 from rlcore.data import has_conversations
+from rlcore.memory import RoleUse
 from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options, train_options
 
@@ -64,6 +65,27 @@ class GRPOTrainer(RoleTrainer):
                          conversations=lambda: "dataset" if has_conversations(cfg.dataset) else None)]
         if "orm" in cls.roles(cfg) and cfg.orm.model:
             uses.append(ModelUse("orm.model", cfg.orm.model))
+        return uses
+
+    @classmethod
+    def memory_use(cls, cfg: GRPOConfig) -> dict[str, RoleUse]:
+        """The policy trains micro-batches of prompt + completion; the rollout generates a round's completions;
+        the reference scores them; train sends its weights to rollout."""
+        if not cfg.model:
+            return {}
+        roles, length = cls.roles(cfg), cfg.max_prompt_length + cfg.max_completion_length
+        rollouts = max((cfg.rollout.gpus or cfg.train_workers) // cfg.rollout.vllm_tensor_parallel_size, 1)
+        in_flight = -(-cfg.per_device_train_batch_size * cfg.train_workers * cfg.micro_steps_per_generation // rollouts)
+        micro = {"micro_batch": "per_device_train_batch_size", "accumulation": "gradient_accumulation_steps"}
+        uses = {
+            "train": RoleUse(cfg.train.engine, "train", train_options(cfg, cfg.model), "training", cfg.model,
+                             cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, length, sync="send", knobs=micro),
+            "rollout": RoleUse(cfg.rollout.engine, "rollout", rollout_options(cfg.rollout, cfg.model, cfg.seed),
+                               "generation", cfg.model, seq_len=length, sequences=in_flight, sync="receive"),
+        }
+        if "reference" in roles:
+            options = {"model": cfg.model, "dtype": cfg.reference.dtype, **cfg.reference.engine_kwargs}
+            uses["reference"] = RoleUse(cfg.reference.engine, "forward", options, "training", cfg.model, seq_len=length)
         return uses
 
     def setups(self) -> dict[str, RoleSetup]:

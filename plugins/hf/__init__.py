@@ -12,6 +12,7 @@ from rlcore import EngineSpec, build_engine, hookimpl
 from rlcore.engines import options_check
 from rlcore.testing import build_tiny_model
 
+from .memory import forward_memory, rollout_memory, train_memory
 from .rollout import HFRolloutEngine
 from .train import HFOptions, HFTrainEngine
 
@@ -47,10 +48,13 @@ def make_rollout_engine(**options: Any) -> Any:
 def rlcore_engines():
     imports = ("torch", "transformers")  # what a worker imports ahead of the build (EngineSpec.imports)
     yield EngineSpec("hf", kind="train", factory=make_train_engine, description="transformers + torch; DDP over a group",
-                     imports=imports, check=options_check(HFOptions, "hf train engine"))
+                     imports=imports, check=options_check(HFOptions, "hf train engine"), memory=train_memory)
     yield EngineSpec("hf", kind="forward", factory=make_forward_engine,
-                     description="the hf train engine without optimizer: reference and teacher models", imports=imports)
+                     description="the hf train engine without optimizer: reference and teacher models", imports=imports,
+                     memory=forward_memory)
     yield EngineSpec("hf", kind="rollout", factory=make_rollout_engine,
-                     description="transformers sampling loop with a KV cache", imports=imports)
+                     description="transformers sampling loop with a KV cache", imports=imports,
+                     memory=rollout_memory)
     yield EngineSpec("hf", kind="teacher", factory=make_rollout_engine,
-                     description="the hf rollout engine serving top-k log-probs", imports=imports)
+                     description="the hf rollout engine serving top-k log-probs", imports=imports,
+                     memory=rollout_memory)

@@ -14,6 +14,7 @@ from rlcore.engine_checks import common_problems
 from rlcore.engines import unknown_options
 from rlcore.errors import ConfigError
 
+from .memory import megatron_forward_memory, train_memory
 from .support import MegatronOptions, model_problems, option_problems
 
 __all__ = ["make_forward_engine", "make_train_engine"]
@@ -81,7 +82,8 @@ def _check(kind: str, known: tuple[str, ...] = ()) -> Any:
 @hookimpl
 def rlcore_engines():
     yield EngineSpec("megatron", kind="train", factory=make_train_engine, imports=IMPORTS, check=_check("train"),
+                     memory=train_memory,
                      description="megatron-core GPTModel (local spec): TP/PP/EP/DP, distributed optimizer, vocab-parallel log-probs")
     yield EngineSpec("megatron", kind="forward", factory=make_forward_engine, imports=IMPORTS,
-                     check=_check("forward", FORWARD_OPTIONS),
+                     check=_check("forward", FORWARD_OPTIONS), memory=megatron_forward_memory,
                      description="the megatron train engine without optimizer: reference and teacher models")

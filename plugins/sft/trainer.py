@@ -18,6 +18,7 @@ from typing import Any
 from rlcore import ConfigError, RoleSetup, RoleTrainer
 from rlcore.checkpoint import load_state
 from rlcore.data import has_conversations, model_problem
+from rlcore.memory import RoleUse
 from rlcore.model_checks import ModelUse
 from rlcore.session import announce
 
@@ -88,6 +89,19 @@ class LMTrainer(RoleTrainer):
         chats = cls.kind == "sft" and "chat_template_path" not in config.trainer_kwargs
         return [ModelUse("model", config.model, lengths, conversations=(
             lambda: "dataset" if has_conversations(config.datasets) else None) if chats else None)]
+
+    @classmethod
+    def memory_use(cls, config: LMConfig) -> dict[str, RoleUse]:
+        """Each worker trains a transformers model with torch's AdamW, as the hf train engine does (its memory
+        terms), on micro-batches of `max_length` tokens, the loss over the full [B, T, V] logits."""
+        if not config.model:
+            return {}
+        options = {"model": config.model, "dtype": config.dtype, "gradient_checkpointing": config.gradient_checkpointing,
+                   "lora_rank": config.lora_rank, "chunked_lm_head": False}
+        return {ROLE: RoleUse("hf", "train", options, "training", config.model, config.per_device_train_batch_size,
+                              config.gradient_accumulation_steps, config.max_length or 1024,
+                              knobs={"micro_batch": "per_device_train_batch_size",
+                                     "accumulation": "gradient_accumulation_steps"})}
 
     def setups(self) -> dict[str, RoleSetup]:
         return {ROLE: RoleSetup(LMWorker, type(self).build, self.options())}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from rlcore import EngineSpec, hookimpl
 
 from .engine import VLLMRolloutEngine, check_options
+from .memory import vllm_memory
 
 __all__ = ["VLLMRolloutEngine"]
 
@@ -15,6 +16,6 @@ __all__ = ["VLLMRolloutEngine"]
 @hookimpl
 def rlcore_engines():
     yield EngineSpec("vllm", kind="rollout", factory=VLLMRolloutEngine, description="vLLM offline engine; sleep mode, in-process weight loading",
-                     imports=("vllm",), check=check_options)
+                     imports=("vllm",), check=check_options, memory=vllm_memory)
     yield EngineSpec("vllm", kind="teacher", factory=VLLMRolloutEngine, description="vLLM prompt top-k log-probs for distillation",
-                     imports=("vllm",), check=check_options)
+                     imports=("vllm",), check=check_options, memory=vllm_memory)

@@ -1,0 +1,241 @@
+"""The memory plan: the engines' terms against hand-computed cases (Qwen2.5-0.5B's shape), how they scale, the plan's
+table for the shipped examples, and a plan that will not fit refused with its fixes, or fitted (`--fit`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlcore import EngineSpec
+from rlcore.cli import main
+from rlcore.manager import plugins as loaded_plugins
+from rlcore.memory import GiB, MemoryQuery, ModelShape, RoleUse, plan_memory
+from rlcore.resources import plan_from_config
+
+from rlcore.plugins.hf.memory import forward_memory, train_memory
+from rlcore.plugins.megatron.memory import train_memory as megatron_memory
+from rlcore.plugins.vllm.memory import vllm_memory
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
+# Qwen2.5-0.5B-Instruct's config.json (the keys the plan reads)
+QWEN_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+            "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "vocab_size": 151936,
+            "max_position_embeddings": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+QWEN_15B = {**QWEN_05B, "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_hidden_layers": 28}
+P_05B = 494_032_768  # Qwen2.5-0.5B's parameter count (its model card: 0.49B)
+# LoRA rank 16 on q, k, v, o, gate, up, down of 24 layers: r x (in + out) each
+LORA_05B = 24 * 16 * ((896 + 896) + 2 * (896 + 128) + (896 + 896) + 2 * (896 + 4864) + (4864 + 896))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    """Model directories holding only config.json: nothing else is read."""
+    out = {}
+    for name, config in (("q05", QWEN_05B), ("q15", QWEN_15B)):
+        path = tmp_path_factory.mktemp(name)
+        (path / "config.json").write_text(json.dumps(config))
+        out[name] = str(path)
+    return out
+
+
+def query(use: RoleUse, *, workers: int = 1, colocated: bool = False, gpu: int = 80 * GiB, **session) -> MemoryQuery:
+    return MemoryQuery("train", use, ModelShape.from_config(QWEN_05B), gpu, workers, colocated, **session)
+
+
+def train_use(micro: int = 4, length: int = 1024, **options) -> RoleUse:
+    return RoleUse("hf", "train", {"model": "m", "dtype": "bfloat16", **options}, "training", "m", micro, 1, length)
+
+
+def test_the_shape_counts_qwen_05b_parameters():
+    shape = ModelShape.from_config(QWEN_05B)
+    assert shape.params == P_05B
+    assert shape.lora_params(16) == LORA_05B
+    assert shape.kv_bytes_per_token(2) == 2 * 24 * 2 * 64 * 2  # K and V, 24 layers, 2 KV heads of 64, bf16
+
+
+def test_hf_full_training_of_05b_by_hand():
+    got = train_memory(query(train_use(chunked_lm_head=False)))
+    a = got.active
+    assert a["weights"] == 2 * P_05B and a["gradients"] == 2 * P_05B  # bf16 weights and gradients
+    assert a["optimizer state"] == 4 * P_05B  # AdamW's two moments in the params' dtype
+    assert a["master weights"] == 0
+    per_layer = (4 * 896 + 3 * 896 + 3 * 128 + 4 * 4864) * 2  # norms, q/k/v and rotated q/k, attention out, SwiGLU
+    assert a["activations"] == 4 * 1024 * 24 * per_layer
+    assert a["logits"] == 4 * 1024 * 151936 * (2 + 8)  # [B, T, V] bf16 logits, float32 log-softmax and its gradient
+    assert "ddp buckets" not in a  # one worker: no DDP
+    # while a colocated role works: gradients are dropped, weights and optimizer state stay unless offloaded
+    assert set(got.resident) == {"cuda context", "weights", "optimizer state"}
+
+
+def test_hf_lora_removes_the_base_weights_optimizer_state_and_gradients():
+    full = train_memory(query(train_use())).active
+    lora = train_memory(query(train_use(lora_rank=16))).active
+    assert lora["optimizer state"] == 8 * LORA_05B  # float32 adapters: two float32 moments
+    assert lora["gradients"] == 4 * LORA_05B
+    assert lora["weights"] == 2 * P_05B + 4 * LORA_05B  # the frozen base and the float32 adapters
+    assert full["optimizer state"] == 4 * P_05B and full["gradients"] == 2 * P_05B  # the base's, gone with LoRA
+
+
+def test_offload_keeps_nothing_of_the_train_engine_but_its_context():
+    both = train_memory(query(train_use(), colocated=True, offload_model=True, offload_optimizer=True)).resident
+    assert set(both) == {"cuda context"}
+    weights_only = train_memory(query(train_use(), colocated=True, offload_optimizer=True)).resident
+    assert weights_only["weights"] == 2 * P_05B and "optimizer state" not in weights_only
+
+
+def test_terms_scale_with_the_workload():
+    one, two = (train_memory(query(train_use(micro=m))).active for m in (4, 8))
+    assert two["activations"] == 2 * one["activations"]
+    assert two["weights"] == one["weights"] and two["optimizer state"] == one["optimizer state"]
+    longer = train_memory(query(train_use(length=2048))).active
+    assert longer["activations"] == 2 * one["activations"]
+    ckpt = train_memory(query(train_use(gradient_checkpointing=True))).active
+    assert ckpt["activations"] < one["activations"] / 8  # each layer's input, plus one layer recomputed
+    chunked = train_memory(query(train_use(chunked_lm_head=True))).active
+    assert chunked["logits"] == 1024 * 151936 * 10  # 1024 rows at a time, whatever the batch
+
+
+def test_megatron_keeps_fp32_master_weights_and_moments_split_over_data_parallel_ranks():
+    use = RoleUse("megatron", "train", {"model": "m", "dtype": "bfloat16"}, "training", "m", 1, 1, 512)
+    one = megatron_memory(query(use)).active
+    assert one["master weights"] == 4 * P_05B and one["optimizer state"] == 8 * P_05B and one["gradients"] == 4 * P_05B
+    four = megatron_memory(query(use, workers=4)).active  # the distributed optimizer over 4 data-parallel ranks
+    assert four["optimizer state"] == 8 * P_05B // 4 and four["master weights"] == 4 * P_05B // 4
+    tp2 = RoleUse("megatron", "train", {**use.options, "tensor_model_parallel_size": 2}, "training", "m", 1, 1, 512)
+    assert megatron_memory(query(tp2, workers=2)).active["weights"] == 2 * P_05B // 2
+
+
+def test_vllm_takes_its_share_awake_and_frees_it_asleep():
+    use = RoleUse("vllm", "rollout", {"model": "m", "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.4},
+                  "generation", "m", seq_len=1024, sequences=64)
+    got = vllm_memory(query(use, colocated=True, sleep_level=1))
+    assert sum(got.active.values()) == int(0.4 * 80 * GiB)
+    assert got.active["vllm weights"] == 2 * P_05B
+    assert sum(got.resident.values()) < GiB  # weights and KV cache off the GPU
+    assert got.sync["vllm weights"] == 2 * P_05B  # a weight sync wakes the weights only
+    awake = vllm_memory(query(use, colocated=True, sleep_level=0))
+    assert awake.resident == awake.active
+    shares = [f.options["vllm_gpu_memory_utilization"] for f in got.fixes]
+    assert shares == sorted(shares, reverse=True) and shares[0] == 0.35 and shares[-1] >= 0.05
+
+
+def test_a_forward_only_reference_keeps_its_weights():
+    use = RoleUse("hf", "forward", {"model": "m", "dtype": "bfloat16"}, "training", "m", seq_len=1024)
+    got = forward_memory(query(use))
+    assert got.resident["weights"] == got.active["weights"] == 2 * P_05B
+
+
+def test_the_gpu_s_memory_is_the_key_then_this_machine_s_then_80_gib(monkeypatch):
+    from types import SimpleNamespace
+
+    from rlcore.memory import gpu_memory
+
+    assert gpu_memory(SimpleNamespace(gpu_memory_gib=140)) == (140 * GiB, "gpu_memory_gib")
+    monkeypatch.setenv("PATH", "")  # no nvidia-smi: a CPU-only machine plans for 80 GiB GPUs
+    assert gpu_memory(SimpleNamespace(gpu_memory_gib=None))[0] == 80 * GiB
+
+
+def test_an_engine_that_gives_no_terms_is_unknown_never_zero(models):
+    class Plugins:
+        engines = [EngineSpec("mine", kind="train", factory=dict)]
+
+    from rlcore.plugins.grpo.config import GRPOConfig
+
+    config = GRPOConfig(model=models["q05"], train={"gpus": 1, "engine": "mine"}, rollout={"gpus": 1},
+                        colocate_groups=[["train", "rollout"]])
+    resources = plan_from_config(config, roles=["train", "rollout"], plugins=loaded_plugins())
+    uses = {"train": train_use(), "rollout": RoleUse("mine", "rollout", {}, "generation", models["q05"])}
+    plan = plan_memory(config, resources, {"train": RoleUse("mine", "train", {}, "training", models["q05"]),
+                                           "rollout": uses["rollout"]}, Plugins(), gpu_bytes=80 * GiB)
+    assert plan.rows and all(row.unknown == ["rollout", "train"] for row in plan.rows)
+    assert "unknown (rollout, train)" in plan.table() and "reports no memory terms" in plan.table()
+
+
+def test_a_role_on_a_gpu_whose_use_is_not_described_is_unknown(models, capsys):
+    """GRPO's reward model (`orm`) on the policy's GPU: the algorithm gives no use of it, so it is unknown there."""
+    args = ["plan", "--plugin", "grpo", "--config", str(EXAMPLES / "grpo/colocate.yaml"), f"model={models['q05']}",
+            "reward_funcs=[orm]", f"orm.model={models['q05']}", "orm.gpus=4",
+            "colocate_groups=[[train, rollout, orm]]", "--json"]
+    assert main(args) == 0, capsys.readouterr().err
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows and all(row["unknown"] == ["orm"] for row in rows)
+
+
+@pytest.mark.parametrize("plugin, example", [
+    ("grpo", "grpo/colocate.yaml"), ("grpo", "grpo/colocate_device_groups.yaml"), ("grpo", "grpo/separate.yaml"),
+    ("grpo", "grpo/separate_device_groups.yaml"), ("gkd", "gkd/teacher_colocated.yaml"),
+    ("gkd", "gkd/teacher_standalone.yaml"), ("gkd", "gkd/teacher_shared.yaml"), ("sft", "sft/lora.yaml"),
+])
+def test_the_plan_of_each_shipped_example(plugin, example, models, capsys):
+    teacher = {"gkd/teacher_colocated.yaml": [f"teacher_model={models['q15']}"]}.get(
+        example, [f"teacher.model={models['q15']}"] if plugin == "gkd" else [])
+    code = main(["plan", "--plugin", plugin, "--config", str(EXAMPLES / example), f"model={models['q05']}", *teacher,
+                 "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    plan = json.loads(out)
+    assert plan["fits"] and plan["gpu_bytes"] == 80 * GiB  # no GPU here: the documented default
+    phases = {row["phase"] for row in plan["rows"]}
+    assert "training" in phases
+    train = next(r for r in plan["rows"]
+                 if r["phase"] == "training" and any(t["role"] in ("train", "default") for t in r["terms"]))
+    weights = next(t["bytes"] for t in train["terms"] if t["component"] == "weights")
+    assert weights == 2 * P_05B + (4 * LORA_05B if example == "sft/lora.yaml" else 0)
+    if "colocate" in example:  # vLLM sleeps while the policy trains; its share is taken while it generates
+        generation = next(r for r in plan["rows"] if r["phase"] == "generation")
+        assert {t["role"] for t in generation["terms"]} >= {"train", "rollout"}
+        assert sum(t["bytes"] for t in generation["terms"] if t["role"] == "rollout") == int(0.4 * 80 * GiB)
+
+
+def test_a_plan_that_will_not_fit_is_refused_with_the_changes_that_fit(models, capsys):
+    args = ["plan", "--plugin", "grpo", "--config", str(EXAMPLES / "grpo/colocate.yaml"), f"model={models['q05']}",
+            "per_device_train_batch_size=64", "max_completion_length=4096"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "GPU 0-3 in training needs" in err and "largest part is train activations" in err
+    lines = [line.strip() for line in err.splitlines() if "-> peak" in line]
+    assert lines[0].startswith("train.gradient_checkpointing=true")  # the cheapest that fits comes first
+    assert any(line.startswith("per_device_train_batch_size=8 gradient_accumulation_steps=8") for line in lines)
+
+
+def test_fit_applies_the_first_change_and_writes_a_config_that_plans_to_fit(models, tmp_path, capsys):
+    fitted = tmp_path / "fitted.yaml"
+    args = ["plan", "--plugin", "sft", "--config", str(EXAMPLES / "sft/pretrain.yaml"), f"model={models['q15']}",
+            "max_length=8192", "per_device_train_batch_size=8", "gpu_memory_gib=140"]
+    assert main(args) == 2
+    capsys.readouterr()
+    assert main([*args, "--fit", "-o", str(fitted)]) == 0
+    out = capsys.readouterr().out
+    assert "--fit: gradient_checkpointing=true" in out
+    config = yaml.safe_load(fitted.read_text())
+    assert config["gradient_checkpointing"] is True and config["gpu_memory_gib"] == 140
+    assert main(["plan", "--plugin", "sft", "--config", str(fitted), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"]
+    assert main([*args, "--fit", "-o", str(fitted)]) == 2  # never over a file that is there
+
+
+def test_where_no_one_change_fits_the_changes_add_up(models, capsys):
+    args = ["plan", "--plugin", "sft", "--config", str(EXAMPLES / "sft/pretrain.yaml"), f"model={models['q15']}",
+            "max_length=8192", "per_device_train_batch_size=8", "gpu_memory_gib=40"]
+    assert main(args) == 2
+    first = next(line.strip() for line in capsys.readouterr().err.splitlines() if "-> peak" in line)
+    assert first.startswith("gradient_checkpointing=true per_device_train_batch_size=")  # checkpointing, then smaller
+    assert main([*args, "--fit"]) == 0
+    assert "[OVER]" not in capsys.readouterr().out.split("--fit:")[1]
+
+
+def test_run_refuses_before_any_model_loads_and_fit_goes_on_to_the_run_s_checks(models, tmp_path, capsys):
+    """The model directory holds only config.json: a run that reached the model's checks would fail there."""
+    args = ["run", "--plugin", "sft", "--config", str(EXAMPLES / "sft/pretrain.yaml"), f"model={models['q15']}",
+            "max_length=8192", "per_device_train_batch_size=8", "gpu_memory_gib=140", f"output_dir={tmp_path / 'out'}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "the plan will not fit in GPU memory" in err and "gradient_checkpointing=true" in err
+    assert "without weights" not in err and not (tmp_path / "out").exists()
+    assert main([*args, "--fit"]) == 2  # fitted, the run's own checks come next: this model has no weights
+    err = capsys.readouterr().err
+    assert "--fit: gradient_checkpointing=true" in err and "without weights" in err
+    assert not (tmp_path / "out" / "config.fit.yaml").exists()  # written once the run's checks pass
