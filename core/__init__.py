@@ -40,6 +40,7 @@ from .specs import (
     CollectorSpec,
     DispatcherSpec,
     EngineSpec,
+    EnvironmentSpec,
     PlacementRequest,
     PlacementSpec,
     RewardSpec,
@@ -47,6 +48,7 @@ from .specs import (
     SettingSpec,
     Slot,
 )
+from .environments import Environment, Step, ToolCall, Turn
 from .trainer import PhaseTimer, Trainer
 from .workers import bind, function, worker, worker_plugins, worker_rank
 
@@ -62,6 +64,8 @@ __all__ = [
     "ConfigProblems",
     "DispatcherSpec",
     "EngineSpec",
+    "Environment",
+    "EnvironmentSpec",
     "GenerateRoleConfig",
     "GenerateWorker",
     "Generation",
@@ -98,6 +102,8 @@ __all__ = [
     "ScoreWorker",
     "SettingSpec",
     "Slot",
+    "Step",
+    "ToolCall",
     "TopK",
     "TrainEngine",
     "TrainOptions",
@@ -105,6 +111,7 @@ __all__ = [
     "TrainWorker",
     "Trainer",
     "TrainingConfig",
+    "Turn",
     "__version__",
     "announce",
     "bind",

@@ -311,8 +311,9 @@ class PromptEncoder:
     def pad_token_id(self) -> int:
         return self.tokenizer.pad_token_id
 
-    def encode(self, prompt: Any) -> list[int]:
-        """The prompt's ids; `system`, when set, opens a prompt that has no system message of its own."""
+    def encode(self, prompt: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt's ids; `system`, when set, opens a prompt that has no system message of its own; `tools`
+        (JSON schemas) go to the chat template."""
         tok = self.tokenizer
         if self.system is not None and (isinstance(prompt, list) or (self.use_chat_template and tok.chat_template)):
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
@@ -320,10 +321,12 @@ class PromptEncoder:
                 prompt = [{"role": "system", "content": self.system}, *messages]
         elif self.system is not None:
             prompt = f"{self.system}\n\n{prompt}"
+        template = {"tools": tools} if tools else {}
         if isinstance(prompt, list):
-            ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, **template)
         elif self.use_chat_template and tok.chat_template:
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                          tokenize=True, **template)
         else:
             ids = tok(prompt, add_special_tokens=False)["input_ids"]
         if hasattr(ids, "keys"):

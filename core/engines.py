@@ -297,6 +297,14 @@ class RolloutEngine(abc.ABC):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """`params.n` completions per prompt, prompt-major: result[i * n + j] is prompt i's j-th."""
 
+    def run_episodes(self, episodes: list[Any], params: SamplingParams) -> None:
+        """Run multi-turn episodes (`rlcore.episodes.EpisodeRunner`) to their ends. This default generates every
+        unfinished episode's next turn in one `generate` call per turn; an engine that can take requests while it
+        generates (vLLM) submits an episode's next turn as soon as its previous one ends."""
+        from .episodes import run_turns
+
+        run_turns(self.generate, episodes, params)
+
     @abc.abstractmethod
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> TopK:
         """The k most likely tokens at every position of `sequences` (a distillation teacher), at temperature 1:

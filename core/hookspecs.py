@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         CollectorSpec,
         DispatcherSpec,
         EngineSpec,
+        EnvironmentSpec,
         PlacementSpec,
         RewardSpec,
         RoleSpec,
@@ -123,6 +124,19 @@ def rlcore_rewards() -> Iterable[RewardSpec]:
         @hookimpl
         def rlcore_rewards():
             yield RewardSpec("length", fn=lambda prompts, completions, **kw: [len(c) for c in completions])
+    """
+
+
+@hookspec
+def rlcore_environments() -> Iterable[EnvironmentSpec]:
+    """Yield multi-turn environments: what answers a model's turn (tools, a game, a hint); `multi_turn_scheduler`
+    names them.
+
+    .. code-block:: python
+
+        @hookimpl
+        def rlcore_environments():
+            yield EnvironmentSpec("guess", factory=GuessEnvironment)
     """
 
 

@@ -46,6 +46,7 @@ REGISTRIES = {
     "rlcore_algorithms": ("algorithms", "algorithm"),
     "rlcore_engines": ("engines", "engine"),
     "rlcore_rewards": ("rewards", "reward"),
+    "rlcore_environments": ("environments", "environment"),
     "rlcore_settings": ("settings", "setting"),
 }
 

@@ -18,7 +18,7 @@ from pydantic.fields import FieldInfo
 
 from .config import BaseConfig, ConfigProblems, RoleConfig, RunConfig
 from .engines import OptimizerOptions
-from .errors import RlcoreError
+from .errors import RlcoreError, did_you_mean
 
 
 DTYPE_HELP = ("auto (default): on a GPU the checkpoint's bfloat16/float16 (bfloat16 for a float32 checkpoint), on "
@@ -100,6 +100,60 @@ class PromptKeys(BaseConfig):
         None, description="a system message opening every prompt that has none of its own (the row's wins, as in ms-swift)"
     )
     max_prompt_length: int = Field(512, ge=1, description="prompts are cut to their last max_prompt_length tokens")
+
+
+class MultiTurnKeys(BaseConfig):
+    """Multi-turn rollouts (`rlcore.episodes`): an environment answers each model turn, in ms-swift's spelling
+    (`multi_turn_scheduler`, `max_turns`) or TRL's (`tools`, `environment_factory`). Unset: one turn."""
+
+    multi_turn_scheduler: str | None = Field(
+        None, description="the environment between turns: a registered name (math_tip_trick, tool_call, or a plugin's), "
+        "module:Class or file.py:Class; a fresh one per episode")
+    environment_kwargs: dict[str, Any] = Field(default_factory=dict, description="options of multi_turn_scheduler's factory")
+    tools: list[str] = Field(default_factory=list, description="TRL's tools: module:function (or file.py:function) "
+                             "names whose signatures and docstrings are the chat template's tool schemas")
+    environment_factory: str | None = Field(
+        None, description="TRL's environment_factory: module:Class with reset(); its public documented methods are the "
+        "tools, its get_reward() (if any) the episode's environment reward")
+    max_turns: int | None = Field(None, ge=1, description="model turns per episode at most; unset: until the "
+                                  "environment ends it or max_completion_length is reached")
+    max_turn_length: int | None = Field(None, ge=1, description="new tokens per turn at most; unset: max_completion_length")
+    environment_timeout: float = Field(60.0, gt=0, description="seconds an environment's reset or step may take; "
+                                       "longer, or raising, ends that episode with a recorded error")
+
+    @property
+    def multi_turn(self) -> bool:
+        return bool(self.multi_turn_scheduler or self.tools or self.environment_factory)
+
+    def multi_turn_problems(self, plugins: Any) -> list[tuple[str, str]]:
+        """(key, message) for an unregistered scheduler name or a tool/class spelled without `module:`."""
+        problems: list[tuple[str, str]] = []
+        name = self.multi_turn_scheduler
+        if name and ":" not in name and name not in plugins.environments:
+            known = ", ".join(plugins.environments.names()) or "(none)"
+            problems.append(("multi_turn_scheduler", f"environment '{name}' is not registered; known: {known}"
+                             f"{did_you_mean(name, plugins.environments.names())}, or give module:Class"))
+        for i, tool in enumerate(self.tools):
+            if ":" not in tool:
+                problems.append((f"tools.{i}", f"'{tool}' must be module:function or file.py:function"))
+        if self.environment_factory and ":" not in self.environment_factory:
+            problems.append(("environment_factory", f"'{self.environment_factory}' must be module:Class or file.py:Class"))
+        if self.environment_factory and self.multi_turn_scheduler:
+            problems.append(("environment_factory", "and multi_turn_scheduler both name the environment; give one"))
+        return problems
+
+    def episode_setup(self, model: str, max_completion_length: int) -> Any:
+        """What a rollout worker runs episodes with (`rlcore.episodes.EpisodeSetup`)."""
+        from .episodes import EpisodeSetup
+
+        return EpisodeSetup(
+            model=model, environment=self.multi_turn_scheduler, environment_kwargs=dict(self.environment_kwargs),
+            tools=tuple(self.tools), environment_factory=self.environment_factory,
+            max_turns=self.max_turns or max_completion_length, max_turn_tokens=self.max_turn_length or max_completion_length,
+            max_total_tokens=max_completion_length, environment_timeout=self.environment_timeout,
+            use_chat_template=getattr(self, "use_chat_template", True), max_prompt_length=getattr(self, "max_prompt_length", None),
+            system=getattr(self, "system", None),
+        )
 
 
 class TrainingConfig(LoggingKeys, CheckpointKeys, OptimizerKeys, RunConfig):
@@ -226,6 +280,6 @@ def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any
 
 
 __all__ = [
-    "DTYPE_HELP", "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "NonfiniteKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
+    "DTYPE_HELP", "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "MultiTurnKeys", "NonfiniteKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
     "default_of", "generate_engine_problems", "rollout_options", "train_engine_problems", "train_options",
 ]

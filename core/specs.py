@@ -115,6 +115,16 @@ class RewardSpec:
 
 
 @dataclass(frozen=True)
+class EnvironmentSpec:
+    """A multi-turn environment (ms-swift's `multi_turn_scheduler` names it): `factory(**environment_kwargs)`
+    returns a fresh `rlcore.Environment` for each episode (`reset(row)`, `step(turn) -> Step`)."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class SettingSpec:
     """A config key a plugin adds to every algorithm's config: `report_to`, `logging_dir`, ...
 

@@ -1,10 +1,13 @@
-"""The built-in roles, dispatchers, collectors and placement policies."""
+"""The built-in roles, dispatchers, collectors, placement policies and environments (with their `environment`
+reward)."""
 
 from __future__ import annotations
 
-from rlcore import PlacementSpec, RoleSpec, hookimpl
+from rlcore import EnvironmentSpec, PlacementSpec, RewardSpec, RoleSpec, hookimpl
 from rlcore.dispatch import COLLECTORS, DISPATCHERS
 from rlcore.placement import POLICIES
+
+from .environments import MathTipTrick, environment_reward, tool_call
 
 ROLES = {
     "default": "the single role of SFT/pretraining: every worker trains",
@@ -38,3 +41,15 @@ def rlcore_collectors():
 def rlcore_placements():
     for name, (place, description) in POLICIES.items():
         yield PlacementSpec(name, place=place, description=description)
+
+
+@hookimpl
+def rlcore_environments():
+    yield EnvironmentSpec("math_tip_trick", factory=MathTipTrick,
+                          description="ms-swift's math tip: a wrong answer goes on after a hint, once")
+    yield EnvironmentSpec("tool_call", factory=tool_call, description="TRL's tools: the model's <tool_call>s run functions")
+
+
+@hookimpl
+def rlcore_rewards():
+    yield RewardSpec("environment", fn=environment_reward, description="the environment's reward parts, summed")

@@ -8,7 +8,7 @@ from pydantic import AliasChoices, Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, RoleConfig
 from rlcore.resources import parse_ranks
-from rlcore.sections import DTYPE_HELP, NonfiniteKeys, PromptKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig
+from rlcore.sections import DTYPE_HELP, MultiTurnKeys, NonfiniteKeys, PromptKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig
 
 
 class ReferenceRoleConfig(RoleConfig):
@@ -37,7 +37,7 @@ class OrmRoleConfig(RoleConfig):
     batch_size: int = Field(16, ge=1, description="pairs scored per forward pass")
 
 
-class GRPOConfig(NonfiniteKeys, PromptKeys, TrainingConfig):
+class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     """Group Relative Policy Optimization (DeepSeekMath; TRL's GRPOTrainer)."""
 
     # model and data

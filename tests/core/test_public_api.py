@@ -16,6 +16,8 @@ EXPECTED = [
     "ConfigError",
     "DispatcherSpec",
     "EngineSpec",
+    "Environment",
+    "EnvironmentSpec",
     "Generation",
     "ModelOutputs",
     "NotRegistered",
@@ -56,6 +58,10 @@ EXPECTED = [
     "bind",
     "ConfigProblems",
     "SettingSpec",
+    # multi-turn environments: what a third-party environment subclasses and returns
+    "Step",
+    "ToolCall",
+    "Turn",
     # the algorithm contract: roles, their setups, the shared config sections and what a check reports
     "RoleTrainer",
     "TrainingConfig",
