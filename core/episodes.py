@@ -292,6 +292,19 @@ def message_suffix_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: li
     return full[len(prefix):]
 
 
+def episode_metrics(episodes: list[Any]) -> dict[str, float]:
+    """Turns per episode, tool calls and errors, truncated and failed episodes, over a round."""
+    n = max(1, len(episodes))
+    return {
+        "episodes/turns": sum(e.turns for e in episodes) / n,
+        "episodes/tool_calls": sum(e.tool_calls for e in episodes) / n,
+        "episodes/tool_errors": sum(e.tool_errors for e in episodes) / n,
+        "episodes/truncated": sum(e.finish_reason == "length" for e in episodes) / n,
+        "episodes/environment_errors": float(sum(bool(e.error) for e in episodes)),
+        "episodes/generated_tokens": sum(sum(e.loss_mask) for e in episodes) / n,
+    }
+
+
 def run_turns(generate: Callable[[list[list[int]], SamplingParams], list[Generation]], runners: list[EpisodeRunner],
               params: SamplingParams) -> None:
     """Every unfinished episode's next turn in one `generate` call per turn and per token budget, until all end."""
@@ -327,4 +340,4 @@ def run_episodes(engine: Any, rows: list[dict[str, Any]], setup: EpisodeSetup, p
     return [r.result() for r in runners]
 
 
-__all__ = ["Episode", "EpisodeRunner", "EpisodeSetup", "message_suffix_ids", "run_episodes", "run_turns"]
+__all__ = ["Episode", "EpisodeRunner", "EpisodeSetup", "episode_metrics", "message_suffix_ids", "run_episodes", "run_turns"]

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from rlcore import BaseConfig, ConfigProblems, GenerateRoleConfig
 from rlcore.resources import parse_ranks
 from rlcore.sections import (
+    MultiTurnKeys,
     NonfiniteKeys, OptimizerKeys, PromptKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig, default_of,
 )
 
@@ -30,7 +31,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
 }
 
 
-class GKDConfig(NonfiniteKeys, PromptKeys, TrainingConfig):
+class GKDConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     """Generalized Knowledge Distillation (Agarwal et al., 2024; TRL's GKDTrainer): on-policy distillation."""
 
     # models and data

@@ -98,15 +98,16 @@ class DistillData:
             completions.append(ids[: self.config.max_completion_length])
         return prompts, completions
 
-    def batch(self, prompts: list[list[int]], completions: list[list[int]]) -> Batch:
-        """Prompt + completion, right-padded, with the completion mask."""
+    def batch(self, prompts: list[list[int]], completions: list[list[int]], masks: list[list[int]] | None = None) -> Batch:
+        """Prompt + completion, right-padded, with the completion mask (an episode's `masks`: 1 on the tokens the
+        student generated, 0 on the environment's)."""
         import torch
 
         sequences = [p + c for p, c in zip(prompts, completions)]
         input_ids, attention = pad_tokens(sequences, self.tokenizer.pad_token_id)
         mask = torch.zeros(input_ids.shape, dtype=torch.float)
         for i, (p, s) in enumerate(zip(prompts, sequences)):
-            mask[i, len(p) : len(s)] = 1
+            mask[i, len(p) : len(s)] = 1 if masks is None else torch.tensor(masks[i], dtype=torch.float)
         return Batch(input_ids=input_ids, attention_mask=attention, completion_mask=mask)
 
     def heldout_batch(self) -> Batch | None:

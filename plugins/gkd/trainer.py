@@ -17,6 +17,7 @@ from rlcore import ConfigError, GenerateWorker, RoleSetup, RoleTrainer, Sampling
 from rlcore.batch import pad_width
 from rlcore.config import problems_of
 from rlcore.data import PromptEncoder, model_problem
+from rlcore.episodes import episode_metrics
 from rlcore.memory import RoleUse
 from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options, train_options
@@ -73,7 +74,10 @@ class GKDTrainer(RoleTrainer):
         missing = model_problem(teacher) if teacher else None
         if missing:
             problems.append(("teacher.model" if config.teacher.model else "teacher_model", missing))
-        return problems
+        if config.multi_turn and config.lmbda == 0:
+            problems.append(("lmbda", "is 0, so no step samples the student and the multi-turn keys have no effect; set "
+                             "lmbda > 0 (on-policy steps run episodes) or drop multi_turn_scheduler / tools"))
+        return problems + config.multi_turn_problems(plugins)
 
     @classmethod
     def models(cls, cfg: GKDConfig) -> list[ModelUse]:
@@ -183,10 +187,19 @@ class GKDTrainer(RoleTrainer):
         if on_policy:
             if self.stale:
                 metrics.update(self.sync_weights())
+            masks = None
             with self.timer("generate"), session.active("rollout"):
-                generations = session["rollout"].generate(prompts, self.sampling_params())
+                if cfg.multi_turn:  # episodes: the student's own turns are distilled, the environment's are context
+                    setup = cfg.episode_setup(self.student, cfg.max_completion_length)
+                    generations = session["rollout"].generate_episodes(rows, setup, self.sampling_params())
+                    prompts, masks = [g.prompt_ids for g in generations], [g.loss_mask for g in generations]
+                    metrics.update(episode_metrics(generations))
+                else:
+                    generations = session["rollout"].generate(prompts, self.sampling_params())
             completions = [g.token_ids for g in generations]
-        batch = self.data.batch(prompts, completions)
+        else:
+            masks = None
+        batch = self.data.batch(prompts, completions, masks)
         if "teacher" in session.roles:
             with self.timer("teacher"):
                 batch.update(self.teacher_topk(batch, prompts, completions))

@@ -10,6 +10,7 @@ from typing import Any
 from rlcore import Batch, RlcoreError, SamplingParams
 from rlcore.batch import pad_tokens
 from rlcore.data import PromptEncoder, PromptSampler, load_prompts
+from rlcore.episodes import episode_metrics
 from rlcore.rewards import call_reward, check_reward, resolve_reward
 from rlcore.testing import build_tiny_model
 
@@ -25,19 +26,6 @@ class Scored:
     generations: list[Any]
     advantages: Any  # torch tensor [N]
     metrics: dict[str, float]
-
-
-def episode_metrics(episodes: list[Any]) -> dict[str, float]:
-    """Turns per episode, tool calls and errors, truncated and failed episodes, over a round."""
-    n = max(1, len(episodes))
-    return {
-        "episodes/turns": sum(e.turns for e in episodes) / n,
-        "episodes/tool_calls": sum(e.tool_calls for e in episodes) / n,
-        "episodes/tool_errors": sum(e.tool_errors for e in episodes) / n,
-        "episodes/truncated": sum(e.finish_reason == "length" for e in episodes) / n,
-        "episodes/environment_errors": float(sum(bool(e.error) for e in episodes)),
-        "episodes/generated_tokens": sum(sum(e.loss_mask) for e in episodes) / n,
-    }
 
 
 class ExperienceMaker:

@@ -142,3 +142,24 @@ def test_torch_compile_reaches_the_colocated_teacher_and_keeps_the_losses(setup,
     assert sorted(compiled) == [(64, "aot_eager"), (96, "aot_eager")]  # the student (hidden 64), the teacher (96)
     for eager, fast in zip(runs["eager"], runs["compiled"], strict=True):
         assert fast["jsd"] == pytest.approx(eager["jsd"], rel=1e-4) and fast["jsd"] > 0
+
+
+def test_multi_turn_on_policy_steps_distil_only_the_students_own_turns(setup, tmp_path):
+    """With an environment (a hint between turns), an on-policy step's episodes are distilled on the tokens the
+    student generated: the hints are context, out of the JSD."""
+    root = Path(__file__).resolve().parents[2]
+    config = load_config(GKDConfig, None, [
+        f"model={setup['student']}", f"teacher_model={setup['teacher']}", f"dataset={setup['dataset']}",
+        f"output_dir={tmp_path / 'run'}", "lmbda=1", "max_steps=1", "per_device_train_batch_size=4", "max_turns=2",
+        f"multi_turn_scheduler={root / 'examples/multi_turn/vowel_hint.py'}:VowelHint", "max_turn_length=4",
+        "max_completion_length=60", "environment_kwargs={threshold: 2.0}",  # never met: every episode takes 2 turns
+    ])
+    trainer = GKDTrainer(config, load_plugins())
+    batches = []
+    make_batch = trainer.data.batch
+    trainer.data.batch = lambda *args: batches.append(make_batch(*args)) or batches[-1]
+    trainer.fit()
+    row = metrics_of(tmp_path / "run")[0]
+    assert row["episodes/turns"] == 2 and row["jsd"] > 0
+    mask = batches[0]["completion_mask"]
+    assert float(mask.sum()) == row["episodes/generated_tokens"] * 4 < row["completions/mean_length"] * 4
