@@ -50,11 +50,9 @@ MEGATRON_ONLY = (
 MS_SWIFT_LORA_DROPOUT = 0.05  # ms-swift's lora_dropout default (Megatron's and transformers' tuners alike)
 # ms-swift features rlcore does not have (its newer examples use them): refused with the reason, not "unknown"
 NOT_BUILT = {
-    "multi_turn_scheduler": "multi-turn rollouts (a scheduler between turns) are not built in rlcore; its rollouts are "
-                            "one completion per prompt",
-    "max_turns": "multi-turn rollouts are not built in rlcore (see multi_turn_scheduler)",
-    "use_gym_env": "multi-turn rollouts in a gym environment are not built in rlcore (see multi_turn_scheduler)",
-    "gym_env": "multi-turn rollouts in a gym environment are not built in rlcore (see multi_turn_scheduler)",
+    "gym_env": "ms-swift's gym environments (its GYMScheduler and Env registry) are not built in rlcore; write the "
+               "environment as an rlcore Environment and name it in multi_turn_scheduler (module:Class or file.py:Class)",
+    "use_gym_env": "ms-swift's gym environments are not built in rlcore (see gym_env)",
     "teacher_kl_coef": "on-policy distillation inside GRPO (a teacher KL term) is not built; rlhf_type gkd distils "
                        "from a teacher",
     "teacher_model": "a teacher in GRPO is ms-swift's on-policy distillation, which is not built here; rlhf_type gkd "
@@ -66,7 +64,7 @@ NOT_BUILT = {
                        "in your rows or template, and drop the key",
 }
 # keys of one feature refused with it, in the first key's line: what does not run, once
-NOT_BUILT_WITH = {"multi_turn_scheduler": ("max_turns", "use_gym_env", "gym_env"),
+NOT_BUILT_WITH = {"gym_env": ("use_gym_env",),
                   "teacher_kl_coef": ("teacher_model", "offload_teacher_model")}
 
 

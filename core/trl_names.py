@@ -41,6 +41,7 @@ def trl_keys(t: Any) -> None:
     _model_config(t)
     _peft(t)
     _precision(t)
+    _tool_iterations(t)
     if t.foreign("dtype") and "dtype" not in t.own:  # ModelConfig's dtype: every role's, as torch_dtype
         t.data.setdefault("torch_dtype", t.take("dtype"))
     if t.foreign("attn_implementation"):
@@ -151,6 +152,17 @@ def _model_config(t: Any) -> None:
             t.refuse(key, "this algorithm trains no weights, so it has no LoRA; drop it")
         else:
             t.note(key, value, "this algorithm trains no weights", origin="TRL's")
+
+
+def _tool_iterations(t: Any) -> None:
+    """GRPOConfig's max_tool_calling_iterations (tool rounds after the first answer) is max_turns minus one."""
+    if t.foreign("max_tool_calling_iterations") and "max_turns" in t.own:
+        rounds = t.take("max_tool_calling_iterations")
+        if rounds is not None:
+            if not isinstance(rounds, int) or rounds < 0:
+                raise ConfigError(f"max_tool_calling_iterations={rounds!r} must be an int >= 0",
+                                  [("max_tool_calling_iterations", "must be an int >= 0")])
+            t.put("TRL's max_tool_calling_iterations", "max_turns", rounds + 1)
 
 
 def _path(where: str | None, key: str) -> str:

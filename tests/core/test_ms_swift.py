@@ -369,13 +369,13 @@ def test_gkd_datasets_listed_are_read_one_after_another(files, tmp_path):
 
 
 @pytest.mark.parametrize("key, value, reason", [
-    ("multi_turn_scheduler", "math_tip_trick", "multi-turn rollouts (a scheduler between turns) are not built"),
+    ("gym_env", "frozen_lake", "ms-swift's gym environments (its GYMScheduler and Env registry) are not built"),
     ("teacher_kl_coef", 1.0, "on-policy distillation inside GRPO"),
     ("teacher_model", "{model}", "a teacher in GRPO is ms-swift's on-policy distillation"),
     ("truncation_strategy", "delete", "cuts a prompt longer than max_prompt_length from the left"),
 ])
 def test_features_of_newer_ms_swift_examples_are_refused_with_the_reason(files, tmp_path, key, value, reason):
-    """ms-swift's opd_rl_colocate.yaml and gkd/multi_turn_colocate.yaml use features rlcore lacks."""
+    """ms-swift's opd_rl_colocate.yaml and multi_turn/frozen_lake_colocate.yaml use features rlcore lacks."""
     extra = f"{key}: {value}\n".format(model=files["model"])
     with pytest.raises(ConfigError) as error:
         load_config(GRPOConfig, write(files, tmp_path, "grpo.yaml", GRPO + extra, placement=COLOCATE))
@@ -457,12 +457,11 @@ PUBLISHED = {
     "gkd/rollout_colocate_teacher_colocate.yaml": set(),
     "gkd/rollout_colocate_teacher_standalone.yaml": set(),
     "gkd/rollout_separate_teacher_colocate.yaml": set(),
-    "gkd/multi_turn_colocate.yaml": {"multi_turn_scheduler", "truncation_strategy", "enable_thinking"},
+    "gkd/multi_turn_colocate.yaml": {"truncation_strategy", "enable_thinking"},  # math_tip_trick is built in
     "grpo/ray_grpo_colocate.yaml": {"external_plugins"},  # its reward functions register with ms-swift
     "grpo/ray_grpo_separate.yaml": {"external_plugins"},
     "grpo/opd_rl_colocate.yaml": {"teacher_kl_coef", "num_generations"},  # on-policy distillation in GRPO
-    "grpo/multi_turn/frozen_lake_colocate.yaml": {"external_plugins", "multi_turn_scheduler", "enable_thinking",
-                                                  "report_to.0"},
+    "grpo/multi_turn/frozen_lake_colocate.yaml": {"external_plugins", "gym_env", "enable_thinking", "report_to.0"},
 }
 FIXTURES = Path(__file__).parent / "fixtures" / "ms_swift"
 
@@ -527,6 +526,22 @@ def test_ms_swifts_gkd_examples_are_megatron_lora_runs(files, long_models, tmp_p
            train__dtype="auto", gradient_accumulation_steps=16 // (config.per_device_train_batch_size * 2),
            lr_scheduler_type="constant", learning_rate=1e-6, max_steps=4000 // 16 if "colocate_teacher_colocate" in name
            else 2000 // 16, gkd_logits_topk=64)
+
+
+def test_ms_swifts_multi_turn_gkd_example_runs_the_math_tip_scheduler(files, long_models, tmp_path, monkeypatch):
+    """gkd/multi_turn_colocate.yaml without the two keys rlcore refuses for other reasons: ms-swift's scheduler name
+    and max_turns are rlcore's own keys, the built-in math_tip_trick, and nothing is reported about them."""
+    from rlcore import load_plugins
+    from rlcore.plugins.gkd.trainer import GKDTrainer
+
+    monkeypatch.chdir(tmp_path)
+    path = published("gkd/multi_turn_colocate.yaml", files, long_models, tmp_path)
+    path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
+                            if not line.startswith(("truncation_strategy:", "enable_thinking:"))))
+    config = load_config(GKDConfig, path)
+    assert (config.multi_turn_scheduler, config.max_turns, config.lmbda) == ("math_tip_trick", 2, 1.0)
+    assert config.multi_turn_problems(load_plugins()) == []
+    assert not [p for p in GKDTrainer.problems(config, load_plugins()) if p[0] in ("lmbda", "multi_turn_scheduler")]
 
 
 @pytest.mark.parametrize("override, said", [

@@ -317,3 +317,9 @@ def test_a_folder_of_several_configurations_needs_dataset_config(tmp_path):
                    "to one of them")
     picked = translate({"dataset_name": str(tmp_path), "dataset_config": "chat"}, GRPOConfig)
     assert picked.data["dataset"] == str(tmp_path / "chat" / "train-00000-of-00001.jsonl")
+
+
+def test_trls_tool_calling_rounds_are_max_turns_minus_one():
+    translation = translate({"max_tool_calling_iterations": 2, "tools": ["m:f"]}, GRPOConfig)
+    assert translation.data == {"max_turns": 3, "tools": ["m:f"]}
+    assert translate({"max_tool_calling_iterations": None}, GRPOConfig).data == {}
