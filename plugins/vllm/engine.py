@@ -24,6 +24,7 @@ Two choices keep generation near raw vLLM's speed (`benchmarks/vllm_generate.py`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -257,12 +258,10 @@ class VLLMRolloutEngine(RolloutEngine):
         if asleep:
             raise RlcoreError(f"vllm engine: cannot {what} while {', '.join(asleep)} sleep; call wake_up() first")
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """`params.n` completions per prompt, prompt-major, each token with the sampler's log-prob."""
-        self._require_awake("generate")
+    def _sampling(self, params: SamplingParams) -> Any:
         if params.n < 1 or params.max_tokens < 1:
             raise ConfigError(f"sampling needs n >= 1 and max_tokens >= 1, got n={params.n}, max_tokens={params.max_tokens}")
-        sampling = self._vllm.SamplingParams(
+        return self._vllm.SamplingParams(
             n=params.n,
             max_tokens=params.max_tokens,
             temperature=params.temperature,
@@ -274,23 +273,63 @@ class VLLMRolloutEngine(RolloutEngine):
             detokenize=False,  # decoded below, once per completion
             flat_logprobs=True,  # plain lists instead of a dict and a Logprob object per token
         )
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False)
-        result: list[Generation] = []
-        for index, output in enumerate(outputs):
-            for completion in output.outputs:
-                token_ids = list(completion.token_ids)
-                logprobs = _sampled_logprobs(completion.logprobs, token_ids) if params.logprobs else []
-                result.append(Generation(index, token_ids, logprobs, str(completion.finish_reason)))
-        if self._detokenize and result:
+
+    def _decode(self, generations: list[Generation]) -> None:
+        if self._detokenize and generations:
             tokenizer = self.llm.get_tokenizer()  # vLLM's TokenizerLike promises decode; HF's have batch_decode
-            ids = [generation.token_ids for generation in result]
+            ids = [generation.token_ids for generation in generations]
             if hasattr(tokenizer, "batch_decode"):  # a fast tokenizer decodes the batch in parallel, same texts
                 texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
             else:
                 texts = [tokenizer.decode(token_ids, skip_special_tokens=True) for token_ids in ids]
-            for generation, text in zip(result, texts, strict=True):
+            for generation, text in zip(generations, texts, strict=True):
                 generation.text = text
+
+    @staticmethod
+    def _generation(index: int, completion: Any, params: SamplingParams) -> Generation:
+        token_ids = list(completion.token_ids)
+        logprobs = _sampled_logprobs(completion.logprobs, token_ids) if params.logprobs else []
+        return Generation(index, token_ids, logprobs, str(completion.finish_reason))
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """`params.n` completions per prompt, prompt-major, each token with the sampler's log-prob."""
+        self._require_awake("generate")
+        sampling = self._sampling(params)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False)
+        result = [self._generation(index, completion, params)
+                  for index, output in enumerate(outputs) for completion in output.outputs]
+        self._decode(result)
         return result
+
+    def run_episodes(self, episodes: list[Any], params: SamplingParams) -> None:
+        """Multi-turn episodes on vLLM's engine loop: every episode's first turn is submitted at once, and an
+        episode's next turn as soon as its previous one ends (its environment answers in between), so a slow
+        episode never holds the others back."""
+        self._require_awake("generate")
+        engine, waiting, turns = self.llm.llm_engine, {}, 0
+
+        def submit(episode: Any) -> None:
+            nonlocal turns
+            seed = None if params.seed is None else params.seed + 7919 * episode.turns + episode.index
+            turn = dataclasses.replace(params, n=1, max_tokens=episode.budget(), seed=seed)
+            request = f"rlcore-episode-{turns}"
+            turns += 1
+            engine.add_request(request, {"prompt_token_ids": episode.next_prompt()}, self._sampling(turn))
+            waiting[request] = (episode, turn)
+
+        for episode in episodes:
+            if not episode.done:
+                submit(episode)
+        while waiting:
+            for output in engine.step():
+                if not output.finished:
+                    continue
+                episode, turn = waiting.pop(output.request_id)
+                generation = self._generation(episode.index, output.outputs[0], turn)
+                self._decode([generation])
+                episode.advance(generation)
+                if not episode.done:
+                    submit(episode)
 
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> TopK:
         """The k most likely tokens at every position of `sequences`, at temperature 1: a `TopK` [B, T, k] on

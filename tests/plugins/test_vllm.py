@@ -224,3 +224,59 @@ def test_an_architecture_vllm_lacks_is_refused_in_one_line_before_it_starts(monk
     assert "use the rollout engine hf" in problem[1] and "\n" not in problem[1]
     assert check_options(model=str(text_only), vllm_engine_kwargs={"model_impl": "transformers"}) == []  # the user's call
     assert check_options(model=str(build_tiny_model(tmp_path / "q2"))) == []
+
+
+class _EngineLoop:
+    """vLLM's `LLMEngine` request loop as the engine drives it: `add_request` and `step()`, a request finishing
+    after as many steps as its episode's `slowness` (episode 0 fast, episode 1 slow)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.pending, self.added = tokenizer, {}, []
+
+    def add_request(self, request_id, prompt, sampling):
+        ids = prompt["prompt_token_ids"]
+        slowness = 1 if ids[: len(self.fast_prompt)] == self.fast_prompt else 5
+        self.pending[request_id] = [slowness, ids]
+        self.added.append((request_id, prompt["prompt_token_ids"]))
+
+    def step(self):
+        out = []
+        for request_id in list(self.pending):
+            self.pending[request_id][0] -= 1
+            if self.pending[request_id][0] == 0:
+                del self.pending[request_id]
+                ids = [*self.tokenizer.encode("ab", add_special_tokens=False), self.tokenizer.eos_token_id]
+                flat = types.SimpleNamespace(token_ids=ids, logprobs=[-0.25] * len(ids), start_indices=list(range(len(ids))))
+                completion = types.SimpleNamespace(token_ids=ids, logprobs=flat, finish_reason="stop")
+                out.append(types.SimpleNamespace(request_id=request_id, finished=True, outputs=[completion]))
+        return out
+
+
+def test_run_episodes_submits_an_episodes_next_turn_as_soon_as_its_last_one_ends(tiny_model):
+    """The vLLM path shares the episode logic (EpisodeRunner.advance) with the hf path; only the scheduling
+    differs: the fast episode takes all its turns while the slow one is still in its first."""
+    from rlcore import Environment, SamplingParams, Step
+    from rlcore.episodes import EpisodeRunner, EpisodeSetup
+
+    class Observe(Environment):
+        seen = 0
+
+        def step(self, turn):
+            self.seen += 1
+            return Step(done=self.seen == 3, messages=[{"role": "tool", "name": "t", "content": str(self.seen)}])
+
+    setup = EpisodeSetup(model=str(tiny_model), max_turns=3, max_turn_tokens=8, max_total_tokens=200)
+    runners = [EpisodeRunner(Observe(), setup, {"prompt": p}, i) for i, p in enumerate(["Hi", "Word:"])]
+    engine = _engine_over(_FakeLLM())
+    engine.request_seeds, engine._detokenize = False, False
+    loop = engine.llm.llm_engine = _EngineLoop(runners[0].tokenizer)
+    loop.fast_prompt = runners[0].prompt_ids
+    engine.run_episodes(runners, SamplingParams(max_tokens=8, seed=1))
+    fast, slow = (r.result() for r in runners)
+    assert [request for request, _ in loop.added] == [f"rlcore-episode-{i}" for i in range(6)]
+    whose = ["fast" if p[:len(fast.prompt_ids)] == fast.prompt_ids else "slow" for _, p in loop.added]
+    assert whose == ["fast", "slow", "fast", "fast", "slow", "slow"]  # fast's turns 2 and 3 while slow is in its 1st
+    assert loop.added[3][1] == fast.prompt_ids + fast.token_ids[: len(loop.added[3][1]) - len(fast.prompt_ids)]
+    for episode in (fast, slow):
+        assert episode.turns == 3 and episode.loss_mask.count(0) > 0 and not episode.error
+        assert [lp for lp, m in zip(episode.logprobs, episode.loss_mask) if m] == [-0.25] * sum(episode.loss_mask)
