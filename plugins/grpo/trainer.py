@@ -146,9 +146,28 @@ class GRPOTrainer(RoleTrainer):
         rows, generations = generate()
         with self.timer("reward"):
             scored = maker.score(rows, generations, regenerate=regenerate)
+        if self.config.multi_turn:
+            self.log_episodes(scored)
         with self.timer("logprobs"):
             batch = maker.logprobs(scored, session["train"], session.get("reference"))
         return maker.mini_batches(batch, scored.metrics)
+
+    def log_episodes(self, scored: Any, count: int = 2) -> None:
+        """The round's first `count` conversations, appended to output_dir/episodes.jsonl (the step they train)."""
+        import json
+        import os
+
+        path = Path(self.config.output_dir) / "episodes.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as out:
+            for episode, advantage in list(zip(scored.generations, scored.advantages.tolist()))[:count]:
+                out.write(json.dumps({
+                    "step": self.step + 1, "messages": episode.messages, "turns": episode.turns,
+                    "finish_reason": episode.finish_reason, "environment_reward": episode.reward,
+                    "advantage": advantage, "error": episode.error,
+                }, default=str) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
 
     def sync_weights(self, check: bool = False) -> dict[str, float]:
         return super().sync_weights("train", "rollout", self.experience.probe_sequence() if check else None)

@@ -141,7 +141,8 @@ def test_a_raising_or_hanging_environment_ends_only_its_episode_with_the_error(m
 
 
 def test_each_row_gets_a_fresh_environment_and_parity_with_the_train_engine_across_turns(model, plugins):
-    """On the real hf rollout engine: episodes of one batch do not share state (each counts its own turns), and
+    """On the real hf rollout engine: episodes of one batch do not share state (each counts its own turns), the
+    same seed gives the same episodes, and
     the train engine's log-probs of the generated tokens, read from the whole multi-turn sequence, are the
     sampler's."""
     import torch
@@ -158,6 +159,9 @@ def test_each_row_gets_a_fresh_environment_and_parity_with_the_train_engine_acro
                             SamplingParams(max_tokens=6, seed=3, stop_token_ids=stops), plugins)
     assert [e.turns for e in episodes] == [3] * 4 and [e.reward for e in episodes] == [2.0] * 4
     assert all(0 in e.loss_mask for e in episodes)
+    again = run_episodes(rollout, [{"prompt": "Hi"}, {"prompt": "Word:"}] * 2, setup,
+                         SamplingParams(max_tokens=6, seed=3, stop_token_ids=stops), plugins)
+    assert [e.token_ids for e in again] == [e.token_ids for e in episodes]  # a step's seed: a resumed run's episodes
 
     train = HFTrainEngine(model)
     ids, attention = pad_tokens([e.prompt_ids + e.token_ids for e in episodes], 0)

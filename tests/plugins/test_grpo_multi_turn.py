@@ -62,3 +62,17 @@ def test_the_hint_demo_runs_episodes_through_rlcore_run(tmp_path):
         assert row["episodes/generated_tokens"] < row["completions/mean_length"]  # the hints are in, not trained
         assert row["sampling/sampling_logp_difference/max"] < 1e-4
         assert row["reward"] == row["rewards/environment/mean"] > 0
+    logged = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in logged] == [1, 1, 2, 2]  # two whole conversations per step
+    assert logged[0]["messages"][0]["role"] == "assistant" and logged[0]["turns"] == len(
+        [m for m in logged[0]["messages"] if m["role"] == "assistant"])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples" / "multi_turn").glob("*.yaml")), ids=lambda p: p.stem)
+def test_the_multi_turn_examples_load_and_name_what_exists(path, monkeypatch):
+    from rlcore.resources import plan_from_config
+
+    monkeypatch.chdir(ROOT)
+    config = load_config(GRPOConfig, str(path))
+    assert config.multi_turn and config.multi_turn_problems(load_plugins()) == []
+    plan_from_config(config, roles=["train", "rollout"])
