@@ -110,3 +110,26 @@ def test_rlcore_environments_registers_by_name_and_refuses_a_duplicate():
     assert plugins.environments.get("guess").factory is Guess and plugins.environments.owner("guess") == "guesser"
     with pytest.raises(NotRegistered, match="environment 'gess' is not registered.*Did you mean 'guess'"):
         plugins.environments.get("gess")
+
+
+def test_an_environment_from_a_users_plugin_file_runs_by_name(tmp_path):
+    """`rlcore run --with my_env.py`: a file registering an environment, no rlcore change; episodes made with the
+    run's plugins (what a worker gets) find it by name, with environment_kwargs."""
+    from rlcore.episodes import EpisodeSetup, make_environment
+
+    plugin = tmp_path / "my_env.py"
+    plugin.write_text(
+        "from rlcore import Environment, EnvironmentSpec, Step, hookimpl\n"
+        "class Countdown(Environment):\n"
+        "    def __init__(self, start=3):\n"
+        "        self.left = start\n"
+        "    def step(self, turn):\n"
+        "        self.left -= 1\n"
+        "        return Step(done=self.left == 0, messages=[{'role': 'user', 'content': str(self.left)}])\n"
+        "@hookimpl\n"
+        "def rlcore_environments():\n"
+        "    yield EnvironmentSpec('countdown', factory=Countdown)\n")
+    plugins = load_plugins(extra=(str(plugin),))
+    env = make_environment(EpisodeSetup(model="m", environment="countdown", environment_kwargs={"start": 2}), plugins)
+    assert [env.step(turn("x")).done for _ in range(2)] == [False, True]
+    assert plugins.environments.owner("countdown") == "my_env"
