@@ -3,7 +3,6 @@ environment, state per episode, and log-prob parity between the hf rollout and t
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
@@ -46,7 +45,6 @@ class Hangs(Environment):
         time.sleep(30)
 
 
-sys.modules[__name__].Observe = Observe  # importable as tests.core.test_episodes:Observe from a worker
 
 
 class Scripted:
