@@ -31,7 +31,7 @@ from .config import config_error, problems_of
 from .memory import RoleUse
 from .model_checks import ModelUse, model_problems
 from .resources import ResourcePlan, plan_from_config
-from .sections import generate_engine_problems, train_engine_problems
+from .sections import adapter_sync_problems, generate_engine_problems, train_engine_problems
 from .session import RoleSession, RoleSetup, announce
 from .trainer import Trainer
 
@@ -123,6 +123,7 @@ class RoleTrainer(Trainer):
         problems = problems_of([("(resource plan)", plan)] if roles else [])
         problems += cls.problems(config, plugins, run=run) if own else []
         problems += train_engine_problems(config, plugins) if "train" in roles else []
+        problems += adapter_sync_problems(config) if {"train", "rollout"} <= set(roles) else []
         uses = cls.models(config)  # the models' own files: read, never loaded
         problems += model_problems(uses)
         problems += [problem for use in uses for role in use.roles if role in roles
@@ -142,11 +143,15 @@ class RoleTrainer(Trainer):
             yield
 
     def sync_weights(self, src: str = "train", dst: str = "rollout", probe: list[int] | None = None) -> dict[str, float]:
-        """`src`'s weights into `dst` (timed as the `sync` phase), in buckets of `weight_sync_bucket_mb`; with a
+        """`src`'s weights into `dst` (timed as the `sync` phase), in buckets of `weight_sync_bucket_mb`, or only its
+        LoRA adapter where `dst`'s section says `vllm_enable_lora` (through output_dir/adapter_sync); with a
         `probe` sequence, `dst` must then score it as `src` does."""
         bucket_mb = getattr(self.config, "weight_sync_bucket_mb", 512)
         with self.timer("sync"):
-            stats = self.session.sync_weights(src, dst, bucket_mb << 20)
+            if getattr(getattr(self.config, dst, None), "vllm_enable_lora", False):
+                stats = self.session.sync_adapter(src, dst, str(self.output_dir / "adapter_sync"))
+            else:
+                stats = self.session.sync_weights(src, dst, bucket_mb << 20)
         if probe is not None:
             self.session.check_weight_sync(src, dst, probe)
         return stats

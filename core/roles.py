@@ -96,6 +96,19 @@ class TrainWorker:
                 pass
         return None
 
+    @function(collect="first")
+    def export_adapter(self, path: str) -> int:
+        """The LoRA adapter alone, as a PEFT folder `path` (every rank takes part where the engine gathers, rank 0
+        writes); returns its bytes, for an adapter-only sync (`rollout.vllm_enable_lora`)."""
+        export = getattr(self.engine, "export_adapter", None)
+        if export is None or not self.engine.state().get("lora"):
+            raise RlcoreError(f"{type(self.engine).__name__} has no LoRA adapter to export; an adapter-only sync "
+                              "(rollout.vllm_enable_lora) needs train.lora_rank > 0 on an engine with export_adapter")
+        export(path)
+        if worker_rank() != 0:
+            return 0
+        return sum(f.stat().st_size for f in os.scandir(path) if f.is_file())
+
     @function()
     def gpu_uuid(self) -> str:
         """The physical GPU of this worker's current device (indices differ between processes; UUIDs do not)."""
@@ -221,6 +234,15 @@ class GenerateWorker:
     @function()
     def finish_weight_update(self) -> None:
         self.engine.finish_weight_update()
+
+    @function()
+    def load_adapter(self, path: str) -> None:
+        """Serve the PEFT adapter in folder `path` on top of the base weights from now on (vLLM's LoRA)."""
+        load = getattr(self.engine, "load_adapter", None)
+        if load is None:
+            raise RlcoreError(f"{type(self.engine).__name__} loads no LoRA adapter; an adapter-only sync "
+                              "(rollout.vllm_enable_lora) needs rollout.engine vllm")
+        load(path)
 
     @function()
     def update_weights(self, buckets: list) -> None:

@@ -210,6 +210,11 @@ class RolloutRoleConfig(GenerateRoleConfig):
     vllm_weight_replay: bool = Field(
         True, description="replay vLLM's weight loading as one batched copy after a bucket layout's first, traced load"
     )
+    vllm_enable_lora: bool = Field(
+        False, description="with train LoRA: each sync sends only the adapter, which vLLM serves as a LoRA request "
+        "(ms-swift's key); output_dir must be visible to the rollout nodes"
+    )
+    vllm_max_lora_rank: int = Field(16, ge=1, description="vLLM's max_lora_rank (>= train.lora_rank), with vllm_enable_lora")
 
 
 def train_options(config: Any, model: str) -> dict[str, Any]:
@@ -269,6 +274,49 @@ def generate_engine_problems(config: Any, plugins: Any, role: str, model: str) -
     return []
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks: the max_lora_rank values it takes
+DELTA_NET_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")  # Qwen3.5's linear attention
+
+
+def adapter_sync_problems(config: Any) -> list[tuple[str, str]]:
+    """What keeps `rollout.vllm_enable_lora` (the adapter alone to vLLM at each sync) from working: no LoRA on the
+    train engine, a rollout engine other than vllm, a rank above `vllm_max_lora_rank`, or adapters on Qwen3.5's
+    gated delta-net linears, which vLLM does not load as LoRA."""
+    rollout, train = getattr(config, "rollout", None), getattr(config, "train", None)
+    if not getattr(rollout, "vllm_enable_lora", False) or not isinstance(train, TrainRoleConfig):
+        return []
+    if rollout.engine != "vllm":
+        return [("rollout.vllm_enable_lora", f"loads the train engine's LoRA adapter into vLLM, but rollout.engine is "
+                 f"'{rollout.engine}'; set rollout.engine vllm, or drop vllm_enable_lora (merged weights are synced)")]
+    if not train.lora_rank:
+        return [("rollout.vllm_enable_lora", "syncs the train engine's LoRA adapter, but train.lora_rank is 0 (every "
+                 "weight trains); set train.lora_rank (ms-swift: tuner_type lora), or drop vllm_enable_lora")]
+    problems = []
+    if getattr(config, "sleep_level", 1) == 2 and getattr(config, "colocated", True):
+        problems.append(("sleep_level", "2 drops vLLM's weights while training runs, but with rollout.vllm_enable_lora the "
+                         "base weights are sent once (only the adapter after); use sleep_level 1"))
+    if rollout.vllm_max_lora_rank not in VLLM_LORA_RANKS:
+        problems.append(("rollout.vllm_max_lora_rank", f"({rollout.vllm_max_lora_rank}) is no rank vLLM takes; use one "
+                         f"of {', '.join(map(str, VLLM_LORA_RANKS))}"))
+    elif train.lora_rank > rollout.vllm_max_lora_rank:
+        fit = next((r for r in VLLM_LORA_RANKS if r >= train.lora_rank), VLLM_LORA_RANKS[-1])
+        problems.append(("rollout.vllm_max_lora_rank", f"({rollout.vllm_max_lora_rank}) is below train.lora_rank "
+                         f"({train.lora_rank}); vLLM refuses a larger adapter: set it to {fit}"))
+    targets = [train.lora_target_modules] if isinstance(train.lora_target_modules, str) else train.lora_target_modules
+    delta = sorted(set(targets) & set(DELTA_NET_LINEARS)) or (["all-linear"] if "all-linear" in targets else [])
+    model = getattr(config, "model", None)
+    if delta and model:
+        from .model_checks import read_model
+
+        files = read_model(model)
+        if files is not None and "linear_attention" in (files.value("layer_types") or []):
+            problems.append(("train.lora_target_modules", f"{delta} puts adapters on the gated delta-net linears of "
+                             f"'{model}', which vLLM does not load as LoRA; list the attention and MLP projections "
+                             "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), or drop "
+                             "rollout.vllm_enable_lora (merged weights are synced)"))
+    return problems
+
+
 def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any]:
     """A generating engine's options from its section (a `RolloutRoleConfig`, or one like it: a served
     teacher's): the model, dtype and seed, the section's `vllm_*` keys when its engine is vllm, then its
@@ -281,5 +329,5 @@ def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any
 
 __all__ = [
     "DTYPE_HELP", "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "MultiTurnKeys", "NonfiniteKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
-    "default_of", "generate_engine_problems", "rollout_options", "train_engine_problems", "train_options",
+    "adapter_sync_problems", "default_of", "generate_engine_problems", "rollout_options", "train_engine_problems", "train_options",
 ]

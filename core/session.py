@@ -20,9 +20,12 @@ It knows no algorithm: an algorithm says which roles it runs and how to build ea
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import cluster, manager, workers
@@ -95,6 +98,7 @@ class RoleSession:
         self.asleep: dict[str, set[str]] = {}  # a sleeping role: the memory tags it released
         self.transports: dict[tuple[str, str], str] = {}
         self.ipc_sources: dict[tuple[str, str], list[int]] = {}  # cuda_ipc: per receiver, the sender rank on its GPU
+        self.adapter_dirs: dict[tuple[str, str], Path] = {}  # adapter-only syncs: the folder `dst` serves now
 
     CONFIG_KEYS = ("ray_address", "placement_timeout_s", "worker_timeout_s", "sleep_level", "offload_model",
                    "offload_optimizer", "weight_sync_backend")
@@ -196,6 +200,11 @@ class RoleSession:
         finally:
             self.groups.clear()
             self.asleep.clear()
+            for path in self.adapter_dirs.values():  # the last synced adapters (a run's final/ holds the trained one)
+                shutil.rmtree(path, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    path.parent.rmdir()  # the root, once empty
+            self.adapter_dirs.clear()
 
     def __getitem__(self, role: str) -> Any:
         if role not in self.groups:
@@ -333,6 +342,26 @@ class RoleSession:
             nbytes = sum(t.numel() * t.element_size() for bucket in buckets for _, t in bucket)
         seconds = time.perf_counter() - start
         return {"weight_sync/seconds": seconds, "weight_sync/gb_per_s": nbytes / seconds / 1e9, **phases}
+
+    def sync_adapter(self, src: str, dst: str, root: str) -> dict[str, float]:
+        """`src`'s LoRA adapter alone into every `dst` worker (the base weights stay), through a new PEFT folder under
+        `root`, which `src`'s rank 0 writes and each `dst` worker reads: one node, or a filesystem both share. The
+        folder of the sync before is removed once `dst` serves the new one; the last one when the session stops."""
+        start = time.perf_counter()
+        Path(root).mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix="sync-", dir=Path(root).resolve()))
+        try:
+            nbytes = self[src].export_adapter(str(path))
+            self.wake(dst, ("weights",))
+            self[dst].load_adapter(str(path))
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        previous, self.adapter_dirs[(src, dst)] = self.adapter_dirs.get((src, dst)), path
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
+        seconds = time.perf_counter() - start
+        return {"weight_sync/seconds": seconds, "weight_sync/gb_per_s": nbytes / seconds / 1e9, "weight_sync/bytes": nbytes}
 
     def _sync_ipc(self, src: str, dst: str, bucket_bytes: int) -> tuple[int, dict[str, float]]:
         """Bucket by bucket: every sender rank packs a bucket into one of its two kept buffers and hands out

@@ -362,6 +362,15 @@ class HFTrainEngine(TrainEngine):
             )
             yield from iter_buckets(named, bucket_bytes)
 
+    def export_adapter(self, path: str) -> None:
+        """The LoRA adapter as a PEFT folder (`adapter_config.json`, `adapter_model.safetensors`: peft's
+        `save_pretrained`) that `peft.PeftModel.from_pretrained` and vLLM's LoRA load onto the base; rank 0 writes."""
+        if not self.lora:
+            raise RlcoreError("export_adapter: this hf engine trains every weight (lora_rank 0); it has no adapter")
+        self._ensure_loaded()
+        if self.rank == 0:
+            self.model.save_pretrained(path)
+
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
         """Move params and optimizer state to CPU memory and drop grads; params/optimizer are no-ops on a CPU model."""
         import torch

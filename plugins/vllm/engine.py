@@ -50,7 +50,11 @@ _OWN_ENGINE_ARGS = {
     "dtype": "dtype",
     "seed": "seed",
     "logprobs_mode": "(none: this engine needs 'processed_logprobs')",
+    "enable_lora": "vllm_enable_lora",
+    "max_lora_rank": "vllm_max_lora_rank",
+    "max_loras": "(none: the engine serves one adapter, the trained one)",
 }
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
 
 
 def _validate(
@@ -60,6 +64,7 @@ def _validate(
     max_model_len: int | None,
     engine_kwargs: dict[str, Any],
     device: str = "cuda",
+    max_lora_rank: int | None = None,
 ) -> None:
     problems: list[tuple[str, str]] = []
     if not str(device).startswith("cuda"):  # the session passes the role's device from the resource plan
@@ -73,6 +78,8 @@ def _validate(
         problems.append(("vllm_gpu_memory_utilization", f"must be in (0, 1], got {gpu_memory_utilization!r}"))
     if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 1):
         problems.append(("vllm_max_model_len", f"must be a positive integer or None, got {max_model_len!r}"))
+    if max_lora_rank is not None and max_lora_rank not in LORA_RANKS:
+        problems.append(("vllm_max_lora_rank", f"must be one of vLLM's ranks {', '.join(map(str, LORA_RANKS))}, got {max_lora_rank!r}"))
     if not isinstance(engine_kwargs, dict):
         problems.append(("vllm_engine_kwargs", f"must be a mapping of vLLM engine arguments, got {type(engine_kwargs).__name__}"))
     else:
@@ -210,13 +217,16 @@ class VLLMRolloutEngine(RolloutEngine):
         vllm_in_process: bool = True,
         vllm_request_seeds: bool = False,
         vllm_weight_replay: bool = True,
+        vllm_enable_lora: bool = False,
+        vllm_max_lora_rank: int = 16,
         vllm_engine_kwargs: dict[str, Any] | None = None,
         dtype: str = "auto",
         seed: int = 0,
         device: str = "cuda",
     ):
         engine_kwargs = {} if vllm_engine_kwargs is None else vllm_engine_kwargs
-        _validate(model, vllm_tensor_parallel_size, vllm_gpu_memory_utilization, vllm_max_model_len, engine_kwargs, device)
+        _validate(model, vllm_tensor_parallel_size, vllm_gpu_memory_utilization, vllm_max_model_len, engine_kwargs, device,
+                  vllm_max_lora_rank if vllm_enable_lora else None)
         engine_kwargs = dict(engine_kwargs)
         # In process: weights load in place and sleep/wake act on this process's GPU.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if vllm_in_process else "1"
@@ -238,6 +248,10 @@ class VLLMRolloutEngine(RolloutEngine):
         self._asleep: set[str] = set()
         self._receiver_ranks: list[int] | None = None  # vLLM workers' ranks, in weight_receiver_gpus order
         self._ipc_sender: Any = None  # out of process: packs CUDA tensors handed to update_weights
+        self.enable_lora = vllm_enable_lora
+        self._lora_request: Any = None  # the adapter every request is served with (vllm_enable_lora), a new id per sync
+        if vllm_enable_lora:  # one adapter at a time: the train engine's latest
+            engine_kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank, max_loras=1)
         self.llm = vllm.LLM(
             model=model,
             tensor_parallel_size=vllm_tensor_parallel_size,
@@ -295,7 +309,8 @@ class VLLMRolloutEngine(RolloutEngine):
         """`params.n` completions per prompt, prompt-major, each token with the sampler's log-prob."""
         self._require_awake("generate")
         sampling = self._sampling(params)
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False,
+                                    **self._lora())
         result = [self._generation(index, completion, params)
                   for index, output in enumerate(outputs) for completion in output.outputs]
         self._decode(result)
@@ -314,7 +329,7 @@ class VLLMRolloutEngine(RolloutEngine):
             turn = dataclasses.replace(params, n=1, max_tokens=episode.budget(), seed=seed)
             request = f"rlcore-episode-{turns}"
             turns += 1
-            engine.add_request(request, {"prompt_token_ids": episode.next_prompt()}, self._sampling(turn))
+            engine.add_request(request, {"prompt_token_ids": episode.next_prompt()}, self._sampling(turn), **self._lora())
             waiting[request] = (episode, turn)
 
         for episode in episodes:
@@ -346,7 +361,8 @@ class VLLMRolloutEngine(RolloutEngine):
         if short:
             raise ConfigError(f"prompt top-k needs sequences of at least 2 tokens; sequences {short} are shorter")
         sampling = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=k, detokenize=False)
-        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], sampling, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], sampling, use_tqdm=False,
+                                    **self._lora())
         width = max(len(s) for s in sequences)
         ids = torch.zeros(len(sequences), width, k, dtype=torch.long)
         values = torch.zeros(len(sequences), width, k, dtype=torch.float32)
@@ -360,6 +376,35 @@ class VLLMRolloutEngine(RolloutEngine):
         return TopK(ids=ids, logprobs=values)
 
     # ---- weights ---------------------------------------------------------
+
+    def _lora(self) -> dict[str, Any]:
+        """`generate`'s LoRA argument: the latest synced adapter's request, where there is one."""
+        return {"lora_request": self._lora_request} if self._lora_request is not None else {}
+
+    def load_adapter(self, path: str) -> None:
+        """Serve the PEFT adapter in folder `path` (Hugging Face module names) on the base weights from now on: a
+        LoRARequest with a fresh id, loaded now (vLLM reads the folder), the one before removed. `path` must be
+        visible here: the train rank that wrote it shares this node or its filesystem."""
+        self._require_awake("load an adapter", tags=("weights",))
+        if not getattr(self, "enable_lora", False):
+            raise ConfigError("vllm engine: an adapter-only sync needs vllm_enable_lora=True when the engine is created")
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            import socket
+
+            raise RlcoreError(f"vllm engine: no PEFT adapter at '{path}' on {socket.gethostname()}; vllm_enable_lora hands "
+                              "the adapter over through output_dir, which must be a filesystem the train and rollout "
+                              "nodes share (or drop vllm_enable_lora: merged weights are sent instead)")
+        from vllm.lora.request import LoRARequest
+
+        previous = self._lora_request
+        lora_id = 1 if previous is None else previous.lora_int_id + 1
+        request = LoRARequest(lora_name=f"rlcore-{lora_id}", lora_int_id=lora_id, lora_path=os.path.abspath(path))
+        if not self.llm.llm_engine.add_lora(request):
+            raise RlcoreError(f"vllm engine: vLLM did not load the adapter at '{path}' (LoRA id {lora_id})")
+        self._lora_request = request
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+        self.llm.reset_prefix_cache()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load one bucket of Hugging Face-named tensors into the model (vLLM maps and fuses the names)."""

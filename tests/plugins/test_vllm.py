@@ -280,3 +280,112 @@ def test_run_episodes_submits_an_episodes_next_turn_as_soon_as_its_last_one_ends
     for episode in (fast, slow):
         assert episode.turns == 3 and episode.loss_mask.count(0) > 0 and not episode.error
         assert [lp for lp, m in zip(episode.logprobs, episode.loss_mask) if m] == [-0.25] * sum(episode.loss_mask)
+
+
+# -- adapter-only sync (rollout.vllm_enable_lora) ---------------------------------------------------------------
+
+
+class _LoRARequest:
+    """vllm.lora.request.LoRARequest, as far as the engine builds it."""
+
+    def __init__(self, lora_name: str, lora_int_id: int, lora_path: str):
+        self.lora_name, self.lora_int_id, self.lora_path = lora_name, lora_int_id, lora_path
+
+
+class _LoRALLM:
+    """vLLM's `LLM(enable_lora=True)` as far as the engine uses it, over transformers and peft on the CPU: `add_lora`
+    reads the PEFT folder when called, as vLLM does (here onto a fresh base model), `remove_lora` drops one, and prompt
+    log-probs come from the adapter the request names (the base model without one)."""
+
+    def __init__(self, base: str):
+        from transformers import AutoModelForCausalLM
+
+        self.load = lambda: AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+        self.served: dict[int, torch.nn.Module] = {0: self.load()}
+        self.added: list[tuple[int, str]] = []
+        self.removed: list[int] = []
+        self.asked: list[int] = []  # the LoRA id of each generate call (0: none)
+        self.resets = 0
+        self.llm_engine = types.SimpleNamespace(add_lora=self.add_lora, remove_lora=self.remove_lora)
+
+    def add_lora(self, request) -> bool:
+        from peft import PeftModel
+
+        self.served[request.lora_int_id] = PeftModel.from_pretrained(self.load(), request.lora_path).eval()
+        self.added.append((request.lora_int_id, request.lora_path))
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        self.removed.append(lora_id)
+        return self.served.pop(lora_id, None) is not None
+
+    def generate(self, requests, sampling, use_tqdm=False, lora_request=None):
+        lora_id = 0 if lora_request is None else lora_request.lora_int_id
+        self.asked.append(lora_id)
+        outputs = []
+        for request in requests:
+            ids = torch.tensor([request["prompt_token_ids"]])
+            with torch.no_grad():
+                logprobs = torch.log_softmax(self.served[lora_id](input_ids=ids).logits[0].float(), dim=-1)
+            k = sampling.prompt_logprobs
+            positions = [None] + [{int(t): _Logprob(float(v)) for v, t in zip(*logprobs[p - 1].topk(k))}
+                                  for p in range(1, ids.shape[1])]
+            outputs.append(types.SimpleNamespace(prompt_logprobs=positions))
+        return outputs
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+
+@pytest.fixture
+def lora_request_module(monkeypatch):
+    """`from vllm.lora.request import LoRARequest` finds the stand-in."""
+    for name, module in {"vllm": types.ModuleType("vllm"), "vllm.lora": types.ModuleType("vllm.lora"),
+                         "vllm.lora.request": types.SimpleNamespace(LoRARequest=_LoRARequest)}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def _train_options(engine: str, model: str) -> dict:
+    options = {"model": model, "lora_rank": 4, "lora_alpha": 8, "learning_rate": 5e-2, "seed": 0}
+    return {**options, "device": "cpu"} if engine == "hf" else options
+
+
+@pytest.mark.parametrize("train_engine", ["hf", "megatron"])
+def test_each_sync_serves_the_train_engines_adapter_as_a_fresh_lora_request(tiny_model, tmp_path, train_engine,
+                                                                          lora_request_module):
+    """Through a session in this process: each sync writes the train engine's adapter (PEFT, Hugging Face names)
+    under the root, vLLM (the stand-in) serves it under a new LoRA id and drops the one before, the folder of the sync
+    before is removed and the last one when the session stops; served on the base, the adapter gives the train
+    engine's log-probs, before and after a train step."""
+    from safetensors.torch import load_file
+
+    from rlcore import RoleSession, RoleSetup
+    from rlcore.resources import plan_from_config
+    from rlcore.roles import GenerateWorker, TrainWorker
+    from rlcore.weight_sync import check_weight_sync
+    from test_hf_train import make_batch, nll_loss
+
+    plugins = load_plugins()
+    llm = _LoRALLM(str(tiny_model))
+    engine = _engine_over(llm)
+    engine.enable_lora, engine._lora_request = True, None
+    setups = {"train": RoleSetup(TrainWorker, train_engine, _train_options(train_engine, str(tiny_model))),
+              "rollout": RoleSetup(GenerateWorker, lambda **_: engine, {})}
+    session = RoleSession(plan_from_config({}, roles=list(setups), plugins=plugins), setups, use_ray=False, plugins=plugins)
+    root, probe = tmp_path / "adapter_sync", list(range(3, 40, 3))
+    with session.start():
+        train = session["train"]
+        folders = []
+        for step in range(2):
+            stats = session.sync_adapter("train", "rollout", str(root))
+            (folder,) = root.iterdir()  # the sync before's folder is gone
+            folders.append(folder)
+            assert llm.added[-1] == (step + 1, str(folder)) and llm.removed == list(range(1, step + 1))
+            assert stats["weight_sync/bytes"] == sum(f.stat().st_size for f in folder.iterdir())
+            written = load_file(str(folder / "adapter_model.safetensors"))
+            assert written and all(k.startswith("base_model.model.model.layers.") and ".lora_" in k for k in written)
+            assert check_weight_sync(train, engine, probe, atol=1e-4) < 1e-4  # base + adapter = the train engine
+            assert llm.asked[-1] == step + 1
+            train.train_step(make_batch(), nll_loss, 3)
+        assert check_weight_sync(train, engine, probe, atol=10.0) > 1e-3  # the step changed the adapter: stale until a sync
+    assert folders[0] != folders[1] and not root.exists()
