@@ -697,3 +697,64 @@ def test_sampling_runs_on_the_cpu(rlcore_cli, files, tmp_path):
                        "device_groups.rm_group.ranks=1")
     assert summary["algorithm"] == "sample" and "sampler: 1 worker, CPU" in err
     assert (tmp_path / "out" / "sampling.jsonl").is_file()  # output_file, in output_dir
+
+
+# -------------------------------------------------------------------------
+# vllm_enable_lora: the adapter alone to vLLM at each sync
+# -------------------------------------------------------------------------
+
+
+def test_vllm_enable_lora_and_its_rank_reach_the_rollout_section(files, tmp_path, rlcore_cli):
+    """ms-swift's top-level vllm_enable_lora and vllm_max_lora_rank are the rollout section's keys of the same names
+    (not vLLM engine arguments); `config validate` refuses them in one line where the rollout engine is not vLLM."""
+    from rlcore.sections import adapter_sync_problems
+
+    path = grpo_file(files, tmp_path, COLOCATE)
+    config = load_config(GRPOConfig, path, ["vllm_enable_lora=true", "vllm_max_lora_rank=32"])
+    expect(config, rollout__vllm_enable_lora=True, rollout__vllm_max_lora_rank=32, rollout__vllm_engine_kwargs={},
+           rollout__engine="vllm", train__lora_rank=8)
+    assert adapter_sync_problems(config) == []
+    done = rlcore_cli("config", "validate", "--config", path, "vllm_enable_lora=true", "use_vllm=false",
+                      env={"RLCORE_DISABLE_PLUGINS": "", "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = [line for line in done.stderr.splitlines() if "vllm_enable_lora" in line]
+    assert line.strip().startswith("rollout.vllm_enable_lora:") and "rollout.engine is 'hf'" in line
+
+
+def _lora_config(model="", **keys):
+    train = {"lora_rank": 8, **keys.pop("train", {})}
+    rollout = {"engine": "vllm", "vllm_enable_lora": True, **keys.pop("rollout", {})}
+    return GRPOConfig(model=model, train=train, rollout=rollout, **keys)
+
+
+@pytest.mark.parametrize("keys, key, said", [
+    ({"train": {"lora_rank": 0}}, "rollout.vllm_enable_lora", "train.lora_rank is 0"),
+    ({"rollout": {"engine": "hf"}}, "rollout.vllm_enable_lora", "rollout.engine is 'hf'"),
+    ({"train": {"lora_rank": 48}}, "rollout.vllm_max_lora_rank", "below train.lora_rank (48); vLLM refuses a larger "
+                                                                  "adapter: set it to 64"),
+    ({"rollout": {"vllm_max_lora_rank": 12}}, "rollout.vllm_max_lora_rank", "is no rank vLLM takes"),
+    ({"sleep_level": 2, "colocate_groups": [["train", "rollout"]]}, "sleep_level", "base weights are sent once"),
+], ids=["no-train-lora", "hf-rollout", "rank-above-max", "rank-vllm-lacks", "sleep-level-2"])
+def test_an_adapter_only_sync_that_cannot_work_is_refused_in_one_line(keys, key, said):
+    from rlcore.sections import adapter_sync_problems
+
+    ((got, message),) = adapter_sync_problems(_lora_config(**keys))
+    assert got == key and said in message and "\n" not in message
+
+
+def test_adapters_on_qwen35s_gated_delta_net_are_refused_with_the_targets_vllm_loads(tmp_path):
+    """vLLM loads no LoRA on Qwen3.5's linear-attention projections: all-linear (which adapts them) or a delta-net name
+    is refused, read from config.json; the attention and MLP projections pass, and so does all-linear on a model
+    without linear attention."""
+    from rlcore.sections import adapter_sync_problems
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "text_config": {"layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"]}}))
+    ((key, message),) = adapter_sync_problems(_lora_config(str(tmp_path)))
+    assert key == "train.lora_target_modules" and "gated delta-net" in message and "q_proj, k_proj" in message
+    assert adapter_sync_problems(_lora_config(str(tmp_path), train={"lora_target_modules": ["in_proj_z", "q_proj"]}))
+    attention = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert adapter_sync_problems(_lora_config(str(tmp_path), train={"lora_target_modules": attention})) == []
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
+    assert adapter_sync_problems(_lora_config(str(tmp_path))) == []

@@ -389,3 +389,26 @@ def test_each_sync_serves_the_train_engines_adapter_as_a_fresh_lora_request(tiny
             train.train_step(make_batch(), nll_loss, 3)
         assert check_weight_sync(train, engine, probe, atol=10.0) > 1e-3  # the step changed the adapter: stale until a sync
     assert folders[0] != folders[1] and not root.exists()
+
+
+def test_vllm_enable_lora_starts_vllm_with_one_adapter_slot_and_checks_its_rank(monkeypatch, tiny_model):
+    """vllm_enable_lora: vLLM starts with enable_lora, max_lora_rank and max_loras=1 (over a stand-in `vllm.LLM`
+    that records its arguments); a rank vLLM lacks and LoRA arguments in vllm_engine_kwargs are refused first;
+    load_adapter without it, or of a folder this node does not see, is refused in one line."""
+    made = []
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=lambda **kw: made.append(kw) or _FakeLLM()))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    engine = VLLMRolloutEngine(model=str(tiny_model), vllm_enable_lora=True, vllm_max_lora_rank=32)
+    assert {k: made[0][k] for k in ("enable_lora", "max_lora_rank", "max_loras")} == {
+        "enable_lora": True, "max_lora_rank": 32, "max_loras": 1}
+    with pytest.raises(RlcoreError, match=r"no PEFT adapter at '/nowhere' on .*must be a filesystem the train and rollout"):
+        engine.load_adapter("/nowhere")
+    VLLMRolloutEngine(model=str(tiny_model))
+    assert "enable_lora" not in made[1]
+    with pytest.raises(ConfigError, match="needs vllm_enable_lora=True"):
+        _engine_over(_FakeLLM()).load_adapter(str(tiny_model))
+    with pytest.raises(ConfigError) as info:
+        VLLMRolloutEngine(model=str(tiny_model), vllm_enable_lora=True, vllm_max_lora_rank=12,
+                          vllm_engine_kwargs={"enable_lora": True, "max_loras": 2})
+    assert [key for key, _ in info.value.problems] == [
+        "vllm_max_lora_rank", "vllm_engine_kwargs.enable_lora", "vllm_engine_kwargs.max_loras"]
