@@ -386,7 +386,7 @@ class VLLMRolloutEngine(RolloutEngine):
         LoRARequest with a fresh id, loaded now (vLLM reads the folder), the one before removed. `path` must be
         visible here: the train rank that wrote it shares this node or its filesystem."""
         self._require_awake("load an adapter", tags=("weights",))
-        if not getattr(self, "enable_lora", False):
+        if not self.enable_lora:
             raise ConfigError("vllm engine: an adapter-only sync needs vllm_enable_lora=True when the engine is created")
         if not os.path.isfile(os.path.join(path, "adapter_config.json")):
             import socket

@@ -6,7 +6,8 @@
 #   bash tests/gpu/run.sh cli [LAYOUT ...]                           # GRPO through `rlcore run` (2 GPUs): the layouts
 #       colocate separate colocate_device_groups separate_device_groups, or those named
 #   bash tests/gpu/run.sh gkd | sft | sampling | megatron             # one algorithm's or engine's tests, one process each
-#   bash tests/gpu/run.sh sync                                       # weight sync: transports, replayed loads, GRPO's IPC paths
+#   bash tests/gpu/run.sh sync                                       # weight sync: transports, replayed loads, GRPO's IPC paths,
+#       the adapter-only sync (vllm_enable_lora)
 #   (the smoke's distill row and liger-kernel need the wheels of tests/gpu/extra.sh installed too)
 #   bash tests/gpu/run.sh smoke [--cpu] [--out DIR] [ROW ...]         # every algorithm and engine from the CLI, one GPU,
 #       one PASS/FAIL line a row in under 8 minutes (tests/gpu/smoke.py; --cpu: the rows that run without CUDA)
@@ -50,6 +51,9 @@ if [ "$what" = sync ]; then
     for test in test_colocated_on_ray test_vllm_worker_process test_rollout_tensor_parallel "test_separate_async and in_actor"; do
         run tests/gpu/test_grpo_gpu.py -k "$test"
     done
+fi
+if [ "$what" = all ] || [ "$what" = grpo ] || [ "$what" = sync ]; then
+    each tests/gpu/test_vllm_lora_gpu.py
 fi
 if [ "$what" = all ] || [ "$what" = grpo ]; then
     each tests/gpu/test_grpo_gpu.py

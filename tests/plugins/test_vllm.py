@@ -111,6 +111,7 @@ def _engine_over(llm: _FakeLLM) -> VLLMRolloutEngine:
     engine.llm, engine._asleep, engine.max_logprobs = llm, set(), 20
     engine.in_process, engine.tensor_parallel_size = True, 1
     engine.weight_replay, engine._receiver_ranks, engine._ipc_sender = True, None, None
+    engine.enable_lora, engine._lora_request = False, None
     engine._vllm = types.SimpleNamespace(SamplingParams=lambda **kw: types.SimpleNamespace(**kw))
     return engine
 
@@ -368,7 +369,7 @@ def test_each_sync_serves_the_train_engines_adapter_as_a_fresh_lora_request(tiny
     plugins = load_plugins()
     llm = _LoRALLM(str(tiny_model))
     engine = _engine_over(llm)
-    engine.enable_lora, engine._lora_request = True, None
+    engine.enable_lora = True
     setups = {"train": RoleSetup(TrainWorker, train_engine, _train_options(train_engine, str(tiny_model))),
               "rollout": RoleSetup(GenerateWorker, lambda **_: engine, {})}
     session = RoleSession(plan_from_config({}, roles=list(setups), plugins=plugins), setups, use_ray=False, plugins=plugins)
