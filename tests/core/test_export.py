@@ -78,7 +78,7 @@ def test_grpo_writes_the_trained_model_as_a_hugging_face_folder(run_ok, engine):
     assert json.loads((out / "final" / "rlcore_checkpoint.json").read_text()) == {"step": 2, "final": True}
 
 
-def test_grpo_with_lora_writes_the_merged_model(run_ok):
+def test_grpo_with_lora_writes_the_merged_model_and_the_adapter(run_ok):
     from peft import PeftModel
 
     out, _ = run_ok("grpo", "max_steps=2", "train.lora_rank=4")
@@ -87,6 +87,8 @@ def test_grpo_with_lora_writes_the_merged_model(run_ok):
     merged = PeftModel.from_pretrained(base, out / "checkpoint-2" / "model" / "model").merge_and_unload()
     assert not any("lora" in k for k in state(model))
     assert_same_weights(state(model), state(merged))
+    adapter = PeftModel.from_pretrained(load(out / "tiny-model")[0], out / "final" / "adapter").merge_and_unload()
+    assert_same_weights(state(model), state(adapter))  # final/adapter: the trained adapter, which peft loads
 
 
 @pytest.mark.parametrize("algorithm", ["sft", "pt"])
