@@ -274,14 +274,13 @@ def generate_engine_problems(config: Any, plugins: Any, role: str, model: str) -
     return []
 
 
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks: the max_lora_rank values it takes
 DELTA_NET_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")  # Qwen3.5's linear attention
 
 
 def adapter_sync_problems(config: Any) -> list[tuple[str, str]]:
     """What keeps `rollout.vllm_enable_lora` (the adapter alone to vLLM at each sync) from working: no LoRA on the
-    train engine, a rollout engine other than vllm, a rank above `vllm_max_lora_rank`, or adapters on Qwen3.5's
-    gated delta-net linears, which vLLM does not load as LoRA."""
+    train engine, a rollout engine other than vllm, a rank above `vllm_max_lora_rank`, `sleep_level` 2 while colocated,
+    or adapters on Qwen3.5's gated delta-net linears, whose LoRA vLLM does not apply (vllm-project/vllm#49354)."""
     rollout, train = getattr(config, "rollout", None), getattr(config, "train", None)
     if not getattr(rollout, "vllm_enable_lora", False) or not isinstance(train, TrainRoleConfig):
         return []
@@ -295,13 +294,10 @@ def adapter_sync_problems(config: Any) -> list[tuple[str, str]]:
     if getattr(config, "sleep_level", 1) == 2 and getattr(config, "colocated", True):
         problems.append(("sleep_level", "2 drops vLLM's weights while training runs, but with rollout.vllm_enable_lora the "
                          "base weights are sent once (only the adapter after); use sleep_level 1"))
-    if rollout.vllm_max_lora_rank not in VLLM_LORA_RANKS:
-        problems.append(("rollout.vllm_max_lora_rank", f"({rollout.vllm_max_lora_rank}) is no rank vLLM takes; use one "
-                         f"of {', '.join(map(str, VLLM_LORA_RANKS))}"))
-    elif train.lora_rank > rollout.vllm_max_lora_rank:
-        fit = next((r for r in VLLM_LORA_RANKS if r >= train.lora_rank), VLLM_LORA_RANKS[-1])
+    if train.lora_rank > rollout.vllm_max_lora_rank:
         problems.append(("rollout.vllm_max_lora_rank", f"({rollout.vllm_max_lora_rank}) is below train.lora_rank "
-                         f"({train.lora_rank}); vLLM refuses a larger adapter: set it to {fit}"))
+                         f"({train.lora_rank}); vLLM refuses a larger adapter: raise it to a rank vLLM takes, at least "
+                         f"{train.lora_rank}"))
     targets = [train.lora_target_modules] if isinstance(train.lora_target_modules, str) else train.lora_target_modules
     delta = sorted(set(targets) & set(DELTA_NET_LINEARS)) or (["all-linear"] if "all-linear" in targets else [])
     model = getattr(config, "model", None)
@@ -311,7 +307,8 @@ def adapter_sync_problems(config: Any) -> list[tuple[str, str]]:
         files = read_model(model)
         if files is not None and "linear_attention" in (files.value("layer_types") or []):
             problems.append(("train.lora_target_modules", f"{delta} puts adapters on the gated delta-net linears of "
-                             f"'{model}', which vLLM does not load as LoRA; list the attention and MLP projections "
+                             f"'{model}', whose LoRA vLLM loads but does not apply (vllm-project/vllm#49354: generations stay "
+                             "the base's); list the attention and MLP projections "
                              "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), or drop "
                              "rollout.vllm_enable_lora (merged weights are synced)"))
     return problems

@@ -91,10 +91,19 @@ def _validate(
 
 
 def check_options(model: str = "", vllm_tensor_parallel_size: int = 1, vllm_engine_kwargs: Any = None,
-                  **_: Any) -> list[tuple[str, str]]:
-    """`EngineSpec.check`: the model's architecture against the installed vLLM's (where vLLM is installed), and
-    the tensor size against its heads, read from its config.json (vLLM splits the attention heads evenly over the
-    ranks, and the KV heads too, or replicates them where there are fewer)."""
+                  vllm_enable_lora: bool = False, vllm_max_lora_rank: int = 16, **_: Any) -> list[tuple[str, str]]:
+    """`EngineSpec.check`: a LoRA rank vLLM takes, then `_model_problems`."""
+    lora = []
+    if vllm_enable_lora and vllm_max_lora_rank not in LORA_RANKS:
+        lora.append(("vllm_max_lora_rank", f"({vllm_max_lora_rank}) is no rank vLLM takes; use one of "
+                                           f"{', '.join(map(str, LORA_RANKS))}"))
+    return lora + _model_problems(model, vllm_tensor_parallel_size, vllm_engine_kwargs)
+
+
+def _model_problems(model: str, vllm_tensor_parallel_size: int, vllm_engine_kwargs: Any) -> list[tuple[str, str]]:
+    """The model's architecture against the installed vLLM's (where vLLM is installed), and the tensor size against
+    its heads, read from its config.json (vLLM splits the attention heads evenly over the ranks, and the KV heads
+    too, or replicates them where there are fewer)."""
     from rlcore.model_checks import read_model
 
     files = read_model(model) if model else None

@@ -731,10 +731,9 @@ def _lora_config(model="", **keys):
     ({"train": {"lora_rank": 0}}, "rollout.vllm_enable_lora", "train.lora_rank is 0"),
     ({"rollout": {"engine": "hf"}}, "rollout.vllm_enable_lora", "rollout.engine is 'hf'"),
     ({"train": {"lora_rank": 48}}, "rollout.vllm_max_lora_rank", "below train.lora_rank (48); vLLM refuses a larger "
-                                                                  "adapter: set it to 64"),
-    ({"rollout": {"vllm_max_lora_rank": 12}}, "rollout.vllm_max_lora_rank", "is no rank vLLM takes"),
+                                                                  "adapter: raise it to a rank vLLM takes, at least 48"),
     ({"sleep_level": 2, "colocate_groups": [["train", "rollout"]]}, "sleep_level", "base weights are sent once"),
-], ids=["no-train-lora", "hf-rollout", "rank-above-max", "rank-vllm-lacks", "sleep-level-2"])
+], ids=["no-train-lora", "hf-rollout", "rank-above-max", "sleep-level-2"])
 def test_an_adapter_only_sync_that_cannot_work_is_refused_in_one_line(keys, key, said):
     from rlcore.sections import adapter_sync_problems
 

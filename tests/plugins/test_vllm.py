@@ -413,3 +413,8 @@ def test_vllm_enable_lora_starts_vllm_with_one_adapter_slot_and_checks_its_rank(
                           vllm_engine_kwargs={"enable_lora": True, "max_loras": 2})
     assert [key for key, _ in info.value.problems] == [
         "vllm_max_lora_rank", "vllm_engine_kwargs.enable_lora", "vllm_engine_kwargs.max_loras"]
+    from rlcore.plugins.vllm.engine import check_options  # what `config validate` says, before a GPU is taken
+
+    ((key, message),) = check_options(model=str(tiny_model), vllm_enable_lora=True, vllm_max_lora_rank=12)
+    assert key == "vllm_max_lora_rank" and "is no rank vLLM takes; use one of 1, 8, 16" in message
+    assert check_options(model=str(tiny_model), vllm_enable_lora=False, vllm_max_lora_rank=12) == []
