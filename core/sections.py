@@ -291,7 +291,10 @@ def adapter_sync_problems(config: Any) -> list[tuple[str, str]]:
         return [("rollout.vllm_enable_lora", "syncs the train engine's LoRA adapter, but train.lora_rank is 0 (every "
                  "weight trains); set train.lora_rank (ms-swift: tuner_type lora), or drop vllm_enable_lora")]
     problems = []
-    if getattr(config, "sleep_level", 1) == 2 and getattr(config, "colocated", True):
+    colocated = getattr(config, "colocated", None)  # GRPO's; else whether a colocate group holds both
+    if colocated is None:
+        colocated = any({"train", "rollout"} <= set(group) for group in getattr(config, "colocate_groups", None) or [])
+    if getattr(config, "sleep_level", 1) == 2 and colocated:
         problems.append(("sleep_level", "2 drops vLLM's weights while training runs, but with rollout.vllm_enable_lora the "
                          "base weights are sent once (only the adapter after); use sleep_level 1"))
     if train.lora_rank > rollout.vllm_max_lora_rank:
@@ -307,8 +310,8 @@ def adapter_sync_problems(config: Any) -> list[tuple[str, str]]:
         files = read_model(model)
         if files is not None and "linear_attention" in (files.value("layer_types") or []):
             problems.append(("train.lora_target_modules", f"{delta} puts adapters on the gated delta-net linears of "
-                             f"'{model}', whose LoRA vLLM loads but does not apply (vllm-project/vllm#49354: generations stay "
-                             "the base's); list the attention and MLP projections "
+                             f"'{model}', whose LoRA vLLM loads but does not apply (vllm-project/vllm#49354: "
+                             "generations stay the base's); list the attention and MLP projections "
                              "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), or drop "
                              "rollout.vllm_enable_lora (merged weights are synced)"))
     return problems
