@@ -232,9 +232,10 @@ class _EngineLoop:
     after as many steps as its episode's `slowness` (episode 0 fast, episode 1 slow)."""
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.pending, self.added = tokenizer, {}, []
+        self.tokenizer, self.pending, self.added, self.loras = tokenizer, {}, [], []
 
-    def add_request(self, request_id, prompt, sampling):
+    def add_request(self, request_id, prompt, sampling, lora_request=None):
+        self.loras.append(lora_request)
         ids = prompt["prompt_token_ids"]
         slowness = 1 if ids[: len(self.fast_prompt)] == self.fast_prompt else 5
         self.pending[request_id] = [slowness, ids]
@@ -272,7 +273,9 @@ def test_run_episodes_submits_an_episodes_next_turn_as_soon_as_its_last_one_ends
     engine.request_seeds, engine._detokenize = False, False
     loop = engine.llm.llm_engine = _EngineLoop(runners[0].tokenizer)
     loop.fast_prompt = runners[0].prompt_ids
+    engine._lora_request = adapter = _LoRARequest("rlcore-2", 2, "/adapter")  # vllm_enable_lora: the synced adapter
     engine.run_episodes(runners, SamplingParams(max_tokens=8, seed=1))
+    assert loop.loras == [adapter] * 6  # every turn runs with it
     fast, slow = (r.result() for r in runners)
     assert [request for request, _ in loop.added] == [f"rlcore-episode-{i}" for i in range(6)]
     whose = ["fast" if p[:len(fast.prompt_ids)] == fast.prompt_ids else "slow" for _, p in loop.added]
