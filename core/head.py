@@ -24,8 +24,8 @@ from torch.utils.checkpoint import checkpoint
 from .batch import copy_to
 from .engine_checks import check_ids
 from .engines import ModelOutputs, Projection, TopK
+from .memory_terms import CHUNK_ROWS
 
-CHUNK_ROWS = 1024  # rows of one [chunk, V] block (unless a call says): 1024 x 151,936 x 4 bytes = 0.6 GiB
 TRL_VOCAB_CHUNK = 32768  # the vocabulary width of TRL's tiles, as TRL's own trainers use it
 
 

@@ -15,6 +15,9 @@ GiB = 1 << 30
 # one process's CUDA context, cuBLAS workspaces and the caching allocator's slack on a GPU (torch + NCCL)
 CUDA_CONTEXT = GiB // 2
 LORA_RANK = 16  # the rank a "use LoRA" fix proposes
+# rows of one [chunk, V] logits block the chunked head (rlcore.head) computes at once, unless a call says:
+# 1024 x 151,936 x 4 bytes = 0.6 GiB
+CHUNK_ROWS = 1024
 
 Phase = Literal["generation", "training"]
 

@@ -142,6 +142,23 @@ def chunked_head_of(model: Any) -> Any | None:
     return lm_head if plain and takes else None
 
 
+ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+
+
+def packs_sequences(model: Any) -> bool:
+    """Whether `model` keeps each sequence of a packed row to itself: every layer is attention, whose mask
+    transformers builds from the restarting position ids. Layers that carry a state along the row (Qwen3.5's
+    gated delta-net, Mamba's scan, their short convolutions) run through the sequences' boundaries in transformers,
+    so such a model runs padded."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    layer_types = getattr(config, "layer_types", None) or ()
+    if any(t not in ATTENTION_LAYERS for t in layer_types):
+        return False
+    names = " ".join(getattr(config, "architectures", None) or []) + " " + str(getattr(config, "model_type", ""))
+    return not any(word in names.lower() for word in ("mamba", "jamba", "rwkv", "ssm", "next", "hybrid", "lfm2"))
+
+
 def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
                   chunked: bool = False, use_trl: bool | None = None, host_mask: torch.Tensor | None = None,
                   packed: bool = False) -> ModelOutputs:

@@ -11,6 +11,7 @@ alone: no optimizer, no scheduler, no torch.distributed world, and `train_step` 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -29,8 +30,10 @@ from rlcore.engine_checks import check_temperature, check_train_step, common_pro
 from rlcore.engines import LossFn, NamedTensors, Projection, TopK, TrainEngine, TrainOptions
 from rlcore.errors import RlcoreError
 
-from .common import compile_layers, load_causal_lm, model_outputs
+from .common import compile_layers, load_causal_lm, model_outputs, packs_sequences
 from .lora import lora_merged_tensors
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "engine_state.pt"
 COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
@@ -144,6 +147,7 @@ class HFTrainEngine(TrainEngine):
             self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel,
                                         o.attn_implementation).requires_grad_(False)
+            self._check_packing()
             if o.torch_compile:
                 compile_layers(self.model, o.torch_compile_backend, o.torch_compile_mode)
             self.trainable, self.ddp, self.optimizer, self.scheduler = [], None, None, None
@@ -151,6 +155,7 @@ class HFTrainEngine(TrainEngine):
         self.rank, self.world_size = join_torch_world(self.device, o.dist_timeout_s)
 
         self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel, o.attn_implementation)
+        self._check_packing()
         if o.gradient_checkpointing:
             self.model.config.use_cache = False
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -253,6 +258,13 @@ class HFTrainEngine(TrainEngine):
             return None
         hidden = pad_width(projection.hidden, input_ids.shape[1])
         return Projection(hidden=hidden, weight=projection.weight, bias=projection.bias)
+
+    def _check_packing(self) -> None:
+        """`padding_free` stays on only for a model whose layers keep packed sequences apart (`packs_sequences`)."""
+        if self.padding_free and not packs_sequences(self.model):
+            self.padding_free = False
+            log.info("hf engine: %s has layers that carry a state along a row (linear attention, a scan); it runs "
+                     "padded rows, not packed ones (padding_free off)", type(self.model).__name__)
 
     def _outputs(self, module: Any, input_ids: Any, attention_mask: Any, temperature: float,
                  host_mask: Any = None) -> Any:

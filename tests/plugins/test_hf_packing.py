@@ -156,3 +156,17 @@ def test_a_gkd_step_with_a_colocated_teacher_packed_equals_the_padded_step(tiny_
     assert steps[True]["jsd"] > 0 and steps[True]["sft_loss"] > 0
     for n, delta in deltas[False].items():
         torch.testing.assert_close(deltas[True][n], delta, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch, packs", [("qwen3", True), ("gemma3", True), ("qwen3_5", False), ("qwen3_5_moe", False)])
+def test_a_model_with_layers_that_carry_a_state_along_a_row_runs_padded(tmp_path, arch, packs):
+    """Qwen3.5's gated delta-net carries its state through a packed row's sequence boundaries in transformers, so
+    the engine turns packing off for it, and its log-probs are the padded ones; attention-only models pack."""
+    from rlcore.testing import build_tiny_model
+
+    path = build_tiny_model(tmp_path / arch, arch=arch)
+    batch = mixed_batch()
+    engine = HFTrainEngine(path, forward_only=True)
+    assert engine.padding_free is packs
+    want = HFTrainEngine(path, forward_only=True, padding_free=False).forward_logprobs(batch)
+    torch.testing.assert_close(engine.forward_logprobs(batch), want, atol=2e-6, rtol=1e-5)
