@@ -229,6 +229,7 @@ class Generation:
     logprobs: list[float]
     finish_reason: str  # "stop" (an EOS or stop token) or "length" (max_tokens reached)
     text: str = ""
+    prompt_ids: list[int] = field(default_factory=list)  # the prompt's token ids, set by the caller that gave them
 
 
 @dataclass

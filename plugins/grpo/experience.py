@@ -18,6 +18,31 @@ from .config import GRPOConfig
 from .toy import toy_dataset
 
 
+@dataclass(frozen=True)
+class OldLogprobs:
+    """Where a round's old log-probs come from, and where TRL's sampler correction takes its ratio: decided here,
+    once per config, for the driver and the train step alike.
+
+    - `source`: "rollout" with async_generate (generated one step ago: the sampler's own log-probs are the old
+      policy's); "step" where a round feeds one optimizer step (`num_iterations` 1, no more micro-batches than one
+      step accumulates): the old policy is the one trained, so the step's own forward gives them, detached, and
+      no separate forward runs; else "forward": the generating policy's, computed once by a no-grad forward.
+    - `correction`: None (off, or async_generate, where the ratio is 1), "step" (the step takes the ratio from its
+      own log-probs, `PolicyObjective`) or "driver" (the ratio is computed with the separate forward)."""
+
+    source: str
+    correction: str | None
+
+    @classmethod
+    def of(cls, config: GRPOConfig) -> OldLogprobs:
+        if config.async_generate:
+            return cls("rollout", None)
+        reused = config.num_iterations > 1 or config.micro_steps_per_generation > config.gradient_accumulation_steps
+        if not config.vllm_importance_sampling_correction:
+            return cls("forward" if reused else "step", None)
+        return cls("forward", "driver") if reused else cls("step", "step")
+
+
 @dataclass
 class Scored:
     """A generation round after scoring: the completions, their prompts' token ids, and their advantages."""
@@ -35,6 +60,7 @@ class ExperienceMaker:
         self.config = config
         cfg = config
         self.dp_size = dp_size  # the running group's train workers: only the loss normalisers divide by it
+        self.old_logprobs = OldLogprobs.of(cfg)
         # the batches are the global ones the config declares (validated there), also when one process trains
         self.generation_batch_size = cfg.per_device_train_batch_size * cfg.train_workers * cfg.micro_steps_per_generation
         self.step_rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.train_workers
@@ -136,7 +162,7 @@ class ExperienceMaker:
     def finish_generate(self, started: tuple[list[dict], list[list[int]], Any]) -> tuple[list[dict], list[Any]]:
         rows, prompt_ids, result = started
         generations = result if isinstance(result, list) else result.get()
-        for g, p in zip(generations, [p for p in prompt_ids for _ in range(self.config.num_generations)]):  # episodes carry theirs
+        for g, p in zip(generations, [p for p in prompt_ids for _ in range(self.config.num_generations)]):  # `Generation.prompt_ids`; episodes carry theirs
             g.prompt_ids = p
         return rows, generations
 
@@ -263,21 +289,15 @@ class ExperienceMaker:
     def logprobs(self, scored: Scored, train: Any, reference: Any) -> Batch:
         """The round's batch with advantages, and old/reference log-probs where the loss needs them; with the
         sampler correction, its ratio per token (and its metrics added to the round's)."""
-        from .objective import old_logprobs_in_step  # with the loss module: torch
-
-        cfg = self.config
+        cfg, old = self.config, self.old_logprobs
         batch = self.build_batch(scored.prompt_ids, scored.generations)
         batch["advantages"] = scored.advantages
-        # TRL's sampler correction; with async_generate the old log-probs are the sampler's: the ratio is 1. Where
-        # the old policy is the one trained (one step per round), the step's own forward gives the old log-probs
-        # and the correction's ratio (`PolicyObjective`): no separate forward
-        correct = cfg.vllm_importance_sampling_correction and not cfg.async_generate and not old_logprobs_in_step(cfg)
-        if cfg.async_generate:  # generated one step ago: the sampler's own log-probs are the old policy's
+        if old.source == "rollout":
             batch["old_logprobs"] = batch["rollout_logprobs"]
-        elif not old_logprobs_in_step(cfg):  # reused for several steps: the generating policy's, computed once
+        elif old.source == "forward":  # reused for several steps: the generating policy's, computed once
             batch["old_logprobs"] = train.forward_logprobs(batch, cfg.temperature)
-        if correct:
-            from .loss import sampler_importance_ratio
+        if old.correction == "driver":
+            from .loss import sampler_importance_ratio  # with the loss module: torch
 
             mask = batch["completion_mask"]
             ratio, metrics = sampler_importance_ratio(
@@ -300,7 +320,8 @@ class ExperienceMaker:
         out = []
         for _ in range(cfg.num_iterations):
             for mini in steps:
-                objective = PolicyObjective.for_step(cfg, mini, self.dp_size, round_tokens, len(steps))
+                objective = PolicyObjective.for_step(cfg, mini, self.dp_size, round_tokens, len(steps),
+                                                     correct_in_step=self.old_logprobs.correction == "step")
                 out.append((mini, metrics, objective))
         return out
 

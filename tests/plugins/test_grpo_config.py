@@ -199,3 +199,16 @@ def test_a_missing_model_is_one_line_naming_the_key_before_anything_runs(tmp_pat
 def test_booleans_are_not_numbers_in_grpo_keys():
     with pytest.raises(ConfigError, match="beta: is a number, not a boolean"):
         load_config(GRPOConfig, None, ["beta=true"])
+
+
+def test_old_logprobs_and_the_sampler_correction_are_decided_once():
+    """One owner (experience.OldLogprobs): the driver's forward and the step's objective both read it."""
+    from rlcore.plugins.grpo.experience import OldLogprobs
+
+    model = {"model": "m", "dataset": "d"}
+    assert OldLogprobs.of(GRPOConfig(**model)) == OldLogprobs("step", "step")
+    assert OldLogprobs.of(GRPOConfig(**model, num_iterations=2)) == OldLogprobs("forward", "driver")
+    assert OldLogprobs.of(GRPOConfig(**model, steps_per_generation=2)) == OldLogprobs("forward", "driver")
+    assert OldLogprobs.of(GRPOConfig(**model, vllm_importance_sampling_correction=False)) == OldLogprobs("step", None)
+    apart = {"train": {"gpus": 1}, "rollout": {"gpus": 1}}
+    assert OldLogprobs.of(GRPOConfig(**model, **apart, async_generate=True)) == OldLogprobs("rollout", None)
