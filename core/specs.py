@@ -68,6 +68,7 @@ class AlgorithmSpec:
     trainer: type  # an rlcore.Trainer subclass
     description: str = ""
     roles: tuple[str, ...] = ()  # the roles its resource plan may name
+    demo: str | None = None  # a YAML preset (a path) that `rlcore run --plugin NAME` runs when given no config
 
 
 EngineKind = Literal["train", "forward", "rollout", "teacher", "reward"]

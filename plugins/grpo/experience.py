@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rlcore import Batch, RlcoreError, SamplingParams
@@ -12,10 +11,8 @@ from rlcore.batch import pad_tokens
 from rlcore.data import PromptEncoder, PromptSampler, load_prompts
 from rlcore.episodes import episode_metrics
 from rlcore.rewards import call_reward, check_reward, resolve_reward
-from rlcore.testing import build_tiny_model
 
 from .config import GRPOConfig
-from .toy import toy_dataset
 
 
 @dataclass(frozen=True)
@@ -69,8 +66,7 @@ class ExperienceMaker:
         self.reward_fns = self.reward_functions(cfg, plugins)  # orm: bound once the roles run (bind_orm)
         self.reward_weights = cfg.reward_weights or [1.0] * len(self.reward_fns)
         self.sampler = PromptSampler(self.prompt_rows(cfg), self.prompts_per_round, seed=cfg.seed)
-        self.model_path = self._model_path()
-        self.prompts = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length, cfg.system)
+        self.prompts = PromptEncoder(cfg.model, cfg.use_chat_template, cfg.max_prompt_length, cfg.system)
         self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
 
     @classmethod
@@ -81,7 +77,7 @@ class ExperienceMaker:
         for key, check in (
             ("reward_funcs", lambda: cls.check_rewards(config, plugins)),
             ("dataset", lambda: cls.prompt_rows(config)),
-            ("model", lambda: config.model and PromptEncoder(config.model, config.use_chat_template)),
+            ("model", lambda: PromptEncoder(config.model, config.use_chat_template)),
         ):
             try:
                 check()
@@ -105,10 +101,7 @@ class ExperienceMaker:
 
     @staticmethod
     def prompt_rows(config: GRPOConfig) -> list[dict[str, Any]]:
-        if config.dataset:
-            return load_prompts(config.dataset)
-
-        return toy_dataset(seed=config.seed)
+        return load_prompts(config.dataset)
 
     def bind_orm(self, orm: Any) -> None:
         """Score `orm` in reward_funcs with the reward-model role's workers."""
@@ -123,13 +116,6 @@ class ExperienceMaker:
         if name == "soft_overlong":
             options.setdefault("max_completion_length", config.max_completion_length)
         return options or None
-
-    def _model_path(self) -> str:
-        if self.config.model:
-            return self.config.model
-
-        demo = Path(self.config.output_dir) / "tiny-model"
-        return str(build_tiny_model(demo, seed=self.config.seed, replace=False))  # never another run's, rebuilt
 
     # -- prompts --------------------------------------------------------------------------------
 

@@ -197,11 +197,10 @@ device_groups:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from rlcore.plugins.gkd.data import demo_models
-    from rlcore.testing import build_tiny_model
+    from rlcore.testing import build_tiny_model, tiny_model
 
     root = tmp_path_factory.mktemp("ms-swift")
-    student, teacher = demo_models(str(root), seed=0)
+    student, teacher = tiny_model("tiny", root / "student"), tiny_model("tiny:teacher", root)
     prompts, chats = root / "math.jsonl", root / "chat.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n" for i in range(40)))
     chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {i}"},
