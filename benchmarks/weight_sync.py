@@ -14,7 +14,7 @@ For a Qwen2-0.5B-, 1.5B- and 7B-shaped model (random bf16 weights with Hugging F
   fake GPUs (object store / gloo), a check of the harness.
 
 The receiver's "load" copies each received tensor into its own copy of the model, by name, in one batched
-copy: what a vLLM engine's replayed load does (rlcore.weight_replay); vLLM's own Python loaders add to
+copy: what a vLLM engine's replayed load does (rlcore.plugins.vllm.weight_replay); vLLM's own Python loaders add to
 it on the first sync of a layout only. A sync is timed on the sender from its start to the receiver's
 "loaded" message (as `RoleSession.sync_weights` waits for both); the median of `--syncs` after one warm-up.
 
@@ -226,7 +226,7 @@ def bench_vllm_load(shape: str, syncs: int) -> dict:
     from vllm import LLM
 
     from rlcore.testing import build_tiny_model
-    from rlcore.weight_replay import ReplayLoader
+    from rlcore.plugins.vllm.weight_replay import ReplayLoader
     from rlcore.weight_sync import flatten_bucket, iter_buckets, unflatten_bucket
 
     hidden, layers, heads, kv_heads, inter, tied = SHAPES[shape]

@@ -98,6 +98,10 @@ class EngineSpec:
     # of its GPUs per phase, from the options and the model's config.json (nothing loaded), for `rlcore plan`;
     # None: its terms are shown as unknown
     memory: Callable[..., Any] | None = None
+    # `layout(**options) -> (tensor, pipeline)`: how many of a group's workers one model replica spans, as the
+    # engine built with `options` splits it (the rest of the group is data parallel); None: a whole replica per
+    # worker, (1, 1). The session asks it for a role's mesh, so core never names an engine's parallel keys
+    layout: Callable[..., tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)

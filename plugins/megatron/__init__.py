@@ -79,11 +79,16 @@ def _check(kind: str, known: tuple[str, ...] = ()) -> Any:
     return check
 
 
+def layout(**options: Any) -> tuple[int, int]:
+    """(tensor, pipeline): the workers one replica of the model spans, from the engine's own keys."""
+    return int(options.get("tensor_model_parallel_size", 1)), int(options.get("pipeline_model_parallel_size", 1))
+
+
 @hookimpl
 def rlcore_engines():
     yield EngineSpec("megatron", kind="train", factory=make_train_engine, imports=IMPORTS, check=_check("train"),
-                     memory=train_memory,
+                     memory=train_memory, layout=layout,
                      description="megatron-core GPTModel (local spec): TP/PP/EP/DP, distributed optimizer, vocab-parallel log-probs")
     yield EngineSpec("megatron", kind="forward", factory=make_forward_engine, imports=IMPORTS,
-                     check=_check("forward", FORWARD_OPTIONS), memory=megatron_forward_memory,
+                     check=_check("forward", FORWARD_OPTIONS), memory=megatron_forward_memory, layout=layout,
                      description="the megatron train engine without optimizer: reference and teacher models")

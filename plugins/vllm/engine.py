@@ -11,7 +11,7 @@ from, after temperature (and top-k/top-p), which is what importance sampling aga
 Options are spelled as ms-swift spells them (`vllm_gpu_memory_utilization`, ...).
 
 New weights go through vLLM's own `load_weights` once per bucket layout, traced; the later buckets of that
-layout replay the traced copies as one batched copy (`rlcore.weight_replay`), skipping vLLM's per-tensor
+layout replay the traced copies as one batched copy (`weight_replay.py`), skipping vLLM's per-tensor
 Python loaders (`vllm_weight_replay=False` keeps the loaders for every bucket).
 
 Two choices keep generation near raw vLLM's speed (`benchmarks/vllm_generate.py` measures each):
@@ -161,7 +161,7 @@ def _loader(holder: Any, model: Any, replay: bool = True) -> Any:
     load and replayed as one batched copy after (rlcore.weight_replay; `vllm_weight_replay=False`: never)."""
     loader = getattr(holder, "rlcore_loader", None)
     if loader is None:
-        from rlcore.weight_replay import ReplayLoader
+        from .weight_replay import ReplayLoader
 
         loader = ReplayLoader(lambda weights: model.load_weights(weights=weights),
                               [*model.parameters(), *model.buffers()], replay=replay)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlcore.weight_replay import ReplayLoader
+from rlcore.plugins.vllm.weight_replay import ReplayLoader
 from rlcore.weight_sync import flatten_bucket, iter_buckets, unflatten_bucket
 
 BUCKET_BYTES = 1 << 20  # several buckets for this model, as a real sync has
