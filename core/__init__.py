@@ -15,6 +15,7 @@ from .engines import (
 from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed, did_you_mean
 from .hookspecs import hookimpl, hookspec
 from .manager import Plugins, Registered, load_plugins
+from .model_checks import ModelUse
 from .registry import Registry
 from .resources import plan_from_config
 from .rewards import RewardFailed, call_reward, resolve_reward
@@ -71,6 +72,7 @@ __all__ = [
     "Generation",
     "LoggingKeys",
     "ModelOutputs",
+    "ModelUse",
     "NonfiniteKeys",
     "NotRegistered",
     "OptimizerKeys",

@@ -11,6 +11,10 @@ Conventions shared by every engine:
 - distributions are aligned the same way: row t of a [B, T, k] or [B, T, V] tensor is the distribution
   of token t given tokens :t; row 0 and rows past a sequence's end are 0 (`TopK`, `ModelOutputs`);
 - weights travel in Hugging Face parameter names.
+
+`rlcore.engines` is the sub-API an engine plugin imports: these interfaces, the checks every engine shares
+(`rlcore.engine_checks`: model, dtype and device options, aligned rows), `read_model` (a model's files, read
+without loading) and `HeadModelOutputs` (hidden states and LM head applied in chunks; loads torch on first use).
 """
 
 from __future__ import annotations
@@ -419,3 +423,27 @@ class TrainEngine(abc.ABC):
     def state(self) -> dict[str, Any]:
         """Small facts for metrics and checks (device, dtype, parameter count)."""
         return {}
+
+
+# The checks and helpers every engine shares, re-exported here: an engine plugin's one import of core's engine API.
+from .engine_checks import (  # noqa: E402  (below the interfaces, which engine_checks does not import)
+    aligned_rows, check_ids, check_temperature, check_train_step, common_problems, raise_problems, resolve_dtype,
+    torch_device,
+)
+from .model_checks import read_model  # noqa: E402
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HeadModelOutputs":  # torch: loaded on first use, so importing rlcore stays light
+        from .head import HeadModelOutputs
+
+        return HeadModelOutputs
+    raise AttributeError(f"module 'rlcore.engines' has no attribute '{name}'")
+
+
+__all__ = [
+    "SCHEDULERS", "Generation", "HeadModelOutputs", "LossFn", "ModelOutputs", "NamedTensors", "OptimizerOptions",
+    "Projection", "RolloutEngine", "SamplingParams", "TopK", "TrainEngine", "TrainOptions", "aligned_rows",
+    "build_engine", "check_ids", "check_temperature", "check_train_step", "common_problems", "options_check",
+    "raise_problems", "read_model", "resolve_dtype", "torch_device", "unknown_options",
+]

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, GenerateRoleConfig
-from rlcore.resources import parse_ranks
+from rlcore.runtime import parse_ranks
 from rlcore.sections import (
-    MultiTurnKeys,
-    NonfiniteKeys, OptimizerKeys, PromptKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig, default_of,
+    MultiTurnKeys, NonfiniteKeys, OptimizerKeys, PromptKeys, RolloutRoleConfig, TrainRoleConfig, TrainingConfig,
+    default_of,
 )
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
 from typing import Any
 
 from rlcore import Batch, ConfigError

@@ -13,13 +13,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, GenerateWorker, RoleSetup, RoleTrainer, SamplingParams
+from rlcore import GenerateWorker, ModelUse, RoleSetup, RoleTrainer, SamplingParams, problems_of
 from rlcore.batch import pad_width
-from rlcore.config import problems_of
 from rlcore.data import PromptEncoder, model_problem
 from rlcore.episodes import episode_metrics
 from rlcore.memory import RoleUse
-from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options, train_options
 
 from .config import GKDConfig

@@ -7,8 +7,10 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, RoleConfig
-from rlcore.resources import parse_ranks
-from rlcore.sections import DTYPE_HELP, MultiTurnKeys, NonfiniteKeys, PromptKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig
+from rlcore.runtime import parse_ranks
+from rlcore.sections import (
+    DTYPE_HELP, MultiTurnKeys, NonfiniteKeys, PromptKeys, RolloutRoleConfig, TrainRoleConfig, TrainingConfig,
+)
 
 
 class ReferenceRoleConfig(RoleConfig):

@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlcore import Batch, GenerateWorker, RlcoreError, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
+from rlcore import Batch, GenerateWorker, ModelUse, RlcoreError, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
 from rlcore.data import has_conversations
 from rlcore.memory import RoleUse
-from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options, train_options
 
 from .config import GRPOConfig

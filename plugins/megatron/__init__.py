@@ -9,10 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlcore import EngineSpec, build_engine, hookimpl
-from rlcore.engine_checks import common_problems
-from rlcore.engines import unknown_options
-from rlcore.errors import ConfigError
+from rlcore import ConfigError, EngineSpec, build_engine, hookimpl
+from rlcore.engines import common_problems, unknown_options
 
 from .memory import megatron_forward_memory, train_memory
 from .support import MegatronOptions, model_problems, option_problems

@@ -23,13 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, NotRegistered, RlcoreError, RoleSetup, RoleTrainer, SamplingParams
-from rlcore.config import problems_of
+from rlcore import (
+    ConfigError, ModelUse, NotRegistered, RlcoreError, RoleSetup, RoleTrainer, SamplingParams, did_you_mean,
+    problems_of,
+)
 from rlcore.data import PromptEncoder, has_conversations, load_rows, prompt_view
-from rlcore.errors import did_you_mean
 from rlcore.rewards import check_reward, resolve_reward
-from rlcore.log import logger
-from rlcore.model_checks import ModelUse
+from rlcore.runtime import logger
 from rlcore.sections import rollout_options
 
 from .config import SampleConfig

@@ -3,7 +3,7 @@ TrainingArguments and ms-swift spell them, so a config written for those carries
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from rlcore import ConfigError
 from rlcore.data import conversation_view, dataset_error, dataset_file, load_rows
-from rlcore.errors import ConfigError
 
 KINDS = ("sft", "pt")
 

@@ -15,12 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, RoleSetup, RoleTrainer
-from rlcore.checkpoint import load_state
+from rlcore import ConfigError, ModelUse, RoleSetup, RoleTrainer, announce
 from rlcore.data import has_conversations, model_problem
 from rlcore.memory import RoleUse
-from rlcore.model_checks import ModelUse
-from rlcore.session import announce
+from rlcore.runtime import load_state
 
 from .build import build_pt, build_sft, trainer_kwargs_problems
 from .config import LMConfig, PretrainConfig, SFTConfig
