@@ -28,8 +28,7 @@ from .specs import Slot
 from .watchdog import RayStuck, bounded
 
 if TYPE_CHECKING:
-    from .dispatch import Mode
-    from .workers import FunctionSpec
+    from .dispatch import FunctionSpec, Mode
 
 
 @dataclass(frozen=True)

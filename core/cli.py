@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import __version__, log
 from .config import (
-    config_error, load_config, read_config_data, render_config, render_value, validation_problems, with_settings,
+    config_error, read_config_data, render_config, render_value, validation_problems, with_settings,
 )
 from .extras import check_run, plugin_needs
 from .failures import advice, failure_of
@@ -33,7 +33,7 @@ from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_yo
 from .log import LEVELS, STOP, logger
 from .manager import PluginLoadWarning, Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
-from .ms_swift import Translation, launch_options, translate
+from .ms_swift import Translation, launch_options, load_translated
 from .plot import plot_metrics
 from .signals import leaving
 
@@ -338,12 +338,11 @@ def _configured(args: argparse.Namespace, resume: bool = False, demo: bool = Fal
         if "resume" not in model.model_fields:
             raise ConfigError(f"--resume: algorithm '{algorithm}' has no 'resume' key, so it cannot resume a run")
         overrides.append("resume=auto")
-    config = load_config(model, args.config, overrides, algorithm=algorithm)
+    config, args.translation = load_translated(model, args.config, overrides, algorithm=algorithm)
     try:
         plugins.hook.rlcore_configure(config=config, algorithm=algorithm)
     except ValidationError as exc:  # a hook assigned a bad value
         raise config_error(validation_problems(exc, model, algorithm=algorithm), source="rlcore_configure") from None
-    args.translation = translate(read_config_data(args.config, overrides)[0], model)
     return plugins, algorithm, config
 
 

@@ -13,8 +13,8 @@ Conventions shared by every engine:
 - weights travel in Hugging Face parameter names.
 
 `rlcore.engines` is the sub-API an engine plugin imports: these interfaces, the checks every engine shares
-(`rlcore.engine_checks`: model, dtype and device options, aligned rows), `read_model` (a model's files, read
-without loading) and `HeadModelOutputs` (hidden states and LM head applied in chunks; loads torch on first use).
+(`rlcore.engine_checks`: model, dtype and device options, aligned rows) and `read_model` (a model's files, read
+without loading). `rlcore.head` (it imports torch) gives `HeadModelOutputs`, hidden states and LM head in chunks.
 """
 
 from __future__ import annotations
@@ -433,16 +433,8 @@ from .engine_checks import (  # noqa: E402  (below the interfaces, which engine_
 from .model_checks import read_model  # noqa: E402
 
 
-def __getattr__(name: str) -> Any:
-    if name == "HeadModelOutputs":  # torch: loaded on first use, so importing rlcore stays light
-        from .head import HeadModelOutputs
-
-        return HeadModelOutputs
-    raise AttributeError(f"module 'rlcore.engines' has no attribute '{name}'")
-
-
 __all__ = [
-    "SCHEDULERS", "Generation", "HeadModelOutputs", "LossFn", "ModelOutputs", "NamedTensors", "OptimizerOptions",
+    "SCHEDULERS", "Generation", "LossFn", "ModelOutputs", "NamedTensors", "OptimizerOptions",
     "Projection", "RolloutEngine", "SamplingParams", "TopK", "TrainEngine", "TrainOptions", "aligned_rows",
     "build_engine", "check_ids", "check_temperature", "check_train_step", "common_problems", "options_check",
     "raise_problems", "read_model", "resolve_dtype", "torch_device", "unknown_options",

@@ -18,13 +18,15 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from .config import _names_and_aliases
+from .config import _names_and_aliases, config_from_data, read_config_data
 from .data import dataset_file, load_rows
 from .errors import ConfigError
 from .resources import parse_ranks
@@ -83,6 +85,18 @@ class Translation:
 def translate(data: dict[str, Any], model: type[BaseModel]) -> Translation:
     """`data` with ms-swift's keys rewritten for `model` (see the module docstring)."""
     return _Translator(data, model).run()
+
+
+def load_translated(
+    model: type[BaseModel], path: str | os.PathLike | None = None, overrides: Iterable[str] = (), *, algorithm: str = ""
+) -> tuple[BaseModel, Translation]:
+    """`rlcore.config.load_config` for a file (and overrides) that may hold ms-swift's or TRL's keys: read, translated,
+    then validated, every problem at once; with what the translation made of each key."""
+    data, problems, from_cli = read_config_data(path, overrides)
+    translation = translate(data, model)
+    config = config_from_data(model, translation.data, [*problems, *translation.problems], from_cli,
+                              algorithm=algorithm, source=path)
+    return config, translation
 
 
 def launch_options(data: dict[str, Any]) -> tuple[str | None, bool | None, list[tuple[str, str]]]:

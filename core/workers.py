@@ -32,14 +32,13 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import actors as _actors
 from . import cluster, failures, manager
 from .actors import Handle, RemoteGroup, wait
-from .dispatch import Mesh, Mode, resolve
-from .errors import ConfigError, NotRegistered, RlcoreError
+from .dispatch import FunctionSpec, Mesh, Mode
+from .errors import ConfigError, RlcoreError
 from .specs import Slot
 from .transport import encode
 
@@ -59,25 +58,6 @@ EXECUTE = ("all", "first")
 # -------------------------------------------------------------------------
 # decorators
 # -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FunctionSpec:
-    """What `@function` recorded about one method: its group, its dispatch mode and collect (names resolve
-    with the plugins of the runtime the worker runs in, when its group is made), and whether it blocks."""
-
-    name: str
-    group: str | None
-    dispatch: Any
-    collect: Any  # None: the collect the dispatch mode pairs with
-    blocking: bool
-
-    def mode(self, plugins: Plugins, owner: str = "") -> Mode:
-        """The resolved dispatch mode; an unknown name is an error naming `owner.function()` and the known names."""
-        try:
-            return resolve(self.dispatch, self.collect, plugins)
-        except NotRegistered as exc:
-            raise NotRegistered(f"{owner}.{self.name}(): {exc}" if owner else str(exc)) from None
 
 
 def function(

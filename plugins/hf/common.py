@@ -173,7 +173,7 @@ def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     else:  # through the wrapper's own forward (DDP's gradient hooks, peft's adapters)
         hidden = model(**inputs, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
     hidden = hidden if pack is None else pack.unpack(hidden)
-    from rlcore.engines import HeadModelOutputs  # torch, at first use: importing the plugin imports none
+    from rlcore.head import HeadModelOutputs  # torch, at first use: importing the plugin imports none
 
     return HeadModelOutputs(hidden, lm_head, input_ids, attention_mask, temperature, use_trl, host_mask)
 

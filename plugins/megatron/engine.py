@@ -353,7 +353,7 @@ class MegatronTrainEngine(TrainEngine):
         (`chunked_lm_head`), else of its vocab-parallel logits."""
         if self.chunked_lm_head:
             from rlcore.batch import host_column
-            from rlcore.engines import HeadModelOutputs
+            from rlcore.head import HeadModelOutputs
 
             head = self._output_head()
             # Float16Module hands the last stage's output back in float32: the head runs in the model's dtype

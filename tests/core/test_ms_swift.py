@@ -10,14 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.config import load_config
 from rlcore.errors import ConfigError
-from rlcore.ms_swift import translate
+from rlcore.ms_swift import load_translated, translate
 from rlcore.plugins.gkd import GKDConfig
 from rlcore.plugins.grpo import GRPOConfig
 from rlcore.data import load_rows
 from rlcore.plugins.sampling import DistillConfig, SampleConfig
 from rlcore.plugins.sft import SFTConfig
+
+
+def load_config(model, path=None, overrides=(), **options):
+    """A file read as the CLI reads it: ms-swift's and TRL's keys translated, then validated."""
+    return load_translated(model, path, overrides, **options)[0]
 
 GRPO = """\
 rlhf_type: grpo

@@ -120,13 +120,13 @@ def heavy_modules_after(code: str) -> list[str]:
 def test_import_rlcore_imports_no_engine_library():
     assert heavy_modules_after("import rlcore") == []
     assert heavy_modules_after("import rlcore.testing") == []  # the tiny model's builder imports torch when called
-    assert heavy_modules_after("import rlcore.runtime, rlcore.engines") == []  # weight sync, the head: at first use
+    assert heavy_modules_after("import rlcore.runtime, rlcore.engines") == []  # weight sync: at first use
 
 
 # What a plugin may import of core: `rlcore` and these named sub-APIs, each the names of its `__all__`. Every other
 # module of core is internal: it may move or change without notice (docs/architecture.md, "The public surface").
-SUB_APIS = ("rlcore", "rlcore.batch", "rlcore.data", "rlcore.engines", "rlcore.rewards", "rlcore.runtime",
-            "rlcore.sections", "rlcore.testing")
+SUB_APIS = ("rlcore", "rlcore.batch", "rlcore.data", "rlcore.engines", "rlcore.head", "rlcore.rewards",
+            "rlcore.runtime", "rlcore.sections", "rlcore.testing")
 
 
 def plugin_imports_of_core(root) -> list[tuple[str, str, str]]:
