@@ -122,7 +122,7 @@ class GKDConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
             if self.offload_teacher_model:
                 problems.append(("offload_teacher_model", "applies to a teacher colocated in the train workers, but the "
                                  "teacher is a separate group; drop it (its engine sleeps when it shares GPUs)"))
-        elif not self.teacher_model:
+        elif self.model and not self.teacher_model:  # no model: `model is unset` says what to set first
             problems.append(("teacher_model", "is unset; set teacher_model (colocated in the train workers), or "
                              "teacher.model with teacher.gpus (a separate group serving top-k)"))
         if problems:

@@ -230,12 +230,19 @@ def test_every_installed_algorithm_is_tested_for_loading_back(python_m_rlcore):
     assert sorted(a for row in listed for a in row["provides"].get("algorithms", [])) == sorted(ALGORITHMS)
 
 
+# what a shown config leaves unset and a run needs: the model (and data), named on the command line; the tiny model's
+# context is 1024 positions, below sampling's default prompt length
+NAMED = {"grpo": ["model=tiny"], "gkd": ["model=tiny", "teacher_model=tiny:teacher"],
+         "sft": ["model=tiny", "dataset=tiny:sft"], "pt": ["model=tiny", "dataset=tiny:pt"],
+         "sample": ["model=tiny", "max_prompt_length=512"], "distill": ["model=tiny", "max_prompt_length=512"]}
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_config_show_loads_back_to_the_same_values(python_m_rlcore, tmp_path, algorithm):
     shown = python_m_rlcore("config", "show", "--plugin", algorithm)
     assert shown.returncode == 0, shown.stderr
     (tmp_path / "my.yaml").write_text(shown.stdout)
-    valid = python_m_rlcore("config", "validate", "--plugin", algorithm, "--config", "my.yaml")
+    valid = python_m_rlcore("config", "validate", "--plugin", algorithm, "--config", "my.yaml", *NAMED.get(algorithm, ()))
     assert (valid.returncode, valid.stdout) == (0, f"my.yaml: valid for algorithm '{algorithm}'\n"), valid.stderr
     again = python_m_rlcore("config", "show", "--plugin", algorithm, "--config", "my.yaml")
     assert again.stdout == shown.stdout  # every value, as written
@@ -251,7 +258,7 @@ def test_the_demo_preset_validates_and_a_config_without_a_model_says_how_to_name
     done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", preset, "num_generations=16")
     assert (done.returncode, done.stdout) == (0, f"{preset}: valid for algorithm 'grpo'\n"), done.stderr
     (tmp_path / "mine.yaml").write_text("seed: 1\ndataset: tiny:toy\n")
-    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", "mine.yaml", "num_generations=16")
+    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", "mine.yaml")
     assert done.returncode == 2
     assert done.stderr.splitlines()[0] == "rlcore: error: invalid configuration (1 problem):", done.stderr
     assert "model: is unset; name one" in done.stderr and "tiny" in done.stderr
