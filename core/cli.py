@@ -433,7 +433,8 @@ def _refit(args: argparse.Namespace, plugins: Plugins, algorithm: str, changes: 
 
     model = with_settings(plugins.algorithms.get(algorithm).config, plugins.settings, algorithm)
     overrides = list(args.overrides) + (["resume=auto"] if getattr(args, "resume", False) else [])
-    return load_config(model, args.config, overrides + Suggestion(changes, 0, True).overrides(), algorithm=algorithm)
+    changed = overrides + Suggestion(changes, 0, True).overrides()
+    return load_translated(model, args.config, changed, algorithm=algorithm)[0]
 
 
 def _fitting(args: argparse.Namespace, plugins: Plugins, algorithm: str, config: Any) -> tuple[Any, Any, list[Any]]:

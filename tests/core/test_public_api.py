@@ -125,7 +125,7 @@ def test_import_rlcore_imports_no_engine_library():
 
 # What a plugin may import of core: `rlcore` and these named sub-APIs, each the names of its `__all__`. Every other
 # module of core is internal: it may move or change without notice (docs/architecture.md, "The public surface").
-SUB_APIS = ("rlcore", "rlcore.batch", "rlcore.data", "rlcore.engines", "rlcore.head", "rlcore.rewards",
+SUB_APIS = ("rlcore", "rlcore.batch", "rlcore.data", "rlcore.engines", "rlcore.head", "rlcore.memory", "rlcore.rewards",
             "rlcore.runtime", "rlcore.sections", "rlcore.testing")
 
 
