@@ -33,7 +33,7 @@ from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_yo
 from .log import LEVELS, STOP, logger
 from .manager import PluginLoadWarning, Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
-from .ms_swift import Translation, launch_options, load_translated
+from .compat.ms_swift import Translation, launch_options, load_translated
 from .plot import plot_metrics
 from .signals import leaving
 

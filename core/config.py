@@ -203,8 +203,8 @@ def load_config(
 
     The command line wins over the file. Every problem is reported at once in one `ConfigError` whose
     `problems` lists `(dotted key path, message)`; an unknown key suggests the closest known one, or points to
-    `rlcore config show --plugin ALGORITHM`. ms-swift's and TRL's keys are rlcore's once `rlcore.ms_swift`
-    translated them (`rlcore.ms_swift.load_translated`, what the CLI reads a file with).
+    `rlcore config show --plugin ALGORITHM`. ms-swift's and TRL's keys are rlcore's once `rlcore.compat.ms_swift`
+    translated them (`rlcore.compat.ms_swift.load_translated`, what the CLI reads a file with).
     """
     data, problems, from_cli = read_config_data(path, overrides)
     return config_from_data(model, data, problems, from_cli, algorithm=algorithm, source=path)

@@ -329,15 +329,15 @@ class RolloutEngine(abc.ABC):
     def weight_receiver_gpus(self) -> list[str]:
         """The GPU (UUID) of each process holding this engine's weights, in the order `load_ipc_bucket` takes
         payloads; by default one: this process's current GPU."""
-        from .weight_sync import gpu_uuid
+        from .runtime.weight_sync import gpu_uuid
 
         return [gpu_uuid()]
 
     def load_ipc_bucket(self, payloads: list[dict[str, Any]]) -> None:
-        """Load one bucket packed by `rlcore.weight_sync.CudaIpcSender`s: payloads[i] from the sender on the GPU
+        """Load one bucket packed by `rlcore.runtime.weight_sync.CudaIpcSender`s: payloads[i] from the sender on the GPU
         of receiver i (`weight_receiver_gpus`). By default one receiver, this process, through `update_weights`;
         an engine whose weights live in other processes loads each payload there."""
-        from .weight_sync import IpcReceiver
+        from .runtime.weight_sync import IpcReceiver
 
         if len(payloads) != 1:
             raise RlcoreError(f"{type(self).__name__} holds its weights in one process but got {len(payloads)} IPC payloads")
@@ -347,7 +347,7 @@ class RolloutEngine(abc.ABC):
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         """Join the broadcast group through which train rank 0 sends new weights (ranks rank.. rank+receivers-1),
-        e.g. as an `rlcore.weight_sync.BroadcastGroup`. An engine that cannot leaves this as it is."""
+        e.g. as an `rlcore.runtime.weight_sync.BroadcastGroup`. An engine that cannot leaves this as it is."""
         raise RlcoreError(
             f"{type(self).__name__} cannot receive weights over a broadcast group; colocate the rollout role "
             "with train (in-process or CUDA IPC sync) or implement join_weight_group and receive_weights"

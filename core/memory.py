@@ -209,7 +209,7 @@ def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugi
 def plan_of(plugins: Any, algorithm: str, config: Any) -> tuple[MemoryPlan | None, dict[str, RoleUse]]:
     """The memory plan of a run of `algorithm` with `config` and the roles' uses; (None, {}) where the algorithm
     describes none (no model named, or no `memory_use`), the model is a demo's tiny one, or no role has a GPU."""
-    from .resources import plan_from_config
+    from .runtime.resources import plan_from_config
     from .testing import is_tiny
 
     trainer = plugins.algorithms.get(algorithm).trainer

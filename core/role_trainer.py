@@ -31,9 +31,9 @@ from typing import Any
 from .config import config_error, problems_of
 from .memory import RoleUse
 from .model_checks import ModelUse, model_problems
-from .resources import ResourcePlan, plan_from_config
+from .runtime.resources import ResourcePlan, plan_from_config
 from .sections import adapter_sync_problems, generate_engine_problems, train_engine_problems
-from .session import RoleSession, RoleSetup, announce
+from .runtime.session import RoleSession, RoleSetup, announce
 from .testing import is_tiny, resolve_tiny
 from .trainer import Trainer
 

@@ -28,7 +28,7 @@ class DispatcherSpec:
     come back where the split needs a particular collect.
 
     `split(n, args, kwargs, mesh)` returns one `(args, kwargs)` per worker, or None for a worker that
-    gets nothing (an empty shard). `mesh` describes the group's parallel layout (see `rlcore.dispatch`).
+    gets nothing (an empty shard). `mesh` describes the group's parallel layout (see `rlcore.runtime.dispatch`).
     `collect` is the collector the mode pairs with (a registered name or a callable; `@function(collect=...)`
     overrides it; None: `none`). `collect_ranks(n, mesh)`, where given, names the ranks whose results are
     collected (`dp`: one per data-parallel shard), the others' are dropped.

@@ -10,7 +10,7 @@ means the same (`micro_batch_size` -> `per_device_train_batch_size`), *noted* wh
 with a one-line reason (`finetune: false`: rlcore continues its own runs with --resume). None is dropped without
 a word: `rlcore run` prints the notes, and `rlcore config show --from-ms-swift FILE` prints the mapping above
 the config it gives. A key the algorithm has itself keeps rlcore's meaning, so a native config comes back
-unchanged. TRL's names are read first (`rlcore.trl_names`).
+unchanged. TRL's names are read first (`rlcore.compat.trl_names`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .config import _names_and_aliases, config_from_data, read_config_data
-from .data import dataset_file, load_rows
-from .errors import ConfigError
-from .resources import parse_ranks
+from ..config import _names_and_aliases, config_from_data, read_config_data
+from ..data import dataset_file, load_rows
+from ..errors import ConfigError
+from ..runtime.resources import parse_ranks
 from .trl_names import trl_keys
 
 ALGORITHMS = {"grpo": "grpo", "gkd": "gkd"}  # rlhf_type -> rlcore algorithm

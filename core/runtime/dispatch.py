@@ -29,12 +29,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .batch import Batch
-from .errors import NotRegistered, RlcoreError
-from .specs import CollectorSpec, DispatcherSpec
+from ..batch import Batch
+from ..errors import NotRegistered, RlcoreError
+from ..specs import CollectorSpec, DispatcherSpec
 
 if TYPE_CHECKING:
-    from .manager import Plugins
+    from ..manager import Plugins
 
 Shard = tuple[tuple, dict]
 Split = Callable[[int, tuple, dict, "Mesh"], list]

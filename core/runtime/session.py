@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import cluster, manager, workers
+from . import cluster, workers
+from .. import manager
 from .actors import wait
 from .dispatch import Mesh
-from .engine_checks import resolve_dtype
-from .errors import ConfigError
+from ..engine_checks import resolve_dtype
+from ..errors import ConfigError
 from .placement import allocate, release
-from .log import logger
+from ..log import logger
 from .resources import ResourcePlan
 from .workers import bind
 

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .batch import Batch
-from .errors import ConfigError, RlcoreError
+from ..batch import Batch
+from ..errors import ConfigError, RlcoreError
 from .rendezvous import tcp_store
 
 # One bucket of weights: (Hugging Face name, tensor) pairs, as the engines export and load them. Engines are

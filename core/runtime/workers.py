@@ -23,7 +23,7 @@ Tensors travel as numpy buffers, which Ray reads without copying; an argument ev
 (`dispatch="all"`, or a `dp` shard shared by tensor ranks) goes into the object store once. A worker
 must treat a tensor argument as read-only (`.clone()` it before writing in place): the workers of a node
 share its memory. The Ray half (the actor that hosts an instance, and the driver's proxy for a group of
-them) is `rlcore.actors`.
+them) is `rlcore.runtime.actors`.
 """
 
 from __future__ import annotations
@@ -35,15 +35,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import actors as _actors
-from . import cluster, failures, manager
+from . import cluster
+from .. import failures, manager
 from .actors import Handle, RemoteGroup, wait
 from .dispatch import FunctionSpec, Mesh, Mode
-from .errors import ConfigError, RlcoreError
-from .specs import Slot
+from ..errors import ConfigError, RlcoreError
+from ..specs import Slot
 from .transport import encode
 
 if TYPE_CHECKING:
-    from .manager import Plugins
+    from ..manager import Plugins
 
 # Wrappers read the mode through modules (`_actors._actor`, `_here._runtime`), never as their own
 # globals: cloudpickle copies a wrapper of a class defined in __main__ by value, globals included.
@@ -242,7 +243,7 @@ CALL_TIMEOUT = 1800.0  # seconds a group call may go without a result (RunConfig
 class Runtime:
     """The slots @worker classes are placed on, and whether they run as Ray actors.
 
-    `slots` maps a role (group) to one Slot per worker, ranks 0..n-1 (what `rlcore.placement.allocate`
+    `slots` maps a role (group) to one Slot per worker, ranks 0..n-1 (what `rlcore.runtime.placement.allocate`
     returns). `meshes` gives a group's parallel layout for `dispatch="dp"` (default: all data-parallel).
     `call_timeout` is how long a group call may go without a result before its group counts as hung
     (RoleFailed naming the ranks that did not answer, and the group stops; None: no limit). `plugins` are
@@ -297,7 +298,7 @@ class Runtime:
             )
         if self.use_ray:
             if not cluster.is_initialized():
-                raise RlcoreError("runtime(use_ray=True) needs a running Ray; call rlcore.cluster.init() first")
+                raise RlcoreError("runtime(use_ray=True) needs a running Ray; call rlcore.runtime.cluster.init() first")
 
     def _start(self, cls: type, group: str) -> RemoteGroup:
         """`group`'s actors for `cls`, one per slot, with the group's mesh (all data-parallel by default)."""

@@ -22,7 +22,7 @@ def run(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> d
 
 
 def test_importing_the_runtime_does_not_import_ray():
-    out = run("import json, sys, rlcore, rlcore.workers, rlcore.actors, rlcore.cluster, rlcore.dispatch\n"
+    out = run("import json, sys, rlcore, rlcore.runtime.workers, rlcore.runtime.actors, rlcore.runtime.cluster, rlcore.runtime.dispatch\n"
               "print(json.dumps({'ray': 'ray' in sys.modules, 'torch': 'torch' in sys.modules}))")
     assert out == {"ray": False, "torch": False}
 

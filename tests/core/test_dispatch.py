@@ -7,7 +7,7 @@ import torch
 
 from rlcore import Batch, DispatcherSpec, NotRegistered, RlcoreError, function, load_plugins, worker, workers
 from rlcore import dispatch as d
-from rlcore.dispatch import Mesh
+from rlcore.runtime.dispatch import Mesh
 
 PLUGINS = load_plugins()
 

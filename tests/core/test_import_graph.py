@@ -88,3 +88,16 @@ def test_a_circle_is_found(tmp_path):
     (tmp_path / "c.py").write_text("def f():\n    from .a import x\n")
     (tmp_path / "d.py").write_text("from . import a\nimport rlcore.d\n")
     assert circles(import_graph(tmp_path)) == [["rlcore.a", "rlcore.b", "rlcore.c"]]
+
+
+def test_the_folders_are_layers():
+    """The runtime (core/runtime/) builds on core's shared pieces, never on the algorithm contract, the CLI or the
+    translators; the translators (core/compat/) are the CLI's, which runs them before a config is validated."""
+    graph = import_graph()
+    above = ("rlcore.role_trainer", "rlcore.trainer", "rlcore.cli", "rlcore.compat")
+    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.startswith("rlcore.runtime.")
+                    for t in targets if t.startswith(above))
+    assert upward == []
+    users = sorted(m for m, targets in graph.items() if not m.startswith("rlcore.compat")
+                   and any(t.startswith("rlcore.compat") for t in targets))
+    assert users == ["rlcore.cli"]

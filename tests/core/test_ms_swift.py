@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlcore.errors import ConfigError
-from rlcore.ms_swift import load_translated, translate
+from rlcore.compat.ms_swift import load_translated, translate
 from rlcore.plugins.gkd import GKDConfig
 from rlcore.plugins.grpo import GRPOConfig
 from rlcore.data import load_rows

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rlcore.config import closest_key
-from rlcore.ms_swift import translate
+from rlcore.compat.ms_swift import translate
 from rlcore.plugins.grpo import GRPOConfig
 
 TRL_GRPO = """\
@@ -193,7 +193,7 @@ def trl_defaults() -> dict:
     ("sample", "prompts.jsonl"),
 ])
 def test_every_key_of_trls_script_arguments_and_model_config_loads(trl_files, tiny, algorithm, data):
-    from rlcore.ms_swift import load_translated
+    from rlcore.compat.ms_swift import load_translated
     from rlcore.plugins.gkd import GKDConfig
     from rlcore.plugins.grpo import GRPOConfig
     from rlcore.plugins.sampling import SampleConfig

@@ -13,7 +13,7 @@ import ray.cloudpickle
 import torch
 
 from rlcore import Batch, ConfigError, RoleFailed, Slot, function, worker, worker_rank, workers
-from rlcore.dispatch import Mesh
+from rlcore.runtime.dispatch import Mesh
 
 # The classes below live in a test module Ray's workers cannot import: send them by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -340,8 +340,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.ray
 def test_slots_from_placement_allocate_share_bundles(ray_runtime):
-    from rlcore.placement import allocate, release
-    from rlcore.resources import plan_from_config
+    from rlcore.runtime.placement import allocate, release
+    from rlcore.runtime.resources import plan_from_config
 
     plan = plan_from_config({"colocate_groups": [["train", "rollout"]], "train": {"gpus": 2}, "rollout": {"gpus": 2}})
     slots = allocate(plan, timeout_s=30)

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from rlcore import ConfigError, load_config
 from rlcore.plugins.grpo.config import GRPOConfig
-from rlcore.resources import plan_from_config
+from rlcore.runtime.resources import plan_from_config
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "ray" / "grpo").glob("*.yaml"))
 

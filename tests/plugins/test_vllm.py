@@ -133,8 +133,8 @@ def test_prompt_topk_is_one_right_padded_batch_in_the_shared_layout():
 def test_in_process_engine_receives_a_broadcast_and_resets_its_prefix_cache():
     import threading
 
-    from rlcore.rendezvous import find_free_port
-    from rlcore.weight_sync import BroadcastGroup, iter_buckets
+    from rlcore.runtime.rendezvous import find_free_port
+    from rlcore.runtime.weight_sync import BroadcastGroup, iter_buckets
 
     llm = _FakeLLM()
     engine = _engine_over(llm)
