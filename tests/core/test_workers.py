@@ -12,7 +12,8 @@ import pytest
 import ray.cloudpickle
 import torch
 
-from rlcore import Batch, ConfigError, RoleFailed, Slot, function, worker, worker_rank, workers
+from rlcore import Batch, ConfigError, RoleFailed, Slot, function, worker, worker_rank
+from rlcore.runtime import workers
 from rlcore.runtime.dispatch import Mesh
 
 # The classes below live in a test module Ray's workers cannot import: send them by value.
@@ -173,7 +174,7 @@ def test_non_blocking_calls_return_handles(ray_runtime):
 
 @pytest.mark.ray
 def test_a_large_argument_is_stored_once_for_all_workers_and_keeps_its_dtype(ray_runtime, monkeypatch):
-    from rlcore import transport
+    from rlcore.runtime import transport
 
     ray_runtime(cpu_slots(calc=3))
     calc = Calc(1)
