@@ -331,7 +331,7 @@ def _configured(args: argparse.Namespace, resume: bool = False, demo: bool = Fal
     spec = plugins.algorithms.get(algorithm)
     if demo and args.config is None and spec.demo and not any(o.split("=", 1)[0].strip() == "model" for o in args.overrides):
         args.config = spec.demo
-        logger.info("no --config and no model: running the %s demo preset %s", algorithm, spec.demo)
+        logger.debug("no --config and no model: running the %s demo preset %s", algorithm, spec.demo)
     model = with_settings(spec.config, plugins.settings, algorithm)
     overrides = list(args.overrides)
     if resume:
