@@ -302,13 +302,10 @@ class RolloutEngine(abc.ABC):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """`params.n` completions per prompt, prompt-major: result[i * n + j] is prompt i's j-th."""
 
-    def run_episodes(self, episodes: list[Any], params: SamplingParams) -> None:
-        """Run multi-turn episodes (`rlcore.episodes.EpisodeRunner`) to their ends. This default generates every
-        unfinished episode's next turn in one `generate` call per turn; an engine that can take requests while it
-        generates (vLLM) submits an episode's next turn as soon as its previous one ends."""
-        from .episodes import run_turns
-
-        run_turns(self.generate, episodes, params)
+    # Optional: `run_episodes(episodes, params)` runs multi-turn episodes (`rlcore.episodes.EpisodeRunner`) to their
+    # ends, for an engine that can take requests while it generates (vLLM submits an episode's next turn as soon
+    # as its previous one ends). Without it, `rlcore.episodes.run_episodes` generates every unfinished episode's
+    # next turn in one `generate` call per turn (`run_turns`): the episodes build on the engines, not the reverse.
 
     @abc.abstractmethod
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> TopK:

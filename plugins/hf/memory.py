@@ -10,7 +10,7 @@ every sequence in flight.
 
 from __future__ import annotations
 
-from rlcore.engines import CHUNK_ROWS
+from rlcore.head import CHUNK_ROWS
 from rlcore.memory import (
     CUDA_CONTEXT, EngineMemory, MemoryQuery, dtype_bytes, forward_terms, teacher_terms, train_fixes, train_terms,
 )

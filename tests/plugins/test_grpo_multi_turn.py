@@ -70,7 +70,7 @@ def test_the_hint_demo_runs_episodes_through_rlcore_run(tmp_path):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples" / "multi_turn").glob("*.yaml")), ids=lambda p: p.stem)
 def test_the_multi_turn_examples_load_and_name_what_exists(path, monkeypatch):
-    from rlcore.resources import plan_from_config
+    from rlcore.runtime.resources import plan_from_config
 
     monkeypatch.chdir(ROOT)
     config = load_config(GRPOConfig, str(path))
