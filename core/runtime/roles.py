@@ -188,14 +188,14 @@ class GenerateWorker:
     @function(dispatch="slice", collect="flatten")
     def generate_episodes(self, rows: list[dict[str, Any]], setup: Any, params) -> list:
         """One multi-turn episode per row (`rlcore.episodes`), its environment made here, where it runs."""
-        from .episodes import run_episodes
+        from ..episodes import run_episodes
 
         return run_episodes(self.engine, rows, setup, params, worker_plugins())
 
     @function(dispatch="slice", collect="flatten", blocking=False)
     def generate_episodes_async(self, rows: list[dict[str, Any]], setup: Any, params) -> list:
         """`generate_episodes` that returns a handle at once (async_generate)."""
-        from .episodes import run_episodes
+        from ..episodes import run_episodes
 
         return run_episodes(self.engine, rows, setup, params, worker_plugins())
 

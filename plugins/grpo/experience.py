@@ -140,7 +140,7 @@ class ExperienceMaker:
             call = rollout.generate_episodes if blocking else rollout.generate_episodes_async
             params = dataclasses.replace(self.sampling_params(step), n=1)
             episodes = [r for r in rows for _ in range(self.config.num_generations)]
-            return rows, [], call(episodes, self.config.episode_setup(self.model_path, self.config.max_completion_length), params)
+            return rows, [], call(episodes, self.config.episode_setup(self.config.model, self.config.max_completion_length), params)
         prompt_ids = [self.encode(r["prompt"]) for r in rows]
         call = rollout.generate if blocking else rollout.generate_async
         return rows, prompt_ids, call(prompt_ids, self.sampling_params(step))
