@@ -364,9 +364,9 @@ def test_each_sync_serves_the_train_engines_adapter_as_a_fresh_lora_request(tiny
     from safetensors.torch import load_file
 
     from rlcore import RoleSession, RoleSetup
-    from rlcore.resources import plan_from_config
-    from rlcore.roles import GenerateWorker, TrainWorker
-    from rlcore.weight_sync import check_weight_sync
+    from rlcore.runtime.resources import plan_from_config
+    from rlcore.runtime.roles import GenerateWorker, TrainWorker
+    from rlcore.runtime.weight_sync import check_weight_sync
     from test_hf_train import make_batch, nll_loss
 
     plugins = load_plugins()
