@@ -19,7 +19,8 @@ from pathlib import Path
 import ray
 import torch
 
-from rlcore import cluster, function, worker, workers
+from rlcore import function, worker
+from rlcore.runtime import cluster, workers
 from rlcore.specs import Slot
 
 WORKERS = 4

@@ -271,12 +271,12 @@ def run_verl(config: Any, model: str, tmp: Path, name: str, prompt_length: int, 
 
 def implementation(config: Any) -> dict[str, Any]:
     """rlcore's implementation choices that TRL makes differently, as table rows."""
-    from rlcore.plugins.grpo.objective import old_logprobs_in_step
+    from rlcore.plugins.grpo.experience import OldLogprobs
 
     chunked = config.train.engine_kwargs.get("chunked_lm_head", True)
     return {
         "log-probs": "hidden states + LM head in chunks" if chunked else "full [B, T, V] logits",
-        "old log-probs": "the train step's own forward (one step per round)" if old_logprobs_in_step(config)
+        "old log-probs": "the train step's own forward (one step per round)" if OldLogprobs.of(config).source == "step"
         else "a separate no-grad forward",
         "padding": "padding-free: rows packed, token-budget micro-batches; LM head on real tokens only"
         if config.train.engine_kwargs.get("padding_free", True) else

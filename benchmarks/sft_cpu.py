@@ -201,7 +201,7 @@ def main() -> None:
                 print(f"run {r + 1}/{args.repeats} {side}: median step {runs[side][-1]['median_step_s']:.4f} s",
                       file=sys.stderr, flush=True)
         if args.ray:
-            from rlcore import cluster
+            from rlcore.runtime import cluster
 
             cluster.init("local", num_cpus=2)
             try:

@@ -14,7 +14,7 @@ For a Qwen2-0.5B-, 1.5B- and 7B-shaped model (random bf16 weights with Hugging F
   fake GPUs (object store / gloo), a check of the harness.
 
 The receiver's "load" copies each received tensor into its own copy of the model, by name, in one batched
-copy: what a vLLM engine's replayed load does (rlcore.weight_replay); vLLM's own Python loaders add to
+copy: what a vLLM engine's replayed load does (rlcore.plugins.vllm.weight_replay); vLLM's own Python loaders add to
 it on the first sync of a layout only. A sync is timed on the sender from its start to the receiver's
 "loaded" message (as `RoleSession.sync_weights` waits for both); the median of `--syncs` after one warm-up.
 
@@ -100,7 +100,7 @@ def nbytes(weights) -> int:
 
 
 def ipc_receiver(conn, shape: str) -> None:
-    from rlcore.weight_sync import IpcReceiver
+    from rlcore.runtime.weight_sync import IpcReceiver
 
     torch.cuda.set_device(0)
     own, load = loader(shape, "cuda:0")
@@ -142,7 +142,7 @@ VARIANTS = {  # label: (receiver message, sender kept from sync to sync, pack th
 def bench_ipc(shape: str, syncs: int) -> dict:
     from torch.multiprocessing.reductions import reduce_tensor
 
-    from rlcore.weight_sync import CudaIpcSender, iter_buckets
+    from rlcore.runtime.weight_sync import CudaIpcSender, iter_buckets
 
     torch.cuda.set_device(0)
     weights = make_weights(shape, "cuda:0", fill=True)
@@ -226,8 +226,8 @@ def bench_vllm_load(shape: str, syncs: int) -> dict:
     from vllm import LLM
 
     from rlcore.testing import build_tiny_model
-    from rlcore.weight_replay import ReplayLoader
-    from rlcore.weight_sync import flatten_bucket, iter_buckets, unflatten_bucket
+    from rlcore.plugins.vllm.weight_replay import ReplayLoader
+    from rlcore.runtime.weight_sync import flatten_bucket, iter_buckets, unflatten_bucket
 
     hidden, layers, heads, kv_heads, inter, tied = SHAPES[shape]
     if not tied:
@@ -261,7 +261,7 @@ def bench_vllm_load(shape: str, syncs: int) -> dict:
 
 
 def nccl_receiver(port: int, shape: str, syncs: int, queue) -> None:
-    from rlcore.weight_sync import BroadcastGroup
+    from rlcore.runtime.weight_sync import BroadcastGroup
 
     torch.cuda.set_device(1)
     own, load = loader(shape, "cuda:1")
@@ -277,8 +277,8 @@ def nccl_receiver(port: int, shape: str, syncs: int, queue) -> None:
 
 
 def bench_nccl(shape: str, syncs: int) -> dict:
-    from rlcore.rendezvous import find_free_port
-    from rlcore.weight_sync import BroadcastGroup, iter_buckets
+    from rlcore.runtime.rendezvous import find_free_port
+    from rlcore.runtime.weight_sync import BroadcastGroup, iter_buckets
 
     torch.cuda.set_device(0)
     weights = make_weights(shape, "cuda:0", fill=True)
@@ -326,10 +326,10 @@ def bench_session(shape: str, syncs: int, layout: str, device: str) -> dict:
     import tempfile
 
     from rlcore import RoleSession, RoleSetup, load_plugins
-    from rlcore.cluster import init
+    from rlcore.runtime.cluster import init
     from rlcore.testing import build_tiny_model
-    from rlcore.resources import plan_from_config
-    from rlcore.roles import GenerateWorker, TrainWorker
+    from rlcore.runtime.resources import plan_from_config
+    from rlcore.runtime.roles import GenerateWorker, TrainWorker
 
     hidden, layers, heads, kv_heads, inter, tied = SHAPES[shape]
     if not tied:

@@ -15,11 +15,12 @@ from .engines import (
 from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed, did_you_mean
 from .hookspecs import hookimpl, hookspec
 from .manager import Plugins, Registered, load_plugins
+from .model_checks import ModelUse
 from .registry import Registry
-from .resources import plan_from_config
+from .runtime.resources import plan_from_config
 from .rewards import RewardFailed, call_reward, resolve_reward
 from .role_trainer import RoleTrainer
-from .roles import GenerateWorker, ScoreWorker, TrainWorker, make_engine
+from .runtime.roles import GenerateWorker, ScoreWorker, TrainWorker, make_engine
 from .sections import (
     CheckpointKeys,
     GenerateRoleConfig,
@@ -34,7 +35,7 @@ from .sections import (
     rollout_options,
     train_options,
 )
-from .session import RoleSession, RoleSetup, announce
+from .runtime.session import RoleSession, RoleSetup, announce
 from .specs import (
     AlgorithmSpec,
     CollectorSpec,
@@ -50,7 +51,7 @@ from .specs import (
 )
 from .environments import Environment, Step, ToolCall, Turn
 from .trainer import PhaseTimer, Trainer
-from .workers import bind, function, worker, worker_plugins, worker_rank
+from .runtime.workers import bind, function, worker, worker_plugins, worker_rank
 
 __version__ = "0.1.0"
 
@@ -71,6 +72,7 @@ __all__ = [
     "Generation",
     "LoggingKeys",
     "ModelOutputs",
+    "ModelUse",
     "NonfiniteKeys",
     "NotRegistered",
     "OptimizerKeys",

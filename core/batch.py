@@ -218,3 +218,9 @@ def right_padded(mask: Any) -> bool:
         return False
     ones = mask.bool()
     return bool((ones == (torch.arange(mask.shape[1]) < ones.sum(dim=1, keepdim=True))).all())
+
+
+__all__ = [
+    "Batch", "copy_to", "host_column", "host_of", "nonzero_positions", "pad_tokens", "pad_width", "right_padded",
+    "token_columns", "trim_padding",
+]

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import __version__, log
 from .config import (
-    config_error, load_config, read_config_data, render_config, render_value, validation_problems, with_settings,
+    config_error, read_config_data, render_config, render_value, validation_problems, with_settings,
 )
 from .extras import check_run, plugin_needs
 from .failures import advice, failure_of
@@ -33,7 +33,7 @@ from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_yo
 from .log import LEVELS, STOP, logger
 from .manager import PluginLoadWarning, Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
-from .ms_swift import Translation, launch_options, translate
+from .compat.ms_swift import Translation, launch_options, load_translated
 from .plot import plot_metrics
 from .signals import leaving
 
@@ -303,13 +303,14 @@ def _algorithm_of(plugins: Plugins, spec: str) -> str | None:
     return plugins.algorithm_of(name)
 
 
-def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins, str, Any]:
+def _configured(args: argparse.Namespace, resume: bool = False, demo: bool = False) -> tuple[Plugins, str, Any]:
     """The loaded plugins, the algorithm's name and its validated config, after `rlcore_configure`.
 
     The algorithm comes from --plugin, else from the config's `rlhf_type` (ms-swift's); `use_ray: true` in
     the config means --use-ray. The algorithm's config model gains the keys plugins add (`rlcore_settings`),
     validated with its own. `resume` adds the override resume=auto, for algorithms whose config has a
-    `resume` key.
+    `resume` key. `demo`: given neither --config nor a `model` override, the config is the algorithm's demo
+    preset (`AlgorithmSpec.demo`, e.g. examples/demo/grpo.yaml), the overrides on top.
     """
     if getattr(args, "from_ms_swift", None):
         if args.config:
@@ -327,18 +328,21 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
                           "drop one of them")
     if use_ray and hasattr(args, "use_ray"):
         args.use_ray = True
-    model = with_settings(plugins.algorithms.get(algorithm).config, plugins.settings, algorithm)
+    spec = plugins.algorithms.get(algorithm)
+    if demo and args.config is None and spec.demo and not any(o.split("=", 1)[0].strip() == "model" for o in args.overrides):
+        args.config = spec.demo
+        logger.debug("no --config and no model: running the %s demo preset %s", algorithm, spec.demo)
+    model = with_settings(spec.config, plugins.settings, algorithm)
     overrides = list(args.overrides)
     if resume:
         if "resume" not in model.model_fields:
             raise ConfigError(f"--resume: algorithm '{algorithm}' has no 'resume' key, so it cannot resume a run")
         overrides.append("resume=auto")
-    config = load_config(model, args.config, overrides, algorithm=algorithm)
+    config, args.translation = load_translated(model, args.config, overrides, algorithm=algorithm)
     try:
         plugins.hook.rlcore_configure(config=config, algorithm=algorithm)
     except ValidationError as exc:  # a hook assigned a bad value
         raise config_error(validation_problems(exc, model, algorithm=algorithm), source="rlcore_configure") from None
-    args.translation = translate(read_config_data(args.config, overrides)[0], model)
     return plugins, algorithm, config
 
 
@@ -346,7 +350,7 @@ def _run(args: argparse.Namespace) -> int:
     log.hold()  # the notes and checks before the run takes its output_dir go to its run.log too
     if args.log_level:
         log.setup(args.log_level)  # the plugins and the config load at that level already
-    plugins, algorithm, config = _configured(args, resume=args.resume)
+    plugins, algorithm, config = _configured(args, resume=args.resume, demo=True)
     check_run(plugins, algorithm, config, use_ray=args.use_ray)
     log.setup(args.log_level or getattr(config, "log_level", "info"))
     config, fitted = _checked_memory(args, plugins, algorithm, config, fit=args.fit)
@@ -408,6 +412,7 @@ def _translation_comment(source: str, translation: Translation) -> str:
 
 def _config_validate(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args)
+    log.setup(getattr(config, "log_level", "info"))  # third-party progress bars off, as in a run
     check_run(plugins, algorithm, config, engines=False)  # the algorithm's own checks need its library
     check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
     if check is not None:  # the plan, names, data, model: what run checks before it allocates
@@ -428,7 +433,8 @@ def _refit(args: argparse.Namespace, plugins: Plugins, algorithm: str, changes: 
 
     model = with_settings(plugins.algorithms.get(algorithm).config, plugins.settings, algorithm)
     overrides = list(args.overrides) + (["resume=auto"] if getattr(args, "resume", False) else [])
-    return load_config(model, args.config, overrides + Suggestion(changes, 0, True).overrides(), algorithm=algorithm)
+    changed = overrides + Suggestion(changes, 0, True).overrides()
+    return load_translated(model, args.config, changed, algorithm=algorithm)[0]
 
 
 def _fitting(args: argparse.Namespace, plugins: Plugins, algorithm: str, config: Any) -> tuple[Any, Any, list[Any]]:

@@ -201,22 +201,34 @@ def load_config(
 ) -> BaseModel:
     """Load `path` (YAML) with `overrides` (`key.sub=value`, values parsed as YAML) on top, into `model`.
 
-    The command line wins over the file. ms-swift's keys are read as rlcore's (`rlcore.ms_swift`). Every
-    problem is reported at once in one `ConfigError` whose `problems` lists `(dotted key path, message)`; an
-    unknown key suggests the closest known one, or points to `rlcore config show --plugin ALGORITHM`.
+    The command line wins over the file. Every problem is reported at once in one `ConfigError` whose
+    `problems` lists `(dotted key path, message)`; an unknown key suggests the closest known one, or points to
+    `rlcore config show --plugin ALGORITHM`. ms-swift's and TRL's keys are rlcore's once `rlcore.compat.ms_swift`
+    translated them (`rlcore.compat.ms_swift.load_translated`, what the CLI reads a file with).
     """
-    from .ms_swift import translate  # here, not at the top: rlcore.ms_swift reads this module's key names
-
     data, problems, from_cli = read_config_data(path, overrides)
-    translation = translate(data, model)
-    problems.extend(translation.problems)
+    return config_from_data(model, data, problems, from_cli, algorithm=algorithm, source=path)
+
+
+def config_from_data(
+    model: type[BaseModel],
+    data: dict[str, Any],
+    problems: Iterable[tuple[str, str]] = (),
+    from_cli: Iterable[str] = (),
+    *,
+    algorithm: str = "",
+    source: str | os.PathLike | None = None,
+) -> BaseModel:
+    """`data` (a config's keys) validated into `model`; `problems` found before (reading, translating) are reported
+    with pydantic's, all at once, in one `ConfigError` naming `source`."""
+    problems = list(problems)
     try:
-        config = model.model_validate(translation.data)
+        config = model.model_validate(data)
     except ValidationError as exc:
         problems.extend(validation_problems(exc, model, from_cli, algorithm))
         config = None
     if problems:
-        raise config_error(problems, source=str(path) if path is not None else "")
+        raise config_error(problems, source=str(source) if source is not None else "")
     return config
 
 

@@ -540,3 +540,9 @@ def _hub_dataset(name: str) -> Path:
     except Exception as exc:  # no such dataset, gated, or the download failed
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         _refuse("dataset_name", f"'{name}' cannot be downloaded from the Hub: {reason}")
+
+
+__all__ = [
+    "FORMATS", "PromptEncoder", "PromptSampler", "completion_text", "conversation_view", "dataset_error", "dataset_file",
+    "has_conversations", "load_prompts", "load_rows", "model_problem", "prompt_view", "split_files",
+]

@@ -11,6 +11,10 @@ Conventions shared by every engine:
 - distributions are aligned the same way: row t of a [B, T, k] or [B, T, V] tensor is the distribution
   of token t given tokens :t; row 0 and rows past a sequence's end are 0 (`TopK`, `ModelOutputs`);
 - weights travel in Hugging Face parameter names.
+
+`rlcore.engines` is the sub-API an engine plugin imports: these interfaces, the checks every engine shares
+(`rlcore.engine_checks`: model, dtype and device options, aligned rows) and `read_model` (a model's files, read
+without loading). `rlcore.head` (it imports torch) gives `HeadModelOutputs`, hidden states and LM head in chunks.
 """
 
 from __future__ import annotations
@@ -229,6 +233,7 @@ class Generation:
     logprobs: list[float]
     finish_reason: str  # "stop" (an EOS or stop token) or "length" (max_tokens reached)
     text: str = ""
+    prompt_ids: list[int] = field(default_factory=list)  # the prompt's token ids, set by the caller that gave them
 
 
 @dataclass
@@ -297,13 +302,10 @@ class RolloutEngine(abc.ABC):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """`params.n` completions per prompt, prompt-major: result[i * n + j] is prompt i's j-th."""
 
-    def run_episodes(self, episodes: list[Any], params: SamplingParams) -> None:
-        """Run multi-turn episodes (`rlcore.episodes.EpisodeRunner`) to their ends. This default generates every
-        unfinished episode's next turn in one `generate` call per turn; an engine that can take requests while it
-        generates (vLLM) submits an episode's next turn as soon as its previous one ends."""
-        from .episodes import run_turns
-
-        run_turns(self.generate, episodes, params)
+    # Optional: `run_episodes(episodes, params)` runs multi-turn episodes (`rlcore.episodes.EpisodeRunner`) to their
+    # ends, for an engine that can take requests while it generates (vLLM submits an episode's next turn as soon
+    # as its previous one ends). Without it, `rlcore.episodes.run_episodes` generates every unfinished episode's
+    # next turn in one `generate` call per turn (`run_turns`): the episodes build on the engines, not the reverse.
 
     @abc.abstractmethod
     def prompt_topk_logprobs(self, sequences: list[list[int]], k: int) -> TopK:
@@ -324,15 +326,15 @@ class RolloutEngine(abc.ABC):
     def weight_receiver_gpus(self) -> list[str]:
         """The GPU (UUID) of each process holding this engine's weights, in the order `load_ipc_bucket` takes
         payloads; by default one: this process's current GPU."""
-        from .weight_sync import gpu_uuid
+        from .runtime.weight_sync import gpu_uuid
 
         return [gpu_uuid()]
 
     def load_ipc_bucket(self, payloads: list[dict[str, Any]]) -> None:
-        """Load one bucket packed by `rlcore.weight_sync.CudaIpcSender`s: payloads[i] from the sender on the GPU
+        """Load one bucket packed by `rlcore.runtime.weight_sync.CudaIpcSender`s: payloads[i] from the sender on the GPU
         of receiver i (`weight_receiver_gpus`). By default one receiver, this process, through `update_weights`;
         an engine whose weights live in other processes loads each payload there."""
-        from .weight_sync import IpcReceiver
+        from .runtime.weight_sync import IpcReceiver
 
         if len(payloads) != 1:
             raise RlcoreError(f"{type(self).__name__} holds its weights in one process but got {len(payloads)} IPC payloads")
@@ -342,7 +344,7 @@ class RolloutEngine(abc.ABC):
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         """Join the broadcast group through which train rank 0 sends new weights (ranks rank.. rank+receivers-1),
-        e.g. as an `rlcore.weight_sync.BroadcastGroup`. An engine that cannot leaves this as it is."""
+        e.g. as an `rlcore.runtime.weight_sync.BroadcastGroup`. An engine that cannot leaves this as it is."""
         raise RlcoreError(
             f"{type(self).__name__} cannot receive weights over a broadcast group; colocate the rollout role "
             "with train (in-process or CUDA IPC sync) or implement join_weight_group and receive_weights"
@@ -418,3 +420,19 @@ class TrainEngine(abc.ABC):
     def state(self) -> dict[str, Any]:
         """Small facts for metrics and checks (device, dtype, parameter count)."""
         return {}
+
+
+# The checks and helpers every engine shares, re-exported here: an engine plugin's one import of core's engine API.
+from .engine_checks import (  # noqa: E402  (below the interfaces, which engine_checks does not import)
+    aligned_rows, check_ids, check_temperature, check_train_step, common_problems, raise_problems, resolve_dtype,
+    torch_device,
+)
+from .model_checks import read_model  # noqa: E402
+
+
+__all__ = [
+    "SCHEDULERS", "Generation", "LossFn", "ModelOutputs", "NamedTensors", "OptimizerOptions",
+    "Projection", "RolloutEngine", "SamplingParams", "TopK", "TrainEngine", "TrainOptions", "aligned_rows",
+    "build_engine", "check_ids", "check_temperature", "check_train_step", "common_problems", "options_check",
+    "raise_problems", "read_model", "resolve_dtype", "torch_device", "unknown_options",
+]

@@ -336,7 +336,10 @@ def run_episodes(engine: Any, rows: list[dict[str, Any]], setup: EpisodeSetup, p
         except Exception as exc:  # the environment's own constructor failed: this episode's error, not the run's
             environment, error = None, f"the environment could not be made: {type(exc).__name__}: {exc}"
         runners.append(EpisodeRunner(environment, setup, row, first_index + i, error=error))
-    engine.run_episodes(runners, params)
+    if hasattr(engine, "run_episodes"):  # an engine's own loop (vLLM's)
+        engine.run_episodes(runners, params)
+    else:
+        run_turns(engine.generate, runners, params)
     return [r.result() for r in runners]
 
 

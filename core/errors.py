@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .failures import Failure
+from typing import Any
 
 
 class RlcoreError(Exception):
@@ -52,7 +49,7 @@ class RoleFailed(RlcoreError):
     `rlcore.failures.Failure`) is what the worker raised, as text: type, message and traceback."""
 
     def __init__(self, message: str, *, role: str = "", rank: int | None = None, node: str = "",
-                 failure: Failure | None = None):
+                 failure: Any = None):  # errors sit below failures, which builds on them: not typed here
         super().__init__(message)
         self.role, self.rank, self.node, self.failure = role, rank, node, failure
 

@@ -229,3 +229,6 @@ class HeadModelOutputs(ModelOutputs):
         no distribution) and the head: a shift and a mask, no index to find."""
         shifted = torch.cat([self.hidden.new_zeros(self.hidden.shape[0], 1, self.hidden.shape[2]), self.hidden], 1)
         return Projection(hidden=shifted * self.valid[..., None].to(shifted.dtype), weight=self.weight, bias=self.bias)
+
+
+__all__ = ["CHUNK_ROWS", "TRL_VOCAB_CHUNK", "HeadModelOutputs", "triton_device", "trl_logprob_function"]

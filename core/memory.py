@@ -208,14 +208,13 @@ def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugi
 
 def plan_of(plugins: Any, algorithm: str, config: Any) -> tuple[MemoryPlan | None, dict[str, RoleUse]]:
     """The memory plan of a run of `algorithm` with `config` and the roles' uses; (None, {}) where the algorithm
-    describes none (no model named, or no `memory_use`) or no role has a GPU."""
-    from .resources import plan_from_config
-    from .role_trainer import for_run
+    describes none (no model named, or no `memory_use`), the model is a demo's tiny one, or no role has a GPU."""
+    from .runtime.resources import plan_from_config
+    from .testing import is_tiny
 
     trainer = plugins.algorithms.get(algorithm).trainer
-    if not hasattr(trainer, "memory_use"):
+    if not hasattr(trainer, "memory_use") or is_tiny(getattr(config, "model", None)):
         return None, {}
-    config = for_run(config)
     uses = trainer.memory_use(config)
     if not uses:
         return None, {}

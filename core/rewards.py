@@ -344,3 +344,8 @@ def call_reward(
                        "of the advantages). Further failures of '%s' are counted, not logged; strict_rewards=true "
                        "makes them fatal.", name, len(failures), n, _describe(cause), name)
     return values, len(failures)
+
+
+__all__ = [
+    "RewardFailed", "RewardFn", "RewardWithOptions", "call_reward", "check_reward", "reward_options", "resolve_reward",
+]

@@ -23,6 +23,7 @@ it makes the `RoleSession` from the plan, prints the placement and starts the ro
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,16 +31,11 @@ from typing import Any
 from .config import config_error, problems_of
 from .memory import RoleUse
 from .model_checks import ModelUse, model_problems
-from .resources import ResourcePlan, plan_from_config
+from .runtime.resources import ResourcePlan, plan_from_config
 from .sections import adapter_sync_problems, generate_engine_problems, train_engine_problems
-from .session import RoleSession, RoleSetup, announce
+from .runtime.session import RoleSession, RoleSetup, announce
+from .testing import is_tiny, resolve_tiny
 from .trainer import Trainer
-
-
-def for_run(config: Any) -> Any:
-    """The config a run uses: `config.for_run()` where the algorithm has one (an embedded demo's settings
-    for the keys the user did not set), else the config itself."""
-    return config.for_run() if hasattr(config, "for_run") else config
 
 
 class RoleTrainer(Trainer):
@@ -48,17 +44,21 @@ class RoleTrainer(Trainer):
     checks), `models()` (the models it loads, whose files the base checks against its keys), `prepare()` (what
     the setups need, built once the checks pass), `session_options()` (e.g. `syncs`), and its state (`state_dict`,
     `load_state_dict`; `checkpointed` names the role whose engine a checkpoint holds, or override `save_model` /
-    `load_model`). `self.plan` and `self.session` are the run's.
+    `load_model`). `self.plan` and `self.session` are the run's. A config's `tiny` names (`model: tiny`,
+    `dataset: tiny:toy`, see `rlcore.testing`) are built in output_dir once the checks pass, so that the
+    algorithm reads them as any model or file.
     """
 
     checkpointed: str | None = None  # the role whose engine state a checkpoint holds (in its folder `model`)
     # A run checks `problems()` with the plan, before anything is built; False: a run checks the plan, and the
     # algorithm's own objects report a bad model or dataset as they are built (`config validate` checks all).
     check_on_run = True
+    required: tuple[str, ...] = ()  # keys a run needs set (e.g. model, dataset): unset is a problem with the fix
 
     def __init__(self, config: Any, plugins: Any, *, use_ray: bool = False):
-        super().__init__(for_run(config), plugins, use_ray=use_ray)
+        super().__init__(config, plugins, use_ray=use_ray)
         self.plan: ResourcePlan | None = self.checked(self.config, plugins, own=self.check_on_run, run=True)
+        self.config = resolve_tiny(self.config, self.output_dir)
         self.prepare()
         self.session: RoleSession | None = None
         if self.plan is not None:
@@ -83,7 +83,7 @@ class RoleTrainer(Trainer):
     def models(cls, config: Any) -> list[ModelUse]:
         """The models a run of `config` loads, with the lengths, prompts and vocabulary it asks of each
         (`rlcore.model_checks.ModelUse`): their files are checked against them in `rlcore config validate` and
-        before a run allocates anything, whatever `check_on_run` says; none for a demo that builds its model."""
+        before a run allocates anything, whatever `check_on_run` says."""
         return []
 
     @classmethod
@@ -93,7 +93,7 @@ class RoleTrainer(Trainer):
         return {}
 
     def prepare(self) -> None:
-        """What the roles' setups need, once every check passed (a demo's model written to disk)."""
+        """What the roles' setups need, once every check passed (data read, an output opened)."""
 
     def setups(self) -> dict[str, RoleSetup]:
         """How to build each of `roles(config)`: a worker class, an engine, its options."""
@@ -109,12 +109,25 @@ class RoleTrainer(Trainer):
     @classmethod
     def check(cls, config: Any, plugins: Any) -> None:
         """Every check a run makes before it allocates anything; raises one ConfigError listing all."""
-        cls.checked(for_run(config), plugins)
+        cls.checked(config, plugins)
 
     @classmethod
     def checked(cls, config: Any, plugins: Any, own: bool = True, run: bool = False) -> ResourcePlan | None:
         """The resource plan of `roles(config)` (None without roles), once the plan and (with `own`) the
-        algorithm's `problems` (with `run`, see there) are clean."""
+        algorithm's `problems` (with `run`, see there) are clean. `tiny` names are checked as what they build,
+        built in a temporary directory (a run builds its own in output_dir once every check passed)."""
+        unset = [(key, "is unset; name one (a demo's preset, examples/demo/*.yaml, names `tiny`: the tiny random "
+                       "model, and `tiny:toy`: a toy dataset; rlcore run with neither --config nor model runs it)")
+                 for key in cls.required if getattr(config, key, None) in (None, "", [])]
+        if unset:
+            raise config_error(unset)
+        if any(is_tiny(v) for v in _values(config)):
+            with tempfile.TemporaryDirectory(prefix="rlcore-tiny-") as root:
+                return cls._checked(resolve_tiny(config, root), plugins, own, run)
+        return cls._checked(config, plugins, own, run)
+
+    @classmethod
+    def _checked(cls, config: Any, plugins: Any, own: bool, run: bool) -> ResourcePlan | None:
         roles, plans = cls.roles(config), []
 
         def plan() -> None:
@@ -171,3 +184,14 @@ class RoleTrainer(Trainer):
     def export_model(self, path: Path) -> None:
         """The `checkpointed` role's model in Hugging Face format (LoRA merged into the base weights)."""
         self.session[self.checkpointed].save_hf(str(Path(path).resolve()))
+
+
+def _values(config: Any) -> list[Any]:
+    """The config's values, one section deep, lists flattened: where a `tiny` name may stand."""
+    out: list[Any] = []
+    for key in type(config).model_fields:
+        value = getattr(config, key)
+        values = [getattr(value, k) for k in type(value).model_fields] if hasattr(type(value), "model_fields") else [value]
+        for v in values:
+            out.extend(v if isinstance(v, list) else [v])
+    return out

@@ -328,6 +328,7 @@ def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any
 
 
 __all__ = [
-    "DTYPE_HELP", "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "MultiTurnKeys", "NonfiniteKeys", "OptimizerKeys", "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
+    "DTYPE_HELP", "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "MultiTurnKeys", "NonfiniteKeys", "OptimizerKeys", "PromptKeys",
+    "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
     "adapter_sync_problems", "default_of", "generate_engine_problems", "rollout_options", "train_engine_problems", "train_options",
 ]

@@ -41,8 +41,8 @@ def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Ev
     def deadline() -> None:
         if not done.wait(grace_s):
             logger.warning(f"{why}; exiting", extra=STOP)
-            if "rlcore.cluster" in sys.modules:  # its processes would outlive an os._exit
-                sys.modules["rlcore.cluster"].end_local()
+            if "rlcore.runtime.cluster" in sys.modules:  # its processes would outlive an os._exit
+                sys.modules["rlcore.runtime.cluster"].end_local()
             os._exit(code)
 
     threading.Thread(target=deadline, daemon=True, name="rlcore-exit-deadline").start()

@@ -28,7 +28,7 @@ class DispatcherSpec:
     come back where the split needs a particular collect.
 
     `split(n, args, kwargs, mesh)` returns one `(args, kwargs)` per worker, or None for a worker that
-    gets nothing (an empty shard). `mesh` describes the group's parallel layout (see `rlcore.dispatch`).
+    gets nothing (an empty shard). `mesh` describes the group's parallel layout (see `rlcore.runtime.dispatch`).
     `collect` is the collector the mode pairs with (a registered name or a callable; `@function(collect=...)`
     overrides it; None: `none`). `collect_ranks(n, mesh)`, where given, names the ranks whose results are
     collected (`dp`: one per data-parallel shard), the others' are dropped.
@@ -68,6 +68,7 @@ class AlgorithmSpec:
     trainer: type  # an rlcore.Trainer subclass
     description: str = ""
     roles: tuple[str, ...] = ()  # the roles its resource plan may name
+    demo: str | None = None  # a YAML preset (a path) that `rlcore run --plugin NAME` runs when given no config
 
 
 EngineKind = Literal["train", "forward", "rollout", "teacher", "reward"]
@@ -97,6 +98,10 @@ class EngineSpec:
     # of its GPUs per phase, from the options and the model's config.json (nothing loaded), for `rlcore plan`;
     # None: its terms are shown as unknown
     memory: Callable[..., Any] | None = None
+    # `layout(**options) -> (tensor, pipeline)`: how many of a group's workers one model replica spans, as the
+    # engine built with `options` splits it (the rest of the group is data parallel); None: a whole replica per
+    # worker, (1, 1). The session asks it for a role's mesh, so core never names an engine's parallel keys
+    layout: Callable[..., tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)

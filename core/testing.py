@@ -6,8 +6,14 @@ and `toy_reward` are the embedded "write vowels" task every algorithm's demo run
 
 The model directory is an ordinary one (config.json, model.safetensors, tokenizer files with a ChatML chat
 template), so everything that loads a real model loads it: `AutoTokenizer.from_pretrained(path)`,
-`AutoModelForCausalLM.from_pretrained(path)`, vLLM, TRL. Tests, the embedded GRPO demo and the
-benchmarks use it instead of downloading weights.
+`AutoModelForCausalLM.from_pretrained(path)`, vLLM, TRL. Tests, the demos and the benchmarks use it instead
+of downloading weights.
+
+A config names them with `tiny` (see TINY NAMES below): `model: tiny` is the tiny model, `tiny:teacher` a wider
+one with peaked distributions, `dataset: tiny:toy` (or `tiny:chat`, `tiny:sft`, `tiny:pt`) a small dataset.
+`resolve_tiny(config, root)` builds the models a config names under `root` (a run's output_dir; the datasets in
+the temporary directory) and returns the config with their paths, so every algorithm loads them as it loads any model or file; the demo presets
+(`examples/demo/*.yaml`) are ordinary configs that name them.
 """
 
 from __future__ import annotations
@@ -331,7 +337,137 @@ def toy_reward(prompts: list[Any], completions: list[Any], completion_ids: list[
     return rewards
 
 
+# -------------------------------------------------------------------------------------------------------
+# TINY NAMES: what `tiny` in a config's model and dataset keys builds, in the run's output_dir
+# -------------------------------------------------------------------------------------------------------
+
+TINY = "tiny"
+TEACHER_SHARPNESS = 12.0  # `tiny:teacher`: its final norm scaled up, so that its distributions are peaked
+CHAT_PROMPTS = ("Write a word:", "Say something:", "Name a color:", "Count:", "Give me a word:", "Say a word:",
+                "Write:", "Word:", "Tell me a fact:", "Greet me:")
+CHAT_COMPLETIONS = ("apple", "the sea is blue", "red and green", "one two three", "hello there", "a tree",
+                    "sun", "the end", "water is wet", "hi")
+
+
+def is_tiny(name: Any) -> bool:
+    """`name` is one of the names `resolve_tiny` builds: `tiny` or `tiny:<what>`."""
+    return isinstance(name, str) and (name == TINY or name.startswith(TINY + ":"))
+
+
+def chat_rows(n: int = 256, seed: int = 0, heldout: int = 0) -> list[dict[str, Any]]:
+    """`tiny:chat`: short prompt/completion pairs drawn from fixed lists with a seeded generator; the last
+    `heldout` rows draw from the lists' last three entries, which the other rows never use."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        part = slice(-3, None) if i >= n - heldout else slice(None, -3)
+        rows.append({"prompt": rng.choice(CHAT_PROMPTS[part]), "completion": rng.choice(CHAT_COMPLETIONS[part])})
+    return rows
+
+
+def arithmetic_rows(kind: str, n: int = 256, seed: int = 0) -> list[dict[str, Any]]:
+    """`tiny:sft` and `tiny:pt`: toy arithmetic as conversations (`sft`) or sentences (`pt`), which a tiny model
+    learns within a few dozen steps."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        if kind == "sft":
+            rows.append({"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
+                                      {"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]})
+        else:
+            rows.append({"text": f"The sum of {a} and {b} is {a + b}. "})
+    return rows
+
+
+def build_tiny_teacher(root: str | os.PathLike, seed: int = 0) -> Path:
+    """`tiny:teacher`: a wider tiny model (the tokenizer of `tiny`, other weights) whose final norm is scaled up,
+    so its distributions are peaked (a near-uniform random teacher would leave a student nothing to learn)."""
+    root = Path(root)
+    teacher = root / "tiny-teacher"
+    base = build_tiny_model(root / "tiny-teacher-base", hidden_size=96, intermediate_size=192, num_layers=2,
+                            num_heads=4, num_kv_heads=2, seed=seed + 1, replace=False)
+    if not (teacher / "config.json").is_file():
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(base)
+        with torch.no_grad():
+            model.model.norm.weight.mul_(TEACHER_SHARPNESS)
+        tmp = Path(tempfile.mkdtemp(prefix=".tiny-teacher.", dir=root))
+        try:
+            model.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+            try:
+                os.replace(tmp, teacher)
+            except OSError:  # another process built it meanwhile
+                if not (teacher / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return teacher
+
+
+def tiny_model(name: str, root: str | os.PathLike, seed: int = 0) -> str:
+    """The directory `name` (`tiny`, `tiny:teacher`) names, built under `root` with `seed` (once)."""
+    if name == TINY:
+        return str(build_tiny_model(Path(root) / "tiny-model", seed=seed, replace=False))  # never another run's
+    if name == TINY + ":teacher":
+        return str(build_tiny_teacher(root, seed))
+    raise ConfigError(f"model '{name}' is not a tiny model; known: tiny, tiny:teacher")
+
+
+def tiny_dataset(name: str, seed: int = 0, heldout: int = 0) -> str:
+    """The JSONL file `name` (`tiny:toy`, `tiny:chat`, `tiny:sft`, `tiny:pt`) names with `seed` (and, for
+    `tiny:chat`, its last `heldout` rows held out), written once into the temporary directory's `rlcore-tiny`
+    folder: a file per name and seed, never in a run's output_dir."""
+    what = name.removeprefix(TINY + ":")
+    rows = {"toy": lambda: toy_dataset(seed=seed), "chat": lambda: chat_rows(seed=seed, heldout=heldout),
+            "sft": lambda: arithmetic_rows("sft", seed=seed), "pt": lambda: arithmetic_rows("pt", seed=seed)}
+    if what not in rows:
+        raise ConfigError(f"dataset '{name}' is not a tiny dataset; known: {', '.join('tiny:' + k for k in rows)}")
+    held = f"-heldout{heldout}" if what == "chat" else ""
+    path = Path(tempfile.gettempdir()) / "rlcore-tiny" / f"{what}-seed{seed}{held}.jsonl"
+    text = "".join(json.dumps(r) + "\n" for r in rows[what]())
+    if not (path.is_file() and path.read_text() == text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def resolve_tiny(config: Any, root: str | os.PathLike | None = None) -> Any:
+    """`config` (a pydantic model) with each `tiny` name among its model and dataset keys (top level: `model`,
+    `*_model`, `dataset`; a section's `model`) replaced by the path it names, built with the config's seed: models
+    under `root` (default: the config's output_dir), datasets by `tiny_dataset`. A config without such names is
+    returned as it is."""
+    root = Path(root if root is not None else getattr(config, "output_dir", "output")).expanduser().resolve()
+    seed, heldout = int(getattr(config, "seed", 0) or 0), int(getattr(config, "eval_size", 0) or 0)
+
+    def model_keys(section: Any, top: bool) -> dict[str, Any]:
+        update = {}
+        for key in type(section).model_fields:
+            value = getattr(section, key)
+            if key == "dataset" and top:
+                if is_tiny(value):
+                    update[key] = tiny_dataset(value, seed, heldout)
+                elif isinstance(value, list) and any(is_tiny(v) for v in value):
+                    update[key] = [tiny_dataset(v, seed, heldout) if is_tiny(v) else v for v in value]
+            elif (key == "model" or (top and key.endswith("_model"))) and is_tiny(value):
+                update[key] = tiny_model(value, root, seed)
+            elif top and hasattr(value, "model_fields") and "model" in type(value).model_fields:
+                inner = model_keys(value, top=False)
+                if inner:
+                    update[key] = value.model_copy(update=inner)
+        return update
+
+    update = model_keys(config, top=True)
+    return config.model_copy(update=update) if update else config
+
+
 __all__ = [
-    "PROMPTS", "RANDOM_POLICY_REWARD", "TARGET", "build_tiny_model", "build_tokenizer", "chance_reward", "toy_dataset",
-    "toy_reward",
+    "PROMPTS", "RANDOM_POLICY_REWARD", "TARGET", "TINY", "arithmetic_rows", "build_tiny_model", "build_tiny_teacher",
+    "build_tokenizer", "chance_reward", "chat_rows", "is_tiny", "resolve_tiny", "tiny_dataset", "tiny_model",
+    "toy_dataset", "toy_reward",
 ]

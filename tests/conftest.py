@@ -21,7 +21,7 @@ RAY_GPUS = 8  # fake: placement only; nothing runs CUDA here
 
 def start_local_ray(num_cpus: int = RAY_CPUS, num_gpus: int = RAY_GPUS) -> None:
     """A fresh local Ray of this shape (`address="local"`: never a cluster left running on the machine)."""
-    from rlcore import cluster
+    from rlcore.runtime import cluster
 
     cluster.shutdown()
     cluster.init("local", num_cpus=num_cpus, num_gpus=num_gpus)
@@ -36,7 +36,7 @@ def ray_local():
     """
     import ray
 
-    from rlcore import cluster
+    from rlcore.runtime import cluster
 
     resources = ray.cluster_resources() if cluster.is_initialized() else {}
     if (resources.get("CPU", 0), resources.get("GPU", 0)) != (RAY_CPUS, RAY_GPUS):

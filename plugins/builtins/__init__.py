@@ -4,8 +4,7 @@ reward)."""
 from __future__ import annotations
 
 from rlcore import EnvironmentSpec, PlacementSpec, RewardSpec, RoleSpec, hookimpl
-from rlcore.dispatch import COLLECTORS, DISPATCHERS
-from rlcore.placement import POLICIES
+from rlcore.runtime import COLLECTORS, DISPATCHERS, POLICIES
 
 from .environments import MathTipTrick, environment_reward, tool_call
 

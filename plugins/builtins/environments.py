@@ -19,7 +19,7 @@ class MathTipTrick(Environment):
 
     def __init__(self, reward: str = "accuracy", threshold: float = 1.0, **reward_options: Any):
         from rlcore.rewards import resolve_reward
-        from rlcore.workers import worker_plugins
+        from rlcore import worker_plugins
 
         self.reward_name, self.threshold = reward, threshold
         self.judge = resolve_reward(reward, worker_plugins(), reward_options or None)

@@ -6,6 +6,8 @@ reuse; importing the plugin loads no engine library (the loss module imports tor
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlcore import AlgorithmSpec, hookimpl
 
 from .config import GKDConfig
@@ -19,5 +21,5 @@ def rlcore_algorithms():
     yield AlgorithmSpec(
         "gkd", config=GKDConfig, trainer=GKDTrainer,
         description="GKD on-policy distillation (generalized JSD, full vocabulary or top-k); teacher colocated or served",
-        roles=("train", "rollout", "teacher"),
+        roles=("train", "rollout", "teacher"), demo=str(Path(__file__).with_name("demo.yaml")),
     )

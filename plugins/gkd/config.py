@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, GenerateRoleConfig
-from rlcore.resources import parse_ranks
+from rlcore.runtime import parse_ranks
 from rlcore.sections import (
-    MultiTurnKeys,
-    NonfiniteKeys, OptimizerKeys, PromptKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig, default_of,
+    MultiTurnKeys, NonfiniteKeys, OptimizerKeys, PromptKeys, RolloutRoleConfig, TrainRoleConfig, TrainingConfig,
+    default_of,
 )
 
 
@@ -23,33 +23,23 @@ class TeacherRoleConfig(GenerateRoleConfig):
     vllm_gpu_memory_utilization: float = default_of(GenerateRoleConfig, "vllm_gpu_memory_utilization", 0.9)
 
 
-# With no model, teacher and dataset, a run is the embedded demo: a tiny student learns a different tiny teacher on
-# short prompts on the CPU. The demo's run takes these settings for keys the user did not set (`GKDConfig.for_run`).
-DEMO_DEFAULTS: dict[str, Any] = {
-    "learning_rate": 5e-3, "max_steps": 30, "max_completion_length": 12, "per_device_train_batch_size": 16,
-    "temperature": 1.0, "eval_size": 16, "eval_steps": 10, "output_dir": "output/gkd-demo",
-}
-
-
 class GKDConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     """Generalized Knowledge Distillation (Agarwal et al., 2024; TRL's GKDTrainer): on-policy distillation."""
 
     # models and data
     model: str | None = Field(
-        None,
-        description="the student: an HF model directory or hub id; unset (with no teacher and no dataset): the embedded "
-        "demo, whose run uses learning_rate 5e-3, max_steps 30, max_completion_length 12, per_device_train_batch_size "
-        "16, temperature 1, eval_size 16, eval_steps 10, output_dir output/gkd-demo for keys not set",
+        None, description="the student: an HF model directory or hub id (tiny: the tiny random model, built in output_dir)"
     )
     teacher_model: str | None = Field(
         None, description="the teacher, colocated in the train workers (full vocabulary or top-k); for a separate "
-        "teacher group set teacher.model and teacher.gpus instead"
+        "teacher group set teacher.model and teacher.gpus instead (tiny:teacher: a tiny one with peaked distributions)"
     )
     offload_teacher_model: bool = Field(
         False, description="colocated teacher: keep it in CPU memory, brought to the device only for its forward"
     )
-    dataset: str | list[str] | None = Field(
-        None, description="JSONL/JSON/Parquet file(s) with messages (ending in the assistant's turn) or prompt + completion"
+    dataset: str | list[str] = Field(
+        "tiny:chat", description="JSONL/JSON/Parquet file(s) with messages (ending in the assistant's turn) or prompt + "
+        "completion; tiny:chat: short pairs whose last eval_size rows use words the others never do"
     )
     max_completion_length: int = Field(128, ge=1, description="tokens of a completion at most, generated or from the data")
 
@@ -86,17 +76,6 @@ class GKDConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     train: TrainRoleConfig = Field(default_factory=TrainRoleConfig, description="the student's train engine")
     rollout: RolloutRoleConfig = Field(default_factory=RolloutRoleConfig, description="generates on-policy completions (lmbda > 0)")
     teacher: TeacherRoleConfig = Field(default_factory=TeacherRoleConfig, description="a separate teacher group (top-k only)")
-
-    def for_run(self) -> GKDConfig:
-        """The config a run uses: itself, or for the embedded demo the demo's settings for keys not set."""
-        if self.model or self.dataset or self.teacher_model or self.teacher.model:
-            return self
-        demo = {k: v for k, v in DEMO_DEFAULTS.items() if k not in self.model_fields_set}
-        return type(self).model_validate({**self.model_dump(exclude_unset=True), **demo})
-
-    @property
-    def is_demo(self) -> bool:
-        return not (self.model or self.dataset or self.teacher_model or self.teacher.model)
 
     @property
     def served_teacher(self) -> bool:
@@ -143,7 +122,7 @@ class GKDConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
             if self.offload_teacher_model:
                 problems.append(("offload_teacher_model", "applies to a teacher colocated in the train workers, but the "
                                  "teacher is a separate group; drop it (its engine sleeps when it shares GPUs)"))
-        elif not self.teacher_model and not self.is_demo:
+        elif self.model and not self.teacher_model:  # no model: `model is unset` says what to set first
             problems.append(("teacher_model", "is unset; set teacher_model (colocated in the train workers), or "
                              "teacher.model with teacher.gpus (a separate group serving top-k)"))
         if problems:

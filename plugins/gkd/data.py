@@ -1,61 +1,14 @@
-"""GKD's data: conversations (prompt + the dataset's completion), their token ids, the held-out rows, and the
-embedded demo's tiny student, tiny teacher and prompts."""
+"""GKD's data: conversations (prompt + the dataset's completion), their token ids, the held-out rows."""
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
 from typing import Any
 
 from rlcore import Batch, ConfigError
 from rlcore.batch import pad_tokens
 from rlcore.data import PromptEncoder, PromptSampler, conversation_view, load_rows
-from rlcore.testing import build_tiny_model
 
 from .config import GKDConfig
-
-DEMO_PROMPTS = ("Write a word:", "Say something:", "Name a color:", "Count:", "Give me a word:", "Say a word:",
-                "Write:", "Word:", "Tell me a fact:", "Greet me:")
-DEMO_COMPLETIONS = ("apple", "the sea is blue", "red and green", "one two three", "hello there", "a tree",
-                    "sun", "the end", "water is wet", "hi")
-
-
-def demo_rows(n: int = 256, seed: int = 0, heldout: int = 0) -> list[dict[str, Any]]:
-    """Short prompt/completion pairs drawn from fixed lists with a seeded generator; the last `heldout` rows
-    (held out) draw from the lists' last three entries, which the other rows never use."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        part = slice(-3, None) if i >= n - heldout else slice(None, -3)
-        rows.append({"prompt": rng.choice(DEMO_PROMPTS[part]), "completion": rng.choice(DEMO_COMPLETIONS[part])})
-    return rows
-
-
-def demo_models(output_dir: str, seed: int) -> tuple[str, str]:
-    """(student, teacher): two tiny random models with the same tokenizer and different weights and widths;
-    the teacher's final norm is scaled up, so its distributions are peaked (a near-uniform random model would
-    leave nothing to learn)."""
-    root = Path(output_dir)
-    student = build_tiny_model(root / "tiny-student", seed=seed, replace=False)
-    teacher = root / "tiny-teacher"
-    base = build_tiny_model(root / "tiny-teacher-base", hidden_size=96, intermediate_size=192, num_layers=2,
-                            num_heads=4, num_kv_heads=2, seed=seed + 1, replace=False)
-    if not (teacher / "config.json").is_file():
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(base)
-        with torch.no_grad():
-            model.model.norm.weight.mul_(DEMO_TEACHER_SHARPNESS)
-        tmp = root / ".tiny-teacher.tmp"
-        model.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
-        tmp.rename(teacher)
-    return str(student), str(teacher)
-
-
-DEMO_TEACHER_SHARPNESS = 12.0
-
 
 class DistillData:
     """The rows (training and held-out), their encoding with the student's tokenizer, and batches."""
@@ -75,10 +28,7 @@ class DistillData:
     @staticmethod
     def rows_of(config: GKDConfig) -> list[dict[str, Any]]:
         """Each row's `prompt` (messages without the last assistant turn) and `completion` (that turn's text)."""
-        if config.dataset:
-            rows = conversation_view(load_rows(config.dataset), config.dataset)
-        else:
-            rows = conversation_view(demo_rows(seed=config.seed, heldout=config.eval_size))
+        rows = conversation_view(load_rows(config.dataset), config.dataset)
         out = []
         for row in rows:
             content = row["messages"][-1]["content"]

@@ -13,17 +13,15 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, GenerateWorker, RoleSetup, RoleTrainer, SamplingParams
+from rlcore import GenerateWorker, ModelUse, RoleSetup, RoleTrainer, SamplingParams, problems_of
 from rlcore.batch import pad_width
-from rlcore.config import problems_of
 from rlcore.data import PromptEncoder, model_problem
 from rlcore.episodes import episode_metrics
 from rlcore.memory import RoleUse
-from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options, train_options
 
 from .config import GKDConfig
-from .data import DistillData, demo_models
+from .data import DistillData
 from .objective import DistillObjective
 from .workers import DistillWorker, TeacherWorker
 
@@ -45,6 +43,7 @@ class GKDTrainer(RoleTrainer):
     )
     checkpointed = "train"
     check_on_run = False  # a run reports a bad model or dataset as it loads them, one line each
+    required = ("model",)
 
     def __init__(self, config: GKDConfig, plugins: Any, *, use_ray: bool = False):
         super().__init__(config, plugins, use_ray=use_ray)  # the resource plan is checked before any model is built
@@ -69,7 +68,7 @@ class GKDTrainer(RoleTrainer):
         teacher = config.teacher.model or config.teacher_model
         problems = problems_of([
             ("dataset", lambda: DistillData.rows_of(config)),
-            ("model", lambda: config.model and PromptEncoder(config.model, config.use_chat_template)),
+            ("model", lambda: PromptEncoder(config.model, config.use_chat_template)),
         ])
         missing = model_problem(teacher) if teacher else None
         if missing:
@@ -83,8 +82,6 @@ class GKDTrainer(RoleTrainer):
     def models(cls, cfg: GKDConfig) -> list[ModelUse]:
         """Student and teacher hold a prompt and its completion (and vLLM's context, where set); the prompts are
         conversations, through the student's chat template; the teacher reads the student's token ids."""
-        if not cfg.model:
-            return []
         roles = cls.roles(cfg)
         both = (("max_prompt_length", "max_completion_length"), (cfg.max_prompt_length, cfg.max_completion_length))
 
@@ -105,12 +102,7 @@ class GKDTrainer(RoleTrainer):
 
     def prepare(self) -> None:
         cfg = self.config
-        if cfg.is_demo:
-            self.student, self.teacher_path = demo_models(cfg.output_dir, cfg.seed)
-        else:
-            self.student, self.teacher_path = cfg.model, cfg.teacher.model or cfg.teacher_model
-        if not self.student:
-            raise ConfigError("model is unset; name the student model", [("model", "is unset")])
+        self.student, self.teacher_path = cfg.model, cfg.teacher.model or cfg.teacher_model
 
     @staticmethod
     def train_setup_options(cfg: GKDConfig, student: str, teacher_path: str | None) -> dict[str, Any]:

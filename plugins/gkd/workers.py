@@ -9,10 +9,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from rlcore import Batch, GenerateWorker, TopK, TrainWorker, function, worker, worker_rank
+from rlcore import Batch, GenerateWorker, TopK, TrainWorker, function, make_engine, worker, worker_rank
 from rlcore.batch import host_column, host_of, pad_width
 from rlcore.engines import Projection
-from rlcore.roles import make_engine
 
 from .objective import DistillObjective, GivenOutputs
 

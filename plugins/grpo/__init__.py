@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlcore import AlgorithmSpec, hookimpl
 
 from .config import GRPOConfig
@@ -18,5 +20,5 @@ def rlcore_algorithms():
     yield AlgorithmSpec(
         "grpo", config=GRPOConfig, trainer=GRPOTrainer,
         description="GRPO (and DAPO, Dr. GRPO, GSPO variants) with HF or vLLM rollout, locally or on Ray",
-        roles=("train", "rollout", "reference"),
+        roles=("train", "rollout", "reference"), demo=str(Path(__file__).with_name("demo.yaml")),
     )

@@ -7,8 +7,10 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, RoleConfig
-from rlcore.resources import parse_ranks
-from rlcore.sections import DTYPE_HELP, MultiTurnKeys, NonfiniteKeys, PromptKeys, RolloutRoleConfig, TrainingConfig, TrainRoleConfig
+from rlcore.runtime import parse_ranks
+from rlcore.sections import (
+    DTYPE_HELP, MultiTurnKeys, NonfiniteKeys, PromptKeys, RolloutRoleConfig, TrainRoleConfig, TrainingConfig,
+)
 
 
 class ReferenceRoleConfig(RoleConfig):
@@ -16,16 +18,6 @@ class ReferenceRoleConfig(RoleConfig):
 
     dtype: str = Field("auto", description=DTYPE_HELP)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
-
-
-# With no `model` and no `dataset`, a run is the embedded demo: the tiny random model learns the toy task
-# (rlcore.testing) on the CPU in about two minutes. The demo's run takes these settings for the keys
-# the user did not set (`GRPOConfig.for_run`); the config itself, and so `rlcore config show`, keeps the real
-# defaults (TRL's), so that a config file written from it and given a model trains with them.
-DEMO_DEFAULTS: dict[str, Any] = {
-    "learning_rate": 1e-3, "max_steps": 40, "max_completion_length": 20, "per_device_train_batch_size": 32,
-    "gradient_accumulation_steps": 2, "num_generations": 8, "output_dir": "output/grpo-demo",
-}
 
 
 class OrmRoleConfig(RoleConfig):
@@ -42,13 +34,10 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
 
     # model and data
     model: str | None = Field(
-        None,
-        description="HF model directory or hub id; unset (and no dataset): the embedded demo, a tiny random model on "
-        "the toy task, whose run uses learning_rate 1e-3, max_steps 40, max_completion_length 20, "
-        "per_device_train_batch_size 32, gradient_accumulation_steps 2, output_dir output/grpo-demo for keys not set",
+        None, description="HF model directory or hub id (tiny: the tiny random model, built in output_dir)"
     )
-    dataset: str | list[str] | None = Field(
-        None, description="JSONL/JSON/Parquet file(s) with a prompt or messages column; unset: the toy task"
+    dataset: str | list[str] = Field(
+        "tiny:toy", description="JSONL/JSON/Parquet file(s) with a prompt or messages column; tiny:toy: the toy task"
     )
 
     # schedule
@@ -137,24 +126,6 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     reference: ReferenceRoleConfig = Field(default_factory=ReferenceRoleConfig, description="used when beta > 0")
     orm: OrmRoleConfig = Field(default_factory=OrmRoleConfig, description="used when reward_funcs names orm")
 
-    @property
-    def is_demo(self) -> bool:
-        return not (self.model or self.dataset)
-
-    def _run_value(self, key: str) -> Any:
-        """`key`'s value in the run: the demo's setting where this is the demo and the key is not set."""
-        if self.is_demo and key in DEMO_DEFAULTS and key not in self.model_fields_set:
-            return DEMO_DEFAULTS[key]
-        return getattr(self, key)
-
-    def for_run(self) -> GRPOConfig:
-        """The config a run uses: itself, or for the embedded demo (no model, no dataset) the demo's
-        settings for every key the user did not set."""
-        if not self.is_demo:
-            return self
-        demo = {k: v for k, v in DEMO_DEFAULTS.items() if k not in self.model_fields_set}
-        return type(self).model_validate({**self.model_dump(exclude_unset=True), **demo})
-
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
         problems = []
@@ -170,22 +141,20 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
             problems.append(
                 ("async_generate", "needs train and rollout on separate devices; drop it or the [train, rollout] colocate group")
             )
-        run = self._run_value  # the demo's run is checked with the demo's values
-        accumulation = run("gradient_accumulation_steps")
+        accumulation = self.gradient_accumulation_steps
         micro = self.steps_per_generation or accumulation
         if micro % accumulation:
             problems.append(
                 ("steps_per_generation", f"({micro}) must be a multiple of gradient_accumulation_steps ({accumulation})")
             )
         workers = self._train_group_size() if self.device_groups else self.train.gpus or self.train.cpus
-        per_device, generations = run("per_device_train_batch_size"), run("num_generations")
+        per_device, generations = self.per_device_train_batch_size, self.num_generations
         if workers is not None and (per_device * workers * micro) % generations:
-            demo = " (the demo's)" if per_device != self.per_device_train_batch_size else ""
             problems.append(
                 (
                     "num_generations",
                     f"({generations}) must divide the generation batch: per_device_train_batch_size "
-                    f"({per_device}{demo}) x train workers ({workers}) x steps_per_generation ({micro}) "
+                    f"({per_device}) x train workers ({workers}) x steps_per_generation ({micro}) "
                     f"= {per_device * workers * micro}",
                 )
             )

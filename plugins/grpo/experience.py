@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rlcore import Batch, RlcoreError, SamplingParams
@@ -12,10 +11,33 @@ from rlcore.batch import pad_tokens
 from rlcore.data import PromptEncoder, PromptSampler, load_prompts
 from rlcore.episodes import episode_metrics
 from rlcore.rewards import call_reward, check_reward, resolve_reward
-from rlcore.testing import build_tiny_model
 
 from .config import GRPOConfig
-from .toy import toy_dataset
+
+
+@dataclass(frozen=True)
+class OldLogprobs:
+    """Where a round's old log-probs come from, and where TRL's sampler correction takes its ratio: decided here,
+    once per config, for the driver and the train step alike.
+
+    - `source`: "rollout" with async_generate (generated one step ago: the sampler's own log-probs are the old
+      policy's); "step" where a round feeds one optimizer step (`num_iterations` 1, no more micro-batches than one
+      step accumulates): the old policy is the one trained, so the step's own forward gives them, detached, and
+      no separate forward runs; else "forward": the generating policy's, computed once by a no-grad forward.
+    - `correction`: None (off, or async_generate, where the ratio is 1), "step" (the step takes the ratio from its
+      own log-probs, `PolicyObjective`) or "driver" (the ratio is computed with the separate forward)."""
+
+    source: str
+    correction: str | None
+
+    @classmethod
+    def of(cls, config: GRPOConfig) -> OldLogprobs:
+        if config.async_generate:
+            return cls("rollout", None)
+        reused = config.num_iterations > 1 or config.micro_steps_per_generation > config.gradient_accumulation_steps
+        if not config.vllm_importance_sampling_correction:
+            return cls("forward" if reused else "step", None)
+        return cls("forward", "driver") if reused else cls("step", "step")
 
 
 @dataclass
@@ -35,6 +57,7 @@ class ExperienceMaker:
         self.config = config
         cfg = config
         self.dp_size = dp_size  # the running group's train workers: only the loss normalisers divide by it
+        self.old_logprobs = OldLogprobs.of(cfg)
         # the batches are the global ones the config declares (validated there), also when one process trains
         self.generation_batch_size = cfg.per_device_train_batch_size * cfg.train_workers * cfg.micro_steps_per_generation
         self.step_rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.train_workers
@@ -43,8 +66,7 @@ class ExperienceMaker:
         self.reward_fns = self.reward_functions(cfg, plugins)  # orm: bound once the roles run (bind_orm)
         self.reward_weights = cfg.reward_weights or [1.0] * len(self.reward_fns)
         self.sampler = PromptSampler(self.prompt_rows(cfg), self.prompts_per_round, seed=cfg.seed)
-        self.model_path = self._model_path()
-        self.prompts = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length, cfg.system)
+        self.prompts = PromptEncoder(cfg.model, cfg.use_chat_template, cfg.max_prompt_length, cfg.system)
         self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
 
     @classmethod
@@ -55,7 +77,7 @@ class ExperienceMaker:
         for key, check in (
             ("reward_funcs", lambda: cls.check_rewards(config, plugins)),
             ("dataset", lambda: cls.prompt_rows(config)),
-            ("model", lambda: config.model and PromptEncoder(config.model, config.use_chat_template)),
+            ("model", lambda: PromptEncoder(config.model, config.use_chat_template)),
         ):
             try:
                 check()
@@ -79,10 +101,7 @@ class ExperienceMaker:
 
     @staticmethod
     def prompt_rows(config: GRPOConfig) -> list[dict[str, Any]]:
-        if config.dataset:
-            return load_prompts(config.dataset)
-
-        return toy_dataset(seed=config.seed)
+        return load_prompts(config.dataset)
 
     def bind_orm(self, orm: Any) -> None:
         """Score `orm` in reward_funcs with the reward-model role's workers."""
@@ -97,13 +116,6 @@ class ExperienceMaker:
         if name == "soft_overlong":
             options.setdefault("max_completion_length", config.max_completion_length)
         return options or None
-
-    def _model_path(self) -> str:
-        if self.config.model:
-            return self.config.model
-
-        demo = Path(self.config.output_dir) / "tiny-model"
-        return str(build_tiny_model(demo, seed=self.config.seed, replace=False))  # never another run's, rebuilt
 
     # -- prompts --------------------------------------------------------------------------------
 
@@ -128,7 +140,7 @@ class ExperienceMaker:
             call = rollout.generate_episodes if blocking else rollout.generate_episodes_async
             params = dataclasses.replace(self.sampling_params(step), n=1)
             episodes = [r for r in rows for _ in range(self.config.num_generations)]
-            return rows, [], call(episodes, self.config.episode_setup(self.model_path, self.config.max_completion_length), params)
+            return rows, [], call(episodes, self.config.episode_setup(self.config.model, self.config.max_completion_length), params)
         prompt_ids = [self.encode(r["prompt"]) for r in rows]
         call = rollout.generate if blocking else rollout.generate_async
         return rows, prompt_ids, call(prompt_ids, self.sampling_params(step))
@@ -136,7 +148,7 @@ class ExperienceMaker:
     def finish_generate(self, started: tuple[list[dict], list[list[int]], Any]) -> tuple[list[dict], list[Any]]:
         rows, prompt_ids, result = started
         generations = result if isinstance(result, list) else result.get()
-        for g, p in zip(generations, [p for p in prompt_ids for _ in range(self.config.num_generations)]):  # episodes carry theirs
+        for g, p in zip(generations, [p for p in prompt_ids for _ in range(self.config.num_generations)]):  # `Generation.prompt_ids`; episodes carry theirs
             g.prompt_ids = p
         return rows, generations
 
@@ -263,21 +275,15 @@ class ExperienceMaker:
     def logprobs(self, scored: Scored, train: Any, reference: Any) -> Batch:
         """The round's batch with advantages, and old/reference log-probs where the loss needs them; with the
         sampler correction, its ratio per token (and its metrics added to the round's)."""
-        from .objective import old_logprobs_in_step  # with the loss module: torch
-
-        cfg = self.config
+        cfg, old = self.config, self.old_logprobs
         batch = self.build_batch(scored.prompt_ids, scored.generations)
         batch["advantages"] = scored.advantages
-        # TRL's sampler correction; with async_generate the old log-probs are the sampler's: the ratio is 1. Where
-        # the old policy is the one trained (one step per round), the step's own forward gives the old log-probs
-        # and the correction's ratio (`PolicyObjective`): no separate forward
-        correct = cfg.vllm_importance_sampling_correction and not cfg.async_generate and not old_logprobs_in_step(cfg)
-        if cfg.async_generate:  # generated one step ago: the sampler's own log-probs are the old policy's
+        if old.source == "rollout":
             batch["old_logprobs"] = batch["rollout_logprobs"]
-        elif not old_logprobs_in_step(cfg):  # reused for several steps: the generating policy's, computed once
+        elif old.source == "forward":  # reused for several steps: the generating policy's, computed once
             batch["old_logprobs"] = train.forward_logprobs(batch, cfg.temperature)
-        if correct:
-            from .loss import sampler_importance_ratio
+        if old.correction == "driver":
+            from .loss import sampler_importance_ratio  # with the loss module: torch
 
             mask = batch["completion_mask"]
             ratio, metrics = sampler_importance_ratio(
@@ -300,7 +306,8 @@ class ExperienceMaker:
         out = []
         for _ in range(cfg.num_iterations):
             for mini in steps:
-                objective = PolicyObjective.for_step(cfg, mini, self.dp_size, round_tokens, len(steps))
+                objective = PolicyObjective.for_step(cfg, mini, self.dp_size, round_tokens, len(steps),
+                                                     correct_in_step=self.old_logprobs.correction == "step")
                 out.append((mini, metrics, objective))
         return out
 

@@ -1,10 +1,10 @@
 """`PolicyObjective`: the loss function a train engine calls per micro-batch (picklable, for Ray workers).
 
-Where a round feeds one optimizer step (`num_iterations` 1, no more micro-batches than one step accumulates) and
-generation is synchronous, the old policy is the one being trained: its log-probs are the train forward's own,
-detached, so no separate forward computes them. TRL's sampler correction then takes its ratio inside the
-step from those (`sampler_correction_mode`), the same ratio the separate forward would give; its metrics are
-each micro-batch's, averaged over the step.
+Where the old log-probs come from, and where TRL's sampler correction takes its ratio, is the experience
+maker's decision (`experience.OldLogprobs`): an objective is told `sampler_correction_mode` when the ratio is
+taken in the step, from the step's own detached log-probs (the same ratio a separate forward would give; its
+metrics are each micro-batch's, averaged over the step); without `old_logprobs` in the batch, the old policy is
+the one being trained.
 """
 
 from __future__ import annotations
@@ -13,12 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .loss import batch_normalizers, policy_loss, sampler_importance_ratio
-
-
-def old_logprobs_in_step(config: Any) -> bool:
-    """True where the old log-probs are the train step's own (one optimizer step per round, synchronous)."""
-    reused = config.num_iterations > 1 or config.micro_steps_per_generation > config.gradient_accumulation_steps
-    return not reused and not config.async_generate
 
 
 @dataclass(frozen=True)
@@ -41,13 +35,14 @@ class PolicyObjective:
 
     @classmethod
     def for_step(cls, config: Any, step_batch: Any, dp_size: int, round_tokens: float | None = None,
-                 steps_per_round: int = 1) -> PolicyObjective:
+                 steps_per_round: int = 1, correct_in_step: bool = False) -> PolicyObjective:
         """The objective of one optimizer step over `step_batch` (all workers' rows). For dapo, the token
-        count is that of the whole generation round spread over the steps it feeds, as TRL does."""
+        count is that of the whole generation round spread over the steps it feeds, as TRL does.
+        `correct_in_step`: the sampler correction's ratio is taken here (the caller decides, see the module)."""
         norms = batch_normalizers(step_batch["completion_mask"], world_size=dp_size)
         if config.loss_type == "dapo" and round_tokens is not None:
             norms["num_items_in_batch"] = max(round_tokens, 1.0) / steps_per_round / dp_size
-        if config.vllm_importance_sampling_correction and old_logprobs_in_step(config):
+        if correct_in_step:
             norms.update(sampler_correction_mode=config.vllm_importance_sampling_mode,
                          sampler_clip_min=config.vllm_importance_sampling_clip_min,
                          sampler_clip_max=config.vllm_importance_sampling_clip_max)

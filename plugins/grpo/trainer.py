@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlcore import Batch, GenerateWorker, RlcoreError, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
+from rlcore import Batch, GenerateWorker, ModelUse, RlcoreError, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
 from rlcore.data import has_conversations
 from rlcore.memory import RoleUse
-from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options, train_options
 
 from .config import GRPOConfig
@@ -34,9 +33,10 @@ class GRPOTrainer(RoleTrainer):
     )
     checkpointed = "train"
     check_on_run = False  # a run reports a bad model or dataset as it loads them, one line each
+    required = ("model",)
 
     def __init__(self, config: GRPOConfig, plugins: Any, *, use_ray: bool = False):
-        super().__init__(config, plugins, use_ray=use_ray)  # the embedded demo takes its own settings
+        super().__init__(config, plugins, use_ray=use_ray)
         self.experience = ExperienceMaker(self.config, plugins, dp_size=self.session.dp_size("train"))
         self.queue: list[Any] = []  # mini-batches left from the last generation
         self.pending: Any = None  # async_generate: the next round, generating while this one trains
@@ -56,8 +56,6 @@ class GRPOTrainer(RoleTrainer):
     @classmethod
     def models(cls, cfg: GRPOConfig) -> list[ModelUse]:
         """The policy holds a prompt and its completion (and vLLM's context, where set); the reward model's files."""
-        if not cfg.model:
-            return []
         lengths = [(("max_prompt_length", "max_completion_length"), (cfg.max_prompt_length, cfg.max_completion_length))]
         if cfg.rollout.engine == "vllm" and cfg.rollout.vllm_max_model_len:
             lengths.append((("rollout.vllm_max_model_len",), (cfg.rollout.vllm_max_model_len,)))
@@ -90,7 +88,7 @@ class GRPOTrainer(RoleTrainer):
 
     def setups(self) -> dict[str, RoleSetup]:
         cfg, roles = self.config, self.roles(self.config)
-        model = cfg.model or str(Path(cfg.output_dir) / "tiny-model")  # the demo's model is built before start
+        model = cfg.model
         setups = {
             "train": RoleSetup(TrainWorker, cfg.train.engine, train_options(cfg, model)),
             "rollout": RoleSetup(GenerateWorker, cfg.rollout.engine, rollout_options(cfg.rollout, model, cfg.seed)),

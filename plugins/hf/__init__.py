@@ -1,7 +1,7 @@
 """The Hugging Face engines: `hf` as a train engine (transformers + torch, DDP across a group's workers),
 as a forward engine (the same model without optimizer: a reference or a colocated teacher) and as a rollout
-engine (a batched sampling loop with a KV cache), plus `build_tiny_model` for tests and demos. Importing
-this module imports neither torch nor transformers; the factories do.
+engine (a batched sampling loop with a KV cache). Importing this module imports neither torch nor
+transformers; the factories do.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from typing import Any
 
 from rlcore import EngineSpec, build_engine, hookimpl
 from rlcore.engines import options_check
-from rlcore.testing import build_tiny_model
 
 from .memory import forward_memory, rollout_memory, train_memory
 from .rollout import HFRolloutEngine
 from .train import HFOptions, HFTrainEngine
 
-__all__ = ["build_tiny_model", "make_forward_engine", "make_rollout_engine", "make_train_engine"]
+__all__ = ["make_forward_engine", "make_rollout_engine", "make_train_engine"]
 
 # What a forward engine takes: the model and how to run it; nothing about training.
 FORWARD_OPTIONS = ("model", "dtype", "device", "logprob_micro_batch_size", "seed", "chunked_lm_head", "padding_free",

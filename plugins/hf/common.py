@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from rlcore import ConfigError
 from rlcore.batch import right_padded
-from rlcore.engine_checks import aligned_rows, check_ids, resolve_dtype
-from rlcore.engines import ModelOutputs, TopK
-from rlcore.errors import ConfigError
-from rlcore.log import logger
+from rlcore.engines import ModelOutputs, TopK, aligned_rows, check_ids, resolve_dtype
+from rlcore.runtime import logger
 
 if TYPE_CHECKING:
     import torch

@@ -15,10 +15,11 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from rlcore import RlcoreError, did_you_mean
 from rlcore.batch import pad_tokens
-from rlcore.engine_checks import common_problems, raise_problems, torch_device
-from rlcore.engines import Generation, RolloutEngine, SamplingParams, TopK
-from rlcore.errors import RlcoreError, did_you_mean
+from rlcore.engines import (
+    Generation, RolloutEngine, SamplingParams, TopK, common_problems, raise_problems, torch_device,
+)
 
 from .common import load_causal_lm, model_outputs
 
@@ -197,7 +198,7 @@ class HFRolloutEngine(RolloutEngine):
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         """Join train rank 0's broadcast group as `rank` (NCCL buffers arrive on this engine's GPU)."""
-        from rlcore.weight_sync import BroadcastGroup
+        from rlcore.runtime import BroadcastGroup
 
         device = self.device if backend == "nccl" else None
         self._weight_group = BroadcastGroup(host, port, rank, world_size, backend, device=device)

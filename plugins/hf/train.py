@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlcore import RlcoreError
 from rlcore.batch import Batch, host_column, pad_width, token_columns, trim_padding
-from rlcore.checkpoint import replace_dir
-from rlcore.rendezvous import join_torch_world
-from rlcore.engine_checks import check_temperature, check_train_step, common_problems, raise_problems, torch_device
-from rlcore.engines import LossFn, NamedTensors, Projection, TopK, TrainEngine, TrainOptions
-from rlcore.errors import RlcoreError
+from rlcore.engines import (
+    LossFn, NamedTensors, Projection, TopK, TrainEngine, TrainOptions, check_temperature, check_train_step,
+    common_problems, raise_problems, torch_device,
+)
+from rlcore.runtime import join_torch_world, replace_dir
 
 from .common import compile_layers, load_causal_lm, model_outputs, packs_sequences
 from .lora import lora_merged_tensors
@@ -363,7 +364,7 @@ class HFTrainEngine(TrainEngine):
         """Weights in Hugging Face names (LoRA merged into the base weights), detached, on the model's device."""
         import torch
 
-        from rlcore.weight_sync import iter_buckets
+        from rlcore.runtime import iter_buckets
 
         if bucket_bytes < 1:
             raise RlcoreError(f"export_weights: bucket_bytes={bucket_bytes!r} must be positive")

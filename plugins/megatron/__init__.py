@@ -9,10 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlcore import EngineSpec, build_engine, hookimpl
-from rlcore.engine_checks import common_problems
-from rlcore.engines import unknown_options
-from rlcore.errors import ConfigError
+from rlcore import ConfigError, EngineSpec, build_engine, hookimpl
+from rlcore.engines import common_problems, unknown_options
 
 from .memory import megatron_forward_memory, train_memory
 from .support import MegatronOptions, model_problems, option_problems
@@ -79,11 +77,16 @@ def _check(kind: str, known: tuple[str, ...] = ()) -> Any:
     return check
 
 
+def layout(**options: Any) -> tuple[int, int]:
+    """(tensor, pipeline): the workers one replica of the model spans, from the engine's own keys."""
+    return int(options.get("tensor_model_parallel_size", 1)), int(options.get("pipeline_model_parallel_size", 1))
+
+
 @hookimpl
 def rlcore_engines():
     yield EngineSpec("megatron", kind="train", factory=make_train_engine, imports=IMPORTS, check=_check("train"),
-                     memory=train_memory,
+                     memory=train_memory, layout=layout,
                      description="megatron-core GPTModel (local spec): TP/PP/EP/DP, distributed optimizer, vocab-parallel log-probs")
     yield EngineSpec("megatron", kind="forward", factory=make_forward_engine, imports=IMPORTS,
-                     check=_check("forward", FORWARD_OPTIONS), memory=megatron_forward_memory,
+                     check=_check("forward", FORWARD_OPTIONS), memory=megatron_forward_memory, layout=layout,
                      description="the megatron train engine without optimizer: reference and teacher models")

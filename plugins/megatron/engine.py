@@ -20,12 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rlcore import RlcoreError
 from rlcore.batch import Batch, token_columns, trim_padding
-from rlcore.checkpoint import replace_dir
-from rlcore.rendezvous import join_torch_world
-from rlcore.engine_checks import check_temperature, check_train_step, common_problems, raise_problems, torch_device
-from rlcore.engines import LossFn, NamedTensors, TopK, TrainEngine
-from rlcore.errors import RlcoreError
+from rlcore.engines import (
+    LossFn, NamedTensors, TopK, TrainEngine, check_temperature, check_train_step, common_problems, raise_problems,
+    torch_device,
+)
+from rlcore.runtime import join_torch_world, replace_dir
 
 from . import lora, mapping
 from .support import (
@@ -527,7 +528,7 @@ class MegatronTrainEngine(TrainEngine):
 
     def export_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[NamedTensors]:
         """Weights in Hugging Face names in buckets, on every rank (every rank of the group must call it)."""
-        from rlcore.weight_sync import iter_buckets
+        from rlcore.runtime import iter_buckets
 
         if bucket_bytes < 1:
             raise RlcoreError(f"export_weights: bucket_bytes={bucket_bytes!r} must be positive")

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlcore.errors import RlcoreError
+from rlcore import RlcoreError
 
 if TYPE_CHECKING:
     import torch

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rlcore.errors import ConfigError
+from rlcore import ConfigError
 
 if TYPE_CHECKING:
     import torch

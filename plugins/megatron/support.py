@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcore.errors import ConfigError, RlcoreError
+from rlcore import ConfigError, RlcoreError
 from rlcore.engines import OptimizerOptions, TrainOptions
 
 DECAY_STYLES = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine", "linear": "linear"}
@@ -100,7 +100,7 @@ def torch_dtype(dtype: str, model: str, cuda: bool) -> Any:
     CPU); with bf16/fp16 the optimizer keeps fp32 main parameters (`master_weights`), as ms-swift trains."""
     import torch
 
-    from rlcore.engine_checks import resolve_dtype
+    from rlcore.engines import resolve_dtype
 
     return getattr(torch, resolve_dtype(dtype, model, cuda))
 

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlcore.engine_checks import aligned_rows, check_ids
-from rlcore.engines import ModelOutputs, TopK
+from rlcore.engines import ModelOutputs, TopK, aligned_rows, check_ids
 
 
 def _group_size(group: Any) -> int:

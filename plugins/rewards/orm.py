@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlcore import ConfigError
-from rlcore.engine_checks import resolve_dtype, torch_device
+from rlcore.engines import resolve_dtype, torch_device
 
 from .functions import completion_text
 

@@ -8,6 +8,8 @@ continues after a crash without losing or repeating a row.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlcore import AlgorithmSpec, hookimpl
 
 from .config import DistillConfig, SampleConfig
@@ -20,6 +22,7 @@ __all__ = ["DistillConfig", "SampleConfig", "SampleTrainer"]
 def rlcore_algorithms():
     yield AlgorithmSpec(
         "sample", config=SampleConfig, trainer=SampleTrainer, roles=("sampler", "prm", "orm"),
+        demo=str(Path(__file__).with_name("demo.yaml")),
         description="best-of-N sampling: N candidates per prompt scored by an ORM and/or a PRM, resumable JSONL",
     )
     yield AlgorithmSpec(

@@ -28,28 +28,15 @@ class ScorerRoleConfig(RoleConfig):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the scorer")
 
 
-# With no model and no dataset, `rlcore run --plugin sample` is the embedded demo: the tiny random model
-# samples the toy task's prompts on the CPU, the toy reward is the ORM. These apply to keys the user did not set.
-DEMO_DEFAULTS: dict[str, Any] = {
-    "orm_model": "toy",
-    "num_return_sequences": 4,
-    "max_new_tokens": 16,
-    "batch_size": 4,
-    "data_range": [0, 32],  # 8 of the toy task's 256 prompts: a few seconds on a CPU
-    "output_dir": "output/sample-demo",
-}
-
-
 class SampleConfig(LoggingKeys, RunConfig):
     """Best-of-N sampling: N candidates per prompt, scored by an ORM and/or a PRM, the best kept with a rejected
     partner, written as resumable JSONL."""
 
     model: str | None = Field(
-        None, description="the sampler's model (a directory or hub id); unset (and no dataset): the embedded demo, "
-        "a tiny random model on 8 prompts of the toy task with orm_model toy, num_return_sequences 4, max_new_tokens 16"
+        None, description="the sampler's model (a directory or hub id; tiny: the tiny random model, built in output_dir)"
     )
-    dataset: str | list[str] | None = Field(
-        None, description="JSONL/JSON/Parquet file(s) with a messages or prompt column; unset: the toy task"
+    dataset: str | list[str] = Field(
+        "tiny:toy", description="JSONL/JSON/Parquet file(s) with a messages or prompt column; tiny:toy: the toy task"
     )
     data_range: list[int] | None = Field(
         None, description="[i, n]: sample shard i of n (contiguous; the first shards take one row more, none is dropped)"
@@ -118,13 +105,6 @@ class SampleConfig(LoggingKeys, RunConfig):
             section["engine"] = engine
             data["sampler"] = section
         return data
-
-    def for_run(self) -> SampleConfig:
-        """The config a run uses: itself, or for the embedded demo the demo's settings for keys not set."""
-        if self.model or self.dataset or not self.uses_local_sampler:
-            return self
-        demo = {k: v for k, v in DEMO_DEFAULTS.items() if k not in self.model_fields_set}
-        return type(self).model_validate({**self.model_dump(exclude_unset=True), **demo})
 
     @property
     def uses_local_sampler(self) -> bool:

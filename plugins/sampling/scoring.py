@@ -20,7 +20,7 @@ from typing import Any
 
 from rlcore import ConfigError, RlcoreError, function, worker, worker_plugins
 from rlcore.data import completion_text
-from rlcore.engine_checks import resolve_dtype, torch_device
+from rlcore.engines import resolve_dtype, torch_device
 from rlcore.rewards import call_reward, resolve_reward
 
 

@@ -23,15 +23,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, NotRegistered, RlcoreError, RoleSetup, RoleTrainer, SamplingParams
-from rlcore.config import problems_of
+from rlcore import (
+    ConfigError, ModelUse, NotRegistered, RlcoreError, RoleSetup, RoleTrainer, SamplingParams, did_you_mean,
+    problems_of,
+)
 from rlcore.data import PromptEncoder, has_conversations, load_rows, prompt_view
-from rlcore.errors import did_you_mean
 from rlcore.rewards import check_reward, resolve_reward
-from rlcore.log import logger
-from rlcore.model_checks import ModelUse
+from rlcore.runtime import logger
 from rlcore.sections import rollout_options
-from rlcore.testing import build_tiny_model, toy_dataset
 
 from .config import SampleConfig
 from .output import ResumableJsonl
@@ -66,6 +65,7 @@ class SampleTrainer(RoleTrainer):
         "prm_threshold", "easy_query_threshold", "n_best_to_keep", "output_file", "output_format", "api_base",
     )
     save_steps = 1  # every batch is committed by its step: the run's position is the output's state file
+    required = ("model",)
 
     # -- what runs where -----------------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ class SampleTrainer(RoleTrainer):
     def problems(cls, cfg: SampleConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """The engines, the orm reward function and its options, the dataset and the model's tokenizer."""
         checks = [("dataset", lambda: cls.load_rows(cfg))]
-        if cfg.model and cfg.uses_local_sampler:
+        if cfg.uses_local_sampler:
             checks.append(("model", lambda: PromptEncoder(cfg.model, cfg.use_chat_template)))
         return cls.name_problems(cfg, plugins, run_code=run) + problems_of(checks)
 
@@ -87,7 +87,7 @@ class SampleTrainer(RoleTrainer):
         """The sampler's model holds a prompt and its candidate (and vLLM's context, where set); the reward
         models' files."""
         uses = []
-        if cfg.model and cfg.uses_local_sampler:
+        if cfg.uses_local_sampler:
             lengths = [(("max_prompt_length", "max_new_tokens"), (cfg.max_prompt_length, cfg.max_new_tokens))]
             if cfg.sampler.engine == "vllm" and cfg.sampler.vllm_max_model_len:
                 lengths.append((("sampler.vllm_max_model_len",), (cfg.sampler.vllm_max_model_len,)))
@@ -127,22 +127,17 @@ class SampleTrainer(RoleTrainer):
     @staticmethod
     def load_rows(cfg: SampleConfig) -> tuple[int, list[dict[str, Any]]]:
         """(index of the first row in the dataset, the rows of this run's data_range shard)."""
-        if cfg.dataset:
-            rows = load_rows(cfg.dataset)
-            prompt_view(rows, cfg.dataset)  # every row has a prompt: all problems of the file at once
-        else:
-            rows = toy_dataset(seed=cfg.seed)
+        rows = load_rows(cfg.dataset)
+        prompt_view(rows, cfg.dataset)  # every row has a prompt: all problems of the file at once
         return shard(rows, *cfg.data_range) if cfg.data_range else (0, rows)
 
     def prepare(self) -> None:
-        """The rows, the model (the demo's is built here), the prompt encoder or the API teacher."""
+        """The rows, the prompt encoder or the API teacher."""
         cfg = self.config
         self.output = ResumableJsonl(self.output_dir, cfg.output_file)
         self.first_row, self.rows = self.load_rows(cfg)
         self.ids = [row_id(r) for r in self.rows]
         self.model_path = cfg.model
-        if not cfg.model and cfg.uses_local_sampler:
-            self.model_path = str(build_tiny_model(self.output_dir / "tiny-model", seed=cfg.seed, replace=False))  # never another run's, rebuilt
         self.encoder = None
         if cfg.uses_local_sampler:
             self.encoder = PromptEncoder(self.model_path, cfg.use_chat_template, cfg.max_prompt_length)

@@ -8,6 +8,8 @@ loads no engine library.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlcore import AlgorithmSpec, hookimpl
 
 from .config import PretrainConfig, SFTConfig
@@ -19,10 +21,10 @@ __all__ = ["LMTrainer", "PretrainConfig", "PretrainTrainer", "SFTConfig", "SFTTr
 @hookimpl
 def rlcore_algorithms():
     yield AlgorithmSpec(
-        "sft", config=SFTConfig, trainer=SFTTrainer, roles=("default",),
+        "sft", config=SFTConfig, trainer=SFTTrainer, roles=("default",), demo=str(Path(__file__).with_name("demo_sft.yaml")),
         description="supervised fine-tuning (TRL's SFTTrainer per worker), one data-parallel world, locally or on Ray",
     )
     yield AlgorithmSpec(
-        "pt", config=PretrainConfig, trainer=PretrainTrainer, roles=("default",),
+        "pt", config=PretrainConfig, trainer=PretrainTrainer, roles=("default",), demo=str(Path(__file__).with_name("demo_pt.yaml")),
         description="pre-training on plain text (transformers' Trainer per worker), one data-parallel world",
     )

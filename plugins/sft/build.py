@@ -9,8 +9,8 @@ import dataclasses
 import os
 from typing import Any
 
-from rlcore.engine_checks import resolve_dtype
-from rlcore.errors import ConfigError, did_you_mean
+from rlcore import ConfigError, did_you_mean
+from rlcore.engines import resolve_dtype
 
 from .data import node_dataset
 

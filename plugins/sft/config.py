@@ -3,7 +3,7 @@ TrainingArguments and ms-swift spell them, so a config written for those carries
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -22,8 +22,10 @@ class LMConfig(TrainingConfig):
     """Keys SFT and pre-training share."""
 
     # model and data
-    model: str | None = Field(None, description="HF model directory or hub id; unset (and no dataset): the embedded demo")
-    dataset: str | list[str] | None = Field(None, description="local JSONL/JSON/Parquet file(s); unset: the demo corpus")
+    model: str | None = Field(None, description="HF model directory or hub id (tiny: the tiny random model, built in output_dir)")
+    dataset: str | list[str] | None = Field(
+        None, description="local JSONL/JSON/Parquet file(s) (tiny:sft, tiny:pt: toy arithmetic conversations, sentences)"
+    )
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     max_length: int | None = Field(1024, ge=1, description="tokens per sequence (or per packed block) at most")
     packing: bool = Field(False, description="pack several rows into one sequence of max_length")
@@ -67,16 +69,6 @@ class LMConfig(TrainingConfig):
     # the role
     default: DefaultRoleConfig = Field(default_factory=DefaultRoleConfig, description="the training workers")
 
-    demo_defaults: ClassVar[dict[str, Any]] = {}  # class-level: the embedded demo's settings (see for_run)
-
-    def for_run(self) -> LMConfig:
-        """The config a run uses: itself, or for the embedded demo (no model, no dataset) the demo's settings
-        for every key the user did not set."""
-        if self.model or self.dataset:
-            return self
-        demo = {k: v for k, v in self.demo_defaults.items() if k not in self.model_fields_set}
-        return type(self).model_validate({**self.model_dump(exclude_unset=True), **demo})
-
     @property
     def datasets(self) -> list[str]:
         return [self.dataset] if isinstance(self.dataset, str) else list(self.dataset or [])
@@ -95,9 +87,6 @@ class LMConfig(TrainingConfig):
             # their defaults, so only another value is a mistake
             if getattr(self, key) != type(self).model_fields[key].get_default(call_default_factory=True):
                 problems.append((key, "has no effect here: every worker trains, no role shares its devices; remove it"))
-        if bool(self.model) != bool(self.dataset):
-            given, missing = ("model", "dataset") if self.model else ("dataset", "model")
-            problems.append((missing, f"is unset but {given} is set; give both, or neither for the embedded demo"))
         if problems:
             raise ConfigProblems(problems)
         return self
@@ -122,30 +111,12 @@ class SFTConfig(LMConfig):
         None, min_length=1, max_length=2, description="fills {{AUTHOR}} in the rows, as model_name"
     )
 
-    demo_defaults: ClassVar[dict[str, Any]] = {
-        "learning_rate": 3e-3,
-        "max_steps": 30,
-        "max_length": 128,
-        "per_device_train_batch_size": 8,
-        "lr_scheduler_type": "constant",
-        "output_dir": "output/sft-demo",
-    }
-
 
 class PretrainConfig(LMConfig):
     """Pre-training (continued) on plain text (transformers' Trainer in every worker): rows with a `text`
     column, packed into blocks of max_length."""
 
     packing: bool = Field(True, description="concatenate the texts and cut them into blocks of max_length")
-
-    demo_defaults: ClassVar[dict[str, Any]] = {
-        "learning_rate": 3e-3,
-        "max_steps": 30,
-        "max_length": 64,
-        "per_device_train_batch_size": 8,
-        "lr_scheduler_type": "constant",
-        "output_dir": "output/pt-demo",
-    }
 
 
 __all__ = ["DefaultRoleConfig", "LMConfig", "PretrainConfig", "SFTConfig"]

@@ -15,15 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from rlcore import ConfigError
 from rlcore.data import conversation_view, dataset_error, dataset_file, load_rows
-from rlcore.errors import ConfigError
-from rlcore.testing import build_tiny_model
 
 KINDS = ("sft", "pt")
 
@@ -139,37 +137,3 @@ def node_dataset(
     return load_from_disk(str(folder)), read
 
 
-# -------------------------------------------------------------------------
-# the embedded demo: a tiny random model learns a toy corpus on the CPU
-# -------------------------------------------------------------------------
-
-
-def demo_rows(kind: str, n: int = 256, seed: int = 0) -> list[dict[str, Any]]:
-    """Toy arithmetic: conversations (`sft`) or sentences (`pt`) a tiny model learns within a few dozen steps."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        a, b = rng.randint(0, 9), rng.randint(0, 9)
-        if kind == "sft":
-            rows.append({"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
-                                      {"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]})
-        else:
-            rows.append({"text": f"The sum of {a} and {b} is {a + b}. "})
-    return rows
-
-
-def demo_paths(output_dir: str | os.PathLike, kind: str) -> tuple[str, list[str]]:
-    """Where the demo's model and data live in `output_dir`."""
-    out = Path(output_dir).expanduser().resolve()
-    return str(out / "tiny-model"), [str(out / f"demo-{kind}.jsonl")]
-
-
-def write_demo(output_dir: str | os.PathLike, kind: str, seed: int) -> None:
-    """The demo's model and data, built in `output_dir` (once)."""
-    model, (data,) = demo_paths(output_dir, kind)
-    build_tiny_model(model, seed=seed, replace=False)
-    data = Path(data)
-    if not data.is_file():
-        tmp = data.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in demo_rows(kind, seed=seed)))
-        os.replace(tmp, data)

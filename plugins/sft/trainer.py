@@ -15,16 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlcore import ConfigError, RoleSetup, RoleTrainer
-from rlcore.checkpoint import load_state
+from rlcore import ConfigError, ModelUse, RoleSetup, RoleTrainer, announce
 from rlcore.data import has_conversations, model_problem
 from rlcore.memory import RoleUse
-from rlcore.model_checks import ModelUse
-from rlcore.session import announce
+from rlcore.runtime import load_state
 
 from .build import build_pt, build_sft, trainer_kwargs_problems
 from .config import LMConfig, PretrainConfig, SFTConfig
-from .data import check_files, demo_paths, write_demo
+from .data import check_files
 from .worker import CHECKPOINT, LMWorker
 
 ROLE = "default"
@@ -50,8 +48,10 @@ class LMTrainer(RoleTrainer):
         "packing", "padding_free", "device_groups", "default.gpus", "default.cpus", "lora_rank", "lora_target_modules",
     )
 
+    required = ("model", "dataset")
+
     def __init__(self, config: LMConfig, plugins: Any, *, use_ray: bool = False):
-        super().__init__(config, plugins, use_ray=use_ray)  # the embedded demo takes its own settings
+        super().__init__(config, plugins, use_ray=use_ray)
         if not use_ray and self.session.device(ROLE) == "cuda":
             import torch
 
@@ -72,19 +72,16 @@ class LMTrainer(RoleTrainer):
     def problems(cls, config: LMConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
         """The trainer's extra arguments and the data files, before anything is allocated."""
         problems = trainer_kwargs_problems(cls.kind, config.trainer_kwargs, set(type(config).model_fields))
-        unloadable = model_problem(config.model) if config.model else None
+        unloadable = model_problem(config.model)
         if unloadable:  # before the workers' hub client retries for a minute
             problems.append(("model", unloadable))
-        if config.dataset:
-            problems.extend(check_files(config.datasets, cls.kind))
+        problems.extend(check_files(config.datasets, cls.kind))
         return problems
 
     @classmethod
     def models(cls, config: LMConfig) -> list[ModelUse]:
         """The model holds a sequence (or a packed block) of max_length tokens; sft's conversations go through its
         chat template (TRL's SFTTrainer), unless trainer_kwargs.chat_template_path gives one."""
-        if not config.model:
-            return []
         lengths = ((("max_length",), (config.max_length,)),) if config.max_length else ()
         chats = cls.kind == "sft" and "chat_template_path" not in config.trainer_kwargs
         return [ModelUse("model", config.model, lengths, conversations=(
@@ -109,13 +106,10 @@ class LMTrainer(RoleTrainer):
     def options(self) -> dict[str, Any]:
         """What each worker builds its trainer from (paths absolute: a worker's directory is not the driver's)."""
         cfg = self.config
-        if cfg.model:
-            model, data = cfg.model, cfg.datasets
-            if os.path.exists(os.path.expanduser(model)):
-                model = str(Path(model).expanduser().resolve())
-            data = [str(Path(p).expanduser().resolve()) for p in data]
-        else:  # the embedded demo, written when the run starts (demo_paths)
-            model, data = demo_paths(cfg.output_dir, self.kind)
+        model = cfg.model
+        if os.path.exists(os.path.expanduser(model)):
+            model = str(Path(model).expanduser().resolve())
+        data = [str(Path(p).expanduser().resolve()) for p in cfg.datasets]
         args = {k: getattr(cfg, k) for k in PASSED}
         args["max_steps"] = cfg.max_steps or -1
         if cfg.min_lr:  # the cosine schedule's floor: transformers' cosine_with_min_lr
@@ -143,8 +137,6 @@ class LMTrainer(RoleTrainer):
 
     @contextlib.contextmanager
     def start(self) -> Iterator[None]:
-        if not self.config.model:
-            write_demo(self.config.output_dir, self.kind, self.config.seed)
         with super().start():
             self.shape = self.session[ROLE].plan()
             announce([f"{self.kind}: {self.shape['world_size']} data-parallel rank(s), global batch "

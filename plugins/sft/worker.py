@@ -20,8 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rlcore import function, worker
-from rlcore.errors import RlcoreError
+from rlcore import RlcoreError, function, worker
 
 CHECKPOINT = "model"  # the Hugging Face checkpoint inside rlcore's checkpoint-N folder
 

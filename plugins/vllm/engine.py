@@ -11,7 +11,7 @@ from, after temperature (and top-k/top-p), which is what importance sampling aga
 Options are spelled as ms-swift spells them (`vllm_gpu_memory_utilization`, ...).
 
 New weights go through vLLM's own `load_weights` once per bucket layout, traced; the later buckets of that
-layout replay the traced copies as one batched copy (`rlcore.weight_replay`), skipping vLLM's per-tensor
+layout replay the traced copies as one batched copy (`weight_replay.py`), skipping vLLM's per-tensor
 Python loaders (`vllm_weight_replay=False` keeps the loaders for every bucket).
 
 Two choices keep generation near raw vLLM's speed (`benchmarks/vllm_generate.py` measures each):
@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from rlcore import ConfigError, Generation, RlcoreError, RolloutEngine, SamplingParams, TopK
-from rlcore.engine_checks import resolve_dtype
+from rlcore.engines import resolve_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -104,7 +104,7 @@ def _model_problems(model: str, vllm_tensor_parallel_size: int, vllm_engine_kwar
     """The model's architecture against the installed vLLM's (where vLLM is installed), and the tensor size against
     its heads, read from its config.json (vLLM splits the attention heads evenly over the ranks, and the KV heads
     too, or replicates them where there are fewer)."""
-    from rlcore.model_checks import read_model
+    from rlcore.engines import read_model
 
     files = read_model(model) if model else None
     impl = (vllm_engine_kwargs or {}).get("model_impl", "auto") if isinstance(vllm_engine_kwargs, dict) else "auto"
@@ -161,7 +161,7 @@ def _loader(holder: Any, model: Any, replay: bool = True) -> Any:
     load and replayed as one batched copy after (rlcore.weight_replay; `vllm_weight_replay=False`: never)."""
     loader = getattr(holder, "rlcore_loader", None)
     if loader is None:
-        from rlcore.weight_replay import ReplayLoader
+        from .weight_replay import ReplayLoader
 
         loader = ReplayLoader(lambda weights: model.load_weights(weights=weights),
                               [*model.parameters(), *model.buffers()], replay=replay)
@@ -176,14 +176,14 @@ def _load_weights_on_worker(worker: Any, named_tensors: list[tuple[str, torch.Te
 
 def _join_group_on_worker(worker: Any, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
     """Inside each vLLM worker: join the trainer's broadcast group as rank + this worker's TP rank."""
-    from rlcore.weight_sync import BroadcastGroup
+    from rlcore.runtime import BroadcastGroup
 
     worker.rlcore_weight_group = BroadcastGroup(host, port, rank + worker.rank, world_size, backend)
 
 
 def _gpu_on_worker(worker: Any) -> tuple[int, str]:
     """Inside each vLLM worker: its rank and the UUID of its GPU."""
-    from rlcore.weight_sync import gpu_uuid
+    from rlcore.runtime import gpu_uuid
 
     return worker.rank, gpu_uuid()
 
@@ -191,7 +191,7 @@ def _gpu_on_worker(worker: Any) -> tuple[int, str]:
 def _load_ipc_on_worker(worker: Any, payloads: dict[int, dict[str, Any]], replay: bool = True) -> None:
     """Inside each vLLM worker: load the bucket whose CUDA IPC handle is this worker's (by rank): packed on
     its own GPU by a trainer rank there, or on a peer GPU by a trainer in the engine's process."""
-    from rlcore.weight_sync import IpcReceiver
+    from rlcore.runtime import IpcReceiver
 
     if getattr(worker, "rlcore_ipc", None) is None:
         worker.rlcore_ipc = IpcReceiver()  # keeps the sender's buffers mapped from sync to sync
@@ -424,7 +424,7 @@ class VLLMRolloutEngine(RolloutEngine):
             return
         items = list(named_tensors)
         if items and all(tensor.is_cuda for _, tensor in items):  # one CUDA IPC handle that every worker maps
-            from rlcore.weight_sync import CudaIpcSender
+            from rlcore.runtime import CudaIpcSender
 
             if self._ipc_sender is None:
                 self._ipc_sender = CudaIpcSender()
@@ -464,7 +464,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         """Join train rank 0's broadcast group: this process in process, else each vLLM worker as rank + its TP rank."""
         if self.in_process:
-            from rlcore.weight_sync import BroadcastGroup
+            from rlcore.runtime import BroadcastGroup
 
             self._weight_group = BroadcastGroup(host, port, rank, world_size, backend)
         else:

@@ -10,7 +10,8 @@ import sys
 import psutil
 import pytest
 
-from rlcore import RlcoreError, cluster
+from rlcore import RlcoreError
+from rlcore.runtime import cluster
 
 
 def run(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> dict:
@@ -22,14 +23,14 @@ def run(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> d
 
 
 def test_importing_the_runtime_does_not_import_ray():
-    out = run("import json, sys, rlcore, rlcore.workers, rlcore.actors, rlcore.cluster, rlcore.dispatch\n"
+    out = run("import json, sys, rlcore, rlcore.runtime.workers, rlcore.runtime.actors, rlcore.runtime.cluster, rlcore.runtime.dispatch\n"
               "print(json.dumps({'ray': 'ray' in sys.modules, 'torch': 'torch' in sys.modules}))")
     assert out == {"ray": False, "torch": False}
 
 
 ATTACH = """
 import json, os
-from rlcore import cluster
+from rlcore.runtime import cluster
 resources = cluster.init()
 import ray
 print(json.dumps({"cpus": resources["CPU"], "node": ray.get_runtime_context().get_node_id()}))
@@ -37,7 +38,7 @@ print(json.dumps({"cpus": resources["CPU"], "node": ray.get_runtime_context().ge
 
 START = f"""
 import json, os, signal, subprocess, sys
-from rlcore import cluster
+from rlcore.runtime import cluster
 terms = []
 signal.signal(signal.SIGTERM, lambda *_: terms.append(1))  # the program's own handler (ray.init replaces it)
 resources = cluster.init(num_cpus=3, num_gpus=2)
@@ -76,7 +77,7 @@ def test_overrides_with_an_address_are_an_error_before_connecting():
 
 LOCAL = """
 import json, signal
-from rlcore import cluster
+from rlcore.runtime import cluster
 resources = cluster.init("local", num_cpus=1, num_gpus=0)
 sigterm = signal.getsignal(signal.SIGTERM).__name__
 print(json.dumps({"cpus": resources["CPU"], "gpus": resources.get("GPU", 0.0), "sigterm": sigterm}))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import pytest
 from pydantic import Field
 
@@ -228,25 +230,39 @@ def test_every_installed_algorithm_is_tested_for_loading_back(python_m_rlcore):
     assert sorted(a for row in listed for a in row["provides"].get("algorithms", [])) == sorted(ALGORITHMS)
 
 
+# what a shown config leaves unset and a run needs: the model (and data), named on the command line; the tiny model's
+# context is 1024 positions, below sampling's default prompt length
+NAMED = {"grpo": ["model=tiny"], "gkd": ["model=tiny", "teacher_model=tiny:teacher"],
+         "sft": ["model=tiny", "dataset=tiny:sft"], "pt": ["model=tiny", "dataset=tiny:pt"],
+         "sample": ["model=tiny", "max_prompt_length=512"], "distill": ["model=tiny", "max_prompt_length=512"]}
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_config_show_loads_back_to_the_same_values(python_m_rlcore, tmp_path, algorithm):
     shown = python_m_rlcore("config", "show", "--plugin", algorithm)
     assert shown.returncode == 0, shown.stderr
     (tmp_path / "my.yaml").write_text(shown.stdout)
-    valid = python_m_rlcore("config", "validate", "--plugin", algorithm, "--config", "my.yaml")
+    valid = python_m_rlcore("config", "validate", "--plugin", algorithm, "--config", "my.yaml", *NAMED.get(algorithm, ()))
     assert (valid.returncode, valid.stdout) == (0, f"my.yaml: valid for algorithm '{algorithm}'\n"), valid.stderr
     again = python_m_rlcore("config", "show", "--plugin", algorithm, "--config", "my.yaml")
     assert again.stdout == shown.stdout  # every value, as written
 
 
-def test_the_demo_is_validated_with_the_demos_values(python_m_rlcore, tmp_path):
-    """The GRPO demo runs 32 x 2 completions a step, so 16 per group divide it, though TRL's default batch (8 x 1)
-    would not; a batch the user sets is checked as set."""
-    (tmp_path / "demo.yaml").write_text("seed: 1\n")
-    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", "demo.yaml", "num_generations=16")
-    assert (done.returncode, done.stdout) == (0, "demo.yaml: valid for algorithm 'grpo'\n"), done.stderr
-    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", "demo.yaml", "num_generations=16",
+def test_the_demo_preset_validates_and_a_config_without_a_model_says_how_to_name_one(python_m_rlcore, tmp_path):
+    """The GRPO demo preset runs 32 x 2 completions a step, so 16 per group divide it, though TRL's default batch
+    (8 x 1) would not; its `tiny` model and dataset are checked as what they build (nothing left behind). A config
+    naming no model is told what to set."""
+    import rlcore
+
+    preset = str(Path(rlcore.__file__).resolve().parent.parent / "examples" / "demo" / "grpo.yaml")
+    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", preset, "num_generations=16")
+    assert (done.returncode, done.stdout) == (0, f"{preset}: valid for algorithm 'grpo'\n"), done.stderr
+    (tmp_path / "mine.yaml").write_text("seed: 1\ndataset: tiny:toy\n")
+    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", "mine.yaml")
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0] == "rlcore: error: invalid configuration (1 problem):", done.stderr
+    assert "model: is unset; name one" in done.stderr and "tiny" in done.stderr
+    done = python_m_rlcore("config", "validate", "--plugin", "grpo", "--config", preset, "num_generations=16",
                            "per_device_train_batch_size=8", "gradient_accumulation_steps=1")
     assert done.returncode == 2
-    assert done.stderr.splitlines()[0] == "rlcore: error: invalid configuration in demo.yaml (1 problem):"
     assert "per_device_train_batch_size (8) x train workers (1) x steps_per_generation (1) = 8" in done.stderr

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlcore import Batch, DispatcherSpec, NotRegistered, RlcoreError, function, load_plugins, worker, workers
-from rlcore import dispatch as d
-from rlcore.dispatch import Mesh
+from rlcore import Batch, DispatcherSpec, NotRegistered, RlcoreError, function, load_plugins, worker
+from rlcore.runtime import workers
+from rlcore.runtime import dispatch as d
+from rlcore.runtime.dispatch import Mesh
 
 PLUGINS = load_plugins()
 

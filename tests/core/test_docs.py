@@ -80,8 +80,8 @@ def test_every_relative_link_resolves(doc):
 def test_a_test_cited_by_file_and_name_is_checked():
     assert named_paths("see `tests/core/test_docs.py::test_readme_is_a_short_users_page`.") == [
         "tests/core/test_docs.py::test_readme_is_a_short_users_page"]
-    assert named_paths("rlcore/ms_swift.py and docs/{a,b}.md, not output_dir/final") == [
-        "rlcore/ms_swift.py", "docs/{a,b}.md"]
+    assert named_paths("rlcore/compat/ms_swift.py and docs/{a,b}.md, not output_dir/final") == [
+        "rlcore/compat/ms_swift.py", "docs/{a,b}.md"]
     assert expand("docs/{a,b}.md") == ["docs/a.md", "docs/b.md"]
     assert slug("## `rlcore plot`") == "rlcore-plot" and slug("### rlcore_configure") == "rlcore_configure"
 

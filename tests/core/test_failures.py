@@ -128,7 +128,7 @@ def test_log_level_debug_shows_the_worker_traceback(rlcore_cli, tmp_path):
 @pytest.mark.parametrize("fail_in,method,debug", [("init", "__init__", False), ("call", "generate", True)])
 def test_a_ray_worker_failure_is_one_line_even_when_ray_cannot_pickle_it(ray_local, rlcore_cli, tmp_path, fail_in,
                                                                         method, debug):
-    from rlcore import cluster
+    from rlcore.runtime import cluster
 
     address = ray_local.get_runtime_context().gcs_address
     args = [f"fail_in={fail_in}", *(["--log-level", "debug"] if debug else [])]

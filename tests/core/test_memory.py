@@ -13,7 +13,7 @@ from rlcore import EngineSpec
 from rlcore.cli import main
 from rlcore.manager import plugins as loaded_plugins
 from rlcore.memory import GiB, MemoryQuery, ModelShape, RoleUse, plan_memory
-from rlcore.resources import plan_from_config
+from rlcore.runtime.resources import plan_from_config
 
 from rlcore.plugins.hf.memory import forward_memory, train_memory
 from rlcore.plugins.megatron.memory import train_memory as megatron_memory

@@ -10,14 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.config import load_config
 from rlcore.errors import ConfigError
-from rlcore.ms_swift import translate
+from rlcore.compat.ms_swift import load_translated, translate
 from rlcore.plugins.gkd import GKDConfig
 from rlcore.plugins.grpo import GRPOConfig
 from rlcore.data import load_rows
 from rlcore.plugins.sampling import DistillConfig, SampleConfig
 from rlcore.plugins.sft import SFTConfig
+
+
+def load_config(model, path=None, overrides=(), **options):
+    """A file read as the CLI reads it: ms-swift's and TRL's keys translated, then validated."""
+    return load_translated(model, path, overrides, **options)[0]
 
 GRPO = """\
 rlhf_type: grpo
@@ -197,11 +201,10 @@ device_groups:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from rlcore.plugins.gkd.data import demo_models
-    from rlcore.testing import build_tiny_model
+    from rlcore.testing import build_tiny_model, tiny_model
 
     root = tmp_path_factory.mktemp("ms-swift")
-    student, teacher = demo_models(str(root), seed=0)
+    student, teacher = tiny_model("tiny", root / "student"), tiny_model("tiny:teacher", root)
     prompts, chats = root / "math.jsonl", root / "chat.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n" for i in range(40)))
     chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {i}"},

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from rlcore import ConfigError, PlacementRequest, ResourceError, Slot, load_plugins
-from rlcore.placement import allocate, colocate, pack, release, separate, spread
-from rlcore.resources import plan_from_config
+from rlcore.runtime.placement import allocate, colocate, pack, release, separate, spread
+from rlcore.runtime.resources import plan_from_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
 

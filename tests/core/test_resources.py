@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rlcore import ConfigError, RoleConfig, RunConfig, load_plugins
-from rlcore.resources import Group, ResourcePlan, parse_ranks, plan_from_config
+from rlcore.runtime.resources import Group, ResourcePlan, parse_ranks, plan_from_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
 
@@ -313,7 +313,7 @@ def test_plan_queries():
 
 
 def test_import_rlcore_imports_no_ray():
-    code = "import sys, rlcore, rlcore.resources, rlcore.placement; assert 'ray' not in sys.modules, 'ray imported'"
+    code = "import sys, rlcore, rlcore.runtime.resources, rlcore.runtime.placement; assert 'ray' not in sys.modules, 'ray imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

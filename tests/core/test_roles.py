@@ -14,8 +14,8 @@ import torch
 
 from rlcore import RoleSession, RoleSetup, load_plugins
 from rlcore.batch import Batch
-from rlcore.resources import plan_from_config
-from rlcore.roles import TrainWorker
+from rlcore.runtime.resources import plan_from_config
+from rlcore.runtime.roles import TrainWorker
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -25,6 +25,10 @@ class RecordingEngine:
 
     def __init__(self, log: str, collective: bool = False, **options):
         self.rank, self.log, self.collective = int(os.environ.get("RANK", "0")), Path(log), collective
+
+    @staticmethod
+    def layout(tensor_model_parallel_size: int = 1, **options):  # the session asks a factory for its layout
+        return tensor_model_parallel_size, 1
 
     def _note(self, what: str) -> None:
         with self.log.open("a") as f:
@@ -90,7 +94,7 @@ class ImportProbe:
 def test_the_roles_after_the_first_import_their_engines_modules_before_they_build(ray_local, tmp_path):
     """On Ray every role but the first is started and imports its engine's `imports` (`EngineSpec.imports`)
     while the roles before it build, and is then built in those same actors; the first role builds at once."""
-    from rlcore.roles import GenerateWorker
+    from rlcore.runtime.roles import GenerateWorker
 
     plugins = load_plugins()
     plan = plan_from_config({"train": {"gpus": 1}, "rollout": {"gpus": 1}}, roles=["train", "rollout"], plugins=plugins)

@@ -7,9 +7,9 @@ import time
 import pytest
 
 from rlcore import ConfigError, PhaseTimer, RoleSession, RoleSetup, load_plugins
-from rlcore.resources import plan_from_config
-from rlcore.roles import GenerateWorker, ScoreWorker, TrainWorker
-from rlcore.session import _ranges
+from rlcore.runtime.resources import plan_from_config
+from rlcore.runtime.roles import GenerateWorker, ScoreWorker, TrainWorker
+from rlcore.runtime.session import _ranges
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_nested_phases_are_not_counted_twice():
 
 
 def test_tensor_and_pipeline_sizes_split_a_roles_workers(plugins):
-    from rlcore.dispatch import Mesh
+    from rlcore.runtime.dispatch import Mesh
 
     plan = plan_from_config({"train": {"gpus": 4}}, roles=["train"], plugins=plugins)
 

@@ -147,3 +147,33 @@ def test_every_architecture_builds_offline_and_generates(tmp_path, arch):
     ids = AutoTokenizer.from_pretrained(path)(["Write a word:"], return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert out.shape == (1, ids.shape[1] + 4)
+
+
+def test_tiny_names_resolve_to_what_they_build(tmp_path):
+    """`model: tiny` and `dataset: tiny:toy` in a config become a model directory in `root` and a JSONL file of
+    the toy task's rows (the config's seed); other values stay; an unknown tiny name says which are known."""
+    import json
+
+    from pydantic import BaseModel
+
+    from rlcore.testing import resolve_tiny, toy_dataset
+
+    class Section(BaseModel):
+        model: str | None = None
+
+    class Config(BaseModel):
+        model: str = "tiny"
+        dataset: str | list[str] = "tiny:toy"
+        orm_model: str = "toy"
+        seed: int = 3
+        teacher: Section = Section()
+
+    resolved = resolve_tiny(Config(), tmp_path)
+    assert resolved.model == str(tmp_path / "tiny-model") and (tmp_path / "tiny-model" / "config.json").is_file()
+    assert json.loads((tmp_path / "tiny-model" / "rlcore_tiny.json").read_text())["seed"] == 3
+    rows = [json.loads(line) for line in open(resolved.dataset)]
+    assert rows == toy_dataset(seed=3) and resolved.orm_model == "toy" and resolved.teacher.model is None
+    plain = Config(model="/some/model", dataset=["a.jsonl"])
+    assert resolve_tiny(plain, tmp_path) is plain
+    with pytest.raises(ConfigError, match="known: tiny:toy, tiny:chat, tiny:sft, tiny:pt"):
+        resolve_tiny(Config(dataset="tiny:nope"), tmp_path)

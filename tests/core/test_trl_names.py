@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rlcore.config import closest_key
-from rlcore.ms_swift import translate
+from rlcore.compat.ms_swift import translate
 from rlcore.plugins.grpo import GRPOConfig
 
 TRL_GRPO = """\
@@ -193,7 +193,7 @@ def trl_defaults() -> dict:
     ("sample", "prompts.jsonl"),
 ])
 def test_every_key_of_trls_script_arguments_and_model_config_loads(trl_files, tiny, algorithm, data):
-    from rlcore.config import load_config
+    from rlcore.compat.ms_swift import load_translated
     from rlcore.plugins.gkd import GKDConfig
     from rlcore.plugins.grpo import GRPOConfig
     from rlcore.plugins.sampling import SampleConfig
@@ -205,7 +205,7 @@ def test_every_key_of_trls_script_arguments_and_model_config_loads(trl_files, ti
     if algorithm == "gkd":
         keys["teacher_model_name_or_path"] = tiny
     (trl_files / "all.yaml").write_text(yaml.safe_dump(keys))
-    config = load_config(model, trl_files / "all.yaml")
+    config, _ = load_translated(model, trl_files / "all.yaml")  # what the CLI reads a file with
     assert (config.model, config.dataset) == (tiny, str(trl_files / data))
     assert (config.train.lora_rank if hasattr(config, "train") else getattr(config, "lora_rank", 0)) == 0  # use_peft false
     translation = translate(keys, model)

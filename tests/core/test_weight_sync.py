@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rlcore import ConfigError, RlcoreError
-from rlcore.rendezvous import find_free_port
-from rlcore.weight_sync import (
+from rlcore.runtime.rendezvous import find_free_port
+from rlcore.runtime.weight_sync import (
     ALIGN,
     BroadcastGroup,
     FlatBucket,
@@ -65,7 +65,7 @@ def test_flatten_makes_one_aligned_buffer_and_round_trips():
 
 
 def test_a_slot_is_reused_while_large_enough_and_replaced_by_a_larger_one():
-    from rlcore.weight_sync import SlotPacker
+    from rlcore.runtime.weight_sync import SlotPacker
 
     packer = SlotPacker()
     slot = packer.slot(0, 1 << 16)
@@ -163,7 +163,7 @@ def test_check_weight_sync_compares_the_shared_top_k_layout(tmp_path):
     from rlcore.testing import build_tiny_model
     from rlcore.plugins.hf.rollout import HFRolloutEngine
     from rlcore.plugins.hf.train import HFTrainEngine
-    from rlcore.weight_sync import check_weight_sync
+    from rlcore.runtime.weight_sync import check_weight_sync
 
     model = build_tiny_model(tmp_path / "tiny")
     train, rollout = HFTrainEngine(model), HFRolloutEngine(model)
@@ -176,7 +176,7 @@ def test_check_weight_sync_compares_the_shared_top_k_layout(tmp_path):
 
 
 def test_slot_packer_keeps_layouts_per_bucket_and_follows_a_grown_slot():
-    from rlcore.weight_sync import SlotPacker
+    from rlcore.runtime.weight_sync import SlotPacker
 
     packer = SlotPacker()
     small = [("a", torch.arange(4.0)), ("b", torch.arange(2, dtype=torch.int64))]
@@ -194,7 +194,7 @@ def test_slot_packer_keeps_layouts_per_bucket_and_follows_a_grown_slot():
 
 
 def test_view_cache_makes_views_once_and_forgets_a_replaced_buffer():
-    from rlcore.weight_sync import ViewCache
+    from rlcore.runtime.weight_sync import ViewCache
 
     bucket = flatten_bucket(_weights(1))
     text = bucket.to_json()

@@ -12,8 +12,9 @@ import pytest
 import ray.cloudpickle
 import torch
 
-from rlcore import Batch, ConfigError, RoleFailed, Slot, function, worker, worker_rank, workers
-from rlcore.dispatch import Mesh
+from rlcore import Batch, ConfigError, RoleFailed, Slot, function, worker, worker_rank
+from rlcore.runtime import workers
+from rlcore.runtime.dispatch import Mesh
 
 # The classes below live in a test module Ray's workers cannot import: send them by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -173,7 +174,7 @@ def test_non_blocking_calls_return_handles(ray_runtime):
 
 @pytest.mark.ray
 def test_a_large_argument_is_stored_once_for_all_workers_and_keeps_its_dtype(ray_runtime, monkeypatch):
-    from rlcore import transport
+    from rlcore.runtime import transport
 
     ray_runtime(cpu_slots(calc=3))
     calc = Calc(1)
@@ -340,8 +341,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.ray
 def test_slots_from_placement_allocate_share_bundles(ray_runtime):
-    from rlcore.placement import allocate, release
-    from rlcore.resources import plan_from_config
+    from rlcore.runtime.placement import allocate, release
+    from rlcore.runtime.resources import plan_from_config
 
     plan = plan_from_config({"colocate_groups": [["train", "rollout"]], "train": {"gpus": 2}, "rollout": {"gpus": 2}})
     slots = allocate(plan, timeout_s=30)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlcore import Batch, RlcoreError, SamplingParams
-from rlcore.weight_sync import check_weight_sync, iter_buckets, sync_in_process
+from rlcore.runtime.weight_sync import check_weight_sync, iter_buckets, sync_in_process
 
 GiB = 1 << 30
 PROMPTS = [[5, 17, 42, 99, 7], [120, 3, 3, 64, 200, 11, 9, 31], [250, 1]]

@@ -1,7 +1,7 @@
 """ReplayLoader over vLLM's own `load_weights` on a tiny Qwen2 model: a traced sync, then a replayed one,
 against vLLM's plain `load_weights` of the same weights, bitwise, parameter by parameter.
 
-The buckets are views of one flat buffer per dtype (`rlcore.weight_sync.flatten_bucket`), as a real sync
+The buckets are views of one flat buffer per dtype (`rlcore.runtime.weight_sync.flatten_bucket`), as a real sync
 hands them to the engine. One vLLM instance serves the module.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlcore.weight_replay import ReplayLoader
-from rlcore.weight_sync import flatten_bucket, iter_buckets, unflatten_bucket
+from rlcore.plugins.vllm.weight_replay import ReplayLoader
+from rlcore.runtime.weight_sync import flatten_bucket, iter_buckets, unflatten_bucket
 
 BUCKET_BYTES = 1 << 20  # several buckets for this model, as a real sync has
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.rendezvous import find_free_port
-from rlcore.weight_sync import BroadcastGroup, iter_buckets
+from rlcore.runtime.rendezvous import find_free_port
+from rlcore.runtime.weight_sync import BroadcastGroup, iter_buckets
 
 TIMEOUT_S = 120
 MiB = 1 << 20
@@ -38,7 +38,7 @@ def test_cuda_ipc_between_two_ray_actors_sharing_one_gpu():
     @ray.remote(num_gpus=0.5, num_cpus=1)
     class Sender:
         def __init__(self):
-            from rlcore.weight_sync import CudaIpcSender
+            from rlcore.runtime.weight_sync import CudaIpcSender
 
             self.weights = _weights(0, "cuda")
             self.sender = CudaIpcSender()
@@ -55,7 +55,7 @@ def test_cuda_ipc_between_two_ray_actors_sharing_one_gpu():
     @ray.remote(num_gpus=0.5, num_cpus=1)
     class Receiver:
         def receive(self, payloads):
-            from rlcore.weight_sync import IpcReceiver
+            from rlcore.runtime.weight_sync import IpcReceiver
 
             receiver = IpcReceiver()
             out = [(name, t.cpu()) for payload in payloads for name, t in receiver.receive(payload)]

@@ -52,8 +52,8 @@ def test_the_teacher_is_given_once_and_offload_is_for_a_colocated_one():
 
 
 def test_a_bad_plan_fails_before_any_model_is_built(tmp_path):
-    config = GKDConfig(output_dir=str(tmp_path / "run"), colocate_groups=[["train", "rollout"]],
-                       train={"gpus": 2}, rollout={"gpus": 1})
+    config = GKDConfig(model="tiny", teacher_model="tiny:teacher", dataset="tiny:chat", output_dir=str(tmp_path / "run"),
+                       colocate_groups=[["train", "rollout"]], train={"gpus": 2}, rollout={"gpus": 1})
     with pytest.raises(ConfigError, match="colocated roles must ask the same number of GPUs"):
         GKDTrainer(config, load_plugins())
     assert not (tmp_path / "run").exists()  # the demo's models were never written

@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from rlcore import ConfigError, load_config
-from rlcore.plugins.grpo.config import DEMO_DEFAULTS, GRPOConfig
-from rlcore.resources import plan_from_config
+from rlcore.plugins.grpo.config import GRPOConfig
+from rlcore.runtime.resources import plan_from_config
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "ray" / "grpo").glob("*.yaml"))
 
@@ -41,13 +41,16 @@ def test_device_groups_examples_mirror_the_per_role_ones(layout):
     assert [one.ranks_of(r) for r in ("train", "rollout")] == [other.ranks_of(r) for r in ("train", "rollout")]
 
 
-def test_demo_defaults_apply_only_to_the_demo_run():
-    assert GRPOConfig().learning_rate == 1e-6  # the config (and `config show`) keeps the real defaults
-    assert GRPOConfig().for_run().learning_rate == DEMO_DEFAULTS["learning_rate"]
-    assert GRPOConfig(max_steps=3).for_run().max_steps == 3  # what the user sets wins
-    assert GRPOConfig(lr=0.5).for_run().learning_rate == 0.5  # also through the alias
-    real = GRPOConfig(model="some/model").for_run()
-    assert real.learning_rate == 1e-6 and real.max_completion_length == 256  # TRL's defaults
+def test_the_demo_is_a_preset_the_config_keeps_the_real_defaults():
+    """The demo's settings live in its preset (examples/demo/grpo.yaml); GRPOConfig has TRL's defaults."""
+    from pathlib import Path
+
+    import rlcore
+
+    assert GRPOConfig().learning_rate == 1e-6 and GRPOConfig().max_completion_length == 256
+    preset = Path(rlcore.__file__).resolve().parent.parent / "examples" / "demo" / "grpo.yaml"
+    demo = load_config(GRPOConfig, str(preset), ["max_steps=3"])
+    assert (demo.model, demo.dataset, demo.learning_rate, demo.max_steps) == ("tiny", "tiny:toy", 1e-3, 3)
 
 
 def test_config_show_then_a_model_in_the_file_trains_with_the_real_defaults(tmp_path, capsys):
@@ -56,14 +59,14 @@ def test_config_show_then_a_model_in_the_file_trains_with_the_real_defaults(tmp_
 
     assert main(["config", "show", "--plugin", "grpo"]) == 0
     shown = capsys.readouterr().out
-    assert "learning_rate: 1.0e-06" in shown and "the embedded demo" in shown
+    assert "learning_rate: 1.0e-06" in shown and "tiny: the tiny random model" in shown
     path = tmp_path / "my.yaml"
     path.write_text(shown.replace("\nmodel: null", "\nmodel: some/model"))
     from rlcore import load_plugins
     from rlcore.config import with_settings
 
     model = with_settings(GRPOConfig, load_plugins().settings, "grpo")  # the keys plugins add (report_to, ...)
-    config = load_config(model, str(path)).for_run()
+    config = load_config(model, str(path))
     assert config.model == "some/model" and config.learning_rate == 1e-6 and config.max_completion_length == 256
 
 
@@ -199,3 +202,16 @@ def test_a_missing_model_is_one_line_naming_the_key_before_anything_runs(tmp_pat
 def test_booleans_are_not_numbers_in_grpo_keys():
     with pytest.raises(ConfigError, match="beta: is a number, not a boolean"):
         load_config(GRPOConfig, None, ["beta=true"])
+
+
+def test_old_logprobs_and_the_sampler_correction_are_decided_once():
+    """One owner (experience.OldLogprobs): the driver's forward and the step's objective both read it."""
+    from rlcore.plugins.grpo.experience import OldLogprobs
+
+    model = {"model": "m", "dataset": "d"}
+    assert OldLogprobs.of(GRPOConfig(**model)) == OldLogprobs("step", "step")
+    assert OldLogprobs.of(GRPOConfig(**model, num_iterations=2)) == OldLogprobs("forward", "driver")
+    assert OldLogprobs.of(GRPOConfig(**model, steps_per_generation=2)) == OldLogprobs("forward", "driver")
+    assert OldLogprobs.of(GRPOConfig(**model, vllm_importance_sampling_correction=False)) == OldLogprobs("step", None)
+    apart = {"train": {"gpus": 1}, "rollout": {"gpus": 1}}
+    assert OldLogprobs.of(GRPOConfig(**model, **apart, async_generate=True)) == OldLogprobs("rollout", None)

@@ -17,6 +17,7 @@ from rlcore.plugins.grpo.loss import policy_loss, sampler_importance_ratio
 from rlcore.plugins.hf.rollout import HFRolloutEngine
 from rlcore.plugins.hf.train import HFTrainEngine
 from rlcore.plugins.rewards import RewardFailed
+from rlcore.testing import resolve_tiny
 
 # 2 declared train workers x 2 rows per micro-batch x 4 micro-steps per generation = 16 completions (4 prompts);
 # 2 accumulation steps: the round feeds 2 optimizer steps of 8 rows
@@ -35,6 +36,7 @@ def engines(tiny_model):
 
 def maker_for(tiny_model, tmp_path, plugins=None, **overrides):
     config = GRPOConfig(**{"model": str(tiny_model), "output_dir": str(tmp_path), **ROUND, **overrides})
+    config = resolve_tiny(config)  # the default dataset, tiny:toy, as a run resolves it
     return ExperienceMaker(config, plugins or load_plugins(), dp_size=1)  # one process runs both workers' rows
 
 

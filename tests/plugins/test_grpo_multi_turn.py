@@ -13,6 +13,7 @@ from rlcore import ConfigError, load_config, load_plugins
 from rlcore.episodes import Episode
 from rlcore.plugins.grpo.config import GRPOConfig
 from rlcore.plugins.grpo.experience import ExperienceMaker
+from rlcore.testing import resolve_tiny
 
 ROOT = Path(__file__).parents[2]
 
@@ -22,7 +23,7 @@ def test_only_the_tokens_the_model_generated_are_in_the_loss_mask(tiny_model, tm
     generated tokens; a truncated episode leaves the loss with mask_truncated_completions."""
     config = GRPOConfig(model=str(tiny_model), tools=["examples/multi_turn/tools.py:vowels"], output_dir=str(tmp_path),
                         mask_truncated_completions=True, per_device_train_batch_size=2, num_generations=2)
-    maker = ExperienceMaker(config, load_plugins(), dp_size=1)
+    maker = ExperienceMaker(resolve_tiny(config), load_plugins(), dp_size=1)  # its default dataset, tiny:toy, as a run
     mask = [1, 1, 0, 0, 0, 1, 1]
     episodes = [Episode(0, [5, 6, 7, 8, 9, 10, 11], [-0.1, -0.2, 0, 0, 0, -0.3, -0.4], "stop", prompt_ids=[1, 2, 3],
                         loss_mask=mask),
@@ -36,7 +37,7 @@ def test_only_the_tokens_the_model_generated_are_in_the_loss_mask(tiny_model, tm
 def test_multi_turn_keys_are_checked_before_the_run(tmp_path):
     from rlcore.plugins.grpo.trainer import GRPOTrainer
 
-    config = GRPOConfig(multi_turn_scheduler="math_tip_trik", tools=["vowels"], output_dir=str(tmp_path))
+    config = GRPOConfig(model="tiny", multi_turn_scheduler="math_tip_trik", tools=["vowels"], output_dir=str(tmp_path))
     problems = dict(GRPOTrainer.problems(config, load_plugins()))
     assert "Did you mean 'math_tip_trick'" in problems["multi_turn_scheduler"]
     assert "module:function" in problems["tools.0"]
@@ -70,7 +71,7 @@ def test_the_hint_demo_runs_episodes_through_rlcore_run(tmp_path):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples" / "multi_turn").glob("*.yaml")), ids=lambda p: p.stem)
 def test_the_multi_turn_examples_load_and_name_what_exists(path, monkeypatch):
-    from rlcore.resources import plan_from_config
+    from rlcore.runtime.resources import plan_from_config
 
     monkeypatch.chdir(ROOT)
     config = load_config(GRPOConfig, str(path))

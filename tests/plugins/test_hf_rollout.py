@@ -209,8 +209,8 @@ def test_receives_trained_weights_over_a_gloo_broadcast_group(tiny_model):
     """A separate rollout worker: it joins train rank 0's group and loads what rank 0 broadcasts."""
     import threading
 
-    from rlcore.rendezvous import find_free_port
-    from rlcore.weight_sync import BroadcastGroup
+    from rlcore.runtime.rendezvous import find_free_port
+    from rlcore.runtime.weight_sync import BroadcastGroup
 
     trainer = HFTrainEngine(tiny_model, learning_rate=5e-2)
     ids = torch.tensor([PROMPTS[1]])

@@ -483,8 +483,9 @@ def test_the_train_engines_options_are_checked_before_any_engine_is_built(plugin
     from rlcore.cli import main
 
     typo, bad = tmp_path / "typo.yaml", tmp_path / "bad.yaml"
-    typo.write_text("train:\n  engine_kwargs: {chunked_lm_hed: false}\n")
-    bad.write_text("train:\n  engine_kwargs: {torch_compile: true, torch_compile_mode: fast}\n")
+    models = "model: tiny\n" + ("teacher_model: tiny:teacher\n" if plugin == "gkd" else "")
+    typo.write_text(models + "train:\n  engine_kwargs: {chunked_lm_hed: false}\n")
+    bad.write_text(models + "train:\n  engine_kwargs: {torch_compile: true, torch_compile_mode: fast}\n")
     assert main(["config", "validate", "--plugin", plugin, "--config", str(typo)]) == 2
     assert ("train.engine_kwargs.chunked_lm_hed: hf train engine has no option 'chunked_lm_hed'. "
             "Did you mean 'chunked_lm_head'?") in capsys.readouterr().err
@@ -499,5 +500,5 @@ def test_the_train_engines_options_are_checked_before_any_engine_is_built(plugin
     assert main(["run", "--plugin", plugin, "--config", str(bad), f"output_dir={tmp_path / 'run'}"]) == 2
     assert mode in capsys.readouterr().err
     good = tmp_path / "good.yaml"
-    good.write_text("train:\n  engine_kwargs: {torch_compile: true, torch_compile_mode: max-autotune-no-cudagraphs}\n")
+    good.write_text(models + "train:\n  engine_kwargs: {torch_compile: true, torch_compile_mode: max-autotune-no-cudagraphs}\n")
     assert main(["config", "validate", "--plugin", plugin, "--config", str(good)]) == 0

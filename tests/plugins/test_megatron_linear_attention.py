@@ -19,7 +19,7 @@ from rlcore.plugins.megatron.attention import layer_spec  # noqa: E402
 from rlcore.plugins.megatron.cpu_shim import cpu_current_device, use_cpu_rng_tracker  # noqa: E402
 from rlcore.plugins.megatron import mapping  # noqa: E402
 from rlcore.plugins.megatron.linear_attention import GatedDeltaNet, hybrid_layer_specs  # noqa: E402
-from rlcore.rendezvous import join_torch_world  # noqa: E402
+from rlcore.runtime.rendezvous import join_torch_world  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 64, 4, 2, 16
 

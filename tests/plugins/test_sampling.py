@@ -16,7 +16,7 @@ from rlcore import ConfigError, load_config, load_plugins
 from rlcore.plugins.sampling.config import DistillConfig, SampleConfig
 from rlcore.plugins.sampling.select import aggregate_steps, normalize, select
 from rlcore.plugins.sampling.trainer import SampleTrainer, shard
-from rlcore.resources import plan_from_config
+from rlcore.runtime.resources import plan_from_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray" / "sample"
 

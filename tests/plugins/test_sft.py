@@ -16,9 +16,9 @@ import pytest
 
 from rlcore import ConfigError, RoleFailed, hookimpl, load_config, load_plugins
 from rlcore.plugins.sft.config import PretrainConfig, SFTConfig
-from rlcore.plugins.sft.data import demo_rows
+from rlcore.testing import arithmetic_rows as demo_rows
 from rlcore.plugins.sft.trainer import PretrainTrainer, SFTTrainer
-from rlcore.resources import plan_from_config
+from rlcore.runtime.resources import plan_from_config
 from rlcore.testing import build_tiny_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray" / "sft"

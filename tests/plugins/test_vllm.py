@@ -133,8 +133,8 @@ def test_prompt_topk_is_one_right_padded_batch_in_the_shared_layout():
 def test_in_process_engine_receives_a_broadcast_and_resets_its_prefix_cache():
     import threading
 
-    from rlcore.rendezvous import find_free_port
-    from rlcore.weight_sync import BroadcastGroup, iter_buckets
+    from rlcore.runtime.rendezvous import find_free_port
+    from rlcore.runtime.weight_sync import BroadcastGroup, iter_buckets
 
     llm = _FakeLLM()
     engine = _engine_over(llm)
@@ -364,9 +364,9 @@ def test_each_sync_serves_the_train_engines_adapter_as_a_fresh_lora_request(tiny
     from safetensors.torch import load_file
 
     from rlcore import RoleSession, RoleSetup
-    from rlcore.resources import plan_from_config
-    from rlcore.roles import GenerateWorker, TrainWorker
-    from rlcore.weight_sync import check_weight_sync
+    from rlcore.runtime.resources import plan_from_config
+    from rlcore.runtime.roles import GenerateWorker, TrainWorker
+    from rlcore.runtime.weight_sync import check_weight_sync
     from test_hf_train import make_batch, nll_loss
 
     plugins = load_plugins()

@@ -12,7 +12,8 @@ import time
 import pytest
 import ray.cloudpickle
 
-from rlcore import RlcoreError, RoleFailed, Slot, function, worker, workers
+from rlcore import RlcoreError, RoleFailed, Slot, function, worker
+from rlcore.runtime import workers
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -70,7 +70,7 @@ def test_a_train_groups_torch_world_listens_on_its_masters_address_only(ray_loca
         def join(self, env):
             import torch
 
-            from rlcore.rendezvous import join_torch_world
+            from rlcore.runtime.rendezvous import join_torch_world
 
             os.environ.update(env)
             return join_torch_world(torch.device("cpu"), 60)
@@ -79,7 +79,7 @@ def test_a_train_groups_torch_world_listens_on_its_masters_address_only(ray_loca
             return [(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="tcp")
                     if c.status == psutil.CONN_LISTEN]
 
-    from rlcore.rendezvous import find_free_port
+    from rlcore.runtime.rendezvous import find_free_port
 
     port = str(find_free_port())
     ranks = [Rank.remote() for _ in range(2)]

@@ -13,14 +13,14 @@ import time
 import psutil
 import pytest
 
-from rlcore import cluster
+from rlcore.runtime import cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
 STARTED = """
 import json, os, signal, sys, threading, time
 import psutil
-from rlcore import cluster
+from rlcore.runtime import cluster
 cluster.init(num_cpus=1, num_gpus=0)
 import ray
 
@@ -48,7 +48,7 @@ finally:
 """
 
 NEXT = """
-from rlcore import cluster
+from rlcore.runtime import cluster
 cluster.init(num_cpus=1, num_gpus=0)
 cluster.shutdown()
 """

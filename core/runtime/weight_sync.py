@@ -27,17 +27,18 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .batch import Batch
-from .errors import ConfigError, RlcoreError
+from ..batch import Batch
+from ..errors import ConfigError, RlcoreError
 from .rendezvous import tcp_store
 
-if TYPE_CHECKING:
-    from .engines import NamedTensors, RolloutEngine, TrainEngine
+# One bucket of weights: (Hugging Face name, tensor) pairs, as the engines export and load them. Engines are
+# duck-typed here (`export_weights`, `update_weights`, ...): the engine interfaces sit above the runtime.
+NamedTensors = list[tuple[str, torch.Tensor]]
 
 DEFAULT_BUCKET_BYTES = 512 << 20
 ALIGN = 256  # byte alignment of every tensor in a flat buffer (any dtype's view of it is aligned)
@@ -232,7 +233,7 @@ def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
         yield bucket
 
 
-def sync_in_process(train_engine: TrainEngine, rollout_engine: RolloutEngine, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, float]:
+def sync_in_process(train_engine: Any, rollout_engine: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, float]:
     """Hand the train engine's weights to a rollout engine of the same process, bucket by bucket."""
     start, buckets, nbytes = time.perf_counter(), 0, 0
     for bucket in train_engine.export_weights(bucket_bytes):
@@ -527,7 +528,7 @@ class BroadcastGroup:
 
 
 def check_weight_sync(
-    train_engine: TrainEngine, rollout_engine: RolloutEngine, sequence: list[int], atol: float = 0.5, k: int = 4
+    train_engine: Any, rollout_engine: Any, sequence: list[int], atol: float = 0.5, k: int = 4
 ) -> float:
     """Assert that both engines give the same top-k log-probs for `sequence`; return the largest difference.
 

@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import Any
 
-from .batch import Batch
+from ..batch import Batch
 
 _ATOMS = frozenset({int, float, bool, str, bytes, type(None), complex})
 LARGE_BYTES = 100 * 1024  # Ray stores task arguments above this size in the object store
@@ -91,7 +91,7 @@ def decode(x: Any) -> Any:
         import torch
 
         data = x.data if type(x.data).__module__ == "numpy" else _fetch(x.data)
-        with warnings.catch_warnings():  # the object store's buffers are read-only (see rlcore.workers)
+        with warnings.catch_warnings():  # the object store's buffers are read-only (see rlcore.runtime.workers)
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             tensor = torch.from_numpy(data)
         return tensor.view(getattr(torch, x.dtype)) if x.dtype else tensor

@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import cluster, watchdog
-from .errors import ConfigError, ResourceError
-from .log import logger
+from . import cluster
+from .. import watchdog
+from ..errors import ConfigError, ResourceError
+from ..log import logger
 from .resources import ResourcePlan
-from .specs import PlacementRequest, Slot
+from ..specs import PlacementRequest, Slot
 
 GPU_BUNDLE = {"GPU": 1, "CPU": 1}
 CPU_BUNDLE = {"CPU": 1}

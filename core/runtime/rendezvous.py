@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:

@@ -1,10 +1,10 @@
 """The worker side of `@worker` classes: the actor context, handles to results that come later, the Ray
 actor that hosts one instance, and the driver's view of a group of them.
 
-`rlcore.workers` (the decorators) decides when a group runs on Ray and starts it here
+`rlcore.runtime.workers` (the decorators) decides when a group runs on Ray and starts it here
 (`RemoteGroup.start`, then `setup`); a group call splits its arguments, sends each worker its shard
-through the transport in `rlcore.transport`, and collects the results. This module does not import
-`rlcore.workers`; Ray is imported only when a group starts.
+through the transport in `rlcore.runtime.transport`, and collects the results. This module does not import
+`rlcore.runtime.workers`; Ray is imported only when a group starts.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import cluster, failures, log, manager
+from . import cluster
+from .. import failures, log, manager
 from .rendezvous import find_free_port
 from .transport import decode, encode
 from .dispatch import Mesh
-from .errors import ResourceError, RlcoreError, RoleFailed
-from .manager import EXTRA_PLUGINS_ENV
-from .specs import Slot
-from .watchdog import RayStuck, bounded
+from ..errors import ResourceError, RlcoreError, RoleFailed
+from ..manager import EXTRA_PLUGINS_ENV
+from ..specs import Slot
+from ..watchdog import RayStuck, bounded
 
 if TYPE_CHECKING:
-    from .dispatch import Mode
-    from .workers import FunctionSpec
+    from .dispatch import FunctionSpec, Mode
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """The role workers every algorithm shares: one class per kind of job, bound to a role name when its
-group is made (`rlcore.workers.bind`), so one class serves any role.
+group is made (`rlcore.runtime.workers.bind`), so one class serves any role.
 
 - `TrainWorker`: a train engine per worker, the group one data-parallel world: `train`, `default`
   (SFT), and forward-only roles (`reference`, a colocated `teacher`) built with `kind="forward"`.
 - `GenerateWorker`: a rollout engine per worker: `rollout`, `sampler`, a served `teacher`.
 - `ScoreWorker`: a scorer per worker (`orm`, `prm`): a reward model that scores (prompt, completion) pairs.
 
-Each is one in-process object without Ray and a group of actors with it (`rlcore.session.RoleSession`
+Each is one in-process object without Ray and a group of actors with it (`rlcore.runtime.session.RoleSession`
 builds them from the resource plan). The methods are the engines' own, so the driver calls
 `session["train"].train_step(...)` as it would call the engine.
 """
@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from .errors import RlcoreError
+from ..errors import RlcoreError
 from .rendezvous import find_free_port
 from .workers import function, worker, worker_plugins, worker_rank
 
@@ -151,7 +151,7 @@ class TrainWorker:
 
     @function(collect="first")
     def save_hf(self, path: str) -> None:  # every rank takes part (megatron's export gathers); rank 0 writes
-        from .export import write_hf_model
+        from ..export import write_hf_model
 
         source = getattr(self.engine, "model_name", None)  # whose config and tokenizer the exported model takes
         if not source:
@@ -188,14 +188,14 @@ class GenerateWorker:
     @function(dispatch="slice", collect="flatten")
     def generate_episodes(self, rows: list[dict[str, Any]], setup: Any, params) -> list:
         """One multi-turn episode per row (`rlcore.episodes`), its environment made here, where it runs."""
-        from .episodes import run_episodes
+        from ..episodes import run_episodes
 
         return run_episodes(self.engine, rows, setup, params, worker_plugins())
 
     @function(dispatch="slice", collect="flatten", blocking=False)
     def generate_episodes_async(self, rows: list[dict[str, Any]], setup: Any, params) -> list:
         """`generate_episodes` that returns a handle at once (async_generate)."""
-        from .episodes import run_episodes
+        from ..episodes import run_episodes
 
         return run_episodes(self.engine, rows, setup, params, worker_plugins())
 

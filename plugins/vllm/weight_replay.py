@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .weight_sync import copy_all
+from rlcore.runtime import copy_all
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 # per tensor: name, shape, stride, dtype, device type

@@ -37,9 +37,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import failures, log, signals, watchdog
-from .errors import RlcoreError, RoleFailed
-from .log import logger
+from .. import failures, log, signals, watchdog
+from ..errors import RlcoreError, RoleFailed
+from ..log import logger
 
 ADDRESS_ENV = "RLCORE_RAY_ADDRESS"
 
@@ -509,7 +509,7 @@ def role_error(
         cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
         if isinstance(getattr(cause, "client_exc", None), BaseException):  # Ray's RaySystemError wraps its cause
             cause = cause.client_exc
-        failure = failures.failure_of(cause)  # what the worker raised, summarised there (rlcore.actors)
+        failure = failures.failure_of(cause)  # what the worker raised, summarised there (rlcore.runtime.actors)
         if failure is None:  # raised by Ray's side of the call: Ray's own text is the traceback
             failure = failures.Failure(role, rank, node, pid, method, type(cause).__name__,
                                        failures.summarize(cause), str(cause), str(exc))

@@ -29,12 +29,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .batch import Batch
-from .errors import RlcoreError
-from .specs import CollectorSpec, DispatcherSpec
+from ..batch import Batch
+from ..errors import NotRegistered, RlcoreError
+from ..specs import CollectorSpec, DispatcherSpec
 
 if TYPE_CHECKING:
-    from .manager import Plugins
+    from ..manager import Plugins
 
 Shard = tuple[tuple, dict]
 Split = Callable[[int, tuple, dict, "Mesh"], list]
@@ -314,3 +314,22 @@ def resolve_collector(collect: str | Collect | CollectorSpec, plugins: Plugins) 
     if callable(collect):
         return collect
     raise RlcoreError(f"collect must be a registered name or a callable, got {collect!r}")
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """What `@function` recorded about one method: its group, its dispatch mode and collect (names resolve
+    with the plugins of the runtime the worker runs in, when its group is made), and whether it blocks."""
+
+    name: str
+    group: str | None
+    dispatch: Any
+    collect: Any  # None: the collect the dispatch mode pairs with
+    blocking: bool
+
+    def mode(self, plugins: Plugins, owner: str = "") -> Mode:
+        """The resolved dispatch mode; an unknown name is an error naming `owner.function()` and the known names."""
+        try:
+            return resolve(self.dispatch, self.collect, plugins)
+        except NotRegistered as exc:
+            raise NotRegistered(f"{owner}.{self.name}(): {exc}" if owner else str(exc)) from None

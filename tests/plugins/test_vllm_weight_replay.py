@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlcore.weight_replay import ReplayLoader, layout
+from rlcore.plugins.vllm.weight_replay import ReplayLoader, layout
 
 HIDDEN, KV, INTER, VOCAB, PADDED_VOCAB, LAYERS = 16, 8, 24, 50, 64, 2
 # (vLLM's fused parameter, the Hugging Face name it takes, the shard)

@@ -3,7 +3,7 @@ rlcore's where they mean the same thing, so that a TRL YAML or command line carr
 
 Every algorithm takes them at the top level, as TRL does; a key rlcore keeps in a role section
 (`train.gradient_checkpointing` for grpo and gkd) is moved there by the ms-swift translation, which runs
-after this one (`rlcore.ms_swift`). A name whose meaning differs in rlcore is never renamed: it is said what
+after this one (`rlcore.compat.ms_swift`). A name whose meaning differs in rlcore is never renamed: it is said what
 it does here (`bf16` for an algorithm without mixed precision), or refused with the reason.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .data import split_files
-from .errors import ConfigError
+from ..data import split_files
+from ..errors import ConfigError
 
 # TRL's name -> rlcore's, where only the spelling differs
 RENAMES = {
@@ -29,7 +29,7 @@ PRECISIONS = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def trl_keys(t: Any) -> None:
-    """Rewrite TRL's names in the translator `t`'s data (a `rlcore.ms_swift._Translator`)."""
+    """Rewrite TRL's names in the translator `t`'s data (a `rlcore.compat.ms_swift._Translator`)."""
     in_sections = {key for section in t.sections.values() for key in section.model_fields}
     for where in [None, *t.sections]:
         # at the top also a role section's key: the ms-swift translation moves it there (lora_rank -> train)

@@ -23,7 +23,7 @@ Tensors travel as numpy buffers, which Ray reads without copying; an argument ev
 (`dispatch="all"`, or a `dp` shard shared by tensor ranks) goes into the object store once. A worker
 must treat a tensor argument as read-only (`.clone()` it before writing in place): the workers of a node
 share its memory. The Ray half (the actor that hosts an instance, and the driver's proxy for a group of
-them) is `rlcore.actors`.
+them) is `rlcore.runtime.actors`.
 """
 
 from __future__ import annotations
@@ -32,19 +32,19 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import actors as _actors
-from . import cluster, failures, manager
+from . import cluster
+from .. import failures, manager
 from .actors import Handle, RemoteGroup, wait
-from .dispatch import Mesh, Mode, resolve
-from .errors import ConfigError, NotRegistered, RlcoreError
-from .specs import Slot
+from .dispatch import FunctionSpec, Mesh, Mode
+from ..errors import ConfigError, RlcoreError
+from ..specs import Slot
 from .transport import encode
 
 if TYPE_CHECKING:
-    from .manager import Plugins
+    from ..manager import Plugins
 
 # Wrappers read the mode through modules (`_actors._actor`, `_here._runtime`), never as their own
 # globals: cloudpickle copies a wrapper of a class defined in __main__ by value, globals included.
@@ -59,25 +59,6 @@ EXECUTE = ("all", "first")
 # -------------------------------------------------------------------------
 # decorators
 # -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FunctionSpec:
-    """What `@function` recorded about one method: its group, its dispatch mode and collect (names resolve
-    with the plugins of the runtime the worker runs in, when its group is made), and whether it blocks."""
-
-    name: str
-    group: str | None
-    dispatch: Any
-    collect: Any  # None: the collect the dispatch mode pairs with
-    blocking: bool
-
-    def mode(self, plugins: Plugins, owner: str = "") -> Mode:
-        """The resolved dispatch mode; an unknown name is an error naming `owner.function()` and the known names."""
-        try:
-            return resolve(self.dispatch, self.collect, plugins)
-        except NotRegistered as exc:
-            raise NotRegistered(f"{owner}.{self.name}(): {exc}" if owner else str(exc)) from None
 
 
 def function(
@@ -262,7 +243,7 @@ CALL_TIMEOUT = 1800.0  # seconds a group call may go without a result (RunConfig
 class Runtime:
     """The slots @worker classes are placed on, and whether they run as Ray actors.
 
-    `slots` maps a role (group) to one Slot per worker, ranks 0..n-1 (what `rlcore.placement.allocate`
+    `slots` maps a role (group) to one Slot per worker, ranks 0..n-1 (what `rlcore.runtime.placement.allocate`
     returns). `meshes` gives a group's parallel layout for `dispatch="dp"` (default: all data-parallel).
     `call_timeout` is how long a group call may go without a result before its group counts as hung
     (RoleFailed naming the ranks that did not answer, and the group stops; None: no limit). `plugins` are
@@ -317,7 +298,7 @@ class Runtime:
             )
         if self.use_ray:
             if not cluster.is_initialized():
-                raise RlcoreError("runtime(use_ray=True) needs a running Ray; call rlcore.cluster.init() first")
+                raise RlcoreError("runtime(use_ray=True) needs a running Ray; call rlcore.runtime.cluster.init() first")
 
     def _start(self, cls: type, group: str) -> RemoteGroup:
         """`group`'s actors for `cls`, one per slot, with the group's mesh (all data-parallel by default)."""

@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import cluster, manager, workers
+from . import cluster, workers
+from .. import manager
 from .actors import wait
 from .dispatch import Mesh
-from .engine_checks import resolve_dtype
-from .errors import ConfigError
+from ..engine_checks import resolve_dtype
+from ..errors import ConfigError
 from .placement import allocate, release
-from .log import logger
+from ..log import logger
 from .resources import ResourcePlan
 from .workers import bind
 
@@ -122,20 +123,32 @@ class RoleSession:
         return self.plan.num_workers(role) if self.use_ray else 1
 
     def mesh(self, role: str) -> Mesh:
-        """The role's parallel layout: its engine options `tensor_model_parallel_size` and
-        `pipeline_model_parallel_size` (a megatron engine's; 1 otherwise) split its workers, the rest is data
-        parallel. A worker count they do not divide is a ConfigError, before anything starts."""
-        options = self.setups[role].options
-        tp = int(options.get("tensor_model_parallel_size", 1))
-        pp = int(options.get("pipeline_model_parallel_size", 1))
+        """The role's parallel layout: its engine's `layout` of its options (`EngineSpec.layout`, or a factory's
+        `layout` attribute: tensor x pipeline workers per model replica; (1, 1) without one) splits its workers, the
+        rest is data parallel. A worker count they do not divide is a ConfigError, before anything starts."""
+        tp, pp = self.layout(role)
         n = self.workers(role)
         if tp < 1 or pp < 1 or n % (tp * pp):
             hint = "" if self.use_ray else " (one worker in this process: run with --use-ray and GPUs)"
             raise ConfigError(
                 f"{role}: tensor x pipeline = {tp} x {pp} does not divide the role's {n} worker(s){hint}",
-                [(f"{role}.tensor_model_parallel_size", "does not divide the role's workers")],
+                [(role, f"its engine's tensor x pipeline size ({tp} x {pp}) does not divide the role's workers")],
             )
         return Mesh(dp=n // (tp * pp), tp=tp, pp=pp)
+
+    def layout(self, role: str) -> tuple[int, int]:
+        """(tensor, pipeline) workers per model replica, as the role's engine says for its options."""
+        setup = self.setups[role]
+        if isinstance(setup.engine, str):
+            plugins = self.plugins or manager.plugins()
+            layouts = [spec.layout for spec in plugins.engines if spec.name == setup.engine and spec.layout]
+            layout = layouts[0] if layouts else None
+        else:
+            layout = getattr(setup.engine, "layout", None)
+        if layout is None:
+            return 1, 1
+        tp, pp = layout(**setup.options)
+        return int(tp), int(pp)
 
     def dp_size(self, role: str) -> int:
         """The data-parallel size of a train-like role: its workers over its tensor x pipeline size."""

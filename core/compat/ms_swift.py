@@ -10,7 +10,7 @@ means the same (`micro_batch_size` -> `per_device_train_batch_size`), *noted* wh
 with a one-line reason (`finetune: false`: rlcore continues its own runs with --resume). None is dropped without
 a word: `rlcore run` prints the notes, and `rlcore config show --from-ms-swift FILE` prints the mapping above
 the config it gives. A key the algorithm has itself keeps rlcore's meaning, so a native config comes back
-unchanged. TRL's names are read first (`rlcore.trl_names`).
+unchanged. TRL's names are read first (`rlcore.compat.trl_names`).
 """
 
 from __future__ import annotations
@@ -18,16 +18,18 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from .config import _names_and_aliases
-from .data import dataset_file, load_rows
-from .errors import ConfigError
-from .resources import parse_ranks
+from ..config import _names_and_aliases, config_from_data, read_config_data
+from ..data import dataset_file, load_rows
+from ..errors import ConfigError
+from ..runtime.resources import parse_ranks
 from .trl_names import trl_keys
 
 ALGORITHMS = {"grpo": "grpo", "gkd": "gkd"}  # rlhf_type -> rlcore algorithm
@@ -83,6 +85,18 @@ class Translation:
 def translate(data: dict[str, Any], model: type[BaseModel]) -> Translation:
     """`data` with ms-swift's keys rewritten for `model` (see the module docstring)."""
     return _Translator(data, model).run()
+
+
+def load_translated(
+    model: type[BaseModel], path: str | os.PathLike | None = None, overrides: Iterable[str] = (), *, algorithm: str = ""
+) -> tuple[BaseModel, Translation]:
+    """`rlcore.config.load_config` for a file (and overrides) that may hold ms-swift's or TRL's keys: read, translated,
+    then validated, every problem at once; with what the translation made of each key."""
+    data, problems, from_cli = read_config_data(path, overrides)
+    translation = translate(data, model)
+    config = config_from_data(model, translation.data, [*problems, *translation.problems], from_cli,
+                              algorithm=algorithm, source=path)
+    return config, translation
 
 
 def launch_options(data: dict[str, Any]) -> tuple[str | None, bool | None, list[tuple[str, str]]]:

@@ -5,7 +5,7 @@ Users bring one of two YAML forms, both turned into one `ResourcePlan` by `plan_
 - ms-swift's per-group form, `device_groups: {nproc_per_node, GROUP: {device, ranks, workers}}`, where a
   group's roles share its ranks;
 - the per-role form, `train: {gpus: 4}`, `rollout: {gpus: 4}`, `colocate_groups: [[train, rollout]]`,
-  whose ranks a placement policy (`rlcore.placement`) chooses.
+  whose ranks a placement policy (`rlcore.runtime.placement`) chooses.
 
 Every mistake in either form is collected and reported at once as one `ConfigError`.
 """
@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import ConfigError, NotRegistered, did_you_mean
-from .manager import load_plugins
-from .specs import PlacementRequest
+from ..errors import ConfigError, NotRegistered, did_you_mean
+from ..manager import load_plugins
+from ..specs import PlacementRequest
 
 Device = Literal["GPU", "CPU"]
 GROUP_KEYS = ("device", "ranks", "workers")
