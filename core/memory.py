@@ -22,7 +22,7 @@ from typing import Any
 
 from .model_shape import ModelShape, dtype_bytes, shape_of
 from .memory_terms import (
-    CUDA_CONTEXT, GiB, EngineMemory, Fix, MemoryQuery, RoleUse, forward_terms, memory_function, teacher_terms,
+    CHUNK_ROWS, CUDA_CONTEXT, GiB, EngineMemory, Fix, MemoryQuery, RoleUse, forward_terms, memory_function, teacher_terms,
     train_fixes, train_terms,
 )
 
@@ -373,7 +373,7 @@ def _ranges(ranks: tuple[int, ...]) -> str:
 
 
 __all__ = [
-    "CUDA_CONTEXT", "DEFAULT_GPU_GIB", "EngineMemory", "Fix", "GiB", "GpuPhase", "MemoryPlan", "MemoryQuery", "ModelShape",
+    "CHUNK_ROWS", "CUDA_CONTEXT", "DEFAULT_GPU_GIB", "EngineMemory", "Fix", "GiB", "GpuPhase", "MemoryPlan", "MemoryQuery", "ModelShape",
     "PHASES", "RoleUse", "Suggestion", "candidate_changes", "dtype_bytes", "forward_terms", "gpu_memory", "plan_memory",
     "plan_of", "refusal", "save_fitted", "shape_of", "suggestions", "teacher_terms", "train_fixes", "train_terms",
 ]

@@ -10,9 +10,8 @@ every sequence in flight.
 
 from __future__ import annotations
 
-from rlcore.memory_terms import CHUNK_ROWS
 from rlcore.memory import (
-    CUDA_CONTEXT, EngineMemory, MemoryQuery, dtype_bytes, forward_terms, teacher_terms, train_fixes, train_terms,
+    CHUNK_ROWS, CUDA_CONTEXT, EngineMemory, MemoryQuery, dtype_bytes, forward_terms, teacher_terms, train_fixes, train_terms,
 )
 
 
