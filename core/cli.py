@@ -41,6 +41,7 @@ from .signals import leaving
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rlcore` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    log.redact(log.env_secrets())  # OPENAI_API_KEY, HF_TOKEN, ...: never printed or written
     parser = _parser(_keys_help(argv))
     args = parser.parse_args(_dashed_overrides(argv, parser))
     log.route_warnings(hide_libraries=args.command == "run")  # a run's run.log keeps a library's warnings
@@ -91,7 +92,7 @@ def _explain(exc: BaseException) -> None:
         logger.error(hint, extra={"prefix": "hint: "})
     detail = log.failure_detail(exc)
     if detail and (_debugging() or logger.isEnabledFor(logging.DEBUG)):
-        print(detail, file=sys.stderr)
+        print(log.scrub(detail), file=sys.stderr)
     elif detail and log.last_detail is not None:
         logger.info(f"the worker's full error is in {log.last_detail}; --log-level debug shows it here too")
 
@@ -315,7 +316,9 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
         if args.config:
             raise ConfigError("give the file once: --config FILE or --from-ms-swift FILE")
         args.config = args.from_ms_swift
-    kind, use_ray, problems = launch_options(read_config_data(args.config, args.overrides)[0])
+    data = read_config_data(args.config, args.overrides)[0]
+    log.redact(log.secrets_in_data(data))  # before validation: an error about a secret's value cannot show it
+    kind, use_ray, problems = launch_options(data)
     if all(isinstance(p, _With) for p in args.plugin or ()):  # no --plugin: ms-swift's rlhf_type names it
         if kind is None:
             raise config_error(problems) if problems else ConfigError(
@@ -394,7 +397,7 @@ def _config_show(args: argparse.Namespace) -> int:
     _, _, config = _configured(args)
     if args.from_ms_swift:
         sys.stdout.write(_translation_comment(args.from_ms_swift, args.translation))
-    sys.stdout.write(render_config(config))
+    sys.stdout.write(log.scrub(render_config(config)))
     return 0
 
 

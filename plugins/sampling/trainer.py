@@ -28,7 +28,7 @@ from rlcore.config import problems_of
 from rlcore.data import PromptEncoder, has_conversations, load_rows, prompt_view
 from rlcore.errors import did_you_mean
 from rlcore.rewards import check_reward, resolve_reward
-from rlcore.log import logger
+from rlcore.log import logger, scrub_data
 from rlcore.model_checks import ModelUse
 from rlcore.sections import rollout_options
 from rlcore.testing import build_tiny_model, toy_dataset
@@ -200,7 +200,7 @@ class SampleTrainer(RoleTrainer):
             if metrics.is_file() and metrics.stat().st_size:
                 raise ConfigError(f"output_dir '{self.output_dir}' holds the metrics.jsonl of another run; choose "
                                   "another output_dir, or continue that run with --resume")
-            self.output.start({"config": cfg.model_dump(mode="json"), "rows": len(self.rows), "written": 0})
+            self.output.start({"config": scrub_data(cfg.model_dump(mode="json")), "rows": len(self.rows), "written": 0})
             state = self.output.state
         self.step, self.written = state["batches"], state["written"]
         if self.done_before:
