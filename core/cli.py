@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("rlcore: stopped by SIGTERM while starting; nothing was trained or saved", file=sys.stderr)
             leaving(128 + signal.SIGTERM)
             return 128 + signal.SIGTERM
-        if exc.code == 128 + signal.SIGTERM:
+        if exc.code in (128 + signal.SIGTERM, 128 + signal.SIGHUP):
             leaving(exc.code)
         raise
     except RlcoreError as exc:

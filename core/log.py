@@ -301,6 +301,29 @@ def secrets_of(config: Any) -> list[str]:
     return found
 
 
+def open_own(path: str | os.PathLike, mode: str = "a") -> Any:
+    """One of rlcore's own files in output_dir opened to append ("a", "ab"), never through a symbolic link (one
+    there could point at a user's file): RlcoreError naming the path instead."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if os.path.islink(path):
+            from .errors import RlcoreError
+
+            raise RlcoreError(f"{path} is a symbolic link; rlcore never writes its own files through one (it could "
+                              f"point at a file of yours): remove the link, or choose another output_dir") from None
+        raise
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
+class _OwnFileHandler(logging.FileHandler):
+    """run.log, appended to without following a symbolic link (`open_own`)."""
+
+    def _open(self) -> Any:
+        return open_own(self.baseFilename, "a")
+
+
 class _Held(logging.Handler):
     """What is logged before a run's `run.log` opens (the config's notes, the checks before the lock), kept to
     be written there first."""
@@ -336,7 +359,7 @@ def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
     global _held, _run_log, last_detail
     path = _run_log = Path(output_dir) / RUN_LOG
     last_detail = None
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _OwnFileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_redact)
     logger.addHandler(handler)

@@ -5,6 +5,7 @@ error naming the file and the line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RlcoreError
-from .log import logger
+from .log import logger, open_own
 
 
 def _plain(value: Any) -> Any:
@@ -46,10 +47,17 @@ class MetricsWriter:
 
     def write(self, metrics: dict[str, Any]) -> None:
         line = json.dumps(jsonable(metrics))
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        with open_own(self.path, "ab") as f:
+            start = f.tell()
+            try:
+                f.write((line + "\n").encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as exc:  # a full disk, a file size limit: no torn line is left behind
+                with contextlib.suppress(OSError):
+                    os.truncate(self.path, start)
+                raise RlcoreError(f"cannot write {self.path}: {exc.strerror or exc}; the step's metrics are not "
+                                  f"in it (free space, then --resume)") from None
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():

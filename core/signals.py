@@ -1,6 +1,7 @@
 """Signals, in one place: how rlcore turns SIGINT and SIGTERM into a clean stop, and puts handlers back.
 
-- A run's loop (`StopOnSignal`, around `Trainer.fit`): the first SIGINT/SIGTERM is noted, the step finishes, a
+- A run's loop (`StopOnSignal`, around `Trainer.fit`): the first SIGINT/SIGTERM/SIGHUP (a closed terminal or
+  ssh session, treated as SIGTERM) is noted, the step finishes, a
   checkpoint is saved and the run leaves (KeyboardInterrupt, or SystemExit 143); a second one stops at once.
   The previous handlers are restored when the loop's `with` block ends.
 - Ray (`ray_sigterm`, around `ray.init`, and `restore_sigterm` at its shutdown): `ray.init` sets a SIGTERM
@@ -25,7 +26,7 @@ from typing import Any
 from . import watchdog
 from .log import STOP, logger
 
-STOPS = (signal.SIGINT, signal.SIGTERM)
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: a closed terminal or ssh session
 
 
 def _main_thread() -> bool:
@@ -54,7 +55,7 @@ class StopOnSignal:
     work gets `watchdog.STOP_GRACE_S`), a second one interrupts at once, and the process ends within the exit
     deadline whatever the teardown waits on. Outside the main thread, signals are left as they are."""
 
-    EXIT = {signal.SIGINT: None, signal.SIGTERM: 143}  # None: KeyboardInterrupt (the CLI exits 130)
+    EXIT = {signal.SIGINT: None, signal.SIGTERM: 143, signal.SIGHUP: 129}  # None: KeyboardInterrupt (the CLI exits 130)
 
     def __init__(self) -> None:
         self.signal: int | None = None

@@ -40,6 +40,11 @@ def stopping(asked: bool = True) -> None:
         _stopping_since = time.monotonic()
 
 
+def stop_asked() -> bool:
+    """Whether the run was asked to stop (a first SIGINT/SIGTERM/SIGHUP) and has not ended."""
+    return _stopping_since is not None
+
+
 def stuck() -> str | None:
     """The call that Ray never answered (then Ray is left alone), or None."""
     return _stuck

@@ -118,6 +118,10 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     reward_weights: list[float] | None = Field(None, description="one weight per reward function; unset: all 1")
     reward_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict, description="options per reward function")
     strict_rewards: bool = Field(False, description="a raising reward function stops the run")
+    reward_timeout_s: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="one call of a reward function running longer than this "
+        "counts as a reward error for each completion it was scoring"
+    )
 
     # outputs
     weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")

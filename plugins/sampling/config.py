@@ -91,6 +91,10 @@ class SampleConfig(LoggingKeys, RunConfig):
     )
     n_best_to_keep: int = Field(1, ge=1, description="best candidates kept per prompt, each with a rejected partner")
     strict_rewards: bool = Field(False, description="a reward function failing on a candidate stops the run")
+    reward_timeout_s: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="one call of a reward function running longer than this "
+        "counts as a reward error for each candidate it was scoring"
+    )
 
     # output
     output_file: str = Field("samples.jsonl", description="the output's name in output_dir")

@@ -164,7 +164,8 @@ class SampleTrainer(RoleTrainer):
             if kind in roles:
                 section = getattr(cfg, kind)
                 options = dict(kind=kind, model=getattr(cfg, f"{kind}_model"), engine=section.engine, dtype=section.dtype,
-                               batch_size=section.batch_size, strict=cfg.strict_rewards)
+                               batch_size=section.batch_size, strict=cfg.strict_rewards,
+                               reward_timeout_s=cfg.reward_timeout_s)
                 if kind == "orm":
                     options["options"] = cfg.orm_kwargs
                 else:
