@@ -301,7 +301,7 @@ def secrets_of(config: Any) -> list[str]:
     return found
 
 
-def open_own(path: str | os.PathLike, mode: str = "a") -> Any:
+def open_own(path: str | os.PathLike, mode: str = "a", buffering: int = -1) -> Any:
     """One of rlcore's own files in output_dir opened to append ("a", "ab"), never through a symbolic link (one
     there could point at a user's file): RlcoreError naming the path instead."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
@@ -314,7 +314,7 @@ def open_own(path: str | os.PathLike, mode: str = "a") -> Any:
             raise RlcoreError(f"{path} is a symbolic link; rlcore never writes its own files through one (it could "
                               f"point at a file of yours): remove the link, or choose another output_dir") from None
         raise
-    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+    return os.fdopen(fd, mode, buffering, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
 class _OwnFileHandler(logging.FileHandler):

@@ -47,11 +47,12 @@ class MetricsWriter:
 
     def write(self, metrics: dict[str, Any]) -> None:
         line = json.dumps(jsonable(metrics))
-        with open_own(self.path, "ab") as f:
-            start = f.tell()
+        data = (line + "\n").encode("utf-8")
+        with open_own(self.path, "ab", buffering=0) as f:  # unbuffered: nothing is left to write at close
+            start = os.fstat(f.fileno()).st_size
             try:
-                f.write((line + "\n").encode("utf-8"))
-                f.flush()
+                while data:
+                    data = data[f.write(data):]
                 os.fsync(f.fileno())
             except OSError as exc:  # a full disk, a file size limit: no torn line is left behind
                 with contextlib.suppress(OSError):
