@@ -436,11 +436,34 @@ def shutdown() -> None:
     signals.restore_sigterm()
 
 
-def end_local() -> None:
+_AFTER_EXIT = """
+import os, sys, time
+import psutil
+from rlcore import cluster
+try:
+    psutil.Process(int(sys.argv[1])).wait(timeout=30)
+except (psutil.Error, psutil.TimeoutExpired):
+    pass
+cluster.reap()
+"""
+
+
+def end_local(after_exit: bool = False) -> None:
     """End the processes of the local Ray started here, found by its record, without asking Ray: for an exit
-    that cannot wait on Ray (a stopped raylet, an exit deadline)."""
+    that cannot wait on Ray (a stopped raylet, an exit deadline). `after_exit`: by a process of its own once
+    this one has exited (`reap`), for a process about to `os._exit` with a status of its own: Ray's core
+    worker here ends the process with status 1 as soon as its raylet is gone."""
     if _record_path is None:
         return
+    if after_exit:
+        import subprocess
+
+        try:
+            subprocess.Popen([sys.executable, "-c", _AFTER_EXIT, str(os.getpid())], start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return
+        except OSError:
+            pass
     try:
         _end(_leftovers(json.loads(_record_path.read_text())))
         _record_path.unlink(missing_ok=True)
@@ -465,6 +488,11 @@ def _disconnect(ray: Any) -> None:
     def start() -> None:
         threading.Thread(target=stop, daemon=True, name="rlcore-ray-shutdown").start()
 
+    if watchdog.stuck() is not None and watchdog.stop_asked() and _record_path is not None:
+        # leaving on a signal, with Ray's own processes not answering: `signals.leaving` ends them and the
+        # process with the signal's status (ending them now, Ray's core worker here would end the process
+        # with status 1 as soon as its raylet is gone)
+        return
     if watchdog.stuck() is None:
         start()
         if done.wait(SHUTDOWN_S):

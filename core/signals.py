@@ -16,6 +16,7 @@ Handlers are only ever set from the main thread; elsewhere signals are left as t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -43,7 +44,7 @@ def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Ev
         if not done.wait(grace_s):
             logger.warning(f"{why}; exiting", extra=STOP)
             if "rlcore.cluster" in sys.modules:  # its processes would outlive an os._exit
-                sys.modules["rlcore.cluster"].end_local()
+                sys.modules["rlcore.cluster"].end_local(after_exit=True)
             os._exit(code)
 
     threading.Thread(target=deadline, daemon=True, name="rlcore-exit-deadline").start()
@@ -105,8 +106,10 @@ class StopOnSignal:
             if self.signal is None:
                 raise
             why = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            if len(why) > 1000:  # whole words, and said to be cut
+                why = why[:1000].rsplit(" ", 1)[0] + " [...]"
             try:
-                self.exit(f"during a step that then failed ({why[:200]}); {held()}", grace_s)
+                self.exit(f"during a step that then failed ({why}); {held()}", grace_s)
             except BaseException as stop:
                 raise stop from exc
 
@@ -176,6 +179,12 @@ def leaving(code: int) -> None:
     """Stopped by a signal: what is left is the exit (the local Ray's shutdown at exit); it gets 15 s, and
     another Ctrl-C or SIGTERM meanwhile ends it at once, with the same status (instead of a
     KeyboardInterrupt in the interpreter's shutdown, which dies of SIGINT)."""
+    if watchdog.stuck() is not None and "rlcore.cluster" in sys.modules:  # Ray's own processes do not answer
+        logging.shutdown()  # run.log complete
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.modules["rlcore.cluster"].end_local(after_exit=True)
+        os._exit(code)
     exit_deadline(code, "stopping the local Ray took over 15 s after the signal")
     if _main_thread():
         for sig in STOPS:
