@@ -9,6 +9,7 @@ Plugins are loaded only by the subcommands that need them, so `rlcore --help` is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ import signal
 import sys
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import yaml
@@ -70,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except Exception as exc:  # an in-process worker's own exception: reported as a Ray worker's RoleFailed is
         failure = failure_of(exc)
+        if failure is None and isinstance(exc, OSError) and exc.filename is not None and not _debugging():
+            logger.error(f"cannot use {exc.filename}: {exc.strerror or exc}")  # a full disk, a file size limit
+            return 1
         if failure is None:
             raise
         logger.error(failure.line())
@@ -345,12 +349,26 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
     return plugins, algorithm, config
 
 
+@contextlib.contextmanager
+def _paths_checked() -> Iterator[None]:
+    """While a config is read and checked: a path the file system refuses (a name too long, a FIFO or a device
+    where a file is expected, no permission) is a configuration mistake naming the path, exit 2."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        raise ConfigError(f"{exc.filename}: {exc.strerror or exc}; give a path to a readable file or folder "
+                          f"of the right kind") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     log.hold()  # the notes and checks before the run takes its output_dir go to its run.log too
     if args.log_level:
         log.setup(args.log_level)  # the plugins and the config load at that level already
-    plugins, algorithm, config = _configured(args, resume=args.resume)
-    check_run(plugins, algorithm, config, use_ray=args.use_ray)
+    with _paths_checked():
+        plugins, algorithm, config = _configured(args, resume=args.resume)
+        check_run(plugins, algorithm, config, use_ray=args.use_ray)
     log.setup(args.log_level or getattr(config, "log_level", "info"))
     config, fitted = _checked_memory(args, plugins, algorithm, config, fit=args.fit)
     log.redact(log.secrets_of(config))
@@ -410,11 +428,12 @@ def _translation_comment(source: str, translation: Translation) -> str:
 
 
 def _config_validate(args: argparse.Namespace) -> int:
-    plugins, algorithm, config = _configured(args)
-    check_run(plugins, algorithm, config, engines=False)  # the algorithm's own checks need its library
-    check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
-    if check is not None:  # the plan, names, data, model: what run checks before it allocates
-        check(config, plugins)
+    with _paths_checked():
+        plugins, algorithm, config = _configured(args)
+        check_run(plugins, algorithm, config, engines=False)  # the algorithm's own checks need its library
+        check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
+        if check is not None:  # the plan, names, data, model: what run checks before it allocates
+            check(config, plugins)
     for line in args.translation.noted:  # a foreign key rlcore needs nothing for, one line each, as `run` says
         logger.info(line)
     _checked_memory(args, plugins, algorithm, config)

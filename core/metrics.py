@@ -67,7 +67,13 @@ class MetricsWriter:
 
     def _rows(self, drop_torn_tail: bool) -> list[tuple[str, dict[str, Any]]]:
         """(line, parsed object) of every line; the last line, when torn by a crash, is dropped if asked."""
-        lines = [(n, line) for n, line in enumerate(self.path.read_text().splitlines(), start=1) if line.strip()]
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            line = self.path.read_bytes().count(b"\n", 0, exc.start) + 1
+            raise RlcoreError(f"{self.path} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x}): the "
+                              f"file is damaged") from None
+        lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
         rows = []
         for i, (number, line) in enumerate(lines):
             try:

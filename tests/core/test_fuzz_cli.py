@@ -25,8 +25,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from rlcore.cli import main  # noqa: E402
 
-FUZZ_CASES = int(os.environ.get("RLCORE_FUZZ_CASES", "40"))
-FUZZ_RUNS = 2  # valid cases that train a step, in CI
+FUZZ_CASES = int(os.environ.get("RLCORE_FUZZ_CASES", "25"))
+FUZZ_RUNS = 1  # valid cases that train a step, in CI
 
 KEYS = [
     "output_dir", "overwrite_output_dir", "seed", "nnodes", "nproc_per_node", "device_groups", "colocate_groups",
@@ -106,10 +106,13 @@ def places(tmp_path_factory):
 
 def case(draw_key, draw_value, draw_env, places) -> tuple[list[str], dict[str, str]]:
     where, _ = places
-    value = draw_value.format(**where) if "{" in draw_value and "}" in draw_value and not draw_value.startswith(
-        ("{a", "[")) else draw_value
-    override = [f"{draw_key}={value}"] if draw_key else []
-    env = {draw_env[0]: draw_env[1].format(**where)} if draw_env else {}
+    def placed(text: str) -> str:
+        for name, path in where.items():
+            text = text.replace("{" + name + "}", path)
+        return text
+
+    override = [f"{draw_key}={placed(draw_value)}"] if draw_key else []
+    env = {draw_env[0]: placed(draw_env[1])} if draw_env else {}
     return override, env
 
 
