@@ -7,7 +7,8 @@ Each case either is valid (validate exits 0 and a run starts: it trains its step
 or is refused by both with exit 2, at most 4 lines of stderr and no traceback: validate and run agree.
 
 Seeded and bounded: CI runs FUZZ_CASES cases, of which at most FUZZ_RUNS valid ones train a step; the long form
-(`pytest -m fuzz tests/core/test_fuzz_cli.py`, or RLCORE_FUZZ_CASES=N) draws more and trains every valid one.
+(`pytest -m fuzz tests/core/test_fuzz_cli.py`, RLCORE_FUZZ_CASES=N cases, 2000 by default) draws fresh cases
+each time and trains every valid one.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def test_every_bad_input_is_refused_in_one_paragraph_and_validate_and_run_agree(
 
 
 @pytest.mark.fuzz
-@settings(max_examples=2000, derandomize=False, **SETTINGS)
+@settings(max_examples=int(os.environ.get("RLCORE_FUZZ_CASES", "2000")), derandomize=False, **SETTINGS)
 @given(key=KEY, value=values(), env_pair=ENV_PAIR)
 def test_the_long_fuzz(places, tmp_path_factory, key, value, env_pair):
     runs_left[0] = 10**9  # every valid case trains its step

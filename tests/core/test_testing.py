@@ -147,3 +147,16 @@ def test_every_architecture_builds_offline_and_generates(tmp_path, arch):
     ids = AutoTokenizer.from_pretrained(path)(["Write a word:"], return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert out.shape == (1, ids.shape[1] + 4)
+
+
+def test_a_full_disk_while_the_tiny_model_is_written_is_one_error_naming_the_folder(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import resource; from rlcore.testing import build_tiny_model\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))\n"
+            "try:\n    build_tiny_model('m')\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("RlcoreError cannot write the tiny model to m: ") and "free space" in done.stdout, \
+        done.stdout + done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written is left
