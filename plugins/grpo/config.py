@@ -14,7 +14,7 @@ from rlcore.sections import DTYPE_HELP, MultiTurnKeys, NonfiniteKeys, PromptKeys
 class ReferenceRoleConfig(RoleConfig):
     """The `reference:` section: the frozen initial policy, used only when beta > 0."""
 
-    dtype: str = Field("auto", description=DTYPE_HELP)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 
 
@@ -33,7 +33,7 @@ class OrmRoleConfig(RoleConfig):
     `reward_funcs` names `orm`."""
 
     model: str | None = Field(None, description="the reward model: a directory or hub id")
-    dtype: str = Field("auto", description=DTYPE_HELP)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     batch_size: int = Field(16, ge=1, description="pairs scored per forward pass")
 
 

@@ -23,7 +23,7 @@ class ScorerRoleConfig(RoleConfig):
     scorer (a sequence-classification ORM, a token-classification PRM); another name is a registered engine of
     kind `reward`."""
 
-    dtype: str = Field("auto", description=DTYPE_HELP)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     batch_size: int = Field(16, ge=1, description="candidates scored per forward pass")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the scorer")
 
