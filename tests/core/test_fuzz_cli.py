@@ -26,7 +26,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from rlcore.cli import main  # noqa: E402
 
-FUZZ_CASES = int(os.environ.get("RLCORE_FUZZ_CASES", "25"))
+FUZZ_CASES = int(os.environ.get("RLCORE_FUZZ_CASES", "15"))
 FUZZ_RUNS = 1  # valid cases that train a step, in CI
 
 KEYS = [
