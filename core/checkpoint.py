@@ -244,8 +244,12 @@ def load_state(path: Path) -> dict[str, Any]:
         state = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
         raise RlcoreError(f"{file} cannot be read as a trainer state: {exc}") from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+    step = state.get("step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
         raise RlcoreError(f"{file} is not a trainer state (no integer 'step')")
+    named = re.fullmatch(r"checkpoint-(\d+)", Path(path).name)
+    if step < 0 or (named and int(named[1]) != step):
+        raise RlcoreError(f"{file} is damaged: its step {step} is not the {Path(path).name}'s")
     return state
 
 

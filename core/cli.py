@@ -9,6 +9,7 @@ Plugins are loaded only by the subcommands that need them, so `rlcore --help` is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ import signal
 import sys
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import yaml
@@ -41,6 +42,7 @@ from .signals import leaving
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rlcore` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    log.redact(log.env_secrets())  # OPENAI_API_KEY, HF_TOKEN, ...: never printed or written
     parser = _parser(_keys_help(argv))
     args = parser.parse_args(_dashed_overrides(argv, parser))
     log.route_warnings(hide_libraries=args.command == "run")  # a run's run.log keeps a library's warnings
@@ -58,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("rlcore: stopped by SIGTERM while starting; nothing was trained or saved", file=sys.stderr)
             leaving(128 + signal.SIGTERM)
             return 128 + signal.SIGTERM
-        if exc.code == 128 + signal.SIGTERM:
+        if exc.code in (128 + signal.SIGTERM, 128 + signal.SIGHUP):
             leaving(exc.code)
         raise
     except RlcoreError as exc:
@@ -69,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except Exception as exc:  # an in-process worker's own exception: reported as a Ray worker's RoleFailed is
         failure = failure_of(exc)
+        if failure is None and isinstance(exc, OSError) and exc.filename is not None and not _debugging():
+            logger.error(f"cannot use {exc.filename}: {exc.strerror or exc}")  # a full disk, a file size limit
+            return 1
         if failure is None:
             raise
         logger.error(failure.line())
@@ -91,7 +96,7 @@ def _explain(exc: BaseException) -> None:
         logger.error(hint, extra={"prefix": "hint: "})
     detail = log.failure_detail(exc)
     if detail and (_debugging() or logger.isEnabledFor(logging.DEBUG)):
-        print(detail, file=sys.stderr)
+        print(log.scrub(detail), file=sys.stderr)
     elif detail and log.last_detail is not None:
         logger.info(f"the worker's full error is in {log.last_detail}; --log-level debug shows it here too")
 
@@ -316,7 +321,9 @@ def _configured(args: argparse.Namespace, resume: bool = False, demo: bool = Fal
         if args.config:
             raise ConfigError("give the file once: --config FILE or --from-ms-swift FILE")
         args.config = args.from_ms_swift
-    kind, use_ray, problems = launch_options(read_config_data(args.config, args.overrides)[0])
+    data = read_config_data(args.config, args.overrides)[0]
+    log.redact(log.secrets_in_data(data))  # before validation: an error about a secret's value cannot show it
+    kind, use_ray, problems = launch_options(data)
     if all(isinstance(p, _With) for p in args.plugin or ()):  # no --plugin: ms-swift's rlhf_type names it
         if kind is None:
             raise config_error(problems) if problems else ConfigError(
@@ -346,12 +353,26 @@ def _configured(args: argparse.Namespace, resume: bool = False, demo: bool = Fal
     return plugins, algorithm, config
 
 
+@contextlib.contextmanager
+def _paths_checked() -> Iterator[None]:
+    """While a config is read and checked: a path the file system refuses (a name too long, a FIFO or a device
+    where a file is expected, no permission) is a configuration mistake naming the path, exit 2."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        raise ConfigError(f"{exc.filename}: {exc.strerror or exc}; give a path to a readable file or folder "
+                          f"of the right kind") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     log.hold()  # the notes and checks before the run takes its output_dir go to its run.log too
     if args.log_level:
         log.setup(args.log_level)  # the plugins and the config load at that level already
-    plugins, algorithm, config = _configured(args, resume=args.resume, demo=True)
-    check_run(plugins, algorithm, config, use_ray=args.use_ray)
+    with _paths_checked():
+        plugins, algorithm, config = _configured(args, resume=args.resume, demo=True)
+        check_run(plugins, algorithm, config, use_ray=args.use_ray)
     log.setup(args.log_level or getattr(config, "log_level", "info"))
     config, fitted = _checked_memory(args, plugins, algorithm, config, fit=args.fit)
     log.redact(log.secrets_of(config))
@@ -398,7 +419,7 @@ def _config_show(args: argparse.Namespace) -> int:
     _, _, config = _configured(args)
     if args.from_ms_swift:
         sys.stdout.write(_translation_comment(args.from_ms_swift, args.translation))
-    sys.stdout.write(render_config(config))
+    sys.stdout.write(log.scrub(render_config(config)))
     return 0
 
 
@@ -411,12 +432,13 @@ def _translation_comment(source: str, translation: Translation) -> str:
 
 
 def _config_validate(args: argparse.Namespace) -> int:
-    plugins, algorithm, config = _configured(args)
-    log.setup(getattr(config, "log_level", "info"))  # third-party progress bars off, as in a run
-    check_run(plugins, algorithm, config, engines=False)  # the algorithm's own checks need its library
-    check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
-    if check is not None:  # the plan, names, data, model: what run checks before it allocates
-        check(config, plugins)
+    with _paths_checked():
+        plugins, algorithm, config = _configured(args)
+        log.setup(getattr(config, "log_level", "info"))  # third-party progress bars off, as in a run
+        check_run(plugins, algorithm, config, engines=False)  # the algorithm's own checks need its library
+        check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
+        if check is not None:  # the plan, names, data, model: what run checks before it allocates
+            check(config, plugins)
     for line in args.translation.noted:  # a foreign key rlcore needs nothing for, one line each, as `run` says
         logger.info(line)
     _checked_memory(args, plugins, algorithm, config)

@@ -38,7 +38,25 @@ if TYPE_CHECKING:
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML that also reads `1e-6` as a float (YAML 1.2), as people write learning rates."""
+    """Safe YAML that also reads `1e-6` as a float (YAML 1.2), as people write learning rates, and refuses a
+    key given twice in one mapping (PyYAML keeps the last one silently), naming both lines."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: PyYAML's own error follows
+                    continue
+                if first is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key '{key}' is given twice, on line {first.start_mark.line + 1} and line "
+                        f"{key_node.start_mark.line + 1}; keep one", key_node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -51,19 +51,61 @@ class _Stderr(logging.Handler):
             self.handleError(record)
 
 
+MASK = "**********"
+# userinfo of a URL (scheme://user:password@host, scheme://token@host): a credential wherever it appears
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@'\"<>]+)@")
+# environment variables whose values are secrets: the keys rlcore's plugins read (OPENAI_API_KEY) and the
+# tokens of the hub and loggers, by their names' endings
+_SECRET_ENV = re.compile(r"(API_KEY|APIKEY|_TOKEN|^TOKEN|SECRET|SECRET_KEY|PASSWORD|PASSWD)$", re.I)
+# keys of a config whose values are secrets, whatever their type (a list given for api_key is one too)
+SECRET_KEY = re.compile(r"^(\w*_)?(api_key|apikey)$|^(token|hf_token|hub_token|access_token|auth_token|password|passwd|"
+                        r"secret|secret_key|access_key|secret_access_key)$", re.I)
+MIN_SECRET = 4  # shorter values ("1", "on") are not replaced: they would blank ordinary text
+
+
+def scrub(text: str) -> str:
+    """`text` with every known secret (`redact`, the environment's secret variables) and every URL's
+    credentials replaced by MASK."""
+    if not text:
+        return text
+    for secret in sorted(_redact.secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+
+
+def scrub_data(value: Any) -> Any:
+    """A copy of plain data (dicts, lists, strings) with `scrub` applied to every string, for files rlcore
+    writes (a state file's config)."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {k: scrub_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub_data(v) for v in value]
+    return value
+
+
 class _Redact(logging.Filter):
-    """Secret values (a config's SecretStr keys) replaced by '**********' in every record."""
+    """Secret values (a config's secret keys, the environment's, URL credentials) replaced by MASK in every
+    record: its message and its traceback."""
 
     def __init__(self) -> None:
         super().__init__()
         self.secrets: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
+        try:
             text = record.getMessage()
-            for secret in self.secrets:
-                text = text.replace(secret, "**********")
-            record.msg, record.args = text, None
+        except Exception:  # noqa: BLE001 - a record whose arguments do not format is logged as it is
+            return True
+        record.msg, record.args = scrub(text), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = scrub(record.exc_text)
+        if record.stack_info:
+            record.stack_info = scrub(record.stack_info)
         return True
 
 
@@ -155,7 +197,7 @@ def _worker_warning(message: Warning | str, category: type[Warning], filename: s
         return
     _warned.add(key)
     where, library = _origin(filename)
-    text = " ".join(str(message).split()) if library else str(message)  # one line, for the driver to read back
+    text = scrub(" ".join(str(message).split()) if library else str(message))  # one line, for the driver to read back
     sys.stderr.write(f"{LIBRARY_LINE if library else 'rlcore: warning: '}{category.__name__} from {where}:{lineno}: "
                      f"{text}\n")
     sys.stderr.flush()
@@ -213,11 +255,37 @@ def _library_roots() -> list[tuple[str, str]]:
 
 def redact(values: Iterable[str]) -> None:
     """Never log these strings (API keys): every record has them replaced."""
-    _redact.secrets.update(v for v in values if v)
+    _redact.secrets.update(v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET)
+
+
+def env_secrets(environ: Any = None) -> list[str]:
+    """The values of the environment's secret variables (OPENAI_API_KEY, HF_TOKEN, WANDB_API_KEY, ...)."""
+    environ = os.environ if environ is None else environ
+    return [v for k, v in environ.items() if _SECRET_ENV.search(k) and v and v.upper() not in ("EMPTY", "NONE")]
+
+
+def secrets_in_data(data: Any, secret: bool = False) -> list[str]:
+    """Every value under a secret key (api_key, hf_token, ...) of raw config data, whatever its type (a
+    list, a number), and the credentials inside URLs anywhere in it: registered before the config is
+    validated, so an error about the value cannot show it."""
+    found: list[str] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            found += secrets_in_data(v, secret or bool(SECRET_KEY.search(str(k).rsplit(".", 1)[-1])))
+    elif isinstance(data, (list, tuple)):
+        for v in data:
+            found += secrets_in_data(v, secret)
+    elif secret and data is not None:
+        found.append(str(data))
+    elif isinstance(data, str):
+        for match in _URL_CREDENTIALS.finditer(data):
+            found += [match["userinfo"], *match["userinfo"].split(":", 1)[1:]]
+    return found
 
 
 def secrets_of(config: Any) -> list[str]:
-    """The values of `config`'s SecretStr keys, nested sections included."""
+    """The values of `config`'s SecretStr keys, nested sections included, and the credentials of the URLs
+    it holds."""
     from pydantic import BaseModel, SecretStr
 
     found: list[str] = []
@@ -228,7 +296,32 @@ def secrets_of(config: Any) -> list[str]:
                 found.append(value.get_secret_value())
             elif isinstance(value, BaseModel):
                 found += secrets_of(value)
+            else:
+                found += secrets_in_data(value, bool(SECRET_KEY.search(name)))
     return found
+
+
+def open_own(path: str | os.PathLike, mode: str = "a", buffering: int = -1) -> Any:
+    """One of rlcore's own files in output_dir opened to append ("a", "ab"), never through a symbolic link (one
+    there could point at a user's file): RlcoreError naming the path instead."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if os.path.islink(path):
+            from .errors import RlcoreError
+
+            raise RlcoreError(f"{path} is a symbolic link; rlcore never writes its own files through one (it could "
+                              f"point at a file of yours): remove the link, or choose another output_dir") from None
+        raise
+    return os.fdopen(fd, mode, buffering, **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
+class _OwnFileHandler(logging.FileHandler):
+    """run.log, appended to without following a symbolic link (`open_own`)."""
+
+    def _open(self) -> Any:
+        return open_own(self.baseFilename, "a")
 
 
 class _Held(logging.Handler):
@@ -266,7 +359,7 @@ def to_file(output_dir: str | os.PathLike) -> Iterator[Path]:
     global _held, _run_log, last_detail
     path = _run_log = Path(output_dir) / RUN_LOG
     last_detail = None
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _OwnFileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_redact)
     logger.addHandler(handler)
@@ -308,9 +401,9 @@ def failure_detail(exc: BaseException) -> str:
 
     failure = failure_of(exc)
     if failure is not None and failure.traceback:
-        return f"{failure.where()}, in {failure.method}():\n{failure.traceback.rstrip()}"
+        return scrub(f"{failure.where()}, in {failure.method}():\n{failure.traceback.rstrip()}")
     if isinstance(exc, Exception) and not isinstance(exc, RlcoreError):
-        return "".join(traceback.format_exception(exc)).rstrip()
+        return scrub("".join(traceback.format_exception(exc)).rstrip())
     return ""
 
 
@@ -330,7 +423,7 @@ class _BarSafe:
 
     def _emit(self, text: str) -> None:
         self._bar.clear()
-        self._stream.write(text)
+        self._stream.write(scrub(text))
         self._stream.flush()
         self._bar.refresh()
 

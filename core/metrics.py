@@ -5,6 +5,7 @@ error naming the file and the line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RlcoreError
-from .log import logger
+from .log import logger, open_own
 
 
 def _plain(value: Any) -> Any:
@@ -46,10 +47,18 @@ class MetricsWriter:
 
     def write(self, metrics: dict[str, Any]) -> None:
         line = json.dumps(jsonable(metrics))
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        data = (line + "\n").encode("utf-8")
+        with open_own(self.path, "ab", buffering=0) as f:  # unbuffered: nothing is left to write at close
+            start = os.fstat(f.fileno()).st_size
+            try:
+                while data:
+                    data = data[f.write(data):]
+                os.fsync(f.fileno())
+            except OSError as exc:  # a full disk, a file size limit: no torn line is left behind
+                with contextlib.suppress(OSError):
+                    os.truncate(self.path, start)
+                raise RlcoreError(f"cannot write {self.path}: {exc.strerror or exc}; the step's metrics are not "
+                                  f"in it (free space, then --resume)") from None
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -58,7 +67,13 @@ class MetricsWriter:
 
     def _rows(self, drop_torn_tail: bool) -> list[tuple[str, dict[str, Any]]]:
         """(line, parsed object) of every line; the last line, when torn by a crash, is dropped if asked."""
-        lines = [(n, line) for n, line in enumerate(self.path.read_text().splitlines(), start=1) if line.strip()]
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            line = self.path.read_bytes().count(b"\n", 0, exc.start) + 1
+            raise RlcoreError(f"{self.path} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x}): the "
+                              f"file is damaged") from None
+        lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
         rows = []
         for i, (number, line) in enumerate(lines):
             try:

@@ -7,6 +7,12 @@ advantages), and the failures are counted and logged once per function. `strict=
 `strict_rewards`) makes any failure fatal. A function that fails on every completion of a call is broken, not
 unlucky: that stops the run (`RewardFailed`) whatever `strict` says, as does a `ConfigError` (e.g. a missing
 dataset column).
+
+A reward function runs under a time limit (`timeout_s`, the config's `reward_timeout_s`) in a thread of its
+own while the caller waits where signal handlers run: a call past its limit is a failure for each completion it
+was scoring (the thread is left behind, a daemon), and a SIGINT/SIGTERM/SIGHUP during the call stops the run at
+once. A reward that is not a finite number within +-REWARD_LIMIT is a failure, and so is a function that tries
+to end the process (`sys.exit`): a reward function cannot end the run.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 import math
 import numbers
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +40,9 @@ logger = logging.getLogger("rlcore.rewards")
 _logged: set[str] = set()
 
 RewardFn = Callable[..., list[float | None]]
+REWARD_LIMIT = 1e15  # beyond this a reward's square overflows the float32 the advantages are computed in
+REWARD_TIMEOUT_S = 600.0  # the default limit of one call of a reward function
+_POLL_S = 0.1
 
 
 class RewardFailed(RlcoreError):
@@ -250,7 +260,52 @@ def _as_reward(value: Any) -> float | None:
     if not isinstance(value, numbers.Real):
         raise TypeError(f"a reward must be a number or None; got {type(value).__name__} {value!r}")
     value = float(value)
-    return None if math.isnan(value) else value
+    if not math.isfinite(value) or abs(value) > REWARD_LIMIT:
+        raise ValueError(f"a reward must be a finite number within +-{REWARD_LIMIT:g}; got {value!r} (return None "
+                         "for a completion the function cannot score)")
+    return value
+
+
+class RewardTimeout(RlcoreError):
+    """A call of a reward function that did not return within its time limit."""
+
+
+class RewardInterrupted(RlcoreError):
+    """A signal to stop arrived while a reward function ran: the run stops at once."""
+
+
+def _timed(fn: RewardFn, timeout_s: float | None, **kwargs: Any) -> Any:
+    """`fn(**kwargs)` in a thread of its own, waited for at most `timeout_s` (None: no limit); raises
+    RewardTimeout past it and RewardInterrupted as soon as the run is asked to stop. A BaseException the
+    function raises (SystemExit, KeyboardInterrupt from its own code) comes back as a plain error."""
+    import threading
+
+    from . import watchdog
+
+    result: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            result["value"] = fn(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
+            result["error"] = exc
+        except BaseException as exc:  # noqa: BLE001 - sys.exit() in a reward function does not end the run
+            result["error"] = RuntimeError(f"tried to end the process ({type(exc).__name__}"
+                                           f"{'(' + repr(exc.args[0]) + ')' if exc.args else ''})")
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    threading.Thread(target=run, daemon=True, name="rlcore-reward").start()
+    while not done.wait(_POLL_S):
+        if watchdog.stop_asked():
+            raise RewardInterrupted("a signal to stop arrived while a reward function ran")
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            raise RewardTimeout(f"did not return within reward_timeout_s={timeout_s:g}s")
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
 
 
 class _BadResult(RlcoreError):
@@ -258,10 +313,10 @@ class _BadResult(RlcoreError):
 
 
 def _call(fn: RewardFn, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None,
-          columns: dict[str, list[Any]]) -> tuple[list[float | None], list[Exception]]:
+          columns: dict[str, list[Any]], timeout_s: float | None = None) -> tuple[list[float | None], list[Exception]]:
     """The rewards of one call, and the failures among them (a non-number is None and a failure)."""
     n = len(completions)
-    result = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+    result = _timed(fn, timeout_s, prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
     if result is None or len(result) != n:
         got = "None" if result is None else f"{len(result)} rewards"
         raise _BadResult(f"returned {got} for {n} completions; return one reward (or None) per completion")
@@ -270,14 +325,14 @@ def _call(fn: RewardFn, prompts: list[Any], completions: list[Any], completion_i
     for value in result:
         try:
             values.append(_as_reward(value))
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             values.append(None)
             failures.append(exc)
     return values, failures
 
 
 def _one_by_one(fn: RewardFn, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None,
-                columns: dict[str, list[Any]]) -> tuple[list[float | None], list[Exception]]:
+                columns: dict[str, list[Any]], timeout_s: float | None) -> tuple[list[float | None], list[Exception]]:
     """Each completion scored by a call of its own, so that one bad completion costs only its reward."""
     values: list[float | None] = []
     failures: list[Exception] = []
@@ -286,9 +341,9 @@ def _one_by_one(fn: RewardFn, prompts: list[Any], completions: list[Any], comple
             (value,), failed = _call(
                 fn, prompts[i : i + 1], completions[i : i + 1],
                 None if completion_ids is None else completion_ids[i : i + 1],
-                {k: v[i : i + 1] for k, v in columns.items()},
+                {k: v[i : i + 1] for k, v in columns.items()}, timeout_s,
             )
-        except ConfigError:
+        except (ConfigError, RewardInterrupted):
             raise
         except Exception as exc:
             value, failed = None, [exc]
@@ -309,25 +364,28 @@ def call_reward(
     completion_ids: list[list[int]] | None,
     columns: dict[str, list[Any]],
     strict: bool = False,
+    timeout_s: float | None = REWARD_TIMEOUT_S,
 ) -> tuple[list[float | None], int]:
     """Call `fn` as TRL does (all keywords, dataset columns as lists); return (rewards, completions it failed on).
 
-    A raise, a result of the wrong length or a non-number is a failure naming `name`. When the call over the
-    batch raises, each completion is scored on its own and only those `fn` still fails on get None.
+    A raise, a result of the wrong length, a non-number, a reward that is not finite (or beyond REWARD_LIMIT), a
+    call past `timeout_s` and `sys.exit` are failures naming `name`. When the call over the batch raises, each
+    completion is scored on its own and only those `fn` still fails on get None; a batch call past its time
+    limit fails each of its completions (scoring them one by one could take as long again for each).
     Raises `RewardFailed` on any failure when `strict`, and on a failure for every completion regardless.
     """
     n = len(completions)
     first: Exception | None = None  # the batch call's error, named in messages
     try:
-        values, failures = _call(fn, prompts, completions, completion_ids, columns)
-    except ConfigError:
+        values, failures = _call(fn, prompts, completions, completion_ids, columns, timeout_s)
+    except (ConfigError, RewardInterrupted):
         raise
     except Exception as exc:
         first = exc
-        if strict or n <= 1 or isinstance(exc, _BadResult):  # fatal anyway, nothing to isolate, or no reward to keep
+        if strict or n <= 1 or isinstance(exc, (_BadResult, RewardTimeout)):  # fatal anyway, nothing to isolate, or no reward to keep
             values, failures = [None] * n, [exc] * n
         else:
-            values, failures = _one_by_one(fn, prompts, completions, completion_ids, columns)
+            values, failures = _one_by_one(fn, prompts, completions, completion_ids, columns, timeout_s)
     if not failures:
         return values, 0
     cause = first or failures[0]

@@ -168,7 +168,7 @@ class TrainingConfig(LoggingKeys, CheckpointKeys, OptimizerKeys, RunConfig):
 class TrainRoleConfig(RoleConfig):
     """The `train:` section: the policy's train engine."""
 
-    dtype: str = Field("auto", description=DTYPE_HELP)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
     lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights")
     lora_alpha: int = Field(32, description="LoRA scaling numerator")
@@ -189,7 +189,7 @@ class TrainRoleConfig(RoleConfig):
 class GenerateRoleConfig(RoleConfig):
     """The section of a role a rollout engine serves: `rollout:`, a sampler, a served teacher."""
 
-    dtype: str = Field("auto", description=DTYPE_HELP)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per engine (worker)")
     vllm_gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of GPU memory vLLM takes")
     vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")

@@ -1,6 +1,7 @@
 """Signals, in one place: how rlcore turns SIGINT and SIGTERM into a clean stop, and puts handlers back.
 
-- A run's loop (`StopOnSignal`, around `Trainer.fit`): the first SIGINT/SIGTERM is noted, the step finishes, a
+- A run's loop (`StopOnSignal`, around `Trainer.fit`): the first SIGINT/SIGTERM/SIGHUP (a closed terminal or
+  ssh session, treated as SIGTERM) is noted, the step finishes, a
   checkpoint is saved and the run leaves (KeyboardInterrupt, or SystemExit 143); a second one stops at once.
   The previous handlers are restored when the loop's `with` block ends.
 - Ray (`ray_sigterm`, around `ray.init`, and `restore_sigterm` at its shutdown): `ray.init` sets a SIGTERM
@@ -15,6 +16,7 @@ Handlers are only ever set from the main thread; elsewhere signals are left as t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -25,7 +27,7 @@ from typing import Any
 from . import watchdog
 from .log import STOP, logger
 
-STOPS = (signal.SIGINT, signal.SIGTERM)
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: a closed terminal or ssh session
 
 
 def _main_thread() -> bool:
@@ -42,7 +44,7 @@ def exit_deadline(code: int, why: str, grace_s: float = 15.0, done: threading.Ev
         if not done.wait(grace_s):
             logger.warning(f"{why}; exiting", extra=STOP)
             if "rlcore.runtime.cluster" in sys.modules:  # its processes would outlive an os._exit
-                sys.modules["rlcore.runtime.cluster"].end_local()
+                sys.modules["rlcore.runtime.cluster"].end_local(after_exit=True)
             os._exit(code)
 
     threading.Thread(target=deadline, daemon=True, name="rlcore-exit-deadline").start()
@@ -54,7 +56,7 @@ class StopOnSignal:
     work gets `watchdog.STOP_GRACE_S`), a second one interrupts at once, and the process ends within the exit
     deadline whatever the teardown waits on. Outside the main thread, signals are left as they are."""
 
-    EXIT = {signal.SIGINT: None, signal.SIGTERM: 143}  # None: KeyboardInterrupt (the CLI exits 130)
+    EXIT = {signal.SIGINT: None, signal.SIGTERM: 143, signal.SIGHUP: 129}  # None: KeyboardInterrupt (the CLI exits 130)
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -104,8 +106,10 @@ class StopOnSignal:
             if self.signal is None:
                 raise
             why = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            if len(why) > 1000:  # whole words, and said to be cut
+                why = why[:1000].rsplit(" ", 1)[0] + " [...]"
             try:
-                self.exit(f"during a step that then failed ({why[:200]}); {held()}", grace_s)
+                self.exit(f"during a step that then failed ({why}); {held()}", grace_s)
             except BaseException as stop:
                 raise stop from exc
 
@@ -175,6 +179,12 @@ def leaving(code: int) -> None:
     """Stopped by a signal: what is left is the exit (the local Ray's shutdown at exit); it gets 15 s, and
     another Ctrl-C or SIGTERM meanwhile ends it at once, with the same status (instead of a
     KeyboardInterrupt in the interpreter's shutdown, which dies of SIGINT)."""
+    if watchdog.stuck() is not None and "rlcore.runtime.cluster" in sys.modules:  # Ray's own processes do not answer
+        logging.shutdown()  # run.log complete
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.modules["rlcore.runtime.cluster"].end_local(after_exit=True)
+        os._exit(code)
     exit_deadline(code, "stopping the local Ray took over 15 s after the signal")
     if _main_thread():
         for sig in STOPS:

@@ -114,9 +114,16 @@ def build_tiny_model(
         if vocab_size not in _TOKENIZERS:  # a student and a teacher of one vocabulary share the build
             _TOKENIZERS[vocab_size] = build_tokenizer(vocab_size)
         tokenizer = _TOKENIZERS[vocab_size]
-        tokenizer.save_pretrained(tmp)
-        _build_model(tokenizer, args).save_pretrained(tmp)
-        (tmp / MARKER).write_text(json.dumps(args, indent=2))
+        model = _build_model(tokenizer, args)
+        try:
+            tokenizer.save_pretrained(tmp)
+            model.save_pretrained(tmp)
+            (tmp / MARKER).write_text(json.dumps(args, indent=2))
+        except Exception as exc:  # a full disk, a file size limit: safetensors' own error carries no path
+            from .errors import RlcoreError
+
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise RlcoreError(f"cannot write the tiny model to {path}: {reason}; free space there") from None
         if path.exists() and replace:
             shutil.rmtree(path)
         try:

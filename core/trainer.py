@@ -27,7 +27,7 @@ from .checkpoint import (
     RunLock, check_output_dir, checkpoints, load_state, note_run, partial_run, resolve_resume, save_checkpoint, save_final,
 )
 from .errors import ConfigError, RlcoreError
-from .log import BARE, STOP, logger
+from .log import BARE, STOP, logger, scrub_data
 from .metrics import MetricsWriter
 from .signals import StopOnSignal
 
@@ -309,7 +309,7 @@ class Trainer:
 
     def save(self) -> Path:
         """`checkpoint-{step}` in output_dir, written atomically: the engines' state, then the trainer state."""
-        config = self.config.model_dump(mode="json") if hasattr(self.config, "model_dump") else None
+        config = scrub_data(self.config.model_dump(mode="json")) if hasattr(self.config, "model_dump") else None
         state = {"step": self.step, **self.state_dict(), "config": config}
         return save_checkpoint(self.output_dir, self.step, state, self.save_model,
                                keep=getattr(self.config, "save_total_limit", None), overwrite=self.overwrite)
@@ -318,8 +318,8 @@ class Trainer:
         """Say which keys differ from the checkpoint's config; refuse those in `resume_fixed`."""
         if not isinstance(saved, dict) or not hasattr(self.config, "model_dump"):
             return
-        now = _flat(self.config.model_dump(mode="json"))
-        before = _flat(saved)
+        now = _flat(scrub_data(self.config.model_dump(mode="json")))  # a saved config holds no secret
+        before = _flat(scrub_data(saved))
         changed = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k) and k != "resume")
         if not changed:
             return

@@ -10,6 +10,7 @@ not answering (`stuck`): later calls fail at once and the teardown skips what wo
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,11 @@ def stopping(asked: bool = True) -> None:
         _stopping_since = time.monotonic()
 
 
+def stop_asked() -> bool:
+    """Whether the run was asked to stop (a first SIGINT/SIGTERM/SIGHUP) and has not ended."""
+    return _stopping_since is not None
+
+
 def stuck() -> str | None:
     """The call that Ray never answered (then Ray is left alone), or None."""
     return _stuck
@@ -51,10 +57,34 @@ def reset() -> None:
     _stuck = None
 
 
+PROBE_EVERY_S = 2.0
+
+
+class _Probe:
+    """A store and fetch of one object through Ray, in a thread of its own: it needs the raylet and its
+    object store, so one that never ends says Ray's own processes are stopped or gone."""
+
+    def __init__(self) -> None:
+        self.started, self.done = time.monotonic(), threading.Event()
+        threading.Thread(target=self._run, daemon=True, name="rlcore-ray-probe").start()
+
+    def _run(self) -> None:
+        try:
+            ray = sys.modules.get("ray")  # a process that never imported Ray has none to ask
+            if ray is not None and ray.is_initialized():
+                ray.get(ray.put(0), timeout=STOP_GRACE_S)
+        except Exception:  # noqa: BLE001 - an error is an answer; only silence counts
+            pass
+        finally:
+            self.done.set()
+
+
 def bounded(call: Callable[[], T], what: str, timeout: float | None, *, own: bool = True, role: str = "") -> T:
     """`call()`'s result (or its error), waited for at most `timeout` seconds (None: no bound) and, where
     `own` (Ray's own work, not a wait for a worker's result), STOP_GRACE_S after a stop signal. Past that,
-    RayStuck says that Ray did not answer `what` (e.g. "submitting train_step() to role 'train'")."""
+    RayStuck says that Ray did not answer `what` (e.g. "submitting train_step() to role 'train'"). A wait for a
+    worker's result after a stop signal goes on (the step finishes) while Ray itself answers: a store of one
+    object every PROBE_EVERY_S that takes over STOP_GRACE_S is RayStuck too."""
     global _stuck
     if _stuck is not None:
         raise RayStuck(f"Ray does not answer (it did not answer {_stuck}); {what} was not tried", role=role)
@@ -71,8 +101,15 @@ def bounded(call: Callable[[], T], what: str, timeout: float | None, *, own: boo
 
     started = time.monotonic()
     threading.Thread(target=run, daemon=True, name=f"rlcore-ray-call: {what}"[:60]).start()
+    probe: _Probe | None = None  # after a stop signal, a worker's step may go on: is Ray itself still there?
     while not done.wait(_POLL_S):
         now = time.monotonic()
+        if not own and _stopping_since is not None:
+            if probe is None or (probe.done.is_set() and now - probe.started > PROBE_EVERY_S):
+                probe = _Probe()
+            elif not probe.done.is_set() and now - probe.started > STOP_GRACE_S:
+                bound = f"(nor a store of one object, since the signal to stop, within {STOP_GRACE_S:g}s)"
+                break
         if timeout is not None and now - started > timeout:
             bound = f"within {timeout:g}s"
             break

@@ -23,7 +23,7 @@ _EXPORTS = {
     "COLLECTORS": "rlcore.runtime.dispatch", "DISPATCHERS": "rlcore.runtime.dispatch",
     "load_state": "rlcore.checkpoint", "replace_dir": "rlcore.checkpoint",
     "parse_ranks": "rlcore.runtime.resources",
-    "logger": "rlcore.log",
+    "logger": "rlcore.log", "open_own": "rlcore.log", "scrub_data": "rlcore.log",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -71,6 +71,8 @@ def init(
         _take_worker_warnings()
         return ray.cluster_resources()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address is not None:
+        check_reachable(address)  # ray.init retries an address where nothing answers for minutes
     watchdog.reset()
     reap()
     try:
@@ -170,6 +172,41 @@ def _own_process_groups() -> Iterator[None]:
         yield
     finally:
         services.ConsolePopen = popen
+
+
+REACH_TIMEOUT_S = 10.0  # how long an attach waits for anything to answer at ray_address
+
+
+def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Raise RlcoreError naming `address` unless something accepts a TCP connection there within `timeout_s`
+    (a `ray://` client address, or a bare host with Ray's default GCS port 6379); 'auto' is Ray's to find."""
+    import socket
+    import time
+
+    if address == "auto":
+        return
+    target = address.split("://", 1)[1] if "://" in address else address
+    target = target.split("/", 1)[0]
+    host, colon, port = target.rpartition(":")
+    if not colon or not port.isdigit():
+        host, port = target, "10001" if address.startswith("ray://") else "6379"
+    host = host.strip("[]")
+    deadline, why = time.monotonic() + timeout_s, ""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, int(port)), timeout=max(0.5, min(left, 5.0))):
+                return
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+            if isinstance(exc, socket.gaierror) or isinstance(exc, ValueError) or left <= 1.0:
+                break
+        time.sleep(1.0)
+    raise RlcoreError(
+        f"ray_address '{address}': nothing answers at {host}:{port} ({why}) within {timeout_s:g}s. Check that "
+        f"the head node runs (`ray status` there), the address and port (the head's GCS, 6379 by default), and "
+        f"that no firewall is between; or leave ray_address (and {ADDRESS_ENV}) unset to start a local Ray."
+    )
 
 
 def _is_loopback(address: str) -> bool:
@@ -399,11 +436,34 @@ def shutdown() -> None:
     signals.restore_sigterm()
 
 
-def end_local() -> None:
+_AFTER_EXIT = """
+import os, sys, time
+import psutil
+from rlcore import cluster
+try:
+    psutil.Process(int(sys.argv[1])).wait(timeout=30)
+except (psutil.Error, psutil.TimeoutExpired):
+    pass
+cluster.reap()
+"""
+
+
+def end_local(after_exit: bool = False) -> None:
     """End the processes of the local Ray started here, found by its record, without asking Ray: for an exit
-    that cannot wait on Ray (a stopped raylet, an exit deadline)."""
+    that cannot wait on Ray (a stopped raylet, an exit deadline). `after_exit`: by a process of its own once
+    this one has exited (`reap`), for a process about to `os._exit` with a status of its own: Ray's core
+    worker here ends the process with status 1 as soon as its raylet is gone."""
     if _record_path is None:
         return
+    if after_exit:
+        import subprocess
+
+        try:
+            subprocess.Popen([sys.executable, "-c", _AFTER_EXIT, str(os.getpid())], start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return
+        except OSError:
+            pass
     try:
         _end(_leftovers(json.loads(_record_path.read_text())))
         _record_path.unlink(missing_ok=True)
@@ -428,6 +488,11 @@ def _disconnect(ray: Any) -> None:
     def start() -> None:
         threading.Thread(target=stop, daemon=True, name="rlcore-ray-shutdown").start()
 
+    if watchdog.stuck() is not None and watchdog.stop_asked() and _record_path is not None:
+        # leaving on a signal, with Ray's own processes not answering: `signals.leaving` ends them and the
+        # process with the signal's status (ending them now, Ray's core worker here would end the process
+        # with status 1 as soon as its raylet is gone)
+        return
     if watchdog.stuck() is None:
         start()
         if done.wait(SHUTDOWN_S):

@@ -16,7 +16,7 @@ from rlcore.sections import (
 class ReferenceRoleConfig(RoleConfig):
     """The `reference:` section: the frozen initial policy, used only when beta > 0."""
 
-    dtype: str = Field("auto", description=DTYPE_HELP)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 
 
@@ -25,7 +25,7 @@ class OrmRoleConfig(RoleConfig):
     `reward_funcs` names `orm`."""
 
     model: str | None = Field(None, description="the reward model: a directory or hub id")
-    dtype: str = Field("auto", description=DTYPE_HELP)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     batch_size: int = Field(16, ge=1, description="pairs scored per forward pass")
 
 
@@ -107,6 +107,10 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     reward_weights: list[float] | None = Field(None, description="one weight per reward function; unset: all 1")
     reward_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict, description="options per reward function")
     strict_rewards: bool = Field(False, description="a raising reward function stops the run")
+    reward_timeout_s: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="one call of a reward function running longer than this "
+        "counts as a reward error for each completion it was scoring"
+    )
 
     # outputs
     weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")

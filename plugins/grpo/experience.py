@@ -212,7 +212,8 @@ class ExperienceMaker:
         errors: dict[str, int] = {}
         for j, (name, fn) in enumerate(zip(self.reward_names, self.reward_fns)):
             values, n_errors = call_reward(
-                fn, name, prompts, completions, completion_ids, columns, strict=self.config.strict_rewards
+                fn, name, prompts, completions, completion_ids, columns, strict=self.config.strict_rewards,
+                timeout_s=self.config.reward_timeout_s,
             )
             errors[name] = n_errors
             out[:, j] = torch.tensor([float("nan") if v is None else float(v) for v in values])

@@ -13,6 +13,8 @@ from typing import Any
 
 from rlcore import Batch, GenerateWorker, ModelUse, RlcoreError, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
 from rlcore.data import has_conversations
+from rlcore.runtime import logger
+from rlcore.rewards import RewardFailed
 from rlcore.memory import RoleUse
 from rlcore.sections import rollout_options, train_options
 
@@ -105,6 +107,7 @@ class GRPOTrainer(RoleTrainer):
         return {"syncs": (("train", "rollout"),)}
 
     def on_start(self) -> None:
+        self.steps_run = self.steps_trained = 0  # this run's steps, and those with something to learn from
         self.experience.bind_orm(self.session.get("orm"))
         self.sync_weights(check=self.config.check_weight_sync)
         self.timer.pop()  # the first sync is not a step's
@@ -119,8 +122,24 @@ class GRPOTrainer(RoleTrainer):
         with self.timer("train"):
             out = self.session["train"].train_step(batch, loss_fn, cfg.per_device_train_batch_size, cfg.temperature)
         metrics = {**round_metrics, **out}
+        self.steps_run += 1
+        if metrics.get("frac_reward_zero_std", 0.0) < 1.0 or cfg.beta:  # some advantage, or a KL term, to train on
+            self.steps_trained += 1
         if self.step + 1 < cfg.max_steps:  # the rollout engine needs the new weights for another round
             metrics.update(self.sync_weights())
+        return metrics
+
+    def on_end(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """A run none of whose steps had anything to learn from (every group's rewards equal or missing, no KL
+        term: the weights never moved) says so; under strict_rewards that fails the run."""
+        if self.steps_run and not self.steps_trained:
+            what = (f"none of the {self.steps_run} steps of this run trained anything: in every step each group's "
+                    f"rewards were all equal or missing (reward {metrics.get('reward')}, reward_errors "
+                    f"{metrics.get('reward_errors')}), so every advantage was 0 and the weights did not change. "
+                    f"Check reward_funcs")
+            if self.config.strict_rewards:
+                raise RewardFailed(f"{what} (strict_rewards is set)")
+            logger.warning(what)
         return metrics
 
     def make_experience(self) -> list[Any]:

@@ -23,7 +23,7 @@ class ScorerRoleConfig(RoleConfig):
     scorer (a sequence-classification ORM, a token-classification PRM); another name is a registered engine of
     kind `reward`."""
 
-    dtype: str = Field("auto", description=DTYPE_HELP)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     batch_size: int = Field(16, ge=1, description="candidates scored per forward pass")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the scorer")
 
@@ -78,6 +78,10 @@ class SampleConfig(LoggingKeys, RunConfig):
     )
     n_best_to_keep: int = Field(1, ge=1, description="best candidates kept per prompt, each with a rejected partner")
     strict_rewards: bool = Field(False, description="a reward function failing on a candidate stops the run")
+    reward_timeout_s: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="one call of a reward function running longer than this "
+        "counts as a reward error for each candidate it was scoring"
+    )
 
     # output
     output_file: str = Field("samples.jsonl", description="the output's name in output_dir")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore import ConfigError, RlcoreError
+from rlcore.runtime import open_own
 
 
 def _fsync_dir(path: Path) -> None:
@@ -99,7 +100,7 @@ class ResumableJsonl:
     def commit(self, lines: list[str], next_row: int) -> None:
         """Append one batch's lines and record that rows before `next_row` are done."""
         data = "".join(line + "\n" for line in lines).encode("utf-8")
-        with open(self.partial, "ab") as f:
+        with open_own(self.partial, "ab") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

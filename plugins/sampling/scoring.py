@@ -31,12 +31,12 @@ def is_reward_function(name: str, plugins: Any) -> bool:
 
 def scorer(kind: str, model: str, engine: str = "hf", device: str = "cpu", dtype: str = "auto",
                 batch_size: int = 16, options: dict[str, Any] | None = None, strict: bool = False,
-                **engine_kwargs: Any) -> Any:
+                reward_timeout_s: float | None = None, **engine_kwargs: Any) -> Any:
     """The scorer a `kind` ("orm" or "prm") worker runs, built where the worker runs."""
     plugins = worker_plugins()
     options = dict(options or {})
     if kind == "orm" and is_reward_function(model, plugins):
-        return FunctionScorer(model, options, strict)
+        return FunctionScorer(model, options, strict, reward_timeout_s)
     if engine != "hf" or kind == "orm":  # an ORM on hf: the rewards plugin's reward-model engine
         factory = plugins.engines.get(engine, kind="reward").factory
         return factory(model_path=model, device=device, dtype=dtype, batch_size=batch_size, **options, **engine_kwargs)
@@ -66,14 +66,15 @@ class ScoreRows:
 class FunctionScorer:
     """A registered reward function (or `module:function`) as an ORM; None (a failed candidate) scores 0."""
 
-    def __init__(self, name: str, options: dict[str, Any], strict: bool = False):
-        self.name, self.strict = name, strict
+    def __init__(self, name: str, options: dict[str, Any], strict: bool = False, timeout_s: float | None = None):
+        self.name, self.strict, self.timeout_s = name, strict, timeout_s
         self.fn = resolve_reward(name, worker_plugins(), options or None)
 
     def score(self, prompts: list, completions: list, rows: list[dict[str, Any]],
               completion_ids: list[list[int]] | None = None) -> list[float]:
         columns = {k: [r.get(k) for r in rows] for k in (rows[0] if rows else {}) if k not in ("prompt", "messages")}
-        values, _ = call_reward(self.fn, self.name, prompts, completions, completion_ids, columns, strict=self.strict)
+        values, _ = call_reward(self.fn, self.name, prompts, completions, completion_ids, columns, strict=self.strict,
+                                timeout_s=self.timeout_s)
         return [0.0 if v is None else float(v) for v in values]
 
 

@@ -29,7 +29,7 @@ from rlcore import (
 )
 from rlcore.data import PromptEncoder, has_conversations, load_rows, prompt_view
 from rlcore.rewards import check_reward, resolve_reward
-from rlcore.runtime import logger
+from rlcore.runtime import logger, scrub_data
 from rlcore.sections import rollout_options
 
 from .config import SampleConfig
@@ -159,7 +159,8 @@ class SampleTrainer(RoleTrainer):
             if kind in roles:
                 section = getattr(cfg, kind)
                 options = dict(kind=kind, model=getattr(cfg, f"{kind}_model"), engine=section.engine, dtype=section.dtype,
-                               batch_size=section.batch_size, strict=cfg.strict_rewards)
+                               batch_size=section.batch_size, strict=cfg.strict_rewards,
+                               reward_timeout_s=cfg.reward_timeout_s)
                 if kind == "orm":
                     options["options"] = cfg.orm_kwargs
                 else:
@@ -195,7 +196,7 @@ class SampleTrainer(RoleTrainer):
             if metrics.is_file() and metrics.stat().st_size:
                 raise ConfigError(f"output_dir '{self.output_dir}' holds the metrics.jsonl of another run; choose "
                                   "another output_dir, or continue that run with --resume")
-            self.output.start({"config": cfg.model_dump(mode="json"), "rows": len(self.rows), "written": 0})
+            self.output.start({"config": scrub_data(cfg.model_dump(mode="json")), "rows": len(self.rows), "written": 0})
             state = self.output.state
         self.step, self.written = state["batches"], state["written"]
         if self.done_before:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rlcore import ConfigError, did_you_mean
 from rlcore.engines import resolve_dtype
+from rlcore.runtime import join_torch_world
 
 from .data import node_dataset
 
@@ -65,6 +66,11 @@ def _arguments(kind: str, options: dict[str, Any]) -> Any:
     cls = arguments_class(kind)
     if "activation_checkpointing" in {f.name for f in dataclasses.fields(cls)}:  # transformers 5's name
         args["activation_checkpointing"] = args.pop("gradient_checkpointing")
+    # The group's torch.distributed world, joined first with its store on MASTER_ADDR only: accelerate,
+    # which the trainer's arguments call as they are made, would open torch's own, listening on every
+    # interface; it takes a world that is there as it is.
+    timeout = args.get("ddp_timeout") or next(f.default for f in dataclasses.fields(cls) if f.name == "ddp_timeout")
+    join_torch_world("cpu" if options["device"] == "cpu" else "cuda", float(timeout))
     return cls(**args)
 
 

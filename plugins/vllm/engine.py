@@ -158,7 +158,7 @@ def _vllm_version() -> str:
 
 def _loader(holder: Any, model: Any, replay: bool = True) -> Any:
     """`holder`'s weight loader for `model`, made once: vLLM's `load_weights`, traced on a bucket layout's first
-    load and replayed as one batched copy after (rlcore.weight_replay; `vllm_weight_replay=False`: never)."""
+    load and replayed as one batched copy after (rlcore.plugins.vllm.weight_replay; `vllm_weight_replay=False`: never)."""
     loader = getattr(holder, "rlcore_loader", None)
     if loader is None:
         from .weight_replay import ReplayLoader

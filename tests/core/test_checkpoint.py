@@ -164,3 +164,41 @@ def test_a_run_is_refused_before_it_builds_and_checks_again_once_it_holds_the_lo
     with pytest.raises(ConfigError, match="already holds checkpoint-3"):
         trainer.fit()
     assert not (tmp_path / "out" / RunLock.NAME).exists()
+
+
+@pytest.mark.parametrize("step", [-1, True, 2.0, "3", 7])
+def test_a_state_whose_step_is_negative_not_an_int_or_not_its_folders_is_damaged(tmp_path, step):
+    folder = tmp_path / "checkpoint-3"
+    folder.mkdir()
+    (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+    with pytest.raises(Exception, match="trainer_state.json is (damaged|not a trainer state)"):
+        load_state(folder)
+    (folder / "trainer_state.json").write_text(json.dumps({"step": 3}))
+    assert load_state(folder)["step"] == 3
+
+
+def test_metrics_and_run_log_are_never_written_through_a_symlink_nor_left_torn(tmp_path):
+    import subprocess
+    import sys
+
+    from rlcore import RlcoreError, log
+
+    mine = tmp_path / "mine.txt"
+    mine.write_text("a user's file\n")
+    for name in ("metrics.jsonl", "run.log"):
+        (tmp_path / name).symlink_to(mine)
+    with pytest.raises(RlcoreError, match=r"metrics.jsonl is a symbolic link; rlcore never writes"):
+        MetricsWriter(tmp_path / "metrics.jsonl").write({"step": 1})
+    with pytest.raises(RlcoreError, match=r"run.log is a symbolic link"):
+        with log.to_file(tmp_path):
+            pass
+    assert mine.read_text() == "a user's file\n"
+    # a file size limit (as a full disk) mid-line: the line is taken back, the error names the file
+    full = tmp_path / "full"
+    full.mkdir()
+    code = ("import resource, signal; from rlcore.metrics import MetricsWriter; signal.signal(signal.SIGXFSZ, "
+            "signal.SIG_IGN); w = MetricsWriter('metrics.jsonl'); w.write({'step': 1}); "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (60, resource.RLIM_INFINITY)); w.write({'step': 2, 'x': 'y' * 200})")
+    done = subprocess.run([sys.executable, "-c", code], cwd=full, capture_output=True, text=True, timeout=60)
+    assert "cannot write metrics.jsonl: File too large; the step's metrics are not in it" in done.stderr, done.stderr
+    assert (full / "metrics.jsonl").read_text() == '{"step": 1}\n'

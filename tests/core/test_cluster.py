@@ -117,3 +117,20 @@ def test_reap_ends_the_processes_of_a_dead_drivers_local_ray_and_only_those(tmp_
         for process in (live_driver, orphan, kept):
             process.kill()
             process.wait()
+
+
+def test_an_address_where_nothing_answers_fails_in_bounded_time_naming_it():
+    import socket
+    import time
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(RlcoreError, match=rf"ray_address '{address}': nothing answers at 127.0.0.1:{port} "
+                                              r"\(Connection refused\) within 1s\. Check that the head node runs"):
+            cluster.check_reachable(address, timeout_s=1)
+    with pytest.raises(RlcoreError, match=r"nothing answers at no-such-host.invalid:6379"):
+        cluster.check_reachable("no-such-host.invalid", timeout_s=1)
+    assert time.monotonic() - started < 10

@@ -266,3 +266,16 @@ def test_the_demo_preset_validates_and_a_config_without_a_model_says_how_to_name
                            "per_device_train_batch_size=8", "gradient_accumulation_steps=1")
     assert done.returncode == 2
     assert "per_device_train_batch_size (8) x train workers (1) x steps_per_generation (1) = 8" in done.stderr
+
+
+def test_a_key_given_twice_in_a_yaml_file_is_refused_naming_the_key_and_both_lines(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("learning_rate: 1e-3\ntrain:\n  gpus: 1\n  gpus: 2\nseed: 1\nlearning_rate: 2e-3\n")
+    with pytest.raises(ConfigError, match=r"line 6, column 1: key 'learning_rate' is given twice, on line 1 and line 6"):
+        load_config(RunConfig, str(path))
+    path.write_text("learning_rate: 1e-3\ntrain:\n  gpus: 1\n  gpus: 2\n")
+    with pytest.raises(ConfigError, match=r"key 'gpus' is given twice, on line 3 and line 4; keep one"):
+        load_config(RunConfig, str(path))
+    path.write_text("device_groups: &g {nproc_per_node: 1}\nseed: 3\nx: {<<: *g, nproc_per_node: 2}\n")
+    with pytest.raises(ConfigError, match="unknown key 'x'"):  # a merge's keys overridden are not duplicates
+        load_config(RunConfig, str(path))

@@ -6,6 +6,7 @@ for the learning rate, and no secret in the log."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -149,6 +150,65 @@ def test_an_api_key_never_reaches_stderr_or_run_log(tmp_path, refusing_endpoint)
     log = (tmp_path / "out" / "run.log").read_text()
     assert "Incorrect API key provided: **********" in log and "api_key=**********" in log
     assert secret not in done.stderr + done.stdout + log
+
+
+def _everything_written(out: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("given", ["environment", "url", "list"])
+def test_a_key_from_the_environment_a_url_or_a_list_never_reaches_stderr_or_a_file(tmp_path, refusing_endpoint,
+                                                                                   given):
+    """The key in OPENAI_API_KEY (echoed back inside the endpoint's error), as the credentials of api_base
+    (user:key@host, in run.log and the state file), or given as a list (a validation error about it): never
+    on stderr, stdout or in any file of output_dir, at debug level too (tracebacks)."""
+    (tmp_path / "d.jsonl").write_text('{"messages": [{"role": "user", "content": "Q?"}]}\n')
+    secret = "sk-test-ENV-5678"
+    base = refusing_endpoint
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
+    args = ["run", "--plugin", "distill", "model=t", "dataset=d.jsonl", "output_dir=out", "max_retries=0",
+            "--log-level", "debug"]
+    if given == "environment":
+        env["OPENAI_API_KEY"] = secret
+    elif given == "url":
+        base = base.replace("http://", f"http://someone:{secret}@")
+    else:
+        (tmp_path / "c.yaml").write_text(f"api_key: [{secret}]\nmodel: t\ndataset: d.jsonl\n")
+        args = ["config", "validate", "--plugin", "distill", "--config", "c.yaml"]
+    done = subprocess.run([sys.executable, "-m", "rlcore", *args, f"api_base={base}"], cwd=tmp_path, env=env,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL, capture_output=True)
+    said = done.stdout + done.stderr + _everything_written(tmp_path / "out")
+    assert secret not in said, said[-3000:]
+    if given == "list":
+        assert done.returncode == 2 and "api_key" in done.stderr, done.stderr
+    else:
+        assert done.returncode == 1 and "rlcore: error: the teacher t at" in done.stderr, done.stderr[-2000:]
+        assert "**********" in said
+        if given == "environment":
+            assert "Incorrect API key provided: **********" in done.stderr
+        else:
+            assert "someone" not in said and "http://**********@127.0.0.1" in (tmp_path / "out" / "run.log").read_text()
+
+
+def test_scrub_hides_known_secrets_url_credentials_and_tracebacks(monkeypatch):
+    from rlcore import log
+
+    monkeypatch.setattr(log._redact, "secrets", set())
+    log.redact(log.env_secrets({"HF_TOKEN": "hf_abcdef", "WANDB_API_KEY": "w4ndb", "PATH": "/usr/bin",
+                                "OPENAI_API_KEY": "EMPTY"}))
+    log.redact(log.secrets_in_data({"api_key": ["sk-a1", {"x": 12345}], "reward": {"hf_token": "tok-9"},
+                                    "api_base": "https://u:pw-77@h/v1", "model": "m"}))
+    assert log._redact.secrets == {"hf_abcdef", "w4ndb", "sk-a1", "12345", "tok-9", "u:pw-77", "pw-77"}
+    assert log.scrub("hf_abcdef in https://x:y@host/a and ssh://tok@h") == "********** in https://**********@host/a and ssh://**********@h"
+    assert log.scrub_data({"a": ["sk-a1", 3], "b": "tok-9!"}) == {"a": ["**********", 3], "b": "**********!"}
+    record = logging.LogRecord("rlcore", logging.ERROR, __file__, 1, "failed: %s", ("w4ndb",), None)
+    try:
+        raise ValueError("the key tok-9 was refused")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    log._redact.filter(record)
+    text = logging.Formatter().format(record)
+    assert "failed: **********" in text and "the key ********** was refused" in text and "tok-9" not in text
 
 
 

@@ -102,3 +102,16 @@ def test_the_default_panels_are_the_algorithms_own_that_the_file_has(tmp_path):
     fig = figure(alike, ["loss", "eval/jsd", "jsd"], "gkd")
     assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "eval/jsd"]
     assert [t.get_text() for t in fig.texts] == ["gkd", "jsd: the same as loss at every step, so not drawn"]
+
+
+def test_damaged_metrics_are_one_error_naming_the_file_and_line(tmp_path):
+    from rlcore import RlcoreError
+    from rlcore.plot import plot_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 1.0}\n{"step": 2, "loss": \xff}\n')
+    with pytest.raises(RlcoreError, match=r"metrics.jsonl line 2 is not UTF-8 text \(byte 0xff\)"):
+        plot_metrics(path)
+    path.write_text('{"step": 1, "loss": 1.0}\n[1, 2]\n{"step": 3}\n')
+    with pytest.raises(RlcoreError, match=r"metrics.jsonl line 2 is not a JSON object of metrics"):
+        plot_metrics(path)

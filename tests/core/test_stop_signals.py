@@ -40,6 +40,52 @@ def test_a_step_failing_after_sigterm_stops_with_143_and_ends_a_hanging_teardown
     assert seconds < 30
 
 
+def test_sighup_a_closed_terminal_stops_as_sigterm_does_with_129():
+    done, seconds = run("SIGHUP", "40")
+    assert done.returncode == 129, done.stderr[-2000:]
+    assert STOPPED.format("SIGHUP") in done.stderr
+    assert "rlcore: shutting the roles down took over 1 s after SIGHUP; exiting" in done.stderr
+    assert seconds < 30
+
+
+HANGING_REWARD = """
+import pathlib, time
+
+def reward(prompts, completions, **kw):
+    pathlib.Path("started").touch()
+    while True:  # a judge that never answers
+        time.sleep(0.05)
+"""
+
+
+def test_a_reward_that_never_returns_is_ended_at_once_by_the_first_signal(tmp_path):
+    """The reward runs under its time limit (600 s by default) in a thread of its own: the first SIGINT ends
+    the run within seconds (130), saying why, with no traceback."""
+    import os
+    import signal
+
+    (tmp_path / "hang.py").write_text(HANGING_REWARD)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
+    run = subprocess.Popen([sys.executable, "-m", "rlcore", "run", "--plugin", "grpo", "reward_funcs=[./hang.py:reward]",
+                            "output_dir=out", "max_steps=2"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "started").exists(), run.communicate(timeout=30)[1][-2000:]
+        time.sleep(0.3)
+        signalled = time.monotonic()
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=30)
+        took = time.monotonic() - signalled
+    finally:
+        run.kill()
+    assert run.returncode == 130 and took < 10, (run.returncode, took, err[-2000:])
+    assert "rlcore: stopped by SIGINT during a step that then failed (a signal to stop arrived while a reward " \
+           "function ran); nothing was saved" in err and "Traceback" not in err
+
+
 def test_a_step_failing_after_sigint_is_an_interrupt():
     done, _ = run("SIGINT", "0")
     assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr, done.stderr[-2000:]

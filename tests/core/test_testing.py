@@ -177,3 +177,16 @@ def test_tiny_names_resolve_to_what_they_build(tmp_path):
     assert resolve_tiny(plain, tmp_path) is plain
     with pytest.raises(ConfigError, match="known: tiny:toy, tiny:chat, tiny:sft, tiny:pt"):
         resolve_tiny(Config(dataset="tiny:nope"), tmp_path)
+
+
+def test_a_full_disk_while_the_tiny_model_is_written_is_one_error_naming_the_folder(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import resource; from rlcore.testing import build_tiny_model\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))\n"
+            "try:\n    build_tiny_model('m')\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("RlcoreError cannot write the tiny model to m: ") and "free space" in done.stdout, \
+        done.stdout + done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written is left

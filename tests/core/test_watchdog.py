@@ -65,3 +65,29 @@ bounded(threading.Event().wait, "submitting a call that Ray never takes", None) 
 def test_the_waiting_thread_handles_signals_while_the_call_blocks():
     done = subprocess.run([sys.executable, "-c", WAITS], capture_output=True, text=True, timeout=60)
     assert done.returncode == 143, done.stderr[-2000:]
+
+
+def test_after_a_signal_a_wait_for_a_worker_goes_on_while_ray_answers_and_ends_when_it_does_not(monkeypatch):
+    """A stopped raylet: the step's wait for a worker's result would last worker_timeout_s (30 minutes by
+    default). After a stop signal, a store of one object through Ray that does not end within STOP_GRACE_S
+    ends the wait (RayStuck); while such stores end, the step goes on."""
+    monkeypatch.setattr(watchdog, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(watchdog, "PROBE_EVERY_S", 0.1)
+    answers = threading.Event()
+    answers.set()
+    monkeypatch.setattr(watchdog._Probe, "_run", lambda self: answers.wait() and self.done.set())
+    slow = threading.Event()
+    threading.Timer(1.5, slow.set).start()
+    watchdog.stopping()
+    try:
+        assert bounded(lambda: slow.wait() and "done", "the results of step() of role 'train'", None, own=False) == "done"
+        answers.clear()  # Ray's own processes stop answering
+        started = time.monotonic()
+        with pytest.raises(RayStuck, match=r"Ray did not answer the results of step\(\) of role 'train' \(nor a store "
+                                           r"of one object, since the signal to stop, within 0.5s\)"):
+            bounded(threading.Event().wait, "the results of step() of role 'train'", None, own=False)
+        assert time.monotonic() - started < 3
+    finally:
+        answers.set()
+        watchdog.stopping(False)
+        watchdog.reset()

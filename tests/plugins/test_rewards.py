@@ -326,11 +326,64 @@ def test_wrong_length_or_type_is_an_error_naming_the_function():
     assert call_reward(some_words, "some_words", ["p"] * 2, ["c"] * 2, None, {}) == ([1.0, None], 1)
 
 
-def test_nan_none_and_numpy_values_are_normalised():
+def test_none_and_numpy_values_are_normalised_and_a_nonfinite_reward_is_an_error():
     import numpy as np
 
     fn = lambda prompts, completions, **kw: [np.float32(0.5), None, float("nan"), True]  # noqa: E731
-    assert call_reward(fn, "f", ["p"] * 4, ["c"] * 4, None, {}) == ([0.5, None, None, 1.0], 0)
+    assert call_reward(fn, "f", ["p"] * 4, ["c"] * 4, None, {}) == ([0.5, None, None, 1.0], 1)
+    for bad in (float("nan"), float("inf"), -float("inf"), 1e200):
+        every = lambda prompts, completions, bad=bad, **kw: [bad] * len(completions)  # noqa: E731
+        with pytest.raises(RewardFailed, match=r"failed on all 3 completions.*finite number within"):
+            call_reward(every, "every", ["p"] * 3, ["c"] * 3, None, {})
+
+
+def test_a_reward_function_cannot_end_the_process():
+    import sys
+
+    def leaving(prompts, completions, **kw):
+        sys.exit(0)
+
+    with pytest.raises(RewardFailed, match=r"'leaving' failed on all 2 .*tried to end the process \(SystemExit\(0\)\)"):
+        call_reward(leaving, "leaving", ["p"] * 2, ["c"] * 2, None, {})
+
+
+def test_a_reward_past_its_time_limit_is_an_error_and_a_stop_signal_ends_the_wait_at_once():
+    import threading
+    import time
+
+    from rlcore import watchdog
+
+    never = threading.Event()
+
+    def stuck(prompts, completions, **kw):
+        never.wait()  # a judge that never answers
+        return [1.0] * len(completions)
+
+    started = time.monotonic()
+    with pytest.raises(RewardFailed, match=r"'stuck' failed on all 3 .*did not return within reward_timeout_s=0.3s"):
+        call_reward(stuck, "stuck", ["p"] * 3, ["c"] * 3, None, {}, timeout_s=0.3)
+    assert time.monotonic() - started < 2  # the batch timed out: not retried one by one
+
+    def slow_on_x(prompts, completions, **kw):
+        if "x" in completions:
+            if len(completions) > 1:
+                raise ValueError("batch")
+            never.wait()
+        return [1.0] * len(completions)
+
+    assert call_reward(slow_on_x, "slow", ["p"] * 3, ["a", "x", "b"], None, {}, timeout_s=0.3) == ([1.0, None, 1.0], 1)
+
+    timer = threading.Timer(0.3, watchdog.stopping)  # a SIGINT's handler, as StopOnSignal runs it
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(calling_module.RewardInterrupted):
+            call_reward(stuck, "stuck", ["p"] * 3, ["c"] * 3, None, {}, timeout_s=600)
+    finally:
+        timer.join()
+        watchdog.stopping(False)
+        never.set()
+    assert time.monotonic() - started < 2
 
 
 # ---------------------------------------------------------------------------------------------------------

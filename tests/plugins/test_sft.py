@@ -62,15 +62,20 @@ def straight(plugins, tiny_model, chats, tmp_path_factory):
 
 
 class Places:
-    """Records each worker's place (its environment) once the run has begun."""
+    """Records each worker's place (its environment) and every socket the job listens on (the driver and
+    the processes under it: the local Ray's and the workers') once the run has begun."""
 
     def __init__(self):
         self.seen = None
+        self.listening = None
 
     @hookimpl
     def rlcore_step_end(self, trainer, step, metrics):
         if step == 1:
+            from tests.reliability.test_network import listeners
+
             self.seen = trainer.session["default"].where()
+            self.listening = listeners()
 
 
 @pytest.mark.ray
@@ -99,6 +104,11 @@ def test_two_ray_workers_give_the_loss_curve_of_one_process(ray_local, straight,
     assert seen[0]["token_cache"] == seen[1]["token_cache"] and seen[0]["token_cache"]
     assert all(f.startswith(str(tmp_path / "data-cache")) for f in seen[0]["token_cache"])
     assert (tmp_path / "run" / f"checkpoint-{STEPS}" / "model" / "model.safetensors").is_file()
+    # every listener of the running job is on loopback: the workers' torch.distributed store and gloo too
+    from tests.reliability.test_network import loopback
+
+    assert places.listening and [a for a in places.listening if not loopback(a[1])] == [], places.listening
+    assert {port for _, _, port in places.listening} >= {int(seen[0]["master_port"])}, (places.listening, seen)
 
 
 class SignalAt:
