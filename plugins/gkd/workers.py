@@ -149,6 +149,12 @@ class DistillWorker(TrainWorker):
             out["time/teacher"] = self.teacher_seconds
         return out
 
+    @function(dispatch="dp", collect="concat")
+    def teacher_logprobs(self, batch: Batch, temperature: float = 1.0) -> Any:
+        """The colocated teacher's log-probs [B, T] of `batch`'s own tokens (GRPO's teacher KL), on the CPU."""
+        with self._teacher_loaded():
+            return self.teacher.forward_logprobs(batch, temperature)
+
     @function(collect="first")
     def heldout_jsd(self, batch: Batch, objective: DistillObjective) -> float | None:
         """The token mean of the JSD to the teacher on `batch` (held-out rows), without training: rank 0's
