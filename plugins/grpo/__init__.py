@@ -18,5 +18,5 @@ def rlcore_algorithms():
     yield AlgorithmSpec(
         "grpo", config=GRPOConfig, trainer=GRPOTrainer,
         description="GRPO (and DAPO, Dr. GRPO, GSPO variants) with HF or vLLM rollout, locally or on Ray",
-        roles=("train", "rollout", "reference"),
+        roles=("train", "rollout", "reference", "teacher"),
     )
