@@ -77,6 +77,17 @@ def test_a_different_teacher_adds_its_log_ratio_on_the_generated_tokens(tmp_path
     assert torch.all(batch["advantages"][mask == 0] == sequence[:, None].expand_as(mask)[mask == 0])
 
 
+def test_on_the_megatron_train_engine_the_teacher_inside_its_workers_gives_the_same_advantages(
+        tmp_path, monkeypatch, tiny_model, teacher):
+    """The teacher inside the megatron train workers is a megatron forward engine: the same rollouts (hf, same seed)
+    get the per-token advantages the hf engines give, to float32 tolerance."""
+    options = {"teacher_model": teacher, "teacher_kl_coef": 0.7}
+    _, hf = first_round(tmp_path / "hf", monkeypatch, str(tiny_model), **options)
+    _, megatron = first_round(tmp_path / "megatron", monkeypatch, str(tiny_model), train={"engine": "megatron"}, **options)
+    assert torch.equal(hf["input_ids"], megatron["input_ids"])
+    torch.testing.assert_close(megatron["advantages"], hf["advantages"], atol=1e-4, rtol=0)
+
+
 @pytest.fixture(scope="module")
 def peaky(tmp_path_factory, tiny_model):
     """The tiny model with its head (untied) three times as sharp: a student whose teacher, the tiny model, is flatter."""
