@@ -28,7 +28,7 @@ def teacher(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "teacher", seed=7))
 
 
-def first_round(tmp_path, monkeypatch, student, **overrides):
+def first_round(tmp_path, student, **overrides):
     """One step's run; the round's sequence advantages and the batch the loss got."""
     seen = {}
     original = ExperienceMaker.logprobs
@@ -38,12 +38,18 @@ def first_round(tmp_path, monkeypatch, student, **overrides):
         seen["batch"] = original(self, scored, *args)
         return seen["batch"]
 
-    monkeypatch.setattr(ExperienceMaker, "logprobs", logprobs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExperienceMaker, "logprobs", logprobs)
+        run(tmp_path, student, **overrides)
+    return seen["sequence"], seen["batch"]
+
+
+def run(tmp_path, student, **overrides):
     config = GRPOConfig(**{**QUICK, "model": student, "output_dir": str(tmp_path / "run"), **overrides})
     trainer = GRPOTrainer(config, load_plugins())
-    assert trainer.session.roles == ["train", "rollout"]  # the teacher is inside the train workers
+    # the teacher is inside the train workers, unless it has devices of its own
+    assert trainer.session.roles == ["train", "rollout"] + (["teacher"] if config.teacher.gpus else [])
     trainer.fit()
-    return seen["sequence"], seen["batch"]
 
 
 def logprobs_of(model_path, input_ids, attention_mask):
@@ -57,18 +63,28 @@ def logprobs_of(model_path, input_ids, attention_mask):
     return torch.cat([torch.zeros(len(input_ids), 1), picked], dim=1)
 
 
-def test_a_teacher_equal_to_the_policy_leaves_the_advantages_as_they_are(tmp_path, monkeypatch, tiny_model):
+def test_a_teacher_equal_to_the_policy_leaves_the_advantages_as_they_are(tmp_path, tiny_model):
     """At the first step the old policy is the policy: a teacher with its weights adds 0 to every token."""
-    sequence, batch = first_round(tmp_path, monkeypatch, str(tiny_model), teacher_model=str(tiny_model))
+    sequence, batch = first_round(tmp_path, str(tiny_model), teacher_model=str(tiny_model))
     assert batch["advantages"].shape == batch["completion_mask"].shape
     assert sequence.abs().sum() > 0  # the toy reward's group advantages: something to keep
     torch.testing.assert_close(batch["advantages"], sequence[:, None].expand_as(batch["advantages"]), atol=1e-5, rtol=0)
 
 
-def test_a_different_teacher_adds_its_log_ratio_on_the_generated_tokens(tmp_path, monkeypatch, tiny_model, teacher):
+CPU = {"gpus": 1, "engine_kwargs": {"device": "cpu"}}  # a role with a device of its own, the CPU here
+
+
+@pytest.fixture(scope="module")
+def hf_round(tmp_path_factory, tiny_model, teacher):
+    """The first round with a different teacher inside the hf train workers, teacher_kl_coef 0.7."""
+    return first_round(tmp_path_factory.mktemp("hf"), str(tiny_model), teacher_model=teacher, teacher_kl_coef=0.7,
+                       train=CPU, rollout=CPU)
+
+
+def test_a_different_teacher_adds_its_log_ratio_on_the_generated_tokens(hf_round, tiny_model, teacher):
     """advantage[i, t] = advantage[i] + teacher_kl_coef * (teacher - old policy log-prob of the sampled token), on the
     completion's tokens; the log-probs computed here from transformers, the old policy the untrained student."""
-    sequence, batch = first_round(tmp_path, monkeypatch, str(tiny_model), teacher_model=teacher, teacher_kl_coef=0.7)
+    sequence, batch = hf_round
     ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
     ratio = logprobs_of(teacher, ids, attention) - logprobs_of(str(tiny_model), ids, attention)
     want = sequence[:, None] + 0.7 * ratio * mask
@@ -78,14 +94,24 @@ def test_a_different_teacher_adds_its_log_ratio_on_the_generated_tokens(tmp_path
 
 
 def test_on_the_megatron_train_engine_the_teacher_inside_its_workers_gives_the_same_advantages(
-        tmp_path, monkeypatch, tiny_model, teacher):
+        tmp_path, hf_round, tiny_model, teacher):
     """The teacher inside the megatron train workers is a megatron forward engine: the same rollouts (hf, same seed)
     get the per-token advantages the hf engines give, to float32 tolerance."""
-    options = {"teacher_model": teacher, "teacher_kl_coef": 0.7}
-    _, hf = first_round(tmp_path / "hf", monkeypatch, str(tiny_model), **options)
-    _, megatron = first_round(tmp_path / "megatron", monkeypatch, str(tiny_model), train={"engine": "megatron"}, **options)
+    _, hf = hf_round
+    _, megatron = first_round(tmp_path, str(tiny_model), teacher_model=teacher, teacher_kl_coef=0.7,
+                              train={**CPU, "engine": "megatron"}, rollout=CPU)
     assert torch.equal(hf["input_ids"], megatron["input_ids"])
     torch.testing.assert_close(megatron["advantages"], hf["advantages"], atol=1e-4, rtol=0)
+
+
+def test_a_teacher_group_of_its_own_gives_the_same_advantages(tmp_path, hf_round, tiny_model, teacher):
+    """teacher.gpus makes the teacher a group of its own (a forward engine, as the reference); the same rollouts get
+    the advantages the teacher inside the train workers gives. On the CPU here: each role's device is the CPU."""
+    _, inside = hf_round
+    _, own = first_round(tmp_path, str(tiny_model), teacher_kl_coef=0.7, train=CPU, rollout=CPU,
+                         teacher={"model": teacher, **CPU})
+    assert torch.equal(inside["input_ids"], own["input_ids"])
+    torch.testing.assert_close(own["advantages"], inside["advantages"], atol=1e-5, rtol=0)
 
 
 @pytest.fixture(scope="module")
