@@ -20,7 +20,7 @@ from .registry import Registry
 from .runtime.resources import plan_from_config
 from .rewards import RewardFailed, call_reward, resolve_reward
 from .role_trainer import RoleTrainer
-from .runtime.roles import GenerateWorker, ScoreWorker, TrainWorker, make_engine
+from .runtime.roles import GenerateWorker, ScoreWorker, TeacherTrainWorker, TrainWorker, make_engine
 from .sections import (
     CheckpointKeys,
     GenerateRoleConfig,
@@ -110,6 +110,7 @@ __all__ = [
     "TrainEngine",
     "TrainOptions",
     "TrainRoleConfig",
+    "TeacherTrainWorker",
     "TrainWorker",
     "Trainer",
     "TrainingConfig",

@@ -55,19 +55,13 @@ NOT_BUILT = {
     "gym_env": "ms-swift's gym environments (its GYMScheduler and Env registry) are not built in rlcore; write the "
                "environment as an rlcore Environment and name it in multi_turn_scheduler (module:Class or file.py:Class)",
     "use_gym_env": "ms-swift's gym environments are not built in rlcore (see gym_env)",
-    "teacher_kl_coef": "on-policy distillation inside GRPO (a teacher KL term) is not built; rlhf_type gkd distils "
-                       "from a teacher",
-    "teacher_model": "a teacher in GRPO is ms-swift's on-policy distillation, which is not built here; rlhf_type gkd "
-                     "distils from a teacher",
-    "offload_teacher_model": "a teacher in GRPO is not built here (see teacher_model)",
     "truncation_strategy": "rlcore cuts a prompt longer than max_prompt_length from the left and keeps the row; "
                            "drop the key (ms-swift's 'delete' drops such rows)",
     "enable_thinking": "rlcore applies the tokenizer's chat template with its defaults; put the template's switch "
                        "in your rows or template, and drop the key",
 }
 # keys of one feature refused with it, in the first key's line: what does not run, once
-NOT_BUILT_WITH = {"gym_env": ("use_gym_env",),
-                  "teacher_kl_coef": ("teacher_model", "offload_teacher_model")}
+NOT_BUILT_WITH = {"gym_env": ("use_gym_env",)}
 
 
 @dataclass

@@ -13,8 +13,10 @@ builds them from the resource plan). The methods are the engines' own, so the dr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import RlcoreError
@@ -161,6 +163,54 @@ class TrainWorker:
         export_adapter = getattr(self.engine, "export_adapter", None)
         if export_adapter is not None and self.engine.state().get("lora"):  # LoRA: the PEFT adapter in adapter/
             export_adapter(os.path.join(path, "adapter"))
+
+
+@worker(group="train")
+class TeacherTrainWorker(TrainWorker):
+    """A train engine (a student's, a policy's); with `options["teacher"]` ({engine, options, offload}) also a
+    forward-only teacher in the same process, on the same device (or in CPU memory with offload, brought in per
+    forward). GKD's worker adds its distillation step to it; GRPO's teacher KL reads `teacher_logprobs`."""
+
+    @function()
+    def setup(self, engine: Any, options: dict[str, Any], kind: str) -> None:
+        options = dict(options)
+        teacher = options.pop("teacher", None)
+        self.engine = make_engine(kind, engine, options)
+        self.teacher, self.offload_teacher, self.teacher_seconds = None, False, 0.0
+        if teacher:
+            device = options.get("device", "cpu")
+            self.teacher = make_engine("forward", teacher["engine"], {**teacher["options"], "device": device})
+            self.offload_teacher = bool(teacher.get("offload"))
+            if self.offload_teacher:
+                self.teacher.offload(params=True, grads=False, optimizer=False)
+
+    @contextlib.contextmanager
+    def _teacher_loaded(self) -> Iterator[None]:
+        if self.offload_teacher:
+            self.teacher.reload(params=True, grads=False, optimizer=False)
+        try:
+            yield
+        finally:
+            if self.offload_teacher:
+                self.teacher.offload(params=True, grads=False, optimizer=False)
+
+    @function(dispatch="dp", collect="concat")
+    def teacher_logprobs(self, batch: Any, temperature: float = 1.0) -> Any:
+        """The colocated teacher's log-probs [B, T] of `batch`'s own tokens (GRPO's teacher KL), on the CPU."""
+        with self._teacher_loaded():
+            return self.teacher.forward_logprobs(batch, temperature)
+
+    @function()
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        self.engine.offload(params, grads, optimizer)
+        if self.teacher is not None and params and not self.offload_teacher:
+            self.teacher.offload(params=True, grads=False, optimizer=False)
+
+    @function()
+    def reload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        self.engine.reload(params, grads, optimizer)
+        if self.teacher is not None and params and not self.offload_teacher:
+            self.teacher.reload(params=True, grads=False, optimizer=False)
 
 
 @worker(group="rollout")

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from rlcore import Batch, GenerateWorker, TopK, TrainWorker, function, make_engine, worker, worker_rank
+from rlcore import Batch, GenerateWorker, TeacherTrainWorker, TopK, function, worker, worker_rank
 from rlcore.batch import host_column, host_of, pad_width
 from rlcore.engines import Projection
 
@@ -90,32 +90,8 @@ class TeacherWorker(GenerateWorker):
 
 
 @worker(group="train")
-class DistillWorker(TrainWorker):
-    """The student's train engine; with `options["teacher"]` ({engine, options, offload}) also a forward-only
-    teacher in the same process, on the same device (or in CPU memory with offload, brought in per forward)."""
-
-    @function()
-    def setup(self, engine: Any, options: dict[str, Any], kind: str) -> None:
-        options = dict(options)
-        teacher = options.pop("teacher", None)
-        self.engine = make_engine(kind, engine, options)
-        self.teacher, self.offload_teacher, self.teacher_seconds = None, False, 0.0
-        if teacher:
-            device = options.get("device", "cpu")
-            self.teacher = make_engine("forward", teacher["engine"], {**teacher["options"], "device": device})
-            self.offload_teacher = bool(teacher.get("offload"))
-            if self.offload_teacher:
-                self.teacher.offload(params=True, grads=False, optimizer=False)
-
-    @contextlib.contextmanager
-    def _teacher_loaded(self) -> Iterator[None]:
-        if self.offload_teacher:
-            self.teacher.reload(params=True, grads=False, optimizer=False)
-        try:
-            yield
-        finally:
-            if self.offload_teacher:
-                self.teacher.offload(params=True, grads=False, optimizer=False)
+class DistillWorker(TeacherTrainWorker):
+    """The student's train engine and its optional colocated teacher (`TeacherTrainWorker`), with GKD's step."""
 
     def _teacher_forward(self, batch: Batch, k: int | None, temperature: float) -> Any:
         from torch.profiler import record_function
@@ -167,15 +143,3 @@ class DistillWorker(TrainWorker):
                 s, n = objective.divergence(GivenOutputs(full, rows["input_ids"]), rows, teacher)
             total, tokens = total + float(s), tokens + float(n)
         return total / max(tokens, 1.0) if worker_rank() == 0 else None
-
-    @function()
-    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
-        self.engine.offload(params, grads, optimizer)
-        if self.teacher is not None and params and not self.offload_teacher:
-            self.teacher.offload(params=True, grads=False, optimizer=False)
-
-    @function()
-    def reload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
-        self.engine.reload(params, grads, optimizer)
-        if self.teacher is not None and params and not self.offload_teacher:
-            self.teacher.reload(params=True, grads=False, optimizer=False)

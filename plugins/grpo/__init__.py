@@ -20,5 +20,5 @@ def rlcore_algorithms():
     yield AlgorithmSpec(
         "grpo", config=GRPOConfig, trainer=GRPOTrainer,
         description="GRPO (and DAPO, Dr. GRPO, GSPO variants) with HF or vLLM rollout, locally or on Ray",
-        roles=("train", "rollout", "reference"), demo=str(Path(__file__).with_name("demo.yaml")),
+        roles=("train", "rollout", "reference", "teacher"), demo=str(Path(__file__).with_name("demo.yaml")),
     )

@@ -108,3 +108,22 @@ def zero_std_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor
     grouped = _grouped(rewards, num_generations)
     std = nanstd(grouped, dim=1)
     return torch.isnan(std) | torch.isclose(std, torch.zeros_like(std))
+
+
+def teacher_advantages(advantages: torch.Tensor, teacher_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                       mask: torch.Tensor, coef: float) -> torch.Tensor:
+    """ms-swift's OPD-RL advantage (its `expand_advantage_to_per_token`): [B] advantages -> [B, T], each token's
+    plus `coef * (teacher log-prob - old policy log-prob)` of the sampled token, where `mask` is 1 (the tokens the
+    policy generated); the k1 estimate of the reverse KL's gradient coefficient, added after normalisation."""
+    per_token = advantages.float().unsqueeze(1).expand(mask.shape).clone()
+    if coef != 0.0:
+        ratio = (teacher_logprobs.float() - old_logprobs.float()).masked_fill(~mask.bool(), 0.0)
+        per_token = per_token + coef * ratio
+    return per_token
+
+
+def teacher_kl(teacher_logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The logged `teacher_kl`: the k3 estimate exp(d) - d - 1, d = teacher - old log-prob, as a token mean
+    (ms-swift's monitor of the distance to the teacher; it falls as the policy nears the teacher)."""
+    d = (teacher_logprobs.float() - old_logprobs.float()).masked_fill(~mask.bool(), 0.0)
+    return ((torch.exp(d) - d - 1) * mask).sum() / mask.sum().clamp(min=1.0)

@@ -20,6 +20,15 @@ class ReferenceRoleConfig(RoleConfig):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 
 
+class TeacherRoleConfig(RoleConfig):
+    """The `teacher:` section (GRPO with a teacher's KL, ms-swift's OPD-RL): by default a forward-only model inside
+    the train workers; with `gpus` (or a device group listing `teacher`) a group of its own, as the reference."""
+
+    model: str | None = Field(None, description="the teacher: an HF model directory or hub id (ms-swift: teacher_model)")
+    dtype: str = Field("auto", description=DTYPE_HELP)
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for a separate group's engine")
+
+
 class OrmRoleConfig(RoleConfig):
     """The `orm:` section: an outcome reward model (sequence classification, one label), used when
     `reward_funcs` names `orm`."""
@@ -50,7 +59,9 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     num_iterations: int = Field(1, ge=1, description="passes over each generation batch (TRL's mu)")
 
     # sampling
-    num_generations: int = Field(8, ge=2, description="completions per prompt (the group size)")
+    num_generations: int = Field(
+        8, ge=1, description="completions per prompt (the group size); 1 only with a teacher (its KL is the signal)"
+    )
     max_completion_length: int = Field(256, ge=1, description="new tokens per completion at most")
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
@@ -91,6 +102,18 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     )
     vllm_importance_sampling_clip_min: float | None = Field(None, ge=0, description="lower bound of the correction ratio; unset: none")
 
+    # a teacher's KL (ms-swift's OPD-RL)
+    teacher_model: str | None = Field(
+        None, description="ms-swift's spelling of teacher.model: the teacher whose log-probs of the sampled tokens "
+        "add teacher_kl_coef * (teacher - old policy log-prob) to each token's advantage"
+    )
+    teacher_kl_coef: float = Field(
+        1.0, description="with a teacher: the coefficient of its per-token log-ratio in the advantage (ms-swift's)"
+    )
+    offload_teacher_model: bool = Field(
+        False, description="a teacher in the train workers: keep it in CPU memory, brought to the device for its forward"
+    )
+
     # advantages
     scale_rewards: Literal["group", "batch", "none"] = Field("group", description="divide advantages by this std")
     advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus"] = Field("grpo", description="baseline")
@@ -129,6 +152,7 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     rollout: RolloutRoleConfig = Field(default_factory=RolloutRoleConfig, description="the rollout engine")
     reference: ReferenceRoleConfig = Field(default_factory=ReferenceRoleConfig, description="used when beta > 0")
     orm: OrmRoleConfig = Field(default_factory=OrmRoleConfig, description="used when reward_funcs names orm")
+    teacher: TeacherRoleConfig = Field(default_factory=TeacherRoleConfig, description="used when a teacher is set")
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
@@ -145,6 +169,7 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
             problems.append(
                 ("async_generate", "needs train and rollout on separate devices; drop it or the [train, rollout] colocate group")
             )
+        problems.extend(self._teacher_problems())
         accumulation = self.gradient_accumulation_steps
         micro = self.steps_per_generation or accumulation
         if micro % accumulation:
@@ -176,6 +201,33 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
         if problems:  # a ValueError, so that pydantic reports it beside every other problem
             raise ConfigProblems(problems)
         return self
+
+    def _teacher_problems(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.teacher_model and self.teacher.model and self.teacher_model != self.teacher.model:
+            problems.append(("teacher_model", f"('{self.teacher_model}') and teacher.model ('{self.teacher.model}') differ; "
+                             "give the teacher once, as teacher.model"))
+        if self.num_generations == 1 and not self.teacher_path:
+            problems.append(("num_generations", "is 1, so every advantage is 0 and nothing is learnt; use 2 or more, or "
+                             "set teacher.model (its KL is then the signal)"))
+        if self.separate_teacher and not self.teacher_path:
+            problems.append(("teacher.model", "is unset, but the teacher is a group of its own; name its model"))
+        if self.separate_teacher and self.offload_teacher_model:
+            problems.append(("offload_teacher_model", "applies to a teacher inside the train workers, but the teacher is a "
+                             "group of its own; drop it"))
+        return problems
+
+    @property
+    def teacher_path(self) -> str | None:
+        """The teacher's model, where GRPO has one (teacher.model, or ms-swift's teacher_model)."""
+        return self.teacher.model or self.teacher_model
+
+    @property
+    def separate_teacher(self) -> bool:
+        """The teacher is a group of its own (teacher.gpus, or a device group listing it), not inside the train workers."""
+        groups = [g.get("workers") for g in (self.device_groups or {}).values() if isinstance(g, dict)]
+        listed = any(w == "teacher" or (isinstance(w, list) and "teacher" in w) for w in groups)
+        return bool(self.teacher.gpus or listed)
 
     @property
     def colocated(self) -> bool:
@@ -218,4 +270,5 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
         return None
 
 
-__all__ = ["BaseConfig", "GRPOConfig", "OrmRoleConfig", "ReferenceRoleConfig", "RolloutRoleConfig", "TrainRoleConfig"]
+__all__ = ["BaseConfig", "GRPOConfig", "OrmRoleConfig", "ReferenceRoleConfig", "RolloutRoleConfig", "TeacherRoleConfig",
+           "TrainRoleConfig"]

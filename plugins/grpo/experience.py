@@ -273,9 +273,10 @@ class ExperienceMaker:
                 completion[i, len(p) : len(s)] = 1 if mask is None else torch.tensor(mask, dtype=torch.float)
         return Batch(input_ids=input_ids, attention_mask=attention, completion_mask=completion, rollout_logprobs=sampled)
 
-    def logprobs(self, scored: Scored, train: Any, reference: Any) -> Batch:
+    def logprobs(self, scored: Scored, train: Any, reference: Any, teacher: Any = None) -> Batch:
         """The round's batch with advantages, and old/reference log-probs where the loss needs them; with the
-        sampler correction, its ratio per token (and its metrics added to the round's)."""
+        sampler correction, its ratio per token (and its metrics added to the round's). With a teacher
+        (`teacher(batch, temperature)` -> its log-probs [B, T]), the advantages are per token (`teacher_advantages`)."""
         cfg, old = self.config, self.old_logprobs
         batch = self.build_batch(scored.prompt_ids, scored.generations)
         batch["advantages"] = scored.advantages
@@ -295,6 +296,16 @@ class ExperienceMaker:
             scored.metrics.update({k: float(v) for k, v in metrics.items()})  # CPU tensors here: no wait
         if reference is not None:
             batch["ref_logprobs"] = reference.forward_logprobs(batch, cfg.temperature)
+        if teacher is not None:
+            from .advantages import teacher_advantages, teacher_kl
+
+            # the old policy's log-probs of the sampled tokens; where the step's own forward gives them to the loss,
+            # they are computed here for the advantage only, as ms-swift computes them for it
+            policy = batch["old_logprobs"] if "old_logprobs" in batch else train.forward_logprobs(batch, cfg.temperature)
+            teacher_logprobs = teacher(batch, cfg.temperature)
+            mask = batch["completion_mask"]
+            batch["advantages"] = teacher_advantages(scored.advantages, teacher_logprobs, policy, mask, cfg.teacher_kl_coef)
+            scored.metrics["teacher_kl"] = float(teacher_kl(teacher_logprobs, policy, mask))
         return batch
 
     def mini_batches(self, batch: Batch, metrics: dict[str, float]) -> list[tuple[Batch, dict, Any]]:

@@ -1,7 +1,8 @@
 """The GRPO policy loss: a pure function of per-token log-probs, as TRL 1.16's `GRPOTrainer._compute_loss`.
 
 Shapes: `logprobs`, `old_logprobs`, `ref_logprobs` and `mask` are [B, T] (one column per token; `mask` is 1
-on completion tokens), `advantages` is [B]. No model, no engine: the trainer computes log-probs with its
+on completion tokens), `advantages` is [B] (one per sequence) or [B, T] (one per token: GRPO with a teacher's
+KL adds the teacher's term per token). No model, no engine: the trainer computes log-probs with its
 engine and calls `policy_loss` on them.
 
 Micro-batches and data-parallel workers. An engine sums the gradients of the losses of its micro-batches
@@ -148,8 +149,9 @@ def _check(
             f"importance_sampling_ratio must be [B, T] or [B, 1]; got shape {tuple(importance_sampling_ratio.shape)} "
             f"for logprobs {tuple(logprobs.shape)}"
         )
-    if advantages.shape != (logprobs.shape[0],):
-        raise RlcoreError(f"advantages must be [B] = [{logprobs.shape[0]}]; got shape {tuple(advantages.shape)}")
+    if advantages.shape not in ((logprobs.shape[0],), logprobs.shape):
+        raise RlcoreError(f"advantages must be [B] = [{logprobs.shape[0]}] or [B, T] = {list(logprobs.shape)}; got shape "
+                          f"{tuple(advantages.shape)}")
     if beta != 0.0 and ref_logprobs is None:
         raise RlcoreError(f"beta={beta} needs ref_logprobs (the reference model's log-probs); pass them or set beta=0")
     if loss_type == "dr_grpo" and not max_completion_length:
@@ -189,7 +191,8 @@ def policy_loss(
     _check(logprobs, old_logprobs, advantages, mask, ref_logprobs, importance_sampling_ratio, beta, loss_type,
            importance_sampling_level, max_completion_length)
     mask = mask.to(logprobs.dtype)
-    adv = advantages.to(logprobs.dtype).unsqueeze(1)  # [B, 1]
+    adv = advantages.to(logprobs.dtype)
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # [B, 1] per sequence, or [B, T] per token
     epsilon_low = epsilon
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
 

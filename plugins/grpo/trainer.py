@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlcore import Batch, GenerateWorker, ModelUse, RlcoreError, RoleSetup, RoleTrainer, ScoreWorker, TrainWorker
+from rlcore import (
+    Batch, GenerateWorker, ModelUse, RlcoreError, RoleSetup, RoleTrainer, ScoreWorker, TeacherTrainWorker, TrainWorker,
+)
 from rlcore.data import has_conversations
 from rlcore.runtime import logger
 from rlcore.rewards import RewardFailed
@@ -32,6 +34,7 @@ class GRPOTrainer(RoleTrainer):
     resume_fixed = (  # what the data position, the round's batches and the model's shapes depend on
         "model", "dataset", "seed", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
         "steps_per_generation", "device_groups", "train.gpus", "train.cpus", "train.lora_rank", "max_prompt_length",
+        "teacher_model", "teacher.model",
     )
     checkpointed = "train"
     check_on_run = False  # a run reports a bad model or dataset as it loads them, one line each
@@ -48,7 +51,8 @@ class GRPOTrainer(RoleTrainer):
 
     @classmethod
     def roles(cls, cfg: GRPOConfig) -> list[str]:
-        return ["train", "rollout"] + (["reference"] if cfg.beta > 0 else []) + (["orm"] if "orm" in cfg.reward_funcs else [])
+        return (["train", "rollout"] + (["reference"] if cfg.beta > 0 else []) + (["orm"] if "orm" in cfg.reward_funcs else [])
+                + (["teacher"] if cfg.teacher_path and cfg.separate_teacher else []))
 
     @classmethod
     def problems(cls, config: GRPOConfig, plugins: Any, run: bool = False) -> list[tuple[str, str]]:
@@ -65,7 +69,24 @@ class GRPOTrainer(RoleTrainer):
                          conversations=lambda: "dataset" if has_conversations(cfg.dataset) else None)]
         if "orm" in cls.roles(cfg) and cfg.orm.model:
             uses.append(ModelUse("orm.model", cfg.orm.model))
+        if cfg.teacher_path:  # it reads the policy's token ids: the policy's tokenizer, the same vocabulary
+            key = "teacher.model" if cfg.teacher.model else "teacher_model"
+            uses.append(ModelUse(key, cfg.teacher_path, lengths[:1], tokenizer_of="model", roles=("teacher",)))
         return uses
+
+    @staticmethod
+    def train_setup_options(cfg: GRPOConfig, model: str) -> dict[str, Any]:
+        """The policy's train options; a teacher inside the train workers (GKD's colocated teacher) is a forward-only
+        engine of the train engine's kind, with its parallelism, beside the policy."""
+        train = train_options(cfg, model)
+        if cfg.teacher_path and not cfg.separate_teacher:
+            teacher = {"model": cfg.teacher_path, "dtype": cfg.teacher.dtype, "seed": cfg.seed}
+            if cfg.train.engine == "megatron":
+                teacher.update(cfg.train.parallel_options())
+            if "device" in cfg.train.engine_kwargs:
+                teacher["device"] = cfg.train.engine_kwargs["device"]
+            train["teacher"] = {"engine": cfg.train.engine, "options": teacher, "offload": cfg.offload_teacher_model}
+        return train
 
     @classmethod
     def memory_use(cls, cfg: GRPOConfig) -> dict[str, RoleUse]:
@@ -78,7 +99,7 @@ class GRPOTrainer(RoleTrainer):
         in_flight = -(-cfg.per_device_train_batch_size * cfg.train_workers * cfg.micro_steps_per_generation // rollouts)
         micro = {"micro_batch": "per_device_train_batch_size", "accumulation": "gradient_accumulation_steps"}
         uses = {
-            "train": RoleUse(cfg.train.engine, "train", train_options(cfg, cfg.model), "training", cfg.model,
+            "train": RoleUse(cfg.train.engine, "train", cls.train_setup_options(cfg, cfg.model), "training", cfg.model,
                              cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, length, sync="send", knobs=micro),
             "rollout": RoleUse(cfg.rollout.engine, "rollout", rollout_options(cfg.rollout, cfg.model, cfg.seed),
                                "generation", cfg.model, seq_len=length, sequences=in_flight, sync="receive"),
@@ -86,13 +107,17 @@ class GRPOTrainer(RoleTrainer):
         if "reference" in roles:
             options = {"model": cfg.model, "dtype": cfg.reference.dtype, **cfg.reference.engine_kwargs}
             uses["reference"] = RoleUse(cfg.reference.engine, "forward", options, "training", cfg.model, seq_len=length)
+        if "teacher" in roles:
+            options = {"model": cfg.teacher_path, "dtype": cfg.teacher.dtype, **cfg.teacher.engine_kwargs}
+            uses["teacher"] = RoleUse(cfg.teacher.engine, "forward", options, "training", cfg.teacher_path, seq_len=length)
         return uses
 
     def setups(self) -> dict[str, RoleSetup]:
         cfg, roles = self.config, self.roles(self.config)
         model = cfg.model
         setups = {
-            "train": RoleSetup(TrainWorker, cfg.train.engine, train_options(cfg, model)),
+            "train": RoleSetup(TeacherTrainWorker if cfg.teacher_path and not cfg.separate_teacher else TrainWorker,
+                               cfg.train.engine, self.train_setup_options(cfg, model)),
             "rollout": RoleSetup(GenerateWorker, cfg.rollout.engine, rollout_options(cfg.rollout, model, cfg.seed)),
         }
         if "reference" in roles:
@@ -101,6 +126,9 @@ class GRPOTrainer(RoleTrainer):
         if "orm" in roles:  # the reward-model engine (`hf`: the rewards plugin's), of kind `reward`
             orm = {"model_path": cfg.orm.model, "dtype": cfg.orm.dtype, "batch_size": cfg.orm.batch_size}
             setups["orm"] = RoleSetup(ScoreWorker, cfg.orm.engine, orm)
+        if "teacher" in roles:  # a group of its own: a forward engine, as the reference
+            teacher = dict(model=cfg.teacher_path, dtype=cfg.teacher.dtype, seed=cfg.seed)
+            setups["teacher"] = RoleSetup(TrainWorker, cfg.teacher.engine, {**teacher, **cfg.teacher.engine_kwargs}, kind="forward")
         return setups
 
     def session_options(self) -> dict[str, Any]:
@@ -166,8 +194,17 @@ class GRPOTrainer(RoleTrainer):
         if self.config.multi_turn:
             self.log_episodes(scored)
         with self.timer("logprobs"):
-            batch = maker.logprobs(scored, session["train"], session.get("reference"))
+            batch = maker.logprobs(scored, session["train"], session.get("reference"), self.teacher())
         return maker.mini_batches(batch, scored.metrics)
+
+    def teacher(self) -> Any:
+        """What answers the teacher's log-probs: its own group's `forward_logprobs`, or the train workers'
+        `teacher_logprobs` (a teacher inside them); None without a teacher."""
+        if not self.config.teacher_path:
+            return None
+        if "teacher" in self.session.roles:
+            return self.session["teacher"].forward_logprobs
+        return self.session["train"].teacher_logprobs
 
     def log_episodes(self, scored: Any, count: int = 2) -> None:
         """The round's first `count` conversations, appended to output_dir/episodes.jsonl (the step they train)."""

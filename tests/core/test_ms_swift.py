@@ -373,12 +373,10 @@ def test_gkd_datasets_listed_are_read_one_after_another(files, tmp_path):
 
 @pytest.mark.parametrize("key, value, reason", [
     ("gym_env", "frozen_lake", "ms-swift's gym environments (its GYMScheduler and Env registry) are not built"),
-    ("teacher_kl_coef", 1.0, "on-policy distillation inside GRPO"),
-    ("teacher_model", "{model}", "a teacher in GRPO is ms-swift's on-policy distillation"),
     ("truncation_strategy", "delete", "cuts a prompt longer than max_prompt_length from the left"),
 ])
 def test_features_of_newer_ms_swift_examples_are_refused_with_the_reason(files, tmp_path, key, value, reason):
-    """ms-swift's opd_rl_colocate.yaml and multi_turn/frozen_lake_colocate.yaml use features rlcore lacks."""
+    """ms-swift's multi_turn/frozen_lake_colocate.yaml uses features rlcore lacks."""
     extra = f"{key}: {value}\n".format(model=files["model"])
     with pytest.raises(ConfigError) as error:
         load_config(GRPOConfig, write(files, tmp_path, "grpo.yaml", GRPO + extra, placement=COLOCATE))
@@ -463,7 +461,7 @@ PUBLISHED = {
     "gkd/multi_turn_colocate.yaml": {"truncation_strategy", "enable_thinking"},  # math_tip_trick is built in
     "grpo/ray_grpo_colocate.yaml": {"external_plugins"},  # its reward functions register with ms-swift
     "grpo/ray_grpo_separate.yaml": {"external_plugins"},
-    "grpo/opd_rl_colocate.yaml": {"teacher_kl_coef", "num_generations"},  # on-policy distillation in GRPO
+    "grpo/opd_rl_colocate.yaml": set(),  # GRPO with a teacher's KL (OPD-RL), its teacher inside the train workers
     "grpo/multi_turn/frozen_lake_colocate.yaml": {"external_plugins", "gym_env", "enable_thinking", "report_to.0"},
 }
 FIXTURES = Path(__file__).parent / "fixtures" / "ms_swift"
@@ -511,7 +509,9 @@ def test_ms_swifts_published_examples_through_config_validate(rlcore_cli, files,
     expected = PUBLISHED[name]
     if not expected:
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "valid for algorithm 'gkd'" in done.stdout
+        assert f"valid for algorithm '{name.split('/')[0]}'" in done.stdout
+        if name.startswith("grpo/"):
+            return
         for key in ("sequence_parallel: True", "padding_free: True", "recompute_granularity: 'selective'"):
             assert f"rlcore: ms-swift's {key} (" in done.stderr  # what changes nothing here, one line each
         return
@@ -520,7 +520,7 @@ def test_ms_swifts_published_examples_through_config_validate(rlcore_cli, files,
     assert problems == expected, done.stderr
 
 
-@pytest.mark.parametrize("name", [n for n, refused in PUBLISHED.items() if not refused])
+@pytest.mark.parametrize("name", [n for n, refused in PUBLISHED.items() if not refused and n.startswith("gkd/")])
 def test_ms_swifts_gkd_examples_are_megatron_lora_runs(files, long_models, tmp_path, name, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = load_config(GKDConfig, published(name, files, long_models, tmp_path))
@@ -529,6 +529,20 @@ def test_ms_swifts_gkd_examples_are_megatron_lora_runs(files, long_models, tmp_p
            train__dtype="auto", gradient_accumulation_steps=16 // (config.per_device_train_batch_size * 2),
            lr_scheduler_type="constant", learning_rate=1e-6, max_steps=4000 // 16 if "colocate_teacher_colocate" in name
            else 2000 // 16, gkd_logits_topk=64)
+
+
+def test_ms_swifts_opd_rl_example_is_grpo_with_its_teacher_in_the_train_workers(files, long_models, tmp_path, monkeypatch):
+    """grpo/opd_rl_colocate.yaml: GRPO on megatron with LoRA, one generation per prompt, the teacher's KL in the
+    advantage at coefficient 1, the teacher offloaded beside the policy (no group of its own)."""
+    from rlcore.plugins.grpo.trainer import GRPOTrainer
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(GRPOConfig, published("grpo/opd_rl_colocate.yaml", files, long_models, tmp_path))
+    expect(config, teacher_model=long_models[1], teacher_kl_coef=1.0, offload_teacher_model=True, num_generations=1,
+           beta=0.0, train__engine="megatron", train__lora_rank=8, rollout__engine="vllm")
+    assert not config.separate_teacher and "teacher" not in GRPOTrainer.roles(config)
+    teacher = GRPOTrainer.train_setup_options(config, config.model)["teacher"]
+    assert teacher["engine"] == "megatron" and teacher["offload"] and teacher["options"]["model"] == long_models[1]
 
 
 def test_ms_swifts_multi_turn_gkd_example_runs_the_math_tip_scheduler(files, long_models, tmp_path, monkeypatch):

@@ -60,6 +60,7 @@ EXPECTED = [
     "SettingSpec",
     # multi-turn environments: what a third-party environment subclasses and returns
     "Step",
+    "TeacherTrainWorker",
     "ToolCall",
     "Turn",
     # the algorithm contract: roles, their setups, the shared config sections and what a check reports
@@ -183,7 +184,7 @@ LEFT: set[str] = set()
 def test_builtin_plugins_import_no_other_plugins_internals():
     """A built-in plugin reaches another only through `rlcore` (and the toy task, the tiny model through
     `rlcore.testing`): nothing of `rlcore.plugins.<other>` is imported, at the top or inside a function,
-    beyond the crossings LEFT names."""
+    beyond the crossings LEFT names. Relative imports count too (`from ..gkd.workers import ...`)."""
     import ast
     from pathlib import Path
 
@@ -192,8 +193,15 @@ def test_builtin_plugins_import_no_other_plugins_internals():
     for path in root.rglob("*.py"):
         own = path.relative_to(root).parts[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else \
-                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level:  # relative: resolved from the file's package
+                package = ["rlcore", "plugins", *path.relative_to(root).parent.parts]
+                base = package[: len(package) - node.level + 1]
+                names = [".".join(base + ([node.module] if node.module else []))]
+                if not node.module:  # `from .. import gkd`
+                    names = [".".join(base + [a.name]) for a in node.names]
+            else:
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
             for name in names:
                 parts = name.split(".")
                 if parts[:2] == ["rlcore", "plugins"] and len(parts) > 2 and parts[2] != own:

@@ -124,3 +124,27 @@ def test_bad_input_is_a_clear_error():
         compute_advantages(torch.zeros(4), 4, estimator="ppo")
     with pytest.raises(RlcoreError, match="reward_weights has 1 weights for 2 reward functions"):
         combine_rewards(torch.zeros(3, 2), [1.0])
+
+
+def test_teacher_advantages_add_the_teachers_log_ratio_per_generated_token():
+    """ms-swift's OPD-RL: advantage[i, t] = advantage[i] + coef * (teacher[i, t] - old[i, t]) where the mask is 1,
+    advantage[i] elsewhere; a teacher equal to the old policy leaves the advantages as they are."""
+    from rlcore.plugins.grpo.advantages import teacher_advantages, teacher_kl
+
+    torch.manual_seed(0)
+    base, old, teacher = torch.randn(3), -torch.rand(3, 5) * 3, -torch.rand(3, 5) * 3
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 0, 1], [0, 1, 1, 1, 1]], dtype=torch.float)  # 0 at [1, 3]: a tool's
+    out = teacher_advantages(base, teacher, old, mask, 0.5)
+    for i, t in itertools.product(range(3), range(5)):
+        want = base[i] + (0.5 * (teacher[i, t] - old[i, t]) if mask[i, t] else 0.0)
+        assert out[i, t].item() == pytest.approx(float(want), abs=1e-6)
+    assert torch.equal(teacher_advantages(base, old, old, mask, 0.5), base.unsqueeze(1).expand(3, 5))
+    assert torch.equal(teacher_advantages(base, teacher, old, mask, 0.0), base.unsqueeze(1).expand(3, 5))
+    d = [(teacher[i, t] - old[i, t]).item() for i, t in itertools.product(range(3), range(5)) if mask[i, t]]
+    assert teacher_kl(teacher, old, mask).item() == pytest.approx(sum(math.exp(x) - x - 1 for x in d) / len(d), rel=1e-5)
+    assert teacher_kl(old, old, mask).item() == 0.0
+
+
+def test_one_generation_per_prompt_has_zero_advantages():
+    """ms-swift's OPD runs num_generations 1: the rewards then give no signal, only a teacher's term does."""
+    assert compute_advantages(torch.tensor([0.3, 1.0, -2.0]), 1).tolist() == [0.0, 0.0, 0.0]

@@ -215,3 +215,25 @@ def test_old_logprobs_and_the_sampler_correction_are_decided_once():
     assert OldLogprobs.of(GRPOConfig(**model, vllm_importance_sampling_correction=False)) == OldLogprobs("step", None)
     apart = {"train": {"gpus": 1}, "rollout": {"gpus": 1}}
     assert OldLogprobs.of(GRPOConfig(**model, **apart, async_generate=True)) == OldLogprobs("rollout", None)
+
+
+def test_teacher_keys_are_checked_together_and_place_the_teacher():
+    """A teacher (teacher.model, or ms-swift's teacher_model) sits in the train workers; with teacher.gpus it is a
+    group of its own. One generation per prompt needs it; two different teachers, or an offloaded separate one, do not
+    make sense."""
+    from rlcore.plugins.grpo.trainer import GRPOTrainer
+
+    with pytest.raises(ConfigError) as err:
+        load_config(GRPOConfig, None, ["model=m", "dataset=d", "num_generations=1", "per_device_train_batch_size=4"])
+    assert "num_generations: is 1, so every advantage is 0" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(GRPOConfig, None, ["model=m", "dataset=d", "teacher_model=a", "teacher.model=b", "teacher.gpus=1", "offload_teacher_model=true"])
+    text = str(err.value)
+    assert "teacher_model: ('a') and teacher.model ('b') differ" in text and "offload_teacher_model: applies to a teacher" in text
+    with pytest.raises(ConfigError, match="teacher.model: is unset, but the teacher is a group of its own"):
+        load_config(GRPOConfig, None, ["model=m", "dataset=d", "teacher.gpus=1"])
+    inside = load_config(GRPOConfig, None, ["model=m", "dataset=d", "teacher_model=t", "num_generations=1", "per_device_train_batch_size=4"])
+    assert inside.teacher_path == "t" and not inside.separate_teacher and "teacher" not in GRPOTrainer.roles(inside)
+    own = load_config(GRPOConfig, None, ["model=m", "dataset=d", "teacher.model=t", "teacher.gpus=2", "train.gpus=2", "rollout.gpus=2"])
+    assert own.separate_teacher and GRPOTrainer.roles(own)[-1] == "teacher"
+    assert "teacher" not in GRPOTrainer.train_setup_options(own, "m")

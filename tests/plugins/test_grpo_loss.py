@@ -52,7 +52,7 @@ def reference_loss(b, *, beta, epsilon, epsilon_high, delta, loss_type, level, n
     per_seq_sum, per_seq_count = [], []
     for i in range(rows):
         tokens = [t for t in range(cols) if b["mask"][i, t] > 0]
-        adv = float(b["advantages"][i])
+        per_token = b["advantages"].dim() == 2  # GRPO with a teacher's KL: one advantage per token
         seq_log_ratio = sum(float(b["logprobs"][i, t] - b["old_logprobs"][i, t]) for t in tokens) / len(tokens)
         total = 0.0
         for t in tokens:
@@ -62,6 +62,7 @@ def reference_loss(b, *, beta, epsilon, epsilon_high, delta, loss_type, level, n
             kl_weight = ratio if bias_kl else 1.0
             if delta is not None:
                 ratio = min(ratio, delta)
+            adv = float(b["advantages"][i, t] if per_token else b["advantages"][i])
             term = -min(ratio * adv, clipped * adv)
             if is_ratio is not None:
                 term *= float(is_ratio[i, t if is_ratio.shape[1] > 1 else 0])
@@ -109,6 +110,17 @@ def test_matches_loop_reference(loss_type, level):
             assert loss.item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
         assert set(metrics) >= {"clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"}
         assert ("kl" in metrics) == bool(beta)
+
+
+@pytest.mark.parametrize("loss_type,level", itertools.product(LOSS_TYPES, LEVELS))
+def test_per_token_advantages_match_loop_reference(loss_type, level):
+    """[B, T] advantages (a teacher's KL term per token) in the same loss, against the loop written per token."""
+    for seed, (beta, epsilon, epsilon_high, delta) in itertools.product(range(2), OPTIONS):
+        b = random_batch(seed)
+        b["advantages"] = b["advantages"][:, None] + torch.randn(b["mask"].shape, generator=torch.Generator().manual_seed(seed))
+        opts = dict(beta=beta, epsilon=epsilon, epsilon_high=epsilon_high, delta=delta, loss_type=loss_type, level=level)
+        loss, _ = ours(b, **opts)
+        assert loss.item() == pytest.approx(reference_loss(b, **opts), rel=1e-5, abs=1e-6)
 
 
 def test_dapo_uses_the_global_token_count():
@@ -249,7 +261,7 @@ def test_bad_input_is_a_clear_error():
         policy_loss(*args, beta=0.1)
     with pytest.raises(RlcoreError, match="dr_grpo' needs max_completion_length"):
         policy_loss(*args, loss_type="dr_grpo")
-    with pytest.raises(RlcoreError, match=r"advantages must be \[B\] = \[6\]"):
+    with pytest.raises(RlcoreError, match=r"advantages must be \[B\] = \[6\] or \[B, T\] = \[6, 7\]"):
         policy_loss(b["logprobs"], b["old_logprobs"], b["advantages"][:3], b["mask"])
     with pytest.raises(RlcoreError, match="old_logprobs has shape"):
         policy_loss(b["logprobs"], b["old_logprobs"][:, :2], b["advantages"], b["mask"])
