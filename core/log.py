@@ -205,7 +205,8 @@ def _worker_warning(message: Warning | str, category: type[Warning], filename: s
 
 def take_worker_lines(data: dict[str, Any]) -> None:
     """A batch of a Ray worker's output, before Ray prints it: a library's warning leaves the batch and is logged
-    here as one of the driver's own (run.log; stderr at debug), once however many workers said it."""
+    here as one of the driver's own (run.log; stderr at debug), once however many workers said it; every other
+    line is printed with its secrets masked (`scrub`: a hook's print of its API key, a URL's credentials)."""
     lines = data.get("lines") or []
     kept = []
     for line in lines:
@@ -213,8 +214,8 @@ def take_worker_lines(data: dict[str, Any]) -> None:
         if said:
             _say(said[1], said[2], said[3], library=True)
         else:
-            kept.append(line)
-    if len(kept) < len(lines):
+            kept.append(scrub(line))
+    if kept != lines:
         data["lines"] = kept
 
 

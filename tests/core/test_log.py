@@ -212,6 +212,21 @@ def test_scrub_hides_known_secrets_url_credentials_and_tracebacks(monkeypatch):
 
 
 
+def test_a_ray_workers_forwarded_lines_are_scrubbed_before_ray_prints_them(monkeypatch):
+    """Ray forwards a worker's prints to the driver's stdout; the driver's hook (`take_worker_lines`, installed in
+    Ray's dispatcher by rlcore.runtime.cluster) masks the run's secrets in them and lets other lines through."""
+    from rlcore import log
+
+    monkeypatch.setattr(log._redact, "secrets", set())
+    log.redact(["sk-worker-7781"])
+    data = {"lines": ["reward call with key sk-worker-7781", "POST https://user:pw@host/v1", "step 3 done"]}
+    log.take_worker_lines(data)
+    assert data["lines"] == ["reward call with key **********", "POST https://**********@host/v1", "step 3 done"]
+    plain = {"lines": ["nothing secret"]}
+    log.take_worker_lines(plain)
+    assert plain == {"lines": ["nothing secret"]}
+
+
 def test_a_package_on_pythonpath_counts_as_a_librarys_code(tmp_path, monkeypatch):
     """`pip install --target DIR` + PYTHONPATH (how the GPU kit installs megatron-core and vLLM): a warning from
     there is a library's, kept to run.log; a file of the user's elsewhere is theirs."""
