@@ -14,11 +14,13 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -378,7 +380,13 @@ def _run(args: argparse.Namespace) -> int:
     log.redact(log.secrets_of(config))
     for line in args.translation.noted:  # "ms-swift's KEY: ...", "TRL's KEY: ..."
         logger.info(line)
-    trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
+    made = not Path(getattr(config, "output_dir", "output")).exists()
+    try:
+        trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
+    except BaseException:
+        if made:  # a run refused while it was built leaves no output_dir (a tiny model it built there goes too)
+            shutil.rmtree(getattr(config, "output_dir", "output"), ignore_errors=True)
+        raise
     if fitted:  # the run's checks passed: its output_dir keeps the config it runs with
         from .memory import save_fitted
 

@@ -58,6 +58,7 @@ class RoleTrainer(Trainer):
     def __init__(self, config: Any, plugins: Any, *, use_ray: bool = False):
         super().__init__(config, plugins, use_ray=use_ray)
         self.plan: ResourcePlan | None = self.checked(self.config, plugins, own=self.check_on_run, run=True)
+        self.given_config = self.config
         self.config = resolve_tiny(self.config, self.output_dir)
         self.prepare()
         self.session: RoleSession | None = None

@@ -307,18 +307,26 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------------
 
+    @property
+    def config_as_given(self) -> Any:
+        """The config as the user gave it (`model: tiny`, not the folder a run built it in), which a checkpoint
+        keeps and a resume compares: a run folder moved elsewhere resumes."""
+        return getattr(self, "given_config", None) or self.config
+
     def save(self) -> Path:
         """`checkpoint-{step}` in output_dir, written atomically: the engines' state, then the trainer state."""
-        config = scrub_data(self.config.model_dump(mode="json")) if hasattr(self.config, "model_dump") else None
+        given = self.config_as_given
+        config = scrub_data(given.model_dump(mode="json")) if hasattr(given, "model_dump") else None
         state = {"step": self.step, **self.state_dict(), "config": config}
         return save_checkpoint(self.output_dir, self.step, state, self.save_model,
                                keep=getattr(self.config, "save_total_limit", None), overwrite=self.overwrite)
 
     def _check_changes(self, path: Path, saved: Any) -> None:
         """Say which keys differ from the checkpoint's config; refuse those in `resume_fixed`."""
-        if not isinstance(saved, dict) or not hasattr(self.config, "model_dump"):
+        given = self.config_as_given
+        if not isinstance(saved, dict) or not hasattr(given, "model_dump"):
             return
-        now = _flat(scrub_data(self.config.model_dump(mode="json")))  # a saved config holds no secret
+        now = _flat(scrub_data(given.model_dump(mode="json")))  # a saved config holds no secret
         before = _flat(scrub_data(saved))
         changed = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k) and k != "resume")
         if not changed:

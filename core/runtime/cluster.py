@@ -439,7 +439,7 @@ def shutdown() -> None:
 _AFTER_EXIT = """
 import os, sys, time
 import psutil
-from rlcore import cluster
+from rlcore.runtime import cluster
 try:
     psutil.Process(int(sys.argv[1])).wait(timeout=30)
 except (psutil.Error, psutil.TimeoutExpired):

@@ -1004,7 +1004,8 @@ def validate_runs_no_code(scene: Scene) -> None:
     (scene.work / "x").mkdir()
     (scene.work / "x" / "evil.py").write_text(EVIL)
     for function in ("f", "g"):
-        (scene.work / f"{function}.yaml").write_text(f"reward_funcs: ['{scene.work / 'x' / 'evil.py'}:{function}']\n")
+        reward = f"reward_funcs: ['{scene.work / 'x' / 'evil.py'}:{function}']\n"
+        (scene.work / f"{function}.yaml").write_text(f"model: tiny\ndataset: tiny:toy\n{reward}")
     valid = scene.cli("valid", "config", "validate", "--plugin", "grpo", "--config", "f.yaml")
     if valid.wait(RUN_TIMEOUT[False]) != 0:
         raise Broken(f"validating a config naming evil.py:f failed: {tail(valid.stderr)}")
@@ -1198,7 +1199,7 @@ bad_config(HUGE, match="ranks")),
     Scenario("bad config: output_dir read-only", read_only_output_dir),
     Scenario("bad config: config validate --plugin sft without TRL",
              refused_cli("config", "validate", "--plugin", "sft", "--config", "c.yaml", match=r"rlcore\[sft\]",
-                         files={"c.yaml": "seed: 1\n", **NO_TRL}, env={"PYTHONPATH": "no-trl"})),
+                         files={"c.yaml": "model: tiny\ndataset: tiny:sft\nseed: 1\n", **NO_TRL}, env={"PYTHONPATH": "no-trl"})),
     Scenario("bad config: a hub model id, the Hub unreachable",
              refused_cli("config", "validate", "--plugin", "grpo", "--config", "c.yaml", match="cannot be reached",
                          files={"c.yaml": "model: rlcore-fault/no-such-model\n"}, env=OFFLINE_HUB)),
