@@ -117,14 +117,23 @@ logger.setLevel(logging.INFO)
 logger.propagate = False
 
 
+_BAR_SWITCHES = ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")
+_QUIETED = "RLCORE_QUIETED_BARS"  # which of them rlcore set, so that debug unsets only those
+
+
 def setup(level: str = "info") -> None:
     """Log at `level` (debug, info, warning, error) to stderr; third-party progress bars off above debug, in
     this process and in the workers it starts (through the environment)."""
     logger.setLevel(level.upper())
     quiet = level.lower() != "debug"
     if quiet:
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        for name in _BAR_SWITCHES:
+            if name not in os.environ:  # the user's own setting stays
+                os.environ[name] = "1"
+                os.environ[_QUIETED] = " ".join(filter(None, [os.environ.get(_QUIETED), name]))
+    else:  # bars back on where rlcore turned them off (in this process, or in the one that started it)
+        for name in os.environ.pop(_QUIETED, "").split():
+            os.environ.pop(name, None)
     for module, off, on in (("huggingface_hub.utils", "disable_progress_bars", "enable_progress_bars"),
                             ("transformers.utils.logging", "disable_progress_bar", "enable_progress_bar"),
                             ("datasets.utils.logging", "disable_progress_bar", "enable_progress_bar")):

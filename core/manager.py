@@ -15,6 +15,8 @@ plugins of its driver's run, which the runtime hands over through RLCORE_EXTRA_P
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import importlib.metadata as md
 import importlib.util
@@ -176,6 +178,10 @@ class Plugins:
         """Put `plugin`'s `item` in place of the installed one registered under `key`."""
         old = getattr(self, attr)
         previous = old.owner(key)
+        replaced = old.get(key)
+        if getattr(item, "demo", "missing") is None and getattr(replaced, "demo", None):
+            # an algorithm put in place of another without a preset of its own runs that one's demo preset
+            item = dataclasses.replace(item, demo=replaced.demo)
         fresh = type(old)(old.kind)
         for kept in old:
             if old.key_of(kept) != key:

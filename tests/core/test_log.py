@@ -227,6 +227,25 @@ def test_a_ray_workers_forwarded_lines_are_scrubbed_before_ray_prints_them(monke
     assert plain == {"lines": ["nothing secret"]}
 
 
+def test_debug_turns_back_on_only_the_bars_rlcore_turned_off(monkeypatch):
+    """A run at info turns third-party bars off through the environment, which the processes it starts inherit
+    (a test's in-process run, a worker); `--log-level debug` there turns them back on, and a user's own switch
+    stays as it was."""
+    from rlcore import log
+
+    for name in (*log._BAR_SWITCHES, log._QUIETED):
+        monkeypatch.delenv(name, raising=False)
+    log.setup("info")
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"
+    log.setup("debug")
+    assert not {*log._BAR_SWITCHES, log._QUIETED} & set(os.environ)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the user's
+    log.setup("info")
+    log.setup("debug")
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and "HF_DATASETS_DISABLE_PROGRESS_BARS" not in os.environ
+    log.setup("info")  # as the suite's other tests leave it
+
+
 def test_a_package_on_pythonpath_counts_as_a_librarys_code(tmp_path, monkeypatch):
     """`pip install --target DIR` + PYTHONPATH (how the GPU kit installs megatron-core and vLLM): a warning from
     there is a library's, kept to run.log; a file of the user's elsewhere is theirs."""

@@ -107,7 +107,7 @@ def test_bf16_where_there_is_no_mixed_precision_is_said():
     translation = translate({"bf16": True}, GRPOConfig)
     assert translation.data["train"]["dtype"] == "bfloat16"
     (line,) = translation.noted
-    assert line.startswith("TRL's bf16: True (train.dtype, rollout.dtype, reference.dtype, orm.dtype: bfloat16;")
+    assert line.startswith("TRL's bf16: True (train.dtype, rollout.dtype, reference.dtype, orm.dtype, teacher.dtype: bfloat16;")
 
 
 def test_unknown_keys_suggest_nested_keys_and_never_another_meaning(python_m_rlcore, tmp_path):
@@ -155,7 +155,7 @@ def test_run_help_lists_the_algorithms_keys(python_m_rlcore):
     done = python_m_rlcore("run", "--plugin", "grpo", "--help")
     assert done.returncode == 0 and done.stdout.startswith("usage: rlcore run ")
     assert "Keys of algorithm 'grpo'" in done.stdout and "`rlcore config show --plugin grpo`" in done.stdout
-    assert "\n  num_generations = 8  completions per prompt (the group size)\n" in done.stdout
+    assert "\n  num_generations = 8  completions per prompt (the group size)" in done.stdout
     assert "\n  train.gradient_checkpointing = false  " in done.stdout
     general = python_m_rlcore("run", "--help")
     assert general.returncode == 0 and "`rlcore config show --plugin NAME`" in general.stdout
