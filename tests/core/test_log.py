@@ -19,6 +19,8 @@ import pytest
 
 def rlcore(cwd: Path, *args: str, **options) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
+    for name in os.environ.get("RLCORE_QUIETED_BARS", "").split():  # set by an in-process run of another test
+        env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "rlcore", *args], cwd=cwd, env=env, text=True, timeout=300,
                           stdin=subprocess.DEVNULL, **({"capture_output": True} | options))
 
