@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
 import traceback
@@ -34,6 +33,7 @@ from .extras import check_run, plugin_needs
 from .failures import advice, failure_of
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
 from .log import LEVELS, STOP, logger
+from .testing import remove_built_tiny_models
 from .manager import PluginLoadWarning, Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
 from .compat.ms_swift import Translation, launch_options, load_translated
@@ -383,9 +383,8 @@ def _run(args: argparse.Namespace) -> int:
     made = not Path(getattr(config, "output_dir", "output")).exists()
     try:
         trainer = plugins.algorithms.get(algorithm).trainer(config, plugins, use_ray=args.use_ray)
-    except BaseException:
-        if made:  # a run refused while it was built leaves no output_dir (a tiny model it built there goes too)
-            shutil.rmtree(getattr(config, "output_dir", "output"), ignore_errors=True)
+    except BaseException:  # a run refused while it was built leaves no tiny model in output_dir, nor a new output_dir
+        remove_built_tiny_models(getattr(config, "output_dir", "output"), made_root=made)
         raise
     if fitted:  # the run's checks passed: its output_dir keeps the config it runs with
         from .memory import save_fitted

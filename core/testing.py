@@ -18,6 +18,7 @@ the temporary directory) and returns the config with their paths, so every algor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -415,13 +416,34 @@ def build_tiny_teacher(root: str | os.PathLike, seed: int = 0) -> Path:
     return teacher
 
 
+_FOLDERS = {TINY: ("tiny-model",), TINY + ":teacher": ("tiny-teacher", "tiny-teacher-base")}
+_built: list[Path] = []  # the folders `tiny_model` made in this process (a run refused while built removes them)
+
+
 def tiny_model(name: str, root: str | os.PathLike, seed: int = 0) -> str:
     """The directory `name` (`tiny`, `tiny:teacher`) names, built under `root` with `seed` (once)."""
+    if name not in _FOLDERS:
+        raise ConfigError(f"model '{name}' is not a tiny model; known: tiny, tiny:teacher")
+    fresh = [Path(root) / folder for folder in _FOLDERS[name] if not (Path(root) / folder).exists()]
     if name == TINY:
-        return str(build_tiny_model(Path(root) / "tiny-model", seed=seed, replace=False))  # never another run's
-    if name == TINY + ":teacher":
-        return str(build_tiny_teacher(root, seed))
-    raise ConfigError(f"model '{name}' is not a tiny model; known: tiny, tiny:teacher")
+        path = build_tiny_model(Path(root) / "tiny-model", seed=seed, replace=False)  # never another run's
+    else:
+        path = build_tiny_teacher(root, seed)
+    _built.extend(fresh)
+    return str(path)
+
+
+def remove_built_tiny_models(root: str | os.PathLike, made_root: bool = False) -> None:
+    """Remove the tiny models this process built under `root`, and with `made_root` (this run made `root`)
+    `root` itself where that left it empty: what a run refused while it was built wrote there, and nothing
+    else (another run's files stay)."""
+    root = Path(root).resolve()
+    for folder in [f for f in _built if f.resolve().parent == root]:
+        shutil.rmtree(folder, ignore_errors=True)
+        _built.remove(folder)
+    if made_root:
+        with contextlib.suppress(OSError):
+            root.rmdir()  # only when empty
 
 
 def tiny_dataset(name: str, seed: int = 0, heldout: int = 0) -> str:

@@ -190,3 +190,29 @@ def test_a_full_disk_while_the_tiny_model_is_written_is_one_error_naming_the_fol
     assert done.stdout.startswith("RlcoreError cannot write the tiny model to m: ") and "free space" in done.stdout, \
         done.stdout + done.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written is left
+
+
+def test_a_refused_build_removes_only_the_tiny_models_this_process_built(tmp_path):
+    """What `rlcore run` does when a run is refused while it is built: the tiny model it built goes, and the
+    output_dir where it made it; a tiny model another run built, and the user's files, stay."""
+    from rlcore.testing import remove_built_tiny_models, tiny_model
+
+    made = tmp_path / "new"
+    tiny_model("tiny", made)
+    remove_built_tiny_models(made, made_root=True)
+    assert not made.exists()
+    theirs = tmp_path / "theirs"
+    tiny_model("tiny", theirs)
+    (theirs / "notes.txt").write_text("the user's")
+    remove_built_tiny_models(tmp_path / "elsewhere")  # another root: nothing of theirs goes
+    assert (theirs / "tiny-model" / "config.json").is_file()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    tiny_model("tiny", mine)
+    remove_built_tiny_models(mine, made_root=False)  # the folder was there before the run: it stays, empty
+    assert mine.is_dir() and list(mine.iterdir()) == []
+    again = tmp_path / "again"
+    build_tiny_model(again / "tiny-model", replace=False)  # another run's, with the same settings
+    tiny_model("tiny", again)  # found, not built: this process did not write it
+    remove_built_tiny_models(again, made_root=True)
+    assert (again / "tiny-model" / "config.json").is_file()
