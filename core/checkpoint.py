@@ -231,9 +231,22 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str, overwrite: bool =
                 f"drop --resume to start a new run there"
             )
         return found[-1][1]
+    return check_resume_path(resume)
+
+
+def check_resume_path(resume: str | None) -> Path | None:
+    """The checkpoint folder `resume` names where it names one (not `no` or `auto`): a ConfigError unless it
+    holds a trainer state (what `config validate` checks, as a run does)."""
+    if resume in (None, "", "no", "auto"):
+        return None
     path = Path(resume)
-    if not (path / STATE_FILE).is_file():
-        raise ConfigError(f"resume: '{resume}' is not a checkpoint directory (no {STATE_FILE} in it)")
+    try:
+        found = (path / STATE_FILE).is_file()
+    except OSError:  # a name the file system refuses
+        found = False
+    if not found:
+        raise ConfigError(f"resume: '{resume}' is not a checkpoint directory (no {STATE_FILE} in it)",
+                          [("resume", f"'{resume}' holds no {STATE_FILE}")])
     return path
 
 

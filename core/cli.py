@@ -32,6 +32,7 @@ from .config import (
 from .extras import check_run, plugin_needs
 from .failures import advice, failure_of
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
+from .checkpoint import check_output_dir, check_resume_path
 from .log import LEVELS, STOP, logger
 from .testing import remove_built_tiny_models
 from .manager import PluginLoadWarning, Plugins, is_file_or_module, load_plugins, plugin_name
@@ -443,6 +444,8 @@ def _config_validate(args: argparse.Namespace) -> int:
         plugins, algorithm, config = _configured(args)
         log.setup(getattr(config, "log_level", "info"))  # third-party progress bars off, as in a run
         check_run(plugins, algorithm, config, engines=False)  # the algorithm's own checks need its library
+        check_output_dir(getattr(config, "output_dir", "output"))  # as run checks it (a file, read-only)
+        check_resume_path(getattr(config, "resume", None))  # a checkpoint folder it names
         check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
         if check is not None:  # the plan, names, data, model: what run checks before it allocates
             check(config, plugins)

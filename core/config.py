@@ -114,11 +114,14 @@ class BaseConfig(BaseModel):
         return value
 
 
+MAX_WORKERS = 1 << 16  # GPUs, workers or nodes one key may ask: beyond any cluster, small enough to plan at once
+
+
 class RoleConfig(BaseConfig):
     """A role's section (`train:`, `rollout:`, `teacher:` ...): its devices and its engine's options."""
 
-    gpus: int = Field(0, ge=0, description="GPUs for this role (0: one CPU worker, or `cpus` workers)")
-    cpus: int = Field(1, ge=1, description="CPU workers when gpus is 0 (Ray only)")
+    gpus: int = Field(0, ge=0, le=MAX_WORKERS, description="GPUs for this role (0: one CPU worker, or `cpus` workers)")
+    cpus: int = Field(1, ge=1, le=MAX_WORKERS, description="CPU workers when gpus is 0 (Ray only)")
     engine: str = Field("hf", description="engine implementation (see `rlcore plugins`)")
 
 
@@ -132,9 +135,9 @@ class RunConfig(BaseConfig):
     )
     seed: int = Field(42, description="seed for data order, sampling and initialisation")
     nnodes: int | None = Field(
-        None, ge=1, description="nodes of the Ray cluster the plan spans (default: 1, or in device_groups what the ranks need)"
+        None, ge=1, le=MAX_WORKERS, description="nodes of the Ray cluster the plan spans (default: 1, or in device_groups what the ranks need)"
     )
-    nproc_per_node: int | None = Field(None, ge=1, description="GPUs per node (default: the role form's largest need)")
+    nproc_per_node: int | None = Field(None, ge=1, le=MAX_WORKERS, description="GPUs per node (default: the role form's largest need)")
     device_groups: dict[str, Any] | None = Field(
         None, description="ms-swift's per-group form: {nproc_per_node, GROUP: {device, ranks, workers}}"
     )

@@ -136,7 +136,12 @@ def _numbered_rows(path: str | os.PathLike, problems: list[tuple[str, str]]) -> 
     """(row number in the file, row) of every object row (the first N of them for `FILE#N`); other rows
     become problems."""
     file, first = dataset_file(path)
-    if not file.is_file():
+    try:
+        found = file.is_file()
+    except OSError as exc:  # a name the file system refuses (too long): the key's problem, as validate says
+        raise ConfigError(f"dataset '{path}' cannot be read: {exc.strerror or exc}; give a readable file",
+                          [("dataset", f"'{path}': {exc.strerror or exc}")]) from None
+    if not found:
         raise ConfigError(
             f"dataset '{path}' is not a file; rlcore reads local {', '.join(FORMATS)} files",
             [("dataset", f"'{path}' does not exist")],

@@ -75,6 +75,13 @@ def check_run(plugins: Any, algorithm: str, config: BaseModel, use_ray: bool = F
         require("ray", "--use-ray")
 
 
+def engine_name_problems(config: BaseModel, plugins: Any, roles: Any) -> list[tuple[str, str]]:
+    """(key, message) for each section of a role in `roles` whose `engine` no plugin registers."""
+    known = sorted({key.split("/", 1)[-1] for key in plugins.engines.names()})
+    return [(path, f"'{engine}' is not a registered engine; known: {', '.join(known)}")
+            for path, engine in _engines(config) if path.split(".")[0] in roles and engine not in known]
+
+
 def _engines(config: BaseModel, prefix: str = "") -> list[tuple[str, str]]:
     """(key path, engine name) of every role section of `config` that names an engine."""
     found = []

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import config_error, problems_of
+from .extras import engine_name_problems
 from .memory import RoleUse
 from .model_checks import ModelUse, model_problems
 from .runtime.resources import ResourcePlan, plan_from_config
@@ -136,6 +137,7 @@ class RoleTrainer(Trainer):
 
         problems = problems_of([("(resource plan)", plan)] if roles else [])
         problems += cls.problems(config, plugins, run=run) if own else []
+        problems += engine_name_problems(config, plugins, roles)
         problems += train_engine_problems(config, plugins) if "train" in roles else []
         problems += adapter_sync_problems(config) if {"train", "rollout"} <= set(roles) else []
         uses = cls.models(config)  # the models' own files: read, never loaded

@@ -324,5 +324,7 @@ class ExperienceMaker:
         return out
 
     def probe_sequence(self) -> list[int]:
-        """A fixed sequence for the weight-sync check: the first prompt of the data."""
-        return self.encode(self.sampler.rows[0]["prompt"])
+        """A fixed sequence for the weight-sync check: the first prompt of the data (its last token repeated to
+        the two tokens the check scores, where max_prompt_length cut it shorter)."""
+        ids = list(self.encode(self.sampler.rows[0]["prompt"])) or [0]
+        return ids + ids[-1:] * (2 - len(ids))

@@ -14,8 +14,8 @@ from rlcore.sections import DTYPE_HELP, OptimizerKeys, TrainingConfig, default_o
 class DefaultRoleConfig(BaseConfig):
     """The `default:` section (the per-role resource form): every worker of this role trains."""
 
-    gpus: int = Field(0, ge=0, description="GPUs, one data-parallel worker each (0: CPU workers)")
-    cpus: int = Field(1, ge=1, description="CPU workers when gpus is 0 (Ray only; gloo)")
+    gpus: int = Field(0, ge=0, le=1 << 16, description="GPUs, one data-parallel worker each (0: CPU workers)")
+    cpus: int = Field(1, ge=1, le=1 << 16, description="CPU workers when gpus is 0 (Ray only; gloo)")
 
 
 class LMConfig(TrainingConfig):

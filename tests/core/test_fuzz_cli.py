@@ -126,7 +126,7 @@ def check(places, tmp_path_factory, key: str | None, value: str, env_pair: tuple
     what = f"{' '.join(override)} {env}"
     cwd = os.getcwd()
     os.chdir(work)
-    (work / "c.yaml").write_text("seed: 42\n")
+    (work / "c.yaml").write_text("model: tiny\ndataset: tiny:toy\nseed: 42\n")  # a config that runs, but for the case
     try:
         with environment(env):
             rc, err = cli("config", "validate", "--plugin", "grpo", "--config", "c.yaml", *override)
@@ -176,3 +176,29 @@ def test_a_fifo_and_a_device_are_not_read_as_a_config(places):
     for path in (where["fifo"], "/dev/zero"):
         rc, err = cli("config", "validate", "--plugin", "grpo", "--config", path)
         refused_cleanly(rc, err, f"--config {path}")
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.gpus=3466765310564", "train.gpus"),  # a plan of 3e12 ranks: MemoryError before
+    ("output_dir=/dev/null", "output_dir"),  # run refused it, validate did not
+    ("resume=/no/such/checkpoint", "resume"),
+    ("train.engine=", "train.engine"),  # an engine no plugin registers
+    ("dataset=/tmp/" + "n" * 300, "dataset"),  # a name too long: run said "cannot use" with exit 1
+])
+def test_the_long_fuzzs_finds_are_refused_by_validate_and_run_alike(tmp_path, monkeypatch, override, key):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("model: tiny\ndataset: tiny:toy\nseed: 42\n")
+    rc, err = cli("config", "validate", "--plugin", "grpo", "--config", "c.yaml", override)
+    assert rc == 2 and key in err and "Traceback" not in err, err
+    run_rc, run_err = cli("run", "--plugin", "grpo", "--config", "c.yaml", "max_steps=1", "output_dir=out", override)
+    assert run_rc == 2 and "Traceback" not in run_err, run_err
+
+
+def test_a_one_token_prompt_still_checks_the_weight_sync(tmp_path, monkeypatch):
+    """max_prompt_length=1: the weight-sync probe (the first prompt, cut to one token) is padded to the two tokens
+    the check scores; the run refused it after placing its roles before."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("model: tiny\ndataset: tiny:toy\nseed: 42\n")
+    rc, err = cli("run", "--plugin", "grpo", "--config", "c.yaml", "max_steps=1", "max_completion_length=4",
+                  "output_dir=out", "max_prompt_length=1", "check_weight_sync=true")
+    assert rc == 0, err
