@@ -76,8 +76,11 @@ def check_run(plugins: Any, algorithm: str, config: BaseModel, use_ray: bool = F
 
 
 def engine_name_problems(config: BaseModel, plugins: Any, roles: Any) -> list[tuple[str, str]]:
-    """(key, message) for each section of a role in `roles` whose `engine` no plugin registers."""
+    """(key, message) for each section of a role in `roles` whose `engine` no plugin registers (none where no
+    plugin registers engines: the algorithm's setups then give engine factories of their own)."""
     known = sorted({key.split("/", 1)[-1] for key in plugins.engines.names()})
+    if not known:
+        return []
     return [(path, f"'{engine}' is not a registered engine; known: {', '.join(known)}")
             for path, engine in _engines(config) if path.split(".")[0] in roles and engine not in known]
 
