@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .model_shape import ModelShape, dtype_bytes, shape_of
+from .runtime.resources import rank_ranges
 from .memory_terms import (
     CHUNK_ROWS, CUDA_CONTEXT, GiB, EngineMemory, Fix, MemoryQuery, RoleUse, forward_terms, memory_function, teacher_terms,
     train_fixes, train_terms,
@@ -87,7 +88,7 @@ class MemoryPlan:
             head = self.gpu_bytes - row.peak
             unknown = f" + unknown ({', '.join(row.unknown)})" if row.unknown else ""
             state = "OVER" if head < 0 else "ok"
-            lines.append(f"GPU {_ranges(row.gpus)} {row.phase}: peak {gib(row.peak)}{unknown} of {gib(self.gpu_bytes)}, "
+            lines.append(f"GPU {rank_ranges(row.gpus)} {row.phase}: peak {gib(row.peak)}{unknown} of {gib(self.gpu_bytes)}, "
                          f"headroom {gib(head)} [{state}]")
             for role, component, size in row.terms:
                 lines.append(f"    {role:<10} {component:<28} {'unknown' if size is None else gib(size)}")
@@ -319,7 +320,7 @@ def refusal(plan: MemoryPlan, found: list[Suggestion]) -> str:
     """The message of a plan that will not fit: where, by how much, the largest component, and what fits."""
     row = max(plan.over, key=lambda r: r.peak - r.total)
     role, component, size = row.largest()
-    lines = [f"the plan will not fit in GPU memory: GPU {_ranges(row.gpus)} in {row.phase} needs {gib(row.peak)} of "
+    lines = [f"the plan will not fit in GPU memory: GPU {rank_ranges(row.gpus)} in {row.phase} needs {gib(row.peak)} of "
              f"{gib(row.total)} (over by {gib(row.peak - row.total)}); its largest part is {role} {component} "
              f"({gib(size)})"]
     fitting = [s for s in found if s.fits]
@@ -357,19 +358,6 @@ def _yaml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
-
-
-def _ranges(ranks: tuple[int, ...]) -> str:
-    out, ordered = [], sorted(ranks)
-    start = prev = ordered[0]
-    for r in ordered[1:] + [None]:  # type: ignore[list-item]
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        out.append(f"{start}-{prev}" if prev > start else str(start))
-        if r is not None:
-            start = prev = r
-    return ",".join(out)
 
 
 __all__ = [

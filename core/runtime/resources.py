@@ -106,6 +106,20 @@ def short(values: list[Any], most: int = 8) -> str:
     return "[" + ", ".join(repr(v) for v in values[:most]) + f", ... ({len(values)} in all)]"
 
 
+def rank_ranges(ranks: Any) -> str:
+    """[0, 1, 2, 5] -> '0-2,5': ranks as the placement line and the memory plan print them."""
+    out, ordered = [], sorted(ranks)
+    start = prev = ordered[0]
+    for r in ordered[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+        if r is not None:
+            start = prev = r
+    return ",".join(out)
+
+
 def parse_ranks(value: Any) -> int | list[int]:
     """An int count, a list of ranks, or a `range(...)` string parsed by a regex (never evaluated).
 

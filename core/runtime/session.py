@@ -36,7 +36,7 @@ from ..engine_checks import resolve_dtype
 from ..errors import ConfigError
 from .placement import allocate, release
 from ..log import logger
-from .resources import ResourcePlan
+from .resources import ResourcePlan, rank_ranges
 from .workers import bind
 
 TRANSPORTS = ("auto", "in_process", "object_store", "nccl", "gloo", "cuda_ipc")
@@ -178,7 +178,7 @@ class RoleSession:
             if not self.use_ray:
                 where = "in this process" + (f" on {self.device(role)}" if self.device(role) != "cpu" else "")
             elif ranks:
-                where = f"GPU {_ranges(ranks)}"
+                where = f"GPU {rank_ranges(ranks)}"
             else:
                 where = "CPU"
             shared = self.colocated_with(role)
@@ -401,20 +401,6 @@ class RoleSession:
 
         self.wake(dst, ("kv_cache",))
         return check_weight_sync(self[src], self[dst], sequence)
-
-
-def _ranges(ranks: tuple[int, ...]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out, ordered = [], sorted(ranks)
-    start = prev = ordered[0]
-    for r in ordered[1:] + [None]:  # type: ignore[list-item]
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        out.append(f"{start}-{prev}" if prev > start else str(start))
-        if r is not None:
-            start = prev = r
-    return ",".join(out)
 
 
 def announce(lines: list[str]) -> None:

@@ -9,7 +9,7 @@ import pytest
 from rlcore import ConfigError, PhaseTimer, RoleSession, RoleSetup, load_plugins
 from rlcore.runtime.resources import plan_from_config
 from rlcore.runtime.roles import GenerateWorker, ScoreWorker, TrainWorker
-from rlcore.runtime.session import _ranges
+from rlcore.runtime.resources import rank_ranges
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_an_engine_device_option_wins_and_bad_setups_are_refused(plugins):
 
 
 def test_ranges_are_short():
-    assert _ranges((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8" and _ranges((3,)) == "3"
+    assert rank_ranges((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8" and rank_ranges((3,)) == "3"
 
 
 def test_nested_phases_are_not_counted_twice():
