@@ -6,7 +6,7 @@ plugins pay for what they use.
 
 from .batch import Batch
 from .config import (
-    BaseConfig, ConfigProblems, RoleConfig, RunConfig, config_error, load_config, problems_of, render_config,
+    BaseConfig, ConfigProblems, RoleConfig, RunConfig, config_error, problems_of, render_config,
 )
 from .data import PromptEncoder, PromptSampler, completion_text, load_prompts, load_rows, prompt_view
 from .engines import (
@@ -14,7 +14,7 @@ from .engines import (
 )
 from .errors import ConfigError, NotRegistered, PluginError, ResourceError, RlcoreError, RoleFailed, did_you_mean
 from .hookspecs import hookimpl, hookspec
-from .manager import Plugins, Registered, load_plugins
+from .manager import Plugins, Registered, config_model, load_config, load_plugins
 from .model_checks import ModelUse
 from .registry import Registry
 from .runtime.resources import plan_from_config
@@ -122,6 +122,7 @@ __all__ = [
     "call_reward",
     "completion_text",
     "config_error",
+    "config_model",
     "default_of",
     "did_you_mean",
     "function",

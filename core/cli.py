@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import __version__, log
 from .config import (
-    config_error, read_config_data, render_config, render_value, validation_problems, with_settings,
+    config_error, read_config_data, render_config, render_value, validation_problems,
 )
 from .extras import check_run, plugin_needs
 from .failures import advice, failure_of
@@ -169,7 +169,7 @@ def _keys_help(argv: list[str]) -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             plugins, algorithm = _load(given)
-        model = with_settings(plugins.algorithms.get(algorithm).config, plugins.settings, algorithm)
+        model = plugins.config_model(algorithm)
         lines = _key_lines(model())
     except RlcoreError as exc:
         return f"{how}\n({given}: {exc})"
@@ -342,7 +342,7 @@ def _configured(args: argparse.Namespace, resume: bool = False, demo: bool = Fal
     if demo and args.config is None and spec.demo and not any(o.split("=", 1)[0].strip() == "model" for o in args.overrides):
         args.config = spec.demo
         logger.debug("no --config and no model: running the %s demo preset %s", algorithm, spec.demo)
-    model = with_settings(spec.config, plugins.settings, algorithm)
+    model = plugins.config_model(algorithm)
     overrides = list(args.overrides)
     if resume:
         if "resume" not in model.model_fields:
@@ -463,7 +463,7 @@ def _refit(args: argparse.Namespace, plugins: Plugins, algorithm: str, changes: 
     """The config with `changes` (dotted keys) over the command line's overrides."""
     from .memory import Suggestion
 
-    model = with_settings(plugins.algorithms.get(algorithm).config, plugins.settings, algorithm)
+    model = plugins.config_model(algorithm)
     overrides = list(args.overrides) + (["resume=auto"] if getattr(args, "resume", False) else [])
     changed = overrides + Suggestion(changes, 0, True).overrides()
     return load_translated(model, args.config, changed, algorithm=algorithm)[0]

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -30,11 +30,12 @@ from pydantic import (
     create_model,
     field_validator,
 )
+from pydantic.fields import FieldInfo
 
 from .errors import ConfigError, PluginError, RlcoreError, did_you_mean
 
 if TYPE_CHECKING:
-    from .specs import SettingSpec
+    from .specs import EngineSpec, SettingSpec
 
 
 class _Loader(yaml.SafeLoader):
@@ -118,11 +119,36 @@ MAX_WORKERS = 1 << 16  # GPUs, workers or nodes one key may ask: beyond any clus
 
 
 class RoleConfig(BaseConfig):
-    """A role's section (`train:`, `rollout:`, `teacher:` ...): its devices and its engine's options."""
+    """A role's section (`train:`, `rollout:`, `teacher:` ...): its devices and its engine's options.
+
+    An engine's own keys (vLLM's `vllm_max_model_len`, megatron's `tensor_model_parallel_size`) are declared by its
+    plugin (`EngineSpec.keys`) and added to the sections of the kinds it serves (`engine_kinds`) by
+    `with_engine_keys`; `engine_options()` gives the keys of the section's engine, as that engine takes them.
+    """
+
+    # the engine kinds (`EngineSpec.kind`) this section's role builds: whose keys it takes
+    engine_kinds: ClassVar[tuple[str, ...]] = ()
+    # an algorithm's own defaults for an engine's keys ({"vllm": {"vllm_gpu_memory_utilization": 0.9}})
+    engine_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    # set by `with_engine_keys`: {(engine, kind): the keys that engine declares for that kind}
+    engine_keys: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {}
 
     gpus: int = Field(0, ge=0, le=MAX_WORKERS, description="GPUs for this role (0: one CPU worker, or `cpus` workers)")
     cpus: int = Field(1, ge=1, le=MAX_WORKERS, description="CPU workers when gpus is 0 (Ray only)")
     engine: str = Field("hf", description="engine implementation (see `rlcore plugins`)")
+
+    def engine_options(self, kind: str | None = None) -> dict[str, Any]:
+        """The keys of this section's engine that it declares for `kind` (default: the section's first kind), with
+        their values here; a key left None is left out (the engine's own default holds). In a section built
+        without the plugins' keys (a config model used as the plugin defined it) only the algorithm's
+        `engine_defaults` for the engine."""
+        kind = kind or (self.engine_kinds[0] if self.engine_kinds else "")
+        options = dict(self.engine_defaults.get(self.engine, {}))
+        fields = type(self).model_fields
+        for key in self.engine_keys.get((self.engine, kind), ()):
+            if key in fields and getattr(self, key) is not None:
+                options[key] = getattr(self, key)
+        return options
 
 
 class RunConfig(BaseConfig):
@@ -175,7 +201,8 @@ def with_settings(model: type[BaseModel], settings: Iterable[SettingSpec], algor
     the algorithm; `settings` may be a `Registry`, whose owners the message names.
     """
     owner = getattr(settings, "owner", None)
-    specs = list(settings)
+    added = getattr(model, "__rlcore_settings__", frozenset())  # a model extended before: its settings are in
+    specs = [spec for spec in settings if spec.name not in added]
     if not specs:
         return model
     taken = _names_and_aliases(model)
@@ -192,9 +219,72 @@ def with_settings(model: type[BaseModel], settings: Iterable[SettingSpec], algor
     fields: dict[str, Any] = {
         spec.name: (spec.type, Field(spec.default, description=spec.description or None)) for spec in specs
     }
-    return create_model(  # same name and docstring: `config show` and error messages read as before
+    extended = create_model(  # same name and docstring: `config show` and error messages read as before
         model.__name__, __base__=model, __module__=model.__module__, __doc__=model.__doc__, **fields
     )
+    extended.__rlcore_settings__ = added | set(fields)
+    return extended
+
+
+def with_engine_keys(model: type[BaseModel], engines: Iterable[EngineSpec]) -> type[BaseModel]:
+    """`model` with each role section (a `RoleConfig` field) extended by the keys its engines declare
+    (`EngineSpec.keys`, a pydantic model) for the kinds the section builds (`engine_kinds`), at the section's
+    top (`rollout.vllm_max_model_len`), with the section's `engine_defaults`. They validate, show and render as
+    the section's own keys; the engine reads those of its name (`RoleConfig.engine_options`).
+
+    An engine key named like a key the section has already, or like another engine's key declared by another
+    model, is a `PluginError` naming both; `engines` may be a `Registry`, whose owners the message names.
+    """
+    owner = getattr(engines, "owner", None)
+    specs = [spec for spec in engines if getattr(spec, "keys", None) is not None]
+    if not specs:
+        return model
+    sections: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        section = info.annotation
+        if not (isinstance(section, type) and issubclass(section, RoleConfig) and section.engine_kinds):
+            continue
+        if section.engine_keys:  # extended before
+            continue
+        built = _section_with_engine_keys(section, specs, owner)
+        if built is not section:
+            sections[name] = (built, FieldInfo.merge_field_infos(info, default_factory=built, annotation=built))
+    if not sections:
+        return model
+    return create_model(  # same name and docstring: `config show` and error messages read as before
+        model.__name__, __base__=model, __module__=model.__module__, __doc__=model.__doc__, **sections
+    )
+
+
+def _section_with_engine_keys(section: type[RoleConfig], specs: list[EngineSpec], owner: Any) -> type[RoleConfig]:
+    taken = _names_and_aliases(section)
+    fields: dict[str, Any] = {}
+    declared: dict[str, tuple[type, str]] = {}  # key -> (the keys model declaring it, its engine)
+    keys: dict[tuple[str, str], tuple[str, ...]] = {}
+    problems = []
+    for spec in specs:
+        keys[(spec.name, spec.kind)] = tuple(spec.keys.model_fields)
+        if spec.kind not in section.engine_kinds:
+            continue
+        defaults = section.engine_defaults.get(spec.name, {})
+        for key, info in spec.keys.model_fields.items():
+            plugin = owner(f"{spec.kind}/{spec.name}") if owner else "?"
+            if key in taken:
+                problems.append(f"engine '{spec.name}' (plugin '{plugin}') declares the key '{key}', but "
+                                f"{section.__name__} already has a key '{key}': rename the engine's key")
+                continue
+            first = declared.setdefault(key, (spec.keys, spec.name))
+            if first[0] is not spec.keys:
+                problems.append(f"engine '{spec.name}' (plugin '{plugin}') declares the key '{key}', which engine "
+                                f"'{first[1]}' declares too: one of them renames it (prefix it with the engine's name)")
+                continue
+            if key not in fields:
+                fields[key] = (info.annotation, FieldInfo.merge_field_infos(info, default=defaults[key]) if key in defaults else info)
+    if problems:
+        raise PluginError("\n".join(problems))
+    built = create_model(section.__name__, __base__=section, __module__=section.__module__, __doc__=section.__doc__, **fields)
+    built.engine_keys = keys
+    return built
 
 
 def _names_and_aliases(model: type[BaseModel]) -> set[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 
 # extra -> the modules it installs that rlcore imports (the first one missing is named)
 EXTRAS: dict[str, tuple[str, ...]] = {
@@ -76,13 +76,31 @@ def check_run(plugins: Any, algorithm: str, config: BaseModel, use_ray: bool = F
 
 
 def engine_name_problems(config: BaseModel, plugins: Any, roles: Any) -> list[tuple[str, str]]:
-    """(key, message) for each section of a role in `roles` whose `engine` no plugin registers (none where no
-    plugin registers engines: the algorithm's setups then give engine factories of their own)."""
-    known = sorted({key.split("/", 1)[-1] for key in plugins.engines.names()})
-    if not known:
-        return []
-    return [(path, f"'{engine}' is not a registered engine; known: {', '.join(known)}")
-            for path, engine in _engines(config) if path.split(".")[0] in roles and engine not in known]
+    """(key, message) for each section of a role in `roles` that builds registered engines (a `RoleConfig` with
+    `engine_kinds`) and names an `engine` no plugin registers for those kinds. A section without kinds is the
+    algorithm's own business (its setups may give engine factories of their own)."""
+    problems = []
+    for path, section in _sections(config):
+        kinds = getattr(section, "engine_kinds", ())
+        if not kinds or path.split(".")[0] not in roles:
+            continue
+        known = sorted({spec.name for spec in plugins.engines if spec.kind in kinds})
+        if known and section.engine not in known:
+            problems.append((f"{path}.engine", f"'{section.engine}' is not a registered {'/'.join(kinds)} engine; "
+                             f"known: {', '.join(known)}{did_you_mean(section.engine, known)}"))
+    return problems
+
+
+def _sections(config: BaseModel, prefix: str = "") -> list[tuple[str, BaseModel]]:
+    """(key path, section) of every role section of `config` that names an engine."""
+    found = []
+    for name in type(config).model_fields:
+        value = getattr(config, name)
+        if isinstance(value, BaseModel):
+            if isinstance(getattr(value, "engine", None), str):
+                found.append((f"{prefix}{name}", value))
+            found.extend(_sections(value, f"{prefix}{name}."))
+    return found
 
 
 def _engines(config: BaseModel, prefix: str = "") -> list[tuple[str, str]]:

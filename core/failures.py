@@ -15,6 +15,7 @@ import re
 import socket
 import traceback as tb
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import RoleFailed
 
@@ -105,9 +106,6 @@ def failure_of(exc: BaseException) -> Failure | None:
 # advice: the one line rlcore can add where it knows the fix
 # -------------------------------------------------------------------------
 
-_MAX_LEN = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
-                      r"\((?:(\w+)=)?(\d+)")
-_KV_CACHE = re.compile(r"No available memory for the cache blocks|can be stored in KV cache", re.I)
 _OOM = re.compile(r"\bout of memory\b|OutOfMemoryError", re.I)
 _NCCL_TIMEOUT = re.compile(r"collective operation timeout|NCCL.*timed? ?out|timed? ?out.*NCCL|ProcessGroupNCCL.*timeout",
                            re.I)
@@ -115,17 +113,22 @@ _NCCL = re.compile(r"\bNCCL error\b|\bnccl\w*Error\b|NCCL communicator", re.I)
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
 
 
-def advice(failure: Failure) -> str:
-    """One line saying what to change for a failure rlcore knows (a context longer than the model's, the GPU out
-    of memory, an NCCL timeout or error, a missing module), else ''."""
+def advice(failure: Failure, plugins: Any = None) -> str:
+    """One line saying what to change for a failure rlcore knows: an engine's own (`EngineSpec.advice`: vLLM's
+    context longer than the model's, no room for its KV cache), else the GPU out of memory, an NCCL timeout or
+    error, a missing module; '' where none knows one."""
     role, text = failure.role, f"{failure.type}: {failure.message}"
-    if match := _MAX_LEN.search(text):
-        key = match[2] or "context length"
-        return (f"lower {role}.vllm_max_model_len ({match[1]}) to {match[3]} or less, the model's {key}; "
-                f"prompt and completion must fit in it")
-    if _KV_CACHE.search(text):
-        return (f"vLLM's share of the GPU leaves no room for the KV cache: raise {role}.vllm_gpu_memory_utilization "
-                f"or lower {role}.vllm_max_model_len")
+    if plugins is None:
+        from . import manager
+
+        plugins = manager.plugins()
+    seen = set()
+    for spec in plugins.engines:
+        if spec.advice is not None and spec.advice not in seen:
+            seen.add(spec.advice)
+            said = spec.advice(failure)
+            if said:
+                return said
     if _OOM.search(text):
         return (f"the GPU ran out of memory: lower {role}.vllm_gpu_memory_utilization where vLLM shares the GPU, or "
                 f"per_device_train_batch_size (the micro-batch); or set offload_model=true offload_optimizer=true "

@@ -33,7 +33,8 @@ import pluggy
 from pydantic import BaseModel
 
 from . import hookspecs
-from .config import config_error
+from .config import config_error, with_engine_keys, with_settings
+from .config import load_config as load_config_as_defined
 from .errors import NotRegistered, PluginError, did_you_mean
 from .registry import EngineRegistry, Registry
 
@@ -227,6 +228,17 @@ class Plugins:
             staged.append((attr, mine))
         return staged
 
+    def config_model(self, algorithm: str | type[BaseModel]) -> type[BaseModel]:
+        """The config model a run of `algorithm` (a registered name, or a config model) validates with: its own keys,
+        the settings plugins add (`with_settings`) and the keys of the engines its role sections build
+        (`with_engine_keys`). Built once per model."""
+        name = algorithm if isinstance(algorithm, str) else ""
+        model = self.algorithms.get(algorithm).config if isinstance(algorithm, str) else algorithm
+        cache = self.__dict__.setdefault("_config_models", {})
+        if model not in cache:
+            cache[model] = with_engine_keys(with_settings(model, self.settings, name), self.engines)
+        return cache[model]
+
     def algorithm_of(self, name: str) -> str:
         """The algorithm `--plugin NAME` selects: the one plugin NAME provides, else the algorithm NAME."""
         if name in self.info:
@@ -353,10 +365,27 @@ def plugins() -> Plugins:
     return _plugins
 
 
+_process_plugins = plugins  # for functions whose `plugins` argument hides the name
+
+
 def use_plugins(loaded: Plugins | None) -> None:
     """Resolve names with `loaded` (e.g. after `load_plugins(extra=...)`); None reloads on next use."""
     global _plugins
     _plugins = loaded
+
+
+def config_model(algorithm: str | type[BaseModel], plugins: Plugins | None = None) -> type[BaseModel]:
+    """`Plugins.config_model` of `plugins` (default: this process's): the model a run of `algorithm` validates
+    with, which takes the engines' keys (`config_model(GRPOConfig)(rollout={"engine": "vllm", "vllm_max_model_len":
+    4096})`)."""
+    return (plugins if plugins is not None else _process_plugins()).config_model(algorithm)
+
+
+def load_config(model: type[BaseModel], path: str | os.PathLike | None = None, overrides: Any = (), *,
+                algorithm: str = "", plugins: Plugins | None = None) -> BaseModel:
+    """`rlcore.config.load_config` into `model` as a run has it (`Plugins.config_model`: with the keys plugins and
+    engines add, `rollout.vllm_max_model_len`, `report_to`), with `plugins` (default: this process's)."""
+    return load_config_as_defined(config_model(model, plugins), path, overrides, algorithm=algorithm)
 
 
 def extra_plugins_from_env() -> tuple[str, ...]:

@@ -28,7 +28,7 @@ class RoleUse:
     (as its setup builds it), the model it loads, the phase it works in, and the workload's sizes.
 
     `micro_batch` sequences of at most `seq_len` tokens go through one forward/backward; `sequences` are generated
-    at once (a KV cache engine's batch); `logits` is what a loss asks of the vocabulary (`full`, or `topk` with
+    at once per GPU of the role (a KV cache engine's batch; an engine spanning several GPUs holds theirs together); `logits` is what a loss asks of the vocabulary (`full`, or `topk` with
     `topk` ids; a colocated teacher's too). `sync` says whether the role sends or receives weights. `knobs` maps
     the workload's names (`micro_batch`, `accumulation`, `topk`) to the config keys that set them, so a fix can
     name them (a smaller micro-batch with more accumulation keeps the step's batch).

@@ -33,7 +33,7 @@ from .extras import engine_name_problems
 from .memory import RoleUse
 from .model_checks import ModelUse, model_problems
 from .runtime.resources import ResourcePlan, plan_from_config
-from .sections import adapter_sync_problems, generate_engine_problems, train_engine_problems
+from .sections import engine_config_problems, generate_engine_problems, other_engine_key_problems, train_engine_problems
 from .runtime.session import RoleSession, RoleSetup, announce
 from .testing import is_tiny, resolve_tiny
 from .trainer import Trainer
@@ -139,7 +139,7 @@ class RoleTrainer(Trainer):
         problems += cls.problems(config, plugins, run=run) if own else []
         problems += engine_name_problems(config, plugins, roles)
         problems += train_engine_problems(config, plugins) if "train" in roles else []
-        problems += adapter_sync_problems(config) if {"train", "rollout"} <= set(roles) else []
+        problems += other_engine_key_problems(config, roles) + engine_config_problems(config, plugins, roles)
         uses = cls.models(config)  # the models' own files: read, never loaded
         problems += model_problems(uses)
         problems += [problem for use in uses for role in use.roles if role in roles
@@ -160,17 +160,28 @@ class RoleTrainer(Trainer):
 
     def sync_weights(self, src: str = "train", dst: str = "rollout", probe: list[int] | None = None) -> dict[str, float]:
         """`src`'s weights into `dst` (timed as the `sync` phase), in buckets of `weight_sync_bucket_mb`, or only its
-        LoRA adapter where `dst`'s section says `vllm_enable_lora` (through output_dir/adapter_sync); with a
-        `probe` sequence, `dst` must then score it as `src` does."""
+        LoRA adapter where `dst`'s engine takes it alone (`EngineSpec.syncs_adapter`: vLLM's `vllm_enable_lora`; through
+        output_dir/adapter_sync); with a `probe` sequence, `dst` must then score it as `src` does."""
         bucket_mb = getattr(self.config, "weight_sync_bucket_mb", 512)
         with self.timer("sync"):
-            if getattr(getattr(self.config, dst, None), "vllm_enable_lora", False):
+            if self.syncs_adapter(dst):
                 stats = self.session.sync_adapter(src, dst, str(self.output_dir / "adapter_sync"))
             else:
                 stats = self.session.sync_weights(src, dst, bucket_mb << 20)
         if probe is not None:
             self.session.check_weight_sync(src, dst, probe)
         return stats
+
+    def syncs_adapter(self, role: str) -> bool:
+        """Whether `role`'s engine takes the train engine's LoRA adapter alone at a sync (`EngineSpec.syncs_adapter`
+        of its options)."""
+        setup = self.session.setups.get(role) if self.session is not None else None
+        if setup is None or not isinstance(setup.engine, str):
+            return False
+        for spec in self.plugins.engines:
+            if spec.name == setup.engine and spec.syncs_adapter is not None:
+                return bool(spec.syncs_adapter(**setup.options))
+        return False
 
     def save_model(self, path: Path) -> None:
         if self.checkpointed:

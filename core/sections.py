@@ -11,7 +11,7 @@ builders.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, model_validator
 from pydantic.fields import FieldInfo
@@ -166,7 +166,10 @@ class TrainingConfig(LoggingKeys, CheckpointKeys, OptimizerKeys, RunConfig):
 
 
 class TrainRoleConfig(RoleConfig):
-    """The `train:` section: the policy's train engine."""
+    """The `train:` section: the policy's train engine (its engine's own keys, megatron's parallel sizes, come
+    with the engine's plugin)."""
+
+    engine_kinds: ClassVar[tuple[str, ...]] = ("train",)
 
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
@@ -174,47 +177,21 @@ class TrainRoleConfig(RoleConfig):
     lora_alpha: int = Field(32, description="LoRA scaling numerator")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout (with lora_rank > 0)")
     lora_target_modules: list[str] | str = Field("all-linear", description="modules LoRA adapts")
-    tensor_model_parallel_size: int = Field(1, ge=1, description="tensor parallel size (engine megatron)")
-    pipeline_model_parallel_size: int = Field(1, ge=1, description="pipeline parallel size (engine megatron)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
-
-    def parallel_options(self) -> dict[str, int]:
-        """The tensor and pipeline sizes, for an engine that takes them (megatron, or any with sizes > 1)."""
-        if self.engine == "megatron" or self.tensor_model_parallel_size * self.pipeline_model_parallel_size > 1:
-            return {"tensor_model_parallel_size": self.tensor_model_parallel_size,
-                    "pipeline_model_parallel_size": self.pipeline_model_parallel_size}
-        return {}
 
 
 class GenerateRoleConfig(RoleConfig):
-    """The section of a role a rollout engine serves: `rollout:`, a sampler, a served teacher."""
+    """The section of a role a rollout engine serves: `rollout:`, a sampler, a served teacher (its engine's own
+    keys, vLLM's `vllm_*`, come with the engine's plugin)."""
+
+    engine_kinds: ClassVar[tuple[str, ...]] = ("rollout",)
 
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
-    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per engine (worker)")
-    vllm_gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of GPU memory vLLM takes")
-    vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")
-    vllm_enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
-    vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 
 
 class RolloutRoleConfig(GenerateRoleConfig):
     """The `rollout:` section: the engine that generates completions."""
-
-    vllm_in_process: bool = Field(
-        True, description="vLLM's engine core in the worker's process (weights load in place); false: its own processes"
-    )
-    vllm_request_seeds: bool = Field(
-        False, description="seed every vLLM request (samples independent of the batch; slower sampling)"
-    )
-    vllm_weight_replay: bool = Field(
-        True, description="replay vLLM's weight loading as one batched copy after a bucket layout's first, traced load"
-    )
-    vllm_enable_lora: bool = Field(
-        False, description="with train LoRA: each sync sends only the adapter, which vLLM serves as a LoRA request "
-        "(ms-swift's key); output_dir must be visible to the rollout nodes"
-    )
-    vllm_max_lora_rank: int = Field(16, ge=1, description="vLLM's max_lora_rank (>= train.lora_rank), with vllm_enable_lora")
 
 
 def train_options(config: Any, model: str) -> dict[str, Any]:
@@ -226,7 +203,7 @@ def train_options(config: Any, model: str) -> dict[str, Any]:
         "gradient_checkpointing": train.gradient_checkpointing,
         "lora_rank": train.lora_rank, "lora_alpha": train.lora_alpha, "lora_target_modules": train.lora_target_modules,
         **({"lora_dropout": train.lora_dropout} if train.lora_rank else {}),  # engines without LoRA take no dropout
-        **train.parallel_options(), **train.engine_kwargs,
+        **train.engine_options(), **train.engine_kwargs,
     }
 
 
@@ -258,7 +235,7 @@ def train_engine_problems(config: Any, plugins: Any) -> list[tuple[str, str]]:
 
 def generate_engine_problems(config: Any, plugins: Any, role: str, model: str) -> list[tuple[str, str]]:
     """The engine's own check (`EngineSpec.check`, of kind rollout or teacher) of the options `rollout_options` gives
-    the generate role `role` serving `model`, each key under the role's section (`rollout.vllm_tensor_parallel_size`);
+    the generate role `role` serving `model`, each key under the role's section (`rollout.vllm_max_model_len`);
     none where the role has no such section, or its engine is not registered (the plan names that) or has no check."""
     section = getattr(config, role, None)
     if not isinstance(section, GenerateRoleConfig):
@@ -274,61 +251,60 @@ def generate_engine_problems(config: Any, plugins: Any, role: str, model: str) -
     return []
 
 
-DELTA_NET_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")  # Qwen3.5's linear attention
-
-
-def adapter_sync_problems(config: Any) -> list[tuple[str, str]]:
-    """What keeps `rollout.vllm_enable_lora` (the adapter alone to vLLM at each sync) from working: no LoRA on the
-    train engine, a rollout engine other than vllm, a rank above `vllm_max_lora_rank`, `sleep_level` 2 while colocated,
-    or adapters on Qwen3.5's gated delta-net linears, whose LoRA vLLM does not apply (vllm-project/vllm#49354)."""
-    rollout, train = getattr(config, "rollout", None), getattr(config, "train", None)
-    if not getattr(rollout, "vllm_enable_lora", False) or not isinstance(train, TrainRoleConfig):
-        return []
-    if rollout.engine != "vllm":
-        return [("rollout.vllm_enable_lora", f"loads the train engine's LoRA adapter into vLLM, but rollout.engine is "
-                 f"'{rollout.engine}'; set rollout.engine vllm, or drop vllm_enable_lora (merged weights are synced)")]
-    if not train.lora_rank:
-        return [("rollout.vllm_enable_lora", "syncs the train engine's LoRA adapter, but train.lora_rank is 0 (every "
-                 "weight trains); set train.lora_rank (ms-swift: tuner_type lora), or drop vllm_enable_lora")]
+def other_engine_key_problems(config: Any, roles: Any) -> list[tuple[str, str]]:
+    """A key of another engine that asks for something only that engine does (marked `engine_only` in its field's
+    `json_schema_extra`: `rollout.vllm_enable_lora`, `train.tensor_model_parallel_size`) given a value other than its
+    default in a role's section whose engine would not see it. Other engines' tuning keys are let be, so that a
+    YAML written for one engine runs on another (ms-swift's `vllm_*` with `use_vllm false`)."""
     problems = []
-    colocated = getattr(config, "colocated", None)  # GRPO's; else whether a colocate group holds both
-    if colocated is None:
-        colocated = any({"train", "rollout"} <= set(group) for group in getattr(config, "colocate_groups", None) or [])
-    if getattr(config, "sleep_level", 1) == 2 and colocated:
-        problems.append(("sleep_level", "2 drops vLLM's weights while training runs, but with rollout.vllm_enable_lora the "
-                         "base weights are sent once (only the adapter after); use sleep_level 1"))
-    if train.lora_rank > rollout.vllm_max_lora_rank:
-        problems.append(("rollout.vllm_max_lora_rank", f"({rollout.vllm_max_lora_rank}) is below train.lora_rank "
-                         f"({train.lora_rank}); vLLM refuses a larger adapter: raise it to a rank vLLM takes, at least "
-                         f"{train.lora_rank}"))
-    targets = [train.lora_target_modules] if isinstance(train.lora_target_modules, str) else train.lora_target_modules
-    delta = sorted(set(targets) & set(DELTA_NET_LINEARS)) or (["all-linear"] if "all-linear" in targets else [])
-    model = getattr(config, "model", None)
-    if delta and model:
-        from .model_checks import read_model
+    for role in roles:
+        section = getattr(config, role, None)
+        if not isinstance(section, RoleConfig) or not section.engine_keys:
+            continue
+        own = {key for kind in section.engine_kinds for key in section.engine_keys.get((section.engine, kind), ())}
+        fields = type(section).model_fields
+        for key in sorted(section.model_fields_set - own):
+            owners = sorted({engine for (engine, kind), keys in section.engine_keys.items()
+                             if key in keys and kind in section.engine_kinds})
+            info = fields.get(key)
+            marked = isinstance(getattr(info, "json_schema_extra", None), dict) and info.json_schema_extra.get("engine_only")
+            if not owners or not marked or getattr(section, key) == info.get_default(call_default_factory=True):
+                continue
+            problems.append((f"{role}.{key}", f"is a key of engine {' or '.join(repr(o) for o in owners)}, but "
+                             f"{role}.engine is '{section.engine}', which does not take it; set {role}.engine "
+                             f"{owners[0]}, or drop {key}"))
+    return problems
 
-        files = read_model(model)
-        if files is not None and "linear_attention" in (files.value("layer_types") or []):
-            problems.append(("train.lora_target_modules", f"{delta} puts adapters on the gated delta-net linears of "
-                             f"'{model}', whose LoRA vLLM loads but does not apply (vllm-project/vllm#49354: "
-                             "generations stay the base's); list the attention and MLP projections "
-                             "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), or drop "
-                             "rollout.vllm_enable_lora (merged weights are synced)"))
+
+def engine_config_problems(config: Any, plugins: Any, roles: Any) -> list[tuple[str, str]]:
+    """What the engines of `roles` find in the whole config (`EngineSpec.config_check(config, role)`: keys of other
+    sections beside their own, such as a rollout engine's adapter sync against `train.lora_rank`)."""
+    problems: list[tuple[str, str]] = []
+    for role in roles:
+        section = getattr(config, role, None)
+        if not isinstance(section, RoleConfig):
+            continue
+        for kind in section.engine_kinds:
+            try:
+                spec = plugins.engines.get(section.engine, kind=kind)
+            except RlcoreError:
+                continue
+            if spec.config_check is not None:
+                problems += spec.config_check(config, role)
+            break
     return problems
 
 
 def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any]:
     """A generating engine's options from its section (a `RolloutRoleConfig`, or one like it: a served
-    teacher's): the model, dtype and seed, the section's `vllm_*` keys when its engine is vllm, then its
-    `engine_kwargs`."""
+    teacher's): the model, dtype and seed, the section's keys of its engine (`RoleConfig.engine_options`: vLLM's
+    `vllm_*`), then its `engine_kwargs`."""
     options: dict[str, Any] = {"model": model, "dtype": section.dtype, "seed": seed}
-    if section.engine == "vllm":
-        options.update({k: getattr(section, k) for k in type(section).model_fields if k.startswith("vllm_")})
-    return {**options, **section.engine_kwargs}
+    return {**options, **section.engine_options(), **section.engine_kwargs}
 
 
 __all__ = [
     "DTYPE_HELP", "CheckpointKeys", "GenerateRoleConfig", "LoggingKeys", "MultiTurnKeys", "NonfiniteKeys", "OptimizerKeys", "PromptKeys",
     "RolloutRoleConfig", "TrainRoleConfig", "TrainingConfig",
-    "adapter_sync_problems", "default_of", "generate_engine_problems", "rollout_options", "train_engine_problems", "train_options",
+    "default_of", "engine_config_problems", "generate_engine_problems", "other_engine_key_problems", "rollout_options", "train_engine_problems", "train_options",
 ]

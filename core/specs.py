@@ -102,6 +102,21 @@ class EngineSpec:
     # engine built with `options` splits it (the rest of the group is data parallel); None: a whole replica per
     # worker, (1, 1). The session asks it for a role's mesh, so core never names an engine's parallel keys
     layout: Callable[..., tuple[int, int]] | None = None
+    # the engine's own config keys: a pydantic model whose fields are added to the sections of roles of this kind
+    # (`rlcore.config.with_engine_keys`), at the section's top (`rollout.vllm_max_model_len`); the engine is built
+    # with those of them not None. A field marked `json_schema_extra={"engine_only": True}` asks for what only this
+    # engine does: set under another engine it is refused (`rlcore.sections.other_engine_key_problems`), where a
+    # tuning key is let be. None: the engine takes only the section's common keys and `engine_kwargs`
+    keys: type | None = None
+    # `config_check(config, role) -> [(key, message)]`: what in the whole config keeps this engine from serving the
+    # role `role` (keys of other sections with its own), checked with `check` before any worker starts
+    config_check: Callable[..., list[tuple[str, str]]] | None = None
+    # `syncs_adapter(**options) -> bool`: whether this rollout engine, built with `options`, takes the train
+    # engine's LoRA adapter alone at each weight sync (`RoleSession.sync_adapter`) instead of merged weights
+    syncs_adapter: Callable[..., bool] | None = None
+    # `advice(failure: rlcore.failures.Failure) -> str`: one line saying which of its keys to change for a failure this
+    # engine's library reports (vLLM's context longer than the model's), or '' where it knows none
+    advice: Callable[..., str] | None = None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -20,7 +20,8 @@ class TeacherRoleConfig(GenerateRoleConfig):
     without, the teacher is `teacher_model`, colocated in the train workers."""
 
     model: str | None = Field(None, description="the served teacher's model (a separate group); unset: teacher_model")
-    vllm_gpu_memory_utilization: float = default_of(GenerateRoleConfig, "vllm_gpu_memory_utilization", 0.9)
+    engine_kinds: ClassVar[tuple[str, ...]] = ("teacher",)
+    engine_defaults: ClassVar[dict[str, dict[str, Any]]] = {"vllm": {"vllm_gpu_memory_utilization": 0.9}}  # a GPU of its own
 
 
 class GKDConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):

@@ -80,23 +80,15 @@ class GKDTrainer(RoleTrainer):
 
     @classmethod
     def models(cls, cfg: GKDConfig) -> list[ModelUse]:
-        """Student and teacher hold a prompt and its completion (and vLLM's context, where set); the prompts are
+        """Student and teacher hold a prompt and its completion (their engines check their own context keys); the prompts are
         conversations, through the student's chat template; the teacher reads the student's token ids."""
-        roles = cls.roles(cfg)
         both = (("max_prompt_length", "max_completion_length"), (cfg.max_prompt_length, cfg.max_completion_length))
-
-        def vllm(role: str) -> list[Any]:
-            section = getattr(cfg, role)
-            if role in roles and section.engine == "vllm" and section.vllm_max_model_len:
-                return [((f"{role}.vllm_max_model_len",), (section.vllm_max_model_len,))]
-            return []
-
-        uses = [ModelUse("model", cfg.model, (both, *vllm("rollout")), roles=("rollout",),
+        uses = [ModelUse("model", cfg.model, (both,), roles=("rollout",),
                          conversations=lambda: "dataset" if cfg.dataset else None)]
         teacher = cfg.teacher.model or cfg.teacher_model
         if teacher:
             uses.append(ModelUse("teacher.model" if cfg.teacher.model else "teacher_model", teacher,
-                                 (both, *vllm("teacher")), tokenizer_of="model", roles=("teacher",),
+                                 (both,), tokenizer_of="model", roles=("teacher",),
                                  same_vocabulary_size=cfg.gkd_logits_topk is None))
         return uses
 
@@ -111,8 +103,7 @@ class GKDTrainer(RoleTrainer):
         train = train_options(cfg, student)
         if not cfg.served_teacher:
             teacher = {"model": teacher_path, "dtype": cfg.train.dtype, "seed": cfg.seed}
-            if cfg.train.engine == "megatron":
-                teacher.update(cfg.train.parallel_options())
+            teacher.update(cfg.train.engine_options(kind="forward"))  # the student's engine keys (megatron's sizes)
             if "device" in cfg.train.engine_kwargs:
                 teacher["device"] = cfg.train.engine_kwargs["device"]
             if cfg.train.engine == "hf":  # the student's kernels and compilation, the teacher's too
@@ -153,7 +144,7 @@ class GKDTrainer(RoleTrainer):
         if "teacher" in roles:
             teacher = rollout_options(cfg.teacher, self.teacher_path, cfg.seed)
             if cfg.teacher.engine == "vllm":  # vLLM caps prompt log-probs at max_logprobs: raise it to k
-                kwargs = dict(cfg.teacher.vllm_engine_kwargs)
+                kwargs = dict(teacher.get("vllm_engine_kwargs") or {})
                 kwargs["max_logprobs"] = max(int(kwargs.get("max_logprobs", 0)), cfg.gkd_logits_topk or 0)
                 teacher["vllm_engine_kwargs"] = kwargs
             setups["teacher"] = RoleSetup(TeacherWorker, cfg.teacher.engine, teacher, kind="teacher")

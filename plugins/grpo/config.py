@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, model_validator
 
@@ -16,6 +16,8 @@ from rlcore.sections import (
 class ReferenceRoleConfig(RoleConfig):
     """The `reference:` section: the frozen initial policy, used only when beta > 0."""
 
+    engine_kinds: ClassVar[tuple[str, ...]] = ("forward",)
+
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")
 
@@ -23,6 +25,8 @@ class ReferenceRoleConfig(RoleConfig):
 class TeacherRoleConfig(RoleConfig):
     """The `teacher:` section (GRPO with a teacher's KL, ms-swift's OPD-RL): by default a forward-only model inside
     the train workers; with `gpus` (or a device group listing `teacher`) a group of its own, as the reference."""
+
+    engine_kinds: ClassVar[tuple[str, ...]] = ("forward",)
 
     model: str | None = Field(None, description="the teacher: an HF model directory or hub id (ms-swift: teacher_model)")
     dtype: str = Field("auto", description=DTYPE_HELP)
@@ -32,6 +36,8 @@ class TeacherRoleConfig(RoleConfig):
 class OrmRoleConfig(RoleConfig):
     """The `orm:` section: an outcome reward model (sequence classification, one label), used when
     `reward_funcs` names `orm`."""
+
+    engine_kinds: ClassVar[tuple[str, ...]] = ("reward",)
 
     model: str | None = Field(None, description="the reward model: a directory or hub id")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)

@@ -61,10 +61,9 @@ class GRPOTrainer(RoleTrainer):
 
     @classmethod
     def models(cls, cfg: GRPOConfig) -> list[ModelUse]:
-        """The policy holds a prompt and its completion (and vLLM's context, where set); the reward model's files."""
+        """The policy holds a prompt and its completion (the rollout engine checks its own context key); the reward
+        model's files."""
         lengths = [(("max_prompt_length", "max_completion_length"), (cfg.max_prompt_length, cfg.max_completion_length))]
-        if cfg.rollout.engine == "vllm" and cfg.rollout.vllm_max_model_len:
-            lengths.append((("rollout.vllm_max_model_len",), (cfg.rollout.vllm_max_model_len,)))
         uses = [ModelUse("model", cfg.model, tuple(lengths), roles=("rollout",),
                          conversations=lambda: "dataset" if has_conversations(cfg.dataset) else None)]
         if "orm" in cls.roles(cfg) and cfg.orm.model:
@@ -81,8 +80,7 @@ class GRPOTrainer(RoleTrainer):
         train = train_options(cfg, model)
         if cfg.teacher_path and not cfg.separate_teacher:
             teacher = {"model": cfg.teacher_path, "dtype": cfg.teacher.dtype, "seed": cfg.seed}
-            if cfg.train.engine == "megatron":
-                teacher.update(cfg.train.parallel_options())
+            teacher.update(cfg.train.engine_options(kind="forward"))  # the student's engine keys (megatron's sizes)
             if "device" in cfg.train.engine_kwargs:
                 teacher["device"] = cfg.train.engine_kwargs["device"]
             train["teacher"] = {"engine": cfg.train.engine, "options": teacher, "offload": cfg.offload_teacher_model}
@@ -95,7 +93,7 @@ class GRPOTrainer(RoleTrainer):
         if not cfg.model:
             return {}
         roles, length = cls.roles(cfg), cfg.max_prompt_length + cfg.max_completion_length
-        rollouts = max((cfg.rollout.gpus or cfg.train_workers) // cfg.rollout.vllm_tensor_parallel_size, 1)
+        rollouts = max(cfg.rollout.gpus or cfg.train_workers, 1)  # sequences per rollout GPU
         in_flight = -(-cfg.per_device_train_batch_size * cfg.train_workers * cfg.micro_steps_per_generation // rollouts)
         micro = {"micro_batch": "per_device_train_batch_size", "accumulation": "gradient_accumulation_steps"}
         uses = {
@@ -105,10 +103,10 @@ class GRPOTrainer(RoleTrainer):
                                "generation", cfg.model, seq_len=length, sequences=in_flight, sync="receive"),
         }
         if "reference" in roles:
-            options = {"model": cfg.model, "dtype": cfg.reference.dtype, **cfg.reference.engine_kwargs}
+            options = {"model": cfg.model, "dtype": cfg.reference.dtype, **cfg.reference.engine_options(), **cfg.reference.engine_kwargs}
             uses["reference"] = RoleUse(cfg.reference.engine, "forward", options, "training", cfg.model, seq_len=length)
         if "teacher" in roles:
-            options = {"model": cfg.teacher_path, "dtype": cfg.teacher.dtype, **cfg.teacher.engine_kwargs}
+            options = {"model": cfg.teacher_path, "dtype": cfg.teacher.dtype, **cfg.teacher.engine_options(), **cfg.teacher.engine_kwargs}
             uses["teacher"] = RoleUse(cfg.teacher.engine, "forward", options, "training", cfg.teacher_path, seq_len=length)
         return uses
 
@@ -122,13 +120,13 @@ class GRPOTrainer(RoleTrainer):
         }
         if "reference" in roles:
             reference = dict(model=model, dtype=cfg.reference.dtype, seed=cfg.seed)
-            setups["reference"] = RoleSetup(TrainWorker, cfg.reference.engine, {**reference, **cfg.reference.engine_kwargs}, kind="forward")
+            setups["reference"] = RoleSetup(TrainWorker, cfg.reference.engine, {**reference, **cfg.reference.engine_options(), **cfg.reference.engine_kwargs}, kind="forward")
         if "orm" in roles:  # the reward-model engine (`hf`: the rewards plugin's), of kind `reward`
             orm = {"model_path": cfg.orm.model, "dtype": cfg.orm.dtype, "batch_size": cfg.orm.batch_size}
             setups["orm"] = RoleSetup(ScoreWorker, cfg.orm.engine, orm)
         if "teacher" in roles:  # a group of its own: a forward engine, as the reference
             teacher = dict(model=cfg.teacher_path, dtype=cfg.teacher.dtype, seed=cfg.seed)
-            setups["teacher"] = RoleSetup(TrainWorker, cfg.teacher.engine, {**teacher, **cfg.teacher.engine_kwargs}, kind="forward")
+            setups["teacher"] = RoleSetup(TrainWorker, cfg.teacher.engine, {**teacher, **cfg.teacher.engine_options(), **cfg.teacher.engine_kwargs}, kind="forward")
         return setups
 
     def session_options(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 from rlcore import EngineSpec, build_engine, hookimpl
 from rlcore.engines import options_check
 
+from .keys import HFForwardKeys, HFTrainKeys
 from .memory import forward_memory, rollout_memory, train_memory
 from .rollout import HFRolloutEngine
 from .train import HFOptions, HFTrainEngine
@@ -47,10 +48,11 @@ def make_rollout_engine(**options: Any) -> Any:
 def rlcore_engines():
     imports = ("torch", "transformers")  # what a worker imports ahead of the build (EngineSpec.imports)
     yield EngineSpec("hf", kind="train", factory=make_train_engine, description="transformers + torch; DDP over a group",
-                     imports=imports, check=options_check(HFOptions, "hf train engine"), memory=train_memory)
+                     imports=imports, check=options_check(HFOptions, "hf train engine"), memory=train_memory,
+                     keys=HFTrainKeys)
     yield EngineSpec("hf", kind="forward", factory=make_forward_engine,
                      description="the hf train engine without optimizer: reference and teacher models", imports=imports,
-                     memory=forward_memory)
+                     memory=forward_memory, keys=HFForwardKeys)
     yield EngineSpec("hf", kind="rollout", factory=make_rollout_engine,
                      description="transformers sampling loop with a KV cache", imports=imports,
                      memory=rollout_memory)

@@ -12,6 +12,7 @@ from typing import Any
 from rlcore import ConfigError, EngineSpec, build_engine, hookimpl
 from rlcore.engines import common_problems, unknown_options
 
+from .keys import MegatronKeys
 from .memory import megatron_forward_memory, train_memory
 from .support import MegatronOptions, model_problems, option_problems
 
@@ -85,8 +86,8 @@ def layout(**options: Any) -> tuple[int, int]:
 @hookimpl
 def rlcore_engines():
     yield EngineSpec("megatron", kind="train", factory=make_train_engine, imports=IMPORTS, check=_check("train"),
-                     memory=train_memory, layout=layout,
+                     memory=train_memory, layout=layout, keys=MegatronKeys,
                      description="megatron-core GPTModel (local spec): TP/PP/EP/DP, distributed optimizer, vocab-parallel log-probs")
     yield EngineSpec("megatron", kind="forward", factory=make_forward_engine, imports=IMPORTS,
-                     check=_check("forward", FORWARD_OPTIONS), memory=megatron_forward_memory, layout=layout,
+                     check=_check("forward", FORWARD_OPTIONS), memory=megatron_forward_memory, layout=layout, keys=MegatronKeys,
                      description="the megatron train engine without optimizer: reference and teacher models")

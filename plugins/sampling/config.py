@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from rlcore import ConfigProblems, GenerateRoleConfig, LoggingKeys, RoleConfig, RunConfig, default_of
+from rlcore import ConfigProblems, GenerateRoleConfig, LoggingKeys, RoleConfig, RunConfig
 from rlcore.sections import DTYPE_HELP
 
 from .select import AGGREGATIONS
@@ -15,13 +15,15 @@ from .select import AGGREGATIONS
 class SamplerRoleConfig(GenerateRoleConfig):
     """The `sampler:` section: the engine that generates candidates (a local teacher, for distill)."""
 
-    vllm_gpu_memory_utilization: float = default_of(GenerateRoleConfig, "vllm_gpu_memory_utilization", 0.9)
+    engine_defaults: ClassVar[dict[str, dict[str, Any]]] = {"vllm": {"vllm_gpu_memory_utilization": 0.9}}  # a GPU of its own
 
 
 class ScorerRoleConfig(RoleConfig):
     """The `orm:` and `prm:` sections: where a reward model runs and how. `engine: hf` is rlcore's reward-model
     scorer (a sequence-classification ORM, a token-classification PRM); another name is a registered engine of
     kind `reward`."""
+
+    engine_kinds: ClassVar[tuple[str, ...]] = ("reward",)
 
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     batch_size: int = Field(16, ge=1, description="candidates scored per forward pass")

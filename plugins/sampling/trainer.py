@@ -84,13 +84,11 @@ class SampleTrainer(RoleTrainer):
 
     @classmethod
     def models(cls, cfg: SampleConfig) -> list[ModelUse]:
-        """The sampler's model holds a prompt and its candidate (and vLLM's context, where set); the reward
+        """The sampler's model holds a prompt and its candidate (its engine checks its own context key); the reward
         models' files."""
         uses = []
         if cfg.uses_local_sampler:
             lengths = [(("max_prompt_length", "max_new_tokens"), (cfg.max_prompt_length, cfg.max_new_tokens))]
-            if cfg.sampler.engine == "vllm" and cfg.sampler.vllm_max_model_len:
-                lengths.append((("sampler.vllm_max_model_len",), (cfg.sampler.vllm_max_model_len,)))
             uses.append(ModelUse("model", cfg.model, tuple(lengths), roles=("sampler",),
                                  conversations=lambda: "dataset" if has_conversations(cfg.dataset) else None))
         return uses + [ModelUse(key, getattr(cfg, key)) for key in ("orm_model", "prm_model") if getattr(cfg, key)]
@@ -152,8 +150,8 @@ class SampleTrainer(RoleTrainer):
         setups = {}
         if "sampler" in roles:
             sampler = rollout_options(cfg.sampler, self.model_path, cfg.seed)
-            if cfg.sampler.engine == "vllm":  # else vLLM ignores a request's seed (engine_kwargs still win)
-                sampler = {"vllm_request_seeds": cfg.seed_per_prompt, **sampler}
+            if "vllm_request_seeds" in sampler and "vllm_request_seeds" not in cfg.sampler.model_fields_set:
+                sampler["vllm_request_seeds"] = cfg.seed_per_prompt  # else vLLM ignores a request's seed
             setups["sampler"] = RoleSetup(SampleWorker, cfg.sampler.engine, sampler)
         for kind in ("prm", "orm"):
             if kind in roles:

@@ -91,13 +91,29 @@ def _validate(
 
 
 def check_options(model: str = "", vllm_tensor_parallel_size: int = 1, vllm_engine_kwargs: Any = None,
-                  vllm_enable_lora: bool = False, vllm_max_lora_rank: int = 16, **_: Any) -> list[tuple[str, str]]:
-    """`EngineSpec.check`: a LoRA rank vLLM takes, then `_model_problems`."""
+                  vllm_enable_lora: bool = False, vllm_max_lora_rank: int = 16, vllm_max_model_len: Any = None,
+                  **_: Any) -> list[tuple[str, str]]:
+    """`EngineSpec.check`: a LoRA rank vLLM takes, a context the model holds, then `_model_problems`."""
     lora = []
     if vllm_enable_lora and vllm_max_lora_rank not in LORA_RANKS:
         lora.append(("vllm_max_lora_rank", f"({vllm_max_lora_rank}) is no rank vLLM takes; use one of "
                                            f"{', '.join(map(str, LORA_RANKS))}"))
-    return lora + _model_problems(model, vllm_tensor_parallel_size, vllm_engine_kwargs)
+    return lora + _context_problems(model, vllm_max_model_len) + _model_problems(model, vllm_tensor_parallel_size,
+                                                                                vllm_engine_kwargs)
+
+
+def _context_problems(model: str, max_model_len: Any) -> list[tuple[str, str]]:
+    """`vllm_max_model_len` against the positions the model takes (config.json, with rope scaling), which vLLM
+    refuses to exceed."""
+    from rlcore.engines import read_model
+
+    files = read_model(model) if model and isinstance(max_model_len, int) and not isinstance(max_model_len, bool) else None
+    context = files.context() if files is not None else None
+    if context is None or max_model_len <= context[0]:
+        return []
+    limit, how = context
+    return [("vllm_max_model_len", f"{max_model_len} tokens is longer than the context of model '{model}': {limit} positions "
+             f"({how}, config.json); set it to at most {limit}, or use a model with a longer context")]
 
 
 def _model_problems(model: str, vllm_tensor_parallel_size: int, vllm_engine_kwargs: Any) -> list[tuple[str, str]]:

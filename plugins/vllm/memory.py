@@ -22,7 +22,8 @@ def vllm_memory(q: MemoryQuery) -> EngineMemory:
     resident = {"vllm (asleep)": CUDA_CONTEXT} if asleep else dict(active)
     sync = {"vllm weights": weights, "vllm (asleep)": CUDA_CONTEXT} if asleep else dict(active)
     # the lowest share that still holds the weights and a KV cache of the longest sequences in flight
-    kv = max(q.use.sequences, 1) * q.use.seq_len * s.kv_bytes_per_token(dtype_bytes(o.get("dtype"))) // tp
+    # (`sequences` per GPU: the engine holds its tp GPUs' sequences, its KV cache split over them)
+    kv = max(q.use.sequences, 1) * q.use.seq_len * s.kv_bytes_per_token(dtype_bytes(o.get("dtype")))
     floor = (weights + kv + CUDA_CONTEXT) / q.gpu_bytes
     fixes, step = [], round(share - 0.05, 2)
     while step >= max(floor, 0.05):  # each lower share, highest first: the first that fits keeps the most KV cache

@@ -86,7 +86,10 @@ SENTENCE = "User-specified max_model_len (16384) is greater than the derived max
 
 
 def fail(rlcore_cli, tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+    """The failing algorithm run from the CLI, with every installed plugin: the advice for vLLM's sentence is the
+    vllm plugin's (`EngineSpec.advice`)."""
     (tmp_path / "failing.py").write_text(PLUGIN)
+    env = {"RLCORE_DISABLE_PLUGINS": "", **(env or {})}
     return rlcore_cli("run", "--plugin", "failing.py", "output_dir=out", *args, env=env, timeout=300)
 
 

@@ -10,8 +10,7 @@ import shutil
 
 import pytest
 
-from rlcore import ConfigError, load_plugins
-from rlcore.config import load_config
+from rlcore import ConfigError, load_config, load_plugins
 from rlcore.model_checks import ModelFiles, ModelUse, model_problems, read_model
 from rlcore.plugins.gkd import GKDConfig
 from rlcore.plugins.gkd.trainer import GKDTrainer

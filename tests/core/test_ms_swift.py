@@ -19,9 +19,16 @@ from rlcore.plugins.sampling import DistillConfig, SampleConfig
 from rlcore.plugins.sft import SFTConfig
 
 
+def composed(model):
+    """`model` as a run validates with it: with the keys of the installed plugins and engines (`vllm_*`)."""
+    from rlcore.manager import plugins
+
+    return plugins().config_model(model)
+
+
 def load_config(model, path=None, overrides=(), **options):
     """A file read as the CLI reads it: ms-swift's and TRL's keys translated, then validated."""
-    return load_translated(model, path, overrides, **options)[0]
+    return load_translated(composed(model), path, overrides, **options)[0]
 
 GRPO = """\
 rlhf_type: grpo
@@ -344,7 +351,7 @@ def test_distill_with_the_client_engine_key_by_key(files, tmp_path):
     expect(config, api_base="https://dashscope.aliyuncs.com/compatible-mode/v1", model="qwen-max", batch_size=4,
            orm_model="accuracy", num_return_sequences=4, max_new_tokens=768, output_file="sampling.jsonl")
     assert set(config.device_groups) == {"nproc_per_node", "rm_group"}
-    notes = translate(__import__("yaml").safe_load(Path(path).read_text()), DistillConfig)
+    notes = translate(__import__("yaml").safe_load(Path(path).read_text()), composed(DistillConfig))
     assert "sampler_engine: 'client' -> the teacher is the endpoint api_base names" in notes.mapped
     assert any(line.startswith("ms-swift's stream: True") for line in notes.noted)
 
@@ -387,7 +394,7 @@ def test_features_of_newer_ms_swift_examples_are_refused_with_the_reason(files, 
 def test_a_native_config_is_left_as_it_is():
     native = {"model": "m", "dataset": "d.jsonl", "learning_rate": 1e-6, "steps_per_generation": 4,
               "max_prompt_length": 64, "train": {"gpus": 2}, "rollout": {"gpus": 2, "engine": "vllm"}}
-    translation = translate(native, GRPOConfig)
+    translation = translate(native, composed(GRPOConfig))
     assert translation.data == native and not (translation.mapped or translation.noted or translation.problems)
 
 
@@ -411,7 +418,7 @@ def test_megatron_keys_select_the_megatron_engine_with_lora_parallel_sizes_and_s
            train__gradient_checkpointing=True, max_steps=2, warmup_steps=1, lr_scheduler_type="cosine",
            learning_rate=1e-6, min_lr=1e-7)
     assert config.optimizer_options().min_lr == 1e-7  # what both train engines' schedules decay to
-    notes = translate(read_config_data(path, overrides)[0], GKDConfig)
+    notes = translate(read_config_data(path, overrides)[0], composed(GKDConfig))
     assert "lr_decay_style (Megatron's default, cosine) -> lr_scheduler_type: 'cosine'" in notes.mapped
     assert "train.expert_model_parallel_size -> train.engine_kwargs.expert_model_parallel_size: 2" in notes.mapped
     noted = "\n".join(notes.noted)
@@ -447,9 +454,9 @@ def test_swift_rlhf_configs_without_megatron_keys_keep_the_default_engine():
     keys makes it so."""
     data = {"rlhf_type": "grpo", "model": "m", "dataset": "d.jsonl", "learning_rate": 1e-6,
             "per_device_train_batch_size": 2, "lora_rank": 8}
-    assert "engine" not in (translate(data, GRPOConfig).data.get("train") or {})
+    assert "engine" not in (translate(data, composed(GRPOConfig)).data.get("train") or {})
     megatron = {"rlhf_type": "grpo", "model": "m", "dataset": "d.jsonl", "micro_batch_size": 2}
-    assert translate(megatron, GRPOConfig).data["train"]["engine"] == "megatron"
+    assert translate(megatron, composed(GRPOConfig)).data["train"]["engine"] == "megatron"
 
 
 # ms-swift's published Ray examples (tests/core/fixtures/ms_swift: its files as published), with only the model,
@@ -724,13 +731,13 @@ def test_sampling_runs_on_the_cpu(rlcore_cli, files, tmp_path):
 def test_vllm_enable_lora_and_its_rank_reach_the_rollout_section(files, tmp_path, rlcore_cli):
     """ms-swift's top-level vllm_enable_lora and vllm_max_lora_rank are the rollout section's keys of the same names
     (not vLLM engine arguments); `config validate` refuses them in one line where the rollout engine is not vLLM."""
-    from rlcore.sections import adapter_sync_problems
+    from rlcore.plugins.vllm.checks import config_problems
 
     path = grpo_file(files, tmp_path, COLOCATE)
     config = load_config(GRPOConfig, path, ["vllm_enable_lora=true", "vllm_max_lora_rank=32"])
     expect(config, rollout__vllm_enable_lora=True, rollout__vllm_max_lora_rank=32, rollout__vllm_engine_kwargs={},
            rollout__engine="vllm", train__lora_rank=8)
-    assert adapter_sync_problems(config) == []
+    assert config_problems(config, "rollout") == []
     done = rlcore_cli("config", "validate", "--config", path, "vllm_enable_lora=true", "use_vllm=false",
                       env={"RLCORE_DISABLE_PLUGINS": "", "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
@@ -741,7 +748,7 @@ def test_vllm_enable_lora_and_its_rank_reach_the_rollout_section(files, tmp_path
 def _lora_config(model="", **keys):
     train = {"lora_rank": 8, **keys.pop("train", {})}
     rollout = {"engine": "vllm", "vllm_enable_lora": True, **keys.pop("rollout", {})}
-    return GRPOConfig(model=model, train=train, rollout=rollout, **keys)
+    return composed(GRPOConfig)(model=model, train=train, rollout=rollout, **keys)
 
 
 @pytest.mark.parametrize("keys, key, said", [
@@ -752,9 +759,13 @@ def _lora_config(model="", **keys):
     ({"sleep_level": 2, "colocate_groups": [["train", "rollout"]]}, "sleep_level", "base weights are sent once"),
 ], ids=["no-train-lora", "hf-rollout", "rank-above-max", "sleep-level-2"])
 def test_an_adapter_only_sync_that_cannot_work_is_refused_in_one_line(keys, key, said):
-    from rlcore.sections import adapter_sync_problems
+    """The vllm engine's check of the whole config (`EngineSpec.config_check`); with another rollout engine, the
+    key is one of another engine's (`other_engine_key_problems`)."""
+    from rlcore.plugins.vllm.checks import config_problems
+    from rlcore.sections import other_engine_key_problems
 
-    ((got, message),) = adapter_sync_problems(_lora_config(**keys))
+    config = _lora_config(**keys)
+    ((got, message),) = other_engine_key_problems(config, ["train", "rollout"]) + config_problems(config, "rollout")
     assert got == key and said in message and "\n" not in message
 
 
@@ -762,7 +773,10 @@ def test_adapters_on_qwen35s_gated_delta_net_are_refused_with_the_targets_vllm_l
     """vLLM loads no LoRA on Qwen3.5's linear-attention projections: all-linear (which adapts them) or a delta-net name
     is refused, read from config.json; the attention and MLP projections pass, and so does all-linear on a model
     without linear attention."""
-    from rlcore.sections import adapter_sync_problems
+    from rlcore.plugins.vllm.checks import config_problems
+
+    def adapter_sync_problems(config):
+        return config_problems(config, "rollout")
 
     (tmp_path / "config.json").write_text(json.dumps({
         "architectures": ["Qwen3_5ForConditionalGeneration"],

@@ -83,6 +83,7 @@ EXPECTED = [
     "make_engine",
     "announce",
     "config_error",
+    "config_model",
     "problems_of",
     "did_you_mean",
     "ModelUse",

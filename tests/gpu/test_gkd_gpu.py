@@ -29,9 +29,11 @@ def models(tmp_path_factory):
 
 
 def run(models, tmp_path, use_ray=False, **overrides):
-    from rlcore import load_plugins
+    from rlcore import config_model, load_plugins
     from rlcore.plugins.gkd.config import GKDConfig
     from rlcore.plugins.gkd.trainer import GKDTrainer
+
+    GKDConfig = config_model(GKDConfig)  # with the engines' keys (vllm_*)
 
     vllm = {"gpus": 1, "engine": "vllm", "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.2,
             "vllm_enforce_eager": True, "vllm_max_model_len": 256}

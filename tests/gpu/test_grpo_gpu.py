@@ -51,9 +51,11 @@ class SyncProbe:
 
 
 def run(model_dir, tmp_path, use_ray=False, rollout=None, probe=None, **overrides):
-    from rlcore import load_plugins
+    from rlcore import config_model, load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
+
+    GRPOConfig = config_model(GRPOConfig)  # with the engines' keys (vllm_*)
 
     overrides = {"max_steps": 3, "learning_rate": 1e-2 if probe else 1e-5, **overrides}
     config = GRPOConfig(

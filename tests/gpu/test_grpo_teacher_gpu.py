@@ -24,9 +24,11 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize("engine", ["hf", "megatron"])
 def test_opd_rl_with_vllm_colocated_and_the_teacher_offloaded_in_the_train_workers(models, tmp_path, engine):
-    from rlcore import load_plugins
+    from rlcore import config_model, load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
+
+    GRPOConfig = config_model(GRPOConfig)  # with the engines' keys (vllm_*)
 
     student, teacher = models
     vllm = {"gpus": 1, "engine": "vllm", "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.2,

@@ -61,9 +61,11 @@ class AdapterProbe:
 def test_vllm_serves_the_synced_adapter_with_the_train_engines_log_probs(model_dir, tmp_path, engine):
     import ray
 
-    from rlcore import load_plugins
+    from rlcore import config_model, load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
+
+    GRPOConfig = config_model(GRPOConfig)  # with the engines' keys (vllm_*)
 
     if engine == "megatron":
         pytest.importorskip("megatron.core")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rlcore import AlgorithmSpec, CollectorSpec, DispatcherSpec, PlacementSpec, RewardSpec, RoleSpec, hookimpl
+from rlcore import (
+    AlgorithmSpec, CollectorSpec, DispatcherSpec, EngineSpec, PlacementSpec, RewardSpec, RoleSpec, hookimpl,
+)
 
+from .echo import EchoEngine, EchoKeys
 from .policies import reverse_placement, reverse_slice, sum_results
 from .rewards import letter_ratio
 from .scorer import Scorer
@@ -32,6 +35,11 @@ def rlcore_collectors() -> Iterator[CollectorSpec]:
 @hookimpl
 def rlcore_placements() -> Iterator[PlacementSpec]:
     yield PlacementSpec("reverse", place=reverse_placement, description="fill GPUs from the last rank down")
+
+
+@hookimpl
+def rlcore_engines() -> Iterator[EngineSpec]:  # a rollout engine whose key `echo_repeat` every rollout section takes
+    yield EngineSpec("echo", kind="rollout", factory=EchoEngine, keys=EchoKeys, description="repeats a prompt's last token")
 
 
 @hookimpl

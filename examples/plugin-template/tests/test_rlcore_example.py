@@ -203,3 +203,27 @@ def test_a_grpo_subclass_replaces_grpo_and_a_hook_only_file_joins_the_run(tmp_pa
     assert [r["my_metric"] for r in rows] == [1.0, 1.0]
     posted = [json.loads(line) for line in (tmp_path / "posted.jsonl").read_text().splitlines()]
     assert posted == [{"step": r["step"], "reward": r["reward"], "trainer": "MyGRPO"} for r in rows]
+
+
+def test_an_engine_adds_its_key_to_every_rollout_section(plugins, tmp_path):
+    """`EngineSpec(keys=EchoKeys)`: `rollout.echo_repeat` is a key of GRPO's config (core names it nowhere), checked
+    by pydantic, shown by `config show`, and given to the engine where `rollout.engine: echo`, only there."""
+    from rlcore import SamplingParams, rollout_options
+
+    model = plugins.config_model("grpo")
+    config = rlcore.load_config(model, None, ["rollout.engine=echo", "rollout.echo_repeat=3"], plugins=plugins)
+    options = rollout_options(config.rollout, "m", 0)
+    assert options["echo_repeat"] == 3
+    engine = plugins.engines.get("echo", kind="rollout").factory(**options)
+    (done,) = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=8))
+    assert done.token_ids == [7, 7, 7]
+    assert "echo_repeat" not in rollout_options(rlcore.load_config(model, None, ["rollout.echo_repeat=3"], plugins=plugins).rollout, "m", 0)
+    with pytest.raises(rlcore.ConfigError) as refused:
+        rlcore.load_config(model, None, ["rollout.echo_repeat=0"], plugins=plugins)
+    assert [key for key, _ in refused.value.problems] == ["rollout.echo_repeat"]
+    shown = subprocess.run([sys.executable, "-m", "rlcore", "config", "show", "--plugin", "grpo"], capture_output=True,
+                           text=True, timeout=300, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    lines = shown.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.strip().startswith("echo_repeat:")]
+    assert lines[at].strip() == "echo_repeat: 2" and "repeats a prompt's last token" in lines[at - 1]

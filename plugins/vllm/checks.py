@@ -1,0 +1,74 @@
+"""What the vllm engine finds in a whole config (`EngineSpec.config_check`: an adapter-only weight sync,
+`rollout.vllm_enable_lora`, against the train section's LoRA and the run's sleep level) and in a failure vLLM
+reports (`EngineSpec.advice`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rlcore import TrainRoleConfig
+from rlcore.engines import read_model
+
+_MAX_LEN = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
+                      r"\((?:(\w+)=)?(\d+)")
+_KV_CACHE = re.compile(r"No available memory for the cache blocks|can be stored in KV cache", re.I)
+
+DELTA_NET_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")  # Qwen3.5's linear attention
+
+
+def advice(failure: Any) -> str:
+    """`EngineSpec.advice`: the key to change where vLLM refuses a context longer than the model's, or finds no room
+    for its KV cache in its share of the GPU; '' for other failures."""
+    role, text = failure.role, f"{failure.type}: {failure.message}"
+    if match := _MAX_LEN.search(text):
+        key = match[2] or "context length"
+        return (f"lower {role}.vllm_max_model_len ({match[1]}) to {match[3]} or less, the model's {key}; "
+                f"prompt and completion must fit in it")
+    if _KV_CACHE.search(text):
+        return (f"vLLM's share of the GPU leaves no room for the KV cache: raise {role}.vllm_gpu_memory_utilization "
+                f"or lower {role}.vllm_max_model_len")
+    return ""
+
+
+def syncs_adapter(vllm_enable_lora: bool = False, **_: Any) -> bool:
+    """`EngineSpec.syncs_adapter`: with `vllm_enable_lora` a sync sends the train engine's LoRA adapter alone."""
+    return bool(vllm_enable_lora)
+
+
+def config_problems(config: Any, role: str) -> list[tuple[str, str]]:
+    """What keeps `ROLE.vllm_enable_lora` (the adapter alone to vLLM at each sync) from working: no LoRA on the
+    train engine, a rank above `vllm_max_lora_rank`, `sleep_level` 2 while colocated, or adapters on Qwen3.5's gated
+    delta-net linears, whose LoRA vLLM does not apply (vllm-project/vllm#49354)."""
+    section, train = getattr(config, role, None), getattr(config, "train", None)
+    if not getattr(section, "vllm_enable_lora", False) or not isinstance(train, TrainRoleConfig):
+        return []
+    if not train.lora_rank:
+        return [(f"{role}.vllm_enable_lora", "syncs the train engine's LoRA adapter, but train.lora_rank is 0 (every "
+                 "weight trains); set train.lora_rank (ms-swift: tuner_type lora), or drop vllm_enable_lora")]
+    problems = []
+    colocated = getattr(config, "colocated", None)  # GRPO's; else whether a colocate group holds both
+    if colocated is None:
+        colocated = any({"train", role} <= set(group) for group in getattr(config, "colocate_groups", None) or [])
+    if getattr(config, "sleep_level", 1) == 2 and colocated:
+        problems.append(("sleep_level", f"2 drops vLLM's weights while training runs, but with {role}.vllm_enable_lora "
+                         "the base weights are sent once (only the adapter after); use sleep_level 1"))
+    if train.lora_rank > section.vllm_max_lora_rank:
+        problems.append((f"{role}.vllm_max_lora_rank", f"({section.vllm_max_lora_rank}) is below train.lora_rank "
+                         f"({train.lora_rank}); vLLM refuses a larger adapter: raise it to a rank vLLM takes, at least "
+                         f"{train.lora_rank}"))
+    targets = [train.lora_target_modules] if isinstance(train.lora_target_modules, str) else train.lora_target_modules
+    delta = sorted(set(targets) & set(DELTA_NET_LINEARS)) or (["all-linear"] if "all-linear" in targets else [])
+    model = getattr(config, "model", None)
+    if delta and model:
+        files = read_model(model)
+        if files is not None and "linear_attention" in (files.value("layer_types") or []):
+            problems.append(("train.lora_target_modules", f"{delta} puts adapters on the gated delta-net linears of "
+                             f"'{model}', whose LoRA vLLM loads but does not apply (vllm-project/vllm#49354: "
+                             "generations stay the base's); list the attention and MLP projections "
+                             "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), or drop "
+                             f"{role}.vllm_enable_lora (merged weights are synced)"))
+    return problems
+
+
+__all__ = ["DELTA_NET_LINEARS", "advice", "config_problems", "syncs_adapter"]
