@@ -32,8 +32,9 @@ class ModelUse:
     """A model a run loads and what the run asks of it.
 
     `key` is the config key naming it (`model`, `teacher_model`, `teacher.model`), `name` its value. `lengths`:
-    the tokens a sequence may take with it, each as `(keys, values)`: `(("rollout.vllm_max_model_len",), (16384,))`
-    or `(("max_prompt_length", "max_completion_length"), (512, 256))`, their sum being the length. `conversations`:
+    the tokens a sequence may take with it, each as `(keys, values)`:
+    `(("max_prompt_length", "max_completion_length"), (512, 256))`, their sum being the length (an engine checks its
+    own context key, vLLM's `vllm_max_model_len`, in its `EngineSpec.check`). `conversations`:
     called only where the tokenizer has no chat template, says which key holds conversation prompts (the dataset's
     messages, which need one), or None. `tokenizer_of`: the key of the model whose token ids this one reads (a GKD
     teacher reads the student's), with `same_vocabulary_size` where logits are compared over the whole vocabulary.
