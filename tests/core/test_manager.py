@@ -100,7 +100,7 @@ def test_the_example_distribution_is_discovered(example_plugin):
     assert (info.distribution, info.version) == ("rlcore-example-plugin", example_plugin.version)
     assert info.provides == {
         "roles": ["scorer"], "dispatchers": ["reverse_slice"], "collectors": ["sum"], "placements": ["reverse"],
-        "algorithms": ["example"], "rewards": ["letter_ratio"],
+        "algorithms": ["example"], "rewards": ["letter_ratio"], "engines": ["rollout/echo"],
     }
     assert "builtins" in plugins.info  # built-ins come through the same entry-point group
 
