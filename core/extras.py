@@ -103,14 +103,6 @@ def _sections(config: BaseModel, prefix: str = "") -> list[tuple[str, BaseModel]
     return found
 
 
-def _engines(config: BaseModel, prefix: str = "") -> list[tuple[str, str]]:
+def _engines(config: BaseModel) -> list[tuple[str, str]]:
     """(key path, engine name) of every role section of `config` that names an engine."""
-    found = []
-    for name in type(config).model_fields:
-        value = getattr(config, name)
-        if isinstance(value, BaseModel):
-            engine = getattr(value, "engine", None)
-            if isinstance(engine, str):
-                found.append((f"{prefix}{name}.engine", engine))
-            found.extend(_engines(value, f"{prefix}{name}."))
-    return found
+    return [(f"{path}.engine", section.engine) for path, section in _sections(config)]

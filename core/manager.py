@@ -121,6 +121,7 @@ class Plugins:
         self.failed: dict[str, PluginInfo] = {}
         self.extra: tuple[str, ...] = ()  # plugins given as modules or files, which worker processes load too
         self.replaced: list[str] = []  # one line per installed name a plugin given for the run replaced
+        self._config_models: dict[type, type] = {}  # config_model's, per algorithm config model
         self._given: dict[str, str] = {}  # plugins given for the run: name -> module or file, as given
         for attr, kind in REGISTRIES.values():
             setattr(self, attr, (EngineRegistry if attr == "engines" else Registry)(kind))
@@ -234,10 +235,9 @@ class Plugins:
         (`with_engine_keys`). Built once per model."""
         name = algorithm if isinstance(algorithm, str) else ""
         model = self.algorithms.get(algorithm).config if isinstance(algorithm, str) else algorithm
-        cache = self.__dict__.setdefault("_config_models", {})
-        if model not in cache:
-            cache[model] = with_engine_keys(with_settings(model, self.settings, name), self.engines)
-        return cache[model]
+        if model not in self._config_models:
+            self._config_models[model] = with_engine_keys(with_settings(model, self.settings, name), self.engines)
+        return self._config_models[model]
 
     def algorithm_of(self, name: str) -> str:
         """The algorithm `--plugin NAME` selects: the one plugin NAME provides, else the algorithm NAME."""

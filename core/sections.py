@@ -296,9 +296,9 @@ def engine_config_problems(config: Any, plugins: Any, roles: Any) -> list[tuple[
 
 
 def rollout_options(section: RoleConfig, model: str, seed: int) -> dict[str, Any]:
-    """A generating engine's options from its section (a `RolloutRoleConfig`, or one like it: a served
-    teacher's): the model, dtype and seed, the section's keys of its engine (`RoleConfig.engine_options`: vLLM's
-    `vllm_*`), then its `engine_kwargs`."""
+    """A role's engine options from its section (a `RolloutRoleConfig`, or one like it with `dtype` and
+    `engine_kwargs`: a served teacher's, GRPO's reference): the model, dtype and seed, the section's keys of its
+    engine (`RoleConfig.engine_options`: vLLM's `vllm_*`), then its `engine_kwargs`."""
     options: dict[str, Any] = {"model": model, "dtype": section.dtype, "seed": seed}
     return {**options, **section.engine_options(), **section.engine_kwargs}
 

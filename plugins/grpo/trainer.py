@@ -103,11 +103,11 @@ class GRPOTrainer(RoleTrainer):
                                "generation", cfg.model, seq_len=length, sequences=in_flight, sync="receive"),
         }
         if "reference" in roles:
-            options = {"model": cfg.model, "dtype": cfg.reference.dtype, **cfg.reference.engine_options(), **cfg.reference.engine_kwargs}
-            uses["reference"] = RoleUse(cfg.reference.engine, "forward", options, "training", cfg.model, seq_len=length)
+            uses["reference"] = RoleUse(cfg.reference.engine, "forward", rollout_options(cfg.reference, cfg.model, cfg.seed),
+                                        "training", cfg.model, seq_len=length)
         if "teacher" in roles:
-            options = {"model": cfg.teacher_path, "dtype": cfg.teacher.dtype, **cfg.teacher.engine_options(), **cfg.teacher.engine_kwargs}
-            uses["teacher"] = RoleUse(cfg.teacher.engine, "forward", options, "training", cfg.teacher_path, seq_len=length)
+            uses["teacher"] = RoleUse(cfg.teacher.engine, "forward", rollout_options(cfg.teacher, cfg.teacher_path, cfg.seed),
+                                      "training", cfg.teacher_path, seq_len=length)
         return uses
 
     def setups(self) -> dict[str, RoleSetup]:
@@ -119,14 +119,14 @@ class GRPOTrainer(RoleTrainer):
             "rollout": RoleSetup(GenerateWorker, cfg.rollout.engine, rollout_options(cfg.rollout, model, cfg.seed)),
         }
         if "reference" in roles:
-            reference = dict(model=model, dtype=cfg.reference.dtype, seed=cfg.seed)
-            setups["reference"] = RoleSetup(TrainWorker, cfg.reference.engine, {**reference, **cfg.reference.engine_options(), **cfg.reference.engine_kwargs}, kind="forward")
+            setups["reference"] = RoleSetup(TrainWorker, cfg.reference.engine, rollout_options(cfg.reference, model, cfg.seed),
+                                            kind="forward")
         if "orm" in roles:  # the reward-model engine (`hf`: the rewards plugin's), of kind `reward`
             orm = {"model_path": cfg.orm.model, "dtype": cfg.orm.dtype, "batch_size": cfg.orm.batch_size}
             setups["orm"] = RoleSetup(ScoreWorker, cfg.orm.engine, orm)
         if "teacher" in roles:  # a group of its own: a forward engine, as the reference
-            teacher = dict(model=cfg.teacher_path, dtype=cfg.teacher.dtype, seed=cfg.seed)
-            setups["teacher"] = RoleSetup(TrainWorker, cfg.teacher.engine, {**teacher, **cfg.teacher.engine_options(), **cfg.teacher.engine_kwargs}, kind="forward")
+            setups["teacher"] = RoleSetup(TrainWorker, cfg.teacher.engine, rollout_options(cfg.teacher, cfg.teacher_path, cfg.seed),
+                                          kind="forward")
         return setups
 
     def session_options(self) -> dict[str, Any]:

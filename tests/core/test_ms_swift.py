@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rlcore import config_model as composed  # the model a run validates with: the engines' keys too
 from rlcore.errors import ConfigError
 from rlcore.compat.ms_swift import load_translated, translate
 from rlcore.plugins.gkd import GKDConfig
@@ -17,13 +18,6 @@ from rlcore.plugins.grpo import GRPOConfig
 from rlcore.data import load_rows
 from rlcore.plugins.sampling import DistillConfig, SampleConfig
 from rlcore.plugins.sft import SFTConfig
-
-
-def composed(model):
-    """`model` as a run validates with it: with the keys of the installed plugins and engines (`vllm_*`)."""
-    from rlcore.manager import plugins
-
-    return plugins().config_model(model)
 
 
 def load_config(model, path=None, overrides=(), **options):
