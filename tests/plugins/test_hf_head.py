@@ -124,7 +124,9 @@ def test_the_train_engines_chunked_outputs_equal_its_logits_path_values_and_grad
     results = {}
     for chunked in (True, False):
         engine = HFTrainEngine(str(tiny_model), chunked_lm_head=chunked, learning_rate=1e-3, max_grad_norm=0.0)
-        seen = {}
+        seen, grads = {}, {}
+        for name, p in engine.model.named_parameters():  # the gradient the optimizer is handed, per parameter
+            p.register_post_accumulate_grad_hook(lambda p, name=name: grads.__setitem__(name, p.grad.detach().clone()))
 
         def loss_fn(outputs, micro):
             logprobs, at, full = outputs.logprobs(), outputs.logprobs_at(ids), outputs.full_logprobs()
@@ -134,16 +136,22 @@ def test_the_train_engines_chunked_outputs_equal_its_logits_path_values_and_grad
             return loss, {}
 
         engine.train_step(batch, loss_fn, micro_batch_size=4, temperature=0.9)
-        results[chunked] = seen, {n: p.detach().clone() for n, p in engine.model.named_parameters()}
-        results[chunked][0]["forward"] = engine.forward_logprobs(batch, 0.9)
-    (chunked, after), (plain, plain_after) = results[True], results[False]
+        seen["forward"] = engine.forward_logprobs(batch, 0.9)
+        results[chunked] = seen, grads
+    (chunked, chunked_grads), (plain, plain_grads) = results[True], results[False]
     assert (chunked["kind"], plain["kind"]) == ("HeadModelOutputs", "HFModelOutputs")
     for key in ("logprobs", "at", "full", "forward"):
         torch.testing.assert_close(chunked[key], plain[key], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(chunked["topk"].logprobs, plain["topk"].logprobs, atol=1e-5, rtol=1e-5)
     assert torch.equal(chunked["topk"].ids, plain["topk"].ids)
-    for name, value in after.items():  # one AdamW step (lr 1e-3) from equal gradients: equal weights
-        torch.testing.assert_close(value, plain_after[name], atol=1e-6, rtol=1e-5)
+    # The gradients, not the weights after the step: AdamW's first step is lr * g / (|g| + eps), so a gradient near
+    # eps (1e-8) turns float32 rounding into a visible weight difference. Both paths sum the same terms in another
+    # order, so each gradient agrees to float32 rounding at the scale of its largest entry.
+    assert chunked_grads.keys() == plain_grads.keys() and chunked_grads
+    tolerance = 64 * torch.finfo(torch.float32).eps
+    for name, grad in chunked_grads.items():
+        scale = plain_grads[name].abs().max().item()
+        torch.testing.assert_close(grad, plain_grads[name], rtol=tolerance, atol=tolerance * scale, msg=name)
 
 
 def test_a_forward_engines_projection_gives_its_logits(tiny_model):
