@@ -9,6 +9,8 @@
 #   bash tests/gpu/run.sh sync                                       # weight sync: transports, replayed loads, GRPO's IPC paths,
 #       the adapter-only sync (vllm_enable_lora)
 #   (the smoke's distill row and liger-kernel need the wheels of tests/gpu/extra.sh installed too)
+#   bash tests/gpu/run.sh verify 1, then verify 2                    # every GPU test and the smoke in two calls of at most
+#       9 minutes, the session's GPU proof (tests/gpu/verify.py: logs and verify-N.json under $OUT)
 #   bash tests/gpu/run.sh smoke [--cpu] [--out DIR] [ROW ...]         # every algorithm and engine from the CLI, one GPU,
 #       one PASS/FAIL line a row in under 8 minutes (tests/gpu/smoke.py; --cpu: the rows that run without CUDA)
 set -u
@@ -16,9 +18,12 @@ what=${1:-all}
 if [ "$what" = smoke ]; then
     exec python3 "$(dirname "$0")/smoke.py" "${@:2}"
 fi
+if [ "$what" = verify ]; then
+    exec python3 "$(dirname "$0")/verify.py" "${@:2}"
+fi
 case $what in
     all|grpo|cli|gkd|sft|sampling|megatron|sync) ;;
-    *) echo "usage: bash tests/gpu/run.sh [all | grpo | cli [LAYOUT ...] | gkd | sft | sampling | megatron | sync | smoke [--cpu] ...]" >&2; exit 2 ;;
+    *) echo "usage: bash tests/gpu/run.sh [verify 1|2 | all | grpo | cli [LAYOUT ...] | gkd | sft | sampling | megatron | sync | smoke [--cpu] ...]" >&2; exit 2 ;;
 esac
 layouts=${*:2}
 status=0

@@ -2,9 +2,11 @@
 --config examples/ray/grpo/colocate.yaml train.engine=megatron`, scaled to one GPU, vLLM colocated and sleeping,
 the checkpoint's own bf16 (dtype auto), 2 steps; full training for each architecture, LoRA for some. The run's
 weight-sync check (rollout and train log-probs after the first sync) must pass, so a wrong mapping, a wrong LoRA
-merge or stale weights in vLLM fail here. Then the learning check: the toy task with a high learning rate,
-GRPO on megatron (full and LoRA) and on hf from one seed: each raises the reward, and megatron's curve stays
-close to hf's. A weight sync that left vLLM on its first weights keeps the reward where it started.
+merge or stale weights in vLLM fail here. Then the learning check, 24 steps a run, the runs side by side
+on the GPU: GRPO on the toy task (hf, megatron, megatron LoRA) raises the reward, GKD (hf, megatron) lowers the JSD
+to a random wider teacher, SFT lowers the loss; megatron's curves stay close to hf's; and the same GRPO run with
+the weight sync switched off (tests/gpu/grpo_without_weight_sync.py) does not raise the reward, so the check fails
+where vLLM keeps generating from its first weights.
 
 Runs only on the GPU machine: `pytest -m gpu tests/gpu/test_megatron_archs_gpu.py`.
 """
@@ -12,11 +14,14 @@ Runs only on the GPU machine: `pytest -m gpu tests/gpu/test_megatron_archs_gpu.p
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -52,16 +57,30 @@ def dataset(tmp_path_factory):
     return str(path)
 
 
-def grpo(arch: str, dataset: str, out: Path, *extra: str, steps: int = 2, timeout: int = 420, scale=SCALE) -> list[dict]:
-    cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", "grpo", "--use-ray", "--config", str(EXAMPLE),
-           f"model={model(arch)}", f"dataset={dataset}", f"output_dir={out}", f"max_steps={steps}", *scale, *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "RLCORE_DEBUG": "1"})
-    assert done.returncode == 0, f"{arch}: rlcore run exited {done.returncode}\n{done.stderr[-6000:]}"
-    engine = next(a.split("=", 1)[1] for a in reversed(cmd) if a.startswith("train.engine="))
-    assert f"engine {engine}, bfloat16" in done.stderr, done.stderr[-3000:]  # dtype auto: the checkpoint's bf16
+def grpo_command(arch: str, dataset: str, out: Path, *extra: str, steps: int = 2, scale=SCALE) -> list[str]:
+    return [sys.executable, "-m", "rlcore", "run", "--plugin", "grpo", "--use-ray", "--config", str(EXAMPLE),
+            f"model={model(arch)}", f"dataset={dataset}", f"output_dir={out}", f"max_steps={steps}", *scale, *extra]
+
+
+def metrics(name: str, cmd: list[str], code: int, stderr: str, out: Path, steps: int) -> list[dict]:
+    """A finished run's metrics.jsonl: steps 1..`steps`, a finite loss and grad norm every step, and some step with
+    a gradient (a step whose groups all had equal rewards has none, as in any run that learns)."""
+    assert code == 0, f"{name}: rlcore run exited {code}\n{stderr[-6000:]}"
+    engine = next((a.split("=", 1)[1] for a in reversed(cmd) if a.startswith("train.engine=")), "hf")
+    if "--plugin" in cmd and cmd[cmd.index("--plugin") + 1] != "sft":
+        assert f"engine {engine}, bfloat16" in stderr, f"{name}: {stderr[-3000:]}"  # dtype auto: the checkpoint's bf16
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, steps + 1)) and all(r["grad_norm"] > 0 for r in rows)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)), f"{name}: steps {[r['step'] for r in rows]}"
+    norms = [r["grad_norm"] for r in rows]
+    assert all(math.isfinite(r["loss"]) for r in rows) and all(math.isfinite(g) and g >= 0 for g in norms), rows
+    assert any(g > 0 for g in norms), f"{name}: no step had a gradient: {norms}"
     return rows
+
+
+def grpo(arch: str, dataset: str, out: Path, *extra: str, steps: int = 2, timeout: int = 420, scale=SCALE) -> list[dict]:
+    cmd = grpo_command(arch, dataset, out, *extra, steps=steps, scale=scale)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "RLCORE_DEBUG": "1"})
+    return metrics(arch, cmd, done.returncode, done.stderr, out, steps)
 
 
 TEXT_ONLY = ("qwen3_5", "qwen3_5_moe")  # vLLM 0.26 serves Qwen3.5 only as Qwen3_5ForConditionalGeneration
@@ -82,21 +101,87 @@ def test_lora_on_megatron_syncs_merged_weights_to_vllm(arch, dataset, tmp_path):
     assert (tmp_path / "run" / "final" / "adapter_config.json").is_file()
 
 
-def test_grpo_learns_on_megatron_full_and_lora_as_on_hf(dataset, tmp_path):
-    """The toy task ("write vowels") from one seed, 24 steps; reward: mean of the last 4 steps vs the first 4."""
-    runs = {
-        "hf": ["train.engine=hf", "learning_rate=5e-3"],
-        "megatron": ["train.engine=megatron", "learning_rate=5e-3"],
-        "megatron-lora": ["train.engine=megatron", "train.lora_rank=16", "train.lora_alpha=32", "learning_rate=3e-2"],
+LEARN_STEPS = 24
+# Seven runs share the GPU: each vLLM engine takes a fixed KV cache instead of sizing one from the memory it sees
+# free (a profile beside the other runs' allocations counts them as its own)
+FIXED_KV = "vllm_engine_kwargs={kv_cache_memory_bytes: 1073741824, enable_flashinfer_autotune: false}"
+WITHOUT_SYNC = Path(__file__).with_name("grpo_without_weight_sync.py")
+
+
+def side_by_side(runs: dict[str, list[str]], root: Path, timeout: int, env: dict[str, dict]) -> dict[str, list[dict]]:
+    """Start every run at once, wait for all (each within `timeout`), and return each one's metrics rows."""
+    procs = {}
+    for name, cmd in runs.items():
+        (root / name).mkdir(parents=True)
+        log = open(root / name / "console.log", "w")
+        procs[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, start_new_session=True,
+                                        env={**os.environ, "RLCORE_DEBUG": "1", **env.get(name, {})}), log)
+    deadline = time.monotonic() + timeout
+    codes = {}
+    try:
+        for name, (proc, log) in procs.items():
+            try:
+                codes[name] = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[name] = "timed out"
+            log.close()
+    finally:
+        for proc, _ in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    return {name: metrics(name, runs[name], codes[name], (root / name / "console.log").read_text(errors="replace"),
+                          root / name / "out", LEARN_STEPS) for name in runs}
+
+
+def test_grpo_gkd_and_sft_learn_on_hf_and_megatron_and_grpo_does_not_without_the_weight_sync(dataset, tmp_path):
+    """Mean of the last 4 steps against the first 4: GRPO's reward rises, GKD's JSD and SFT's loss fall."""
+    from rlcore.testing import build_tiny_model
+
+    root = tmp_path / "models"
+    teacher = str(build_tiny_model(root / "teacher", device="cuda", **{**SHAPE, "hidden_size": 384, "num_heads": 6,
+                                                                         "intermediate_size": 768, "seed": 3}))
+    words = "the a model learns to answer questions about numbers and words with care".split()
+    chats = [{"messages": [{"role": "user", "content": f"{i}: " + " ".join(words[i % 5:i % 5 + 6]) + "?"},
+                           {"role": "assistant", "content": " ".join(words[::1 + i % 3] * (1 + i % 4))}]}
+             for i in range(128)]
+    (root / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chats))
+    pairs = [{"prompt": f"Say {i}:", "completion": f"number {i}"} for i in range(64)]
+    (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
+    learn = [*SCALE, f"rollout.{FIXED_KV}"]
+    grpo_runs = {
+        "grpo-hf": ["train.engine=hf", "learning_rate=5e-3"],
+        "grpo-megatron": ["train.engine=megatron", "learning_rate=5e-3"],
+        "grpo-megatron-lora": ["train.engine=megatron", "train.lora_rank=16", "train.lora_alpha=32", "learning_rate=3e-2"],
+        "grpo-hf-without-sync": ["train.engine=hf", "learning_rate=5e-3"],
     }
-    curves = {}
-    for name, extra in runs.items():
-        rows = grpo("qwen2", dataset, tmp_path / name, *extra, steps=24, timeout=560)
-        curves[name] = [r["reward"] for r in rows]
-    print({k: [round(v, 3) for v in c] for k, c in curves.items()})
-    rise = {k: statistics.mean(c[-4:]) - statistics.mean(c[:4]) for k, c in curves.items()}
-    assert all(r > 0.05 for r in rise.values()), rise
-    assert abs(statistics.mean(curves["megatron"][-4:]) - statistics.mean(curves["hf"][-4:])) < 0.5 * rise["hf"], curves
+    runs = {name: grpo_command("qwen2", dataset, tmp_path / name / "out", *extra, steps=LEARN_STEPS, scale=learn)
+            for name, extra in grpo_runs.items()}
+    gkd = [sys.executable, "-m", "rlcore", "run", "--plugin", "gkd", "--use-ray", "--config",
+           str(EXAMPLE.parents[1] / "gkd" / "teacher_colocated.yaml"), f"model={model('qwen2')}",
+           f"teacher_model={teacher}", f"dataset={root / 'pairs.jsonl'}", f"max_steps={LEARN_STEPS}",
+           "max_completion_length=24", "learning_rate=1e-3", "train.gpus=1", "rollout.gpus=1",
+           *(a for a in learn if a.startswith("rollout.vllm_"))]
+    for engine in ("hf", "megatron"):
+        runs[f"gkd-{engine}"] = [*gkd, f"train.engine={engine}", f"output_dir={tmp_path / f'gkd-{engine}' / 'out'}"]
+    runs["sft"] = [sys.executable, "-m", "rlcore", "run", "--plugin", "sft", "--use-ray", "--config",
+                   str(EXAMPLE.parents[1] / "sft" / "multi_node.yaml"), f"model={model('qwen2')}",
+                   f"dataset={root / 'chats.jsonl'}", f"max_steps={LEARN_STEPS}", "learning_rate=1e-3",
+                   "lr_scheduler_type=constant", "warmup_steps=0", "per_device_train_batch_size=4",
+                   "gradient_accumulation_steps=1", "save_steps=0", "max_length=256", "bf16=true",
+                   "device_groups.nproc_per_node=1", "device_groups.nnodes=1", "gradient_checkpointing=false",
+                   "ray_address=null", "device_groups.default.ranks=[0]", f"output_dir={tmp_path / 'sft' / 'out'}"]
+    rows = side_by_side(runs, tmp_path, timeout=480, env={"grpo-hf-without-sync": {"RLCORE_PLUGINS": str(WITHOUT_SYNC)}})
+    curve = {name: [r["reward" if name.startswith("grpo") else "jsd" if name.startswith("gkd") else "loss"] for r in got]
+             for name, got in rows.items()}
+    print({k: [round(v, 3) for v in c] for k, c in curve.items()})
+    change = {k: statistics.mean(c[-4:]) - statistics.mean(c[:4]) for k, c in curve.items()}
+    for name in ("grpo-hf", "grpo-megatron", "grpo-megatron-lora"):
+        assert change[name] > 0.05, (name, change)
+    assert change["grpo-hf-without-sync"] < 0.5 * change["grpo-hf"], change  # vLLM kept its first weights
+    assert abs(statistics.mean(curve["grpo-megatron"][-4:]) - statistics.mean(curve["grpo-hf"][-4:])) < 0.5 * change["grpo-hf"]
+    for name in ("gkd-hf", "gkd-megatron", "sft"):
+        assert statistics.mean(curve[name][-4:]) < 0.7 * statistics.mean(curve[name][:4]), (name, curve[name])
+    assert abs(statistics.mean(curve["gkd-megatron"][-4:]) - statistics.mean(curve["gkd-hf"][-4:])) < 0.5 * -change["gkd-hf"]
 
 
 @pytest.mark.parametrize("arch", TEXT_ONLY)
