@@ -28,7 +28,7 @@ README = HERE / "README.md"
 # letter for a later run the same day (none: the first), or a word such as `partial`
 NAME = re.compile(r"^(?P<group>.+?)-(?P<date>\d{4}-\d{2}-\d{2})(?:-(?P<kind>[a-z]+-[a-z0-9]+(?:-x\d+)?))?(?:-(?P<call>.+))?$")
 # the script each benchmark's results come from, where the name's first part is not a benchmarks/*.py
-SCRIPTS = {"gpu-smoke": "../tests/gpu/smoke.py", "reliability": "../tests/reliability/report.py"}
+SCRIPTS = {"gpu-smoke": "../tests/gpu/smoke.py", "gpu-verify": "../tests/gpu/verify.py", "reliability": "../tests/reliability/report.py"}
 # groups that record test runs, not a comparison
 RECORDS = {"gpu": "GPU test sessions: what each call ran and gave"}
 RATIO_KEY = re.compile(r"(^|_)ratios?($|_)")
@@ -122,6 +122,11 @@ def summary_of(d: dict) -> list[str]:
     """The outcome of a result that records test rows or totals rather than a comparison."""
     if isinstance(d.get("totals"), dict):
         return [", ".join(f"{k} {fmt(v)}" for k, v in d["totals"].items())]
+    if isinstance(d.get("counts"), dict) and isinstance(d.get("tests"), list):  # tests/gpu/verify.py
+        failed = [t["test"] for t in d["tests"] if t.get("outcome") not in ("passed", "skipped")]
+        started = f", {len(d.get('not_started') or [])} entries not started" if d.get("not_started") else ""
+        return [", ".join(f"{fmt(v)} {k}" for k, v in d["counts"].items() if v) + started
+                + (f"; not passed: {', '.join(failed)}" if failed else "")]
     if isinstance(d.get("rows"), list) and "passed" in d:
         failed = d.get("failed") or []
         rows = ", ".join(f"{r.get('name')} {r.get('status')}" for r in d["rows"] if isinstance(r, dict))
