@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, RlcoreError
 
 CONDITIONAL = "ForConditionalGeneration"
 TEXT_PREFIX = "model."  # where a causal LM of transformers holds its decoder
@@ -91,19 +91,25 @@ class CheckpointLayout:
         for file in sorted(self.directory.glob("*.safetensors")):
             with safe_open(str(file), framework="pt") as handle:
                 for name in sorted(wanted & set(handle.keys())):
+                    wanted.discard(name)
                     yield name, handle.get_tensor(name)
+        if wanted:  # an index names them, but their file is not here (a hub snapshot not fully downloaded)
+            raise RlcoreError(f"{self.directory} lacks the files of {len(wanted)} of its tensors (e.g. "
+                              f"{sorted(wanted)[0]}), which the written model must carry; download the whole checkpoint")
 
 
 def checkpoint_layout(model: str | Path) -> CheckpointLayout | None:
-    """The layout of `model` (a local directory) where its config names a `*ForConditionalGeneration` architecture;
-    None for any other checkpoint, or a model that is not a local directory of safetensors files. A conditional
-    checkpoint whose language model cannot be found (no `...embed_tokens.weight` beside `...layers.`) is a
-    ConfigError: rlcore trains the language model and nothing else."""
-    directory = Path(model).expanduser()
-    config = directory / "config.json"
-    if not config.is_file():
+    """The layout of `model` (a directory, or a hub id in the local Hugging Face cache: nothing is downloaded) where
+    its config names a `*ForConditionalGeneration` architecture; None for any other checkpoint, or one whose files
+    are not here. A conditional checkpoint whose language model cannot be found (no `...embed_tokens.weight` beside
+    `...layers.`) is a ConfigError: rlcore trains the language model and nothing else."""
+    from .model_checks import read_model
+
+    files = read_model(str(model))
+    if files is None:
         return None
-    architectures = json.loads(config.read_text()).get("architectures") or []
+    directory = files.path
+    architectures = files.config.get("architectures") or []
     if not any(str(a).endswith(CONDITIONAL) for a in architectures):
         return None
     names = _tensor_names(directory)

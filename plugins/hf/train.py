@@ -158,9 +158,9 @@ class HFTrainEngine(TrainEngine):
         self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel, o.attn_implementation)
         # a *ForConditionalGeneration checkpoint: the language model trains, the rest (a vision tower) stays as it is
         self.layout = checkpoint_layout(model)
-        for name, param in self.model.named_parameters() if self.layout is not None else ():
-            if not self.layout.is_language_model(self.layout.to_checkpoint(name)):
-                param.requires_grad_(False)
+        if self.layout is not None:
+            for name, param in self.model.named_parameters():
+                param.requires_grad_(param.requires_grad and self.layout.is_language_model(self.layout.to_checkpoint(name)))
         self._check_packing()
         if o.gradient_checkpointing:
             self.model.config.use_cache = False
