@@ -313,6 +313,8 @@ class VLLMRolloutEngine(RolloutEngine):
             logprobs_mode="processed_logprobs",
             **engine_kwargs,
         )
+        if self.layout is None:  # a hub id whose files vLLM has only now downloaded
+            self.layout = checkpoint_layout(model)
 
     # ---- generation --------------------------------------------------------
 
