@@ -218,6 +218,35 @@ def test_the_built_model_is_what_the_mapping_names(checkpoints, arch, tmp_path):
         assert built == set(mapping.hf_to_megatron(hf, engine.spec))
 
 
+def test_set_mlp_places_a_class_in_either_form_of_the_layer_spec():
+    """megatron-core 0.16's local spec holds the MLP as a ModuleSpec, 0.19's as `partial(MLP.as_mlp_submodule,
+    submodules=...)` (a classmethod that 0.16's MLP lacks: `Builder19` stands for it here); either gets the class with
+    its submodules kept, and any other form is refused rather than ignored (0.19 ignored `.module = cls` on a partial)."""
+    import functools
+    import types
+
+    from megatron.core.transformer.mlp import MLP
+
+    from rlcore import RlcoreError
+    from rlcore.plugins.megatron.attention import layer_spec, set_mlp
+    from rlcore.plugins.megatron.gemma import SandwichMLP
+
+    layer = layer_spec().submodules  # the installed megatron-core's form
+    set_mlp(layer, SandwichMLP)
+    assert getattr(layer.mlp, "module", None) is SandwichMLP or layer.mlp.func.__self__ is SandwichMLP
+
+    class Builder19(MLP):
+        @classmethod
+        def as_mlp_submodule(cls, submodules, **kwargs):
+            return cls, submodules
+
+    built = types.SimpleNamespace(mlp=functools.partial(Builder19.as_mlp_submodule, submodules="fc1, fc2"))
+    set_mlp(built, type("Sandwich19", (Builder19,), {}))
+    assert built.mlp.func.__self__.__name__ == "Sandwich19" and built.mlp.keywords == {"submodules": "fc1, fc2"}
+    with pytest.raises(RlcoreError, match="neither a ModuleSpec of megatron's MLP"):
+        set_mlp(types.SimpleNamespace(mlp=functools.partial(print)), SandwichMLP)
+
+
 def _nll(outputs, micro):
     mask = micro["completion_mask"].float()
     return -(outputs.logprobs() * mask).sum() / micro["batch_tokens"][0], {"tokens": float(mask.sum())}
