@@ -427,12 +427,14 @@ from .engine_checks import (  # noqa: E402  (below the interfaces, which engine_
     aligned_rows, check_ids, check_temperature, check_train_step, common_problems, raise_problems, resolve_dtype,
     torch_device,
 )
+from .conditional import CheckpointLayout, checkpoint_layout  # noqa: E402
 from .model_checks import read_model  # noqa: E402
 
 
 __all__ = [
-    "SCHEDULERS", "Generation", "LossFn", "ModelOutputs", "NamedTensors", "OptimizerOptions",
+    "SCHEDULERS", "CheckpointLayout", "Generation", "LossFn", "ModelOutputs", "NamedTensors", "OptimizerOptions",
     "Projection", "RolloutEngine", "SamplingParams", "TopK", "TrainEngine", "TrainOptions", "aligned_rows",
-    "build_engine", "check_ids", "check_temperature", "check_train_step", "common_problems", "options_check",
+    "build_engine", "check_ids", "check_temperature", "check_train_step", "checkpoint_layout", "common_problems",
+    "options_check",
     "raise_problems", "read_model", "resolve_dtype", "torch_device", "unknown_options",
 ]

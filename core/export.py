@@ -15,13 +15,20 @@ from .log import logger
 def write_hf_model(path: str | Path, buckets: Iterable[list[tuple[str, Any]]], source: str, write: bool = True) -> None:
     """Write `buckets` (`export_weights`' lists of (name, tensor)) as safetensors into `path`, with the
     config, generation config and tokenizer of `source` (the model the engine was built from). Every rank
-    iterates its buckets (megatron's export is a collective); only where `write` is the folder written."""
+    iterates its buckets (megatron's export is a collective); only where `write` is the folder written. From a
+    `*ForConditionalGeneration` checkpoint the language model's weights take the checkpoint's names and the rest of
+    it (the vision tower) is copied unchanged, so the folder loads as its config says (`rlcore.conditional`)."""
     tensors = {}
     for bucket in buckets:
         if write:
             tensors.update((name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in bucket)
     if not write:
         return
+    from .conditional import checkpoint_layout
+
+    layout = checkpoint_layout(source)
+    if layout is not None:  # a conditional-generation checkpoint: its names, and its vision tower as it was
+        tensors = dict(layout.with_carried(tensors.items()))
     from huggingface_hub import save_torch_state_dict
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 

@@ -40,27 +40,30 @@ CHAT_TEMPLATE = (
 )
 # A few merges of frequent English pairs (in byte-level spelling) so that text is not one token per byte.
 MERGES = (("Ġ", "t"), ("h", "e"), ("Ġ", "a"), ("i", "n"), ("e", "r"), ("Ġt", "he"), ("o", "n"), ("r", "e"))
-# Architectures build_tiny_model writes: name -> (transformers config class, what the tiny shape adds to it).
-# Qwen2 and Llama tie their embeddings, `qwen2_untied` does not; Qwen3 adds q/k norms; the MoE shapes route each
-# token to 2 of 4 experts (Qwen3.5-MoE with a shared expert); Qwen3.5 alternates gated delta-net linear attention
-# with gated full attention (layer_types); Gemma 3 has sandwich norms, scaled embeddings and sliding windows.
+# Architectures build_tiny_model writes: name -> (transformers config class, what the tiny shape adds to it). Each is
+# transformers' default config with only the sizes changed (widths, heads, layers, experts, Gemma 3's window of 16 so
+# that rows run past it), plus two choices: the embeddings tied (as the small published checkpoints of Qwen2.5,
+# Qwen3, Llama 3.2 and Gemma 3 are; `qwen2_untied` is not), and in 2 layers one of each kind (Qwen3.5: linear, then
+# full attention; Gemma 3: sliding, then full), where the default pattern would give only the first kind.
 ARCH_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", {}),
     "qwen2_untied": ("Qwen2Config", {"tie_word_embeddings": False}),
     "llama": ("LlamaConfig", {}),
-    "mistral": ("MistralConfig", {"sliding_window": None}),
+    "mistral": ("MistralConfig", {}),
     "qwen3": ("Qwen3Config", {}),
-    "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True,
-                                      "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2}),
     "qwen3_5": ("Qwen3_5TextConfig", {"linear_num_key_heads": 2, "linear_num_value_heads": 4,
                                       "linear_conv_kernel_dim": 4}),
     "qwen3_5_moe": ("Qwen3_5MoeTextConfig", {"num_experts": 4, "num_experts_per_tok": 2,
                                              "linear_num_key_heads": 2, "linear_num_value_heads": 4,
                                              "linear_conv_kernel_dim": 4}),
-    "gemma3": ("Gemma3TextConfig", {"sliding_window": 16, "query_pre_attn_scalar": 16,
-                                    "final_logit_softcapping": None, "attn_logit_softcapping": None}),
+    "gemma3": ("Gemma3TextConfig", {"sliding_window": 16}),
 }
 ARCHS = tuple(ARCH_CONFIGS)
+# Architectures published with a vision tower (`build_tiny_model(vision=True)`): name -> the published config class;
+# the vision tower is transformers' default with only the sizes made tiny (`out_hidden_size`: the language model's width)
+CONDITIONAL: dict[str, str] = {"qwen3_5": "Qwen3_5Config", "qwen3_5_moe": "Qwen3_5MoeConfig"}
+VISION_SHAPE = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "num_position_embeddings": 64}
 MARKER = "rlcore_tiny.json"
 
 
@@ -79,6 +82,7 @@ def build_tiny_model(
     dtype: str = "float32",
     device: str = "cpu",
     replace: bool = True,
+    vision: bool = False,
 ) -> Path:
     """Write a tiny `arch` model with random weights and a byte-level tokenizer to `path`; return it.
 
@@ -86,7 +90,9 @@ def build_tiny_model(
     `vocab_size` grows the tokenizer with synthetic merges to that many ids (a model shaped like a real
     one, e.g. Qwen2-0.5B's for the GPU benchmark); `dtype` is the dtype the weights are saved in.
     `device="cuda"` draws the random weights on the GPU: seconds for a 1.5B shape that takes minutes on the
-    CPU (other random numbers, so another model; the directory records the device).
+    CPU (other random numbers, so another model; the directory records the device). `vision` (Qwen3.5 and
+    Qwen3.5-MoE) builds the model as it is published, `*ForConditionalGeneration`: that language model and a
+    two-block vision tower (`VISION_SHAPE`, transformers' default vision config otherwise).
     Calling again with the same arguments returns the existing directory without rebuilding it; with other
     arguments it is rebuilt, unless `replace=False` (a demo's model in a run's output_dir, which another run
     may be using): then that is a ConfigError.
@@ -99,6 +105,8 @@ def build_tiny_model(
     )
     if device != "cpu":  # recorded only off the CPU, so directories built before this key still match
         args["device"] = device
+    if vision:  # recorded only when set, as the device
+        args["vision"] = True
     _check(args)
     path = Path(path)
     marker = path / MARKER
@@ -213,6 +221,8 @@ def _check(args: dict[str, Any]) -> None:
             problems.append(f"hidden_size={args['hidden_size']} must be a multiple of num_heads={args['num_heads']}")
         if args["num_heads"] % args["num_kv_heads"]:
             problems.append(f"num_heads={args['num_heads']} must be a multiple of num_kv_heads={args['num_kv_heads']}")
+        if args.get("vision") and args["arch"] not in CONDITIONAL:
+            problems.append(f"vision=True builds {', '.join(CONDITIONAL)} only, not {args['arch']}")
         if args["arch"].startswith("qwen3_5") and args["num_layers"] < 2:
             problems.append(f"num_layers={args['num_layers']} must be >= 2 for {args['arch']}: its layers alternate "
                             "linear and full attention, and with linear attention alone transformers' cache has no "
@@ -267,6 +277,16 @@ def _build_model(tokenizer: Any, args: dict[str, Any]) -> Any:
     if args["arch"] in ("qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "gemma3"):
         config.head_dim = args["hidden_size"] // args["num_heads"]
     torch.manual_seed(args["seed"])
+    if args.get("vision"):
+        config = getattr(transformers, CONDITIONAL[args["arch"]])(
+            text_config=config.to_dict(), vision_config={**VISION_SHAPE, "out_hidden_size": args["hidden_size"]},
+            tie_word_embeddings=config.tie_word_embeddings, dtype=args["dtype"])
+        from transformers import AutoModelForImageTextToText
+
+        with torch.device(args.get("device", "cpu")):
+            model = AutoModelForImageTextToText.from_config(config, dtype=getattr(torch, args["dtype"]))
+        model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        return model
     if args["num_labels"] is not None:
         config.num_labels = args["num_labels"]
         return AutoModelForSequenceClassification.from_config(config)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlcore import ConfigError
 from rlcore.batch import right_padded
-from rlcore.engines import ModelOutputs, TopK, aligned_rows, check_ids, resolve_dtype
+from rlcore.engines import ModelOutputs, TopK, aligned_rows, check_ids, checkpoint_layout, resolve_dtype
 from rlcore.runtime import logger
 
 if TYPE_CHECKING:
@@ -34,6 +34,33 @@ def load_causal_lm(model: str, dtype: str, device: torch.device, liger_kernel: b
     if liger_kernel:
         apply_liger(lm, device)
     return lm
+
+
+def conditional_problems(model: Any) -> list[tuple[str, str]]:
+    """What keeps the hf train engine from a `*ForConditionalGeneration` checkpoint, read before any weight: no
+    language model found in it, or no causal LM of transformers for its config (the engine trains the language model
+    that `AutoModelForCausalLM` loads and carries the rest). Other checkpoints: nothing."""
+    try:
+        layout = checkpoint_layout(model) if isinstance(model, str) and model else None
+    except ConfigError as exc:
+        return list(exc.problems or [("model", str(exc))])
+    if layout is None:
+        return []
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    config = AutoConfig.from_pretrained(layout.directory)
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return []
+    return [("model", f"'{model}' ({', '.join(config.architectures or [])}): transformers {_version('transformers')} has "
+                      f"no causal LM for {type(config).__name__}, so its language model cannot be trained alone; "
+                      "use a checkpoint of the language model")]
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
 
 
 def apply_liger(model: Any, device: Any) -> bool:

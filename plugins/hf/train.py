@@ -27,11 +27,11 @@ from rlcore import RlcoreError
 from rlcore.batch import Batch, host_column, pad_width, token_columns, trim_padding
 from rlcore.engines import (
     LossFn, NamedTensors, Projection, TopK, TrainEngine, TrainOptions, check_temperature, check_train_step,
-    common_problems, raise_problems, torch_device,
+    checkpoint_layout, common_problems, raise_problems, torch_device,
 )
 from rlcore.runtime import join_torch_world, replace_dir
 
-from .common import compile_layers, load_causal_lm, model_outputs, packs_sequences
+from .common import compile_layers, conditional_problems, load_causal_lm, model_outputs, packs_sequences
 from .lora import lora_merged_tensors
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class HFOptions(TrainOptions):
     torch_compile_mode: str | None = None
 
     def problems(self) -> list[tuple[str, str]]:
-        problems = super().problems()
+        problems = super().problems() + conditional_problems(self.model)
         budget = self.max_tokens_per_micro_batch
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             problems.append(("attn_implementation", f"attn_implementation={self.attn_implementation!r} is not one "
@@ -156,6 +156,11 @@ class HFTrainEngine(TrainEngine):
         self.rank, self.world_size = join_torch_world(self.device, o.dist_timeout_s)
 
         self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel, o.attn_implementation)
+        # a *ForConditionalGeneration checkpoint: the language model trains, the rest (a vision tower) stays as it is
+        self.layout = checkpoint_layout(model)
+        if self.layout is not None:
+            for name, param in self.model.named_parameters():
+                param.requires_grad_(param.requires_grad and self.layout.is_language_model(self.layout.to_checkpoint(name)))
         self._check_packing()
         if o.gradient_checkpointing:
             self.model.config.use_cache = False
@@ -431,7 +436,10 @@ class HFTrainEngine(TrainEngine):
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
             try:
-                self.model.save_pretrained(tmp / "model")
+                if self.layout is not None and not self.lora:  # the checkpoint's names, its vision tower beside
+                    self.layout.write(tmp / "model", (pair for bucket in self.export_weights() for pair in bucket))
+                else:
+                    self.model.save_pretrained(tmp / "model")
                 torch.save(
                     {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                      "global_step": self.global_step},
@@ -462,6 +470,8 @@ class HFTrainEngine(TrainEngine):
             result = set_peft_model_state_dict(self.model, weights)
             missing = []
         else:
+            if self.layout is not None:
+                weights = self.layout.language_model(weights, set(self.model.state_dict()))
             result = self.model.load_state_dict(weights, strict=False)
             missing = _untied_missing(self.model, weights, result.missing_keys)
         if result.unexpected_keys or missing:

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
+from rlcore import RlcoreError
+
 
 class SdpaAttention(MegatronModule):
     """Causal core attention through `torch.nn.functional.scaled_dot_product_attention`; megatron's
@@ -131,5 +133,31 @@ def layer_spec(swiglu: bool = True, qk_norm: bool = False, num_experts: int = 0)
     if num_experts:
         moe_without_transformer_engine()
     if swiglu and not num_experts:
-        spec.submodules.mlp.module = _mlp_class()
+        set_mlp(spec.submodules, _mlp_class())
     return spec
+
+
+def set_mlp(layer: Any, cls: type) -> None:
+    """Make the transformer-layer submodules `layer` build `cls` (a subclass of megatron's `MLP`) as their dense MLP.
+
+    megatron-core 0.16's local spec holds a `ModuleSpec(module=MLP, submodules=...)` there; 0.19's holds a builder,
+    `functools.partial(MLP.as_mlp_submodule, submodules=...)`, on which setting `.module` is silently ignored (Gemma 3's
+    `post_layernorm` then went missing). Either form gets `cls` with the same submodules; any other is an error."""
+    import functools
+
+    from megatron.core.transformer.mlp import MLP
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    mlp = layer.mlp
+    if isinstance(mlp, ModuleSpec) and isinstance(mlp.module, type) and issubclass(mlp.module, MLP):
+        mlp.module = cls
+        return
+    owner = getattr(getattr(mlp, "func", None), "__self__", None)
+    if isinstance(mlp, functools.partial) and isinstance(owner, type) and issubclass(owner, MLP):
+        layer.mlp = functools.partial(getattr(cls, mlp.func.__name__), *mlp.args, **mlp.keywords)
+        return
+    from importlib.metadata import version
+
+    raise RlcoreError(f"megatron-core {version('megatron-core')}'s layer spec holds {mlp!r} as its dense MLP, neither "
+                       "a ModuleSpec of megatron's MLP (0.16) nor MLP.as_mlp_submodule (0.19); rlcore cannot place "
+                       f"{cls.__name__} there")

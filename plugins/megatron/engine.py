@@ -23,8 +23,8 @@ from typing import Any
 from rlcore import RlcoreError
 from rlcore.batch import Batch, token_columns, trim_padding
 from rlcore.engines import (
-    LossFn, NamedTensors, TopK, TrainEngine, check_temperature, check_train_step, common_problems, raise_problems,
-    torch_device,
+    LossFn, NamedTensors, TopK, TrainEngine, check_temperature, check_train_step, checkpoint_layout, common_problems,
+    raise_problems, torch_device,
 )
 from rlcore.runtime import join_torch_world, replace_dir
 
@@ -717,6 +717,9 @@ class MegatronTrainEngine(TrainEngine):
                 lora.write_peft_adapter(tmp / "model", adapter, rank=self.lora_rank, alpha=self.lora_alpha,
                                         dropout=self.lora_dropout, base_model=self.model_name)
             else:
+                layout = checkpoint_layout(model_dir(self.model_name))
+                if layout is not None:  # a conditional-generation checkpoint: its names, its vision tower beside
+                    weights = dict(layout.with_carried(weights.items()))
                 save_file(weights, str(tmp / "model" / "model.safetensors"), metadata={"format": "pt"})
                 copy_model_files(model_dir(self.model_name), tmp / "model")
             meta = {**self._layout(), "global_step": self.global_step, "scheduler": self.scheduler.state_dict()}

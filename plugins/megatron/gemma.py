@@ -21,6 +21,7 @@ import torch
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.mlp import MLP
 
+from .attention import set_mlp
 from .linear_attention import ZeroCenteredRMSNorm
 
 
@@ -75,7 +76,7 @@ def gemma_block_spec(layer_spec: Any, stage_layers: int, layer_types: Sequence[s
                                        {"local_layers": local, "local_rope_theta": local_rope_theta})
     attention = layer.self_attention.submodules
     attention.q_layernorm = attention.k_layernorm = ZeroCenteredRMSNorm
-    layer.mlp.module = SandwichMLP
+    set_mlp(layer, SandwichMLP)
     return TransformerBlockSubmodules(layer_specs=[spec] * stage_layers, layer_norm=ZeroCenteredRMSNorm)
 
 

@@ -137,6 +137,15 @@ ARCHITECTURES: dict[str, Architecture] = {a.hf_class: a for a in (
 )}
 
 
+# Checkpoints published as a language model with a vision tower: the megatron engine trains their language model,
+# this causal LM's declaration on the config's text_config; the rest of the checkpoint rides along unchanged
+# (`rlcore.engines.CheckpointLayout`: the language model's names there are `model.language_model.*`).
+CONDITIONAL: dict[str, str] = {
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM",
+}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The shape facts of a Hugging Face causal LM that the mapping and megatron's config need."""
@@ -261,10 +270,13 @@ def spec_from_hf_config(config: Any) -> ModelSpec:
     configuration the mapping does not express."""
     archs = list(getattr(config, "architectures", None) or [])
     name = next((a for a in archs if a in ARCHITECTURES), None)
+    conditional = next((a for a in archs if a in CONDITIONAL), None)
+    if name is None and conditional is not None:  # its language model, on the text config
+        name, config = CONDITIONAL[conditional], config.get_text_config()
     if name is None:
         raise _refuse(
             f"architecture {', '.join(archs) or type(config).__name__} has no Hugging Face <-> megatron mapping; "
-            f"supported: {', '.join(ARCHITECTURES)} (use train.engine=hf for others)"
+            f"supported: {', '.join([*ARCHITECTURES, *CONDITIONAL])} (use train.engine=hf for others)"
         )
     arch = ARCHITECTURES[name]
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}

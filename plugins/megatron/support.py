@@ -124,10 +124,14 @@ def hf_config(model: str) -> Any:
 
 
 class SafetensorsReader:
-    """A Hugging Face checkpoint's tensors by name, read from its safetensors files only when asked."""
+    """A Hugging Face checkpoint's tensors by name, read from its safetensors files only when asked. A causal LM's
+    names find a conditional-generation checkpoint's language model (`model.layers.0.x` reads
+    `model.language_model.layers.0.x`: `rlcore.engines.CheckpointLayout`)."""
 
     def __init__(self, directory: Path):
         from safetensors import safe_open
+
+        from rlcore.engines import checkpoint_layout
 
         files = sorted(directory.glob("*.safetensors"))
         if not files:
@@ -135,6 +139,7 @@ class SafetensorsReader:
         self.handles = [safe_open(str(f), framework="pt") for f in files]
         self.where = {name: h for h in self.handles for name in h.keys()}
         self.directory = directory
+        self.layout = checkpoint_layout(directory)
 
     def __enter__(self) -> SafetensorsReader:
         return self
@@ -143,6 +148,8 @@ class SafetensorsReader:
         self.handles.clear()
 
     def __getitem__(self, name: str) -> Any:
+        if self.layout is not None:
+            name = self.layout.to_checkpoint(name)
         if name not in self.where:
             raise RlcoreError(f"'{self.directory}' has no weight '{name}' that the megatron mapping needs")
         return self.where[name].get_tensor(name)

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from rlcore import ConfigError, Generation, RlcoreError, RolloutEngine, SamplingParams, TopK
-from rlcore.engines import resolve_dtype
+from rlcore.engines import CheckpointLayout, checkpoint_layout, resolve_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -98,8 +98,19 @@ def check_options(model: str = "", vllm_tensor_parallel_size: int = 1, vllm_engi
     if vllm_enable_lora and vllm_max_lora_rank not in LORA_RANKS:
         lora.append(("vllm_max_lora_rank", f"({vllm_max_lora_rank}) is no rank vLLM takes; use one of "
                                            f"{', '.join(map(str, LORA_RANKS))}"))
+    if vllm_enable_lora and model and _conditional(model):
+        lora.append(("vllm_enable_lora", f"'{model}' is a conditional-generation checkpoint, whose adapter rlcore "
+                                         "writes in its causal LM's module names, which vLLM does not map into it; "
+                                         "set vllm_enable_lora: false (the sync then sends the merged weights)"))
     return lora + _context_problems(model, vllm_max_model_len) + _model_problems(model, vllm_tensor_parallel_size,
                                                                                 vllm_engine_kwargs)
+
+
+def _conditional(model: str) -> bool:
+    try:
+        return checkpoint_layout(model) is not None
+    except ConfigError:  # no language model in it: the train engine's check names that
+        return False
 
 
 def _context_problems(model: str, max_model_len: Any) -> list[tuple[str, str]]:
@@ -172,22 +183,29 @@ def _vllm_version() -> str:
         return "(not installed)"
 
 
-def _loader(holder: Any, model: Any, replay: bool = True) -> Any:
+def _loader(holder: Any, model: Any, replay: bool = True, layout: CheckpointLayout | None = None) -> Any:
     """`holder`'s weight loader for `model`, made once: vLLM's `load_weights`, traced on a bucket layout's first
-    load and replayed as one batched copy after (rlcore.plugins.vllm.weight_replay; `vllm_weight_replay=False`: never)."""
+    load and replayed as one batched copy after (rlcore.plugins.vllm.weight_replay; `vllm_weight_replay=False`: never).
+    With the `layout` of a conditional-generation checkpoint the train engines' causal-LM names (`model.layers.0.x`)
+    become the checkpoint's (`model.language_model.layers.0.x`), which vLLM's model maps as it maps the checkpoint."""
     loader = getattr(holder, "rlcore_loader", None)
     if loader is None:
         from .weight_replay import ReplayLoader
 
-        loader = ReplayLoader(lambda weights: model.load_weights(weights=weights),
-                              [*model.parameters(), *model.buffers()], replay=replay)
+        def load(weights: Any) -> Any:
+            if layout is not None:
+                weights = [(layout.to_checkpoint(name), tensor) for name, tensor in weights]
+            return model.load_weights(weights=weights)
+
+        loader = ReplayLoader(load, [*model.parameters(), *model.buffers()], replay=replay)
         holder.rlcore_loader = loader
     return loader
 
 
-def _load_weights_on_worker(worker: Any, named_tensors: list[tuple[str, torch.Tensor]], replay: bool = True) -> None:
+def _load_weights_on_worker(worker: Any, named_tensors: list[tuple[str, torch.Tensor]], replay: bool = True,
+                            layout: CheckpointLayout | None = None) -> None:
     """Run inside each vLLM worker (via collective_rpc) when workers live in their own processes."""
-    _loader(worker, worker.model_runner.model, replay)(named_tensors)
+    _loader(worker, worker.model_runner.model, replay, layout)(named_tensors)
 
 
 def _join_group_on_worker(worker: Any, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
@@ -204,19 +222,20 @@ def _gpu_on_worker(worker: Any) -> tuple[int, str]:
     return worker.rank, gpu_uuid()
 
 
-def _load_ipc_on_worker(worker: Any, payloads: dict[int, dict[str, Any]], replay: bool = True) -> None:
+def _load_ipc_on_worker(worker: Any, payloads: dict[int, dict[str, Any]], replay: bool = True,
+                        layout: CheckpointLayout | None = None) -> None:
     """Inside each vLLM worker: load the bucket whose CUDA IPC handle is this worker's (by rank): packed on
     its own GPU by a trainer rank there, or on a peer GPU by a trainer in the engine's process."""
     from rlcore.runtime import IpcReceiver
 
     if getattr(worker, "rlcore_ipc", None) is None:
         worker.rlcore_ipc = IpcReceiver()  # keeps the sender's buffers mapped from sync to sync
-    worker.rlcore_ipc.load(payloads[worker.rank], _loader(worker, worker.model_runner.model, replay))
+    worker.rlcore_ipc.load(payloads[worker.rank], _loader(worker, worker.model_runner.model, replay, layout))
 
 
-def _receive_on_worker(worker: Any, replay: bool = True) -> None:
+def _receive_on_worker(worker: Any, replay: bool = True, layout: CheckpointLayout | None = None) -> None:
     """Inside each vLLM worker: load every bucket of one sync straight from the broadcast group."""
-    worker.rlcore_weight_group.receive_into(_loader(worker, worker.model_runner.model, replay))
+    worker.rlcore_weight_group.receive_into(_loader(worker, worker.model_runner.model, replay, layout))
 
 
 def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
@@ -277,6 +296,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self._lora_request: Any = None  # the adapter every request is served with (vllm_enable_lora), a new id per sync
         if vllm_enable_lora:  # one adapter at a time: the train engine's latest
             engine_kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank, max_loras=1)
+        # a conditional-generation checkpoint (Qwen3.5 as published): rollouts are text, so vLLM builds its language
+        # model alone (no vision tower, no image processor) and the weight sync maps the train engines' names into it
+        self.layout = checkpoint_layout(model)
+        if self.layout is not None:
+            engine_kwargs.setdefault("language_model_only", True)
         self.llm = vllm.LLM(
             model=model,
             tensor_parallel_size=vllm_tensor_parallel_size,
@@ -289,6 +313,8 @@ class VLLMRolloutEngine(RolloutEngine):
             logprobs_mode="processed_logprobs",
             **engine_kwargs,
         )
+        if self.layout is None:  # a hub id whose files vLLM has only now downloaded
+            self.layout = checkpoint_layout(model)
 
     # ---- generation --------------------------------------------------------
 
@@ -436,7 +462,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._require_awake("load weights", tags=("weights",))
         if self.in_process:  # one worker, in this process: hand the tensors over as they are
             model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-            _loader(self, model, self.weight_replay)(named_tensors)
+            _loader(self, model, self.weight_replay, self.layout)(named_tensors)
             return
         items = list(named_tensors)
         if items and all(tensor.is_cuda for _, tensor in items):  # one CUDA IPC handle that every worker maps
@@ -447,10 +473,11 @@ class VLLMRolloutEngine(RolloutEngine):
             payload = self._ipc_sender.pack(items)
             if self._receiver_ranks is None:
                 self.weight_receiver_gpus()
-            self.llm.collective_rpc(_load_ipc_on_worker, args=(dict.fromkeys(self._receiver_ranks, payload), self.weight_replay))
+            self.llm.collective_rpc(_load_ipc_on_worker, args=(dict.fromkeys(self._receiver_ranks, payload), self.weight_replay,
+                                                                self.layout))
         else:
             cpu = [(name, tensor.detach().cpu()) for name, tensor in items]
-            self.llm.collective_rpc(_load_weights_on_worker, args=(cpu, self.weight_replay))
+            self.llm.collective_rpc(_load_weights_on_worker, args=(cpu, self.weight_replay, self.layout))
 
     def weight_receiver_gpus(self) -> list[str]:
         """This process's GPU in process; else each vLLM worker's GPU, in worker rank order."""
@@ -471,7 +498,8 @@ class VLLMRolloutEngine(RolloutEngine):
             self.weight_receiver_gpus()
         if len(payloads) != len(self._receiver_ranks):
             raise RlcoreError(f"vllm engine: {len(payloads)} IPC payloads for {len(self._receiver_ranks)} workers")
-        self.llm.collective_rpc(_load_ipc_on_worker, args=(dict(zip(self._receiver_ranks, payloads)), self.weight_replay))
+        self.llm.collective_rpc(_load_ipc_on_worker, args=(dict(zip(self._receiver_ranks, payloads)), self.weight_replay,
+                                                                   self.layout))
 
     def weight_receivers(self) -> int:
         """In process the engine receives broadcasts itself; otherwise each vLLM worker does."""
@@ -494,7 +522,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if self.in_process:
             stats = self._weight_group.receive_into(self.update_weights)
         else:
-            self.llm.collective_rpc(_receive_on_worker, args=(self.weight_replay,))
+            self.llm.collective_rpc(_receive_on_worker, args=(self.weight_replay, self.layout))
         self.finish_weight_update()
         return stats
 

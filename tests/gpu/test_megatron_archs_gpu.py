@@ -8,6 +8,10 @@ to a random wider teacher, SFT lowers the loss; megatron's curves stay close to 
 the weight sync switched off (tests/gpu/grpo_without_weight_sync.py) does not raise the reward, so the check fails
 where vLLM keeps generating from its first weights.
 
+First, cheaply, each architecture's megatron model against the mapping and transformers on megatron-core 0.19
+(`test_each_architecture_builds_what_the_mapping_names_and_equals_transformers`); then Qwen3.5 as published
+(`Qwen3_5ForConditionalGeneration`) with vLLM, its vision tower carried into `final/`.
+
 Runs only on the GPU machine: `pytest -m gpu tests/gpu/test_megatron_archs_gpu.py`.
 """
 
@@ -41,11 +45,13 @@ SCALE = ["train.gpus=1", "rollout.gpus=1", "train.engine=megatron", "rollout.vll
          "logging_steps=1", "save_steps=0"]
 
 
-def model(arch: str) -> str:
+def model(arch: str, vision: bool = False) -> str:
+    """The tiny `arch` (transformers' default config, sizes changed only); `vision`: as published, with its vision tower."""
     from rlcore.testing import build_tiny_model
 
-    return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-gpu-archs" / arch, arch=arch, device="cuda",
-                                **SHAPE))
+    name = f"{arch}-vision" if vision else arch
+    return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-gpu-archs" / name, arch=arch, device="cuda",
+                                vision=vision, **SHAPE))
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +90,68 @@ def grpo(arch: str, dataset: str, out: Path, *extra: str, steps: int = 2, timeou
 
 
 TEXT_ONLY = ("qwen3_5", "qwen3_5_moe")  # vLLM 0.26 serves Qwen3.5 only as Qwen3_5ForConditionalGeneration
+MLP_CLASSES = {"gemma3": "SandwichMLP", "qwen3_moe": "MoELayer", "qwen3_5_moe": "MoELayer"}  # the others: SwiGLUMLP
+BUILT = [(a, False) for a in ARCHS] + [(a, True) for a in TEXT_ONLY]
+
+
+@pytest.mark.parametrize("arch,vision", BUILT, ids=[f"{a}{'-vision' if v else ''}" for a, v in BUILT])
+def test_each_architecture_builds_what_the_mapping_names_and_equals_transformers(arch, vision):
+    """The installed megatron-core (0.19 here, 0.16 on the CPU) builds the layers the engine's spec asks for (its MLP
+    spec changed form between them: `attention.set_mlp`), their parameters are exactly the mapping's names, and the
+    log-probs equal transformers' on the GPU in float32 (TF32 off). Seconds per architecture, no vLLM."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.batch import Batch
+    from rlcore.plugins.hf.common import model_outputs
+    from rlcore.plugins.megatron import make_forward_engine, mapping
+    from rlcore.plugins.megatron.support import SafetensorsReader
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    path = model(arch, vision)
+    engine = make_forward_engine(model=path, device="cuda", dtype="float32")
+    assert {type(layer.mlp).__name__ for layer in engine.module.decoder.layers} == {MLP_CLASSES.get(arch, "SwiGLUMLP")}
+    built = {name for name in engine.module.state_dict() if not name.endswith("_extra_state")}
+    with SafetensorsReader(Path(path)) as hf:
+        assert built == set(mapping.hf_to_megatron(hf, engine.spec))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 260, (4, 40), generator=g)  # past Gemma 3's window of 16
+    mask = torch.ones_like(ids)
+    mask[1, 30:] = 0
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        expected = model_outputs(reference, ids.cuda(), mask.cuda(), temperature=1.0).logprobs().cpu()
+    got = engine.forward_logprobs(Batch({"input_ids": ids * mask, "attention_mask": mask}))
+    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("engine,arch,lora", [("megatron", "qwen3_5", 0), ("megatron", "qwen3_5", 8),
+                                              ("hf", "qwen3_5", 0), ("megatron", "qwen3_5_moe", 0)])
+def test_qwen3_5_as_published_trains_with_vllm_and_keeps_its_vision_tower(engine, arch, lora, dataset, tmp_path):
+    """Qwen3_5ForConditionalGeneration (and its MoE sibling) as the GRPO policy with vLLM colocated: the run's
+    weight-sync check passes (the causal-LM names mapped into vLLM's conditional model, which builds its language model
+    alone), and `final/` holds every tensor of the published checkpoint, the vision tower bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    path = Path(model(arch, vision=True))
+    extra = [f"train.engine={engine}", "learning_rate=1e-3"] + (
+        [f"train.lora_rank={lora}", f"train.lora_alpha={2 * lora}"] if lora else [])
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", "grpo", "--use-ray", "--config", str(EXAMPLE),
+           f"model={path}", f"dataset={dataset}", f"output_dir={out}", "max_steps=2", *SCALE, *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=480, env={**os.environ, "RLCORE_DEBUG": "1"})
+    assert done.returncode == 0, f"{arch} on {engine}: rlcore run exited {done.returncode}\n{done.stderr[-6000:]}"
+    source = load_file(str(path / "model.safetensors"))
+    final = {}
+    for file in sorted((out / "final").glob("*.safetensors")):
+        final.update(load_file(file))
+    visual = [n for n in source if n.startswith("model.visual.")]
+    assert visual and all(torch.equal(final[n].cpu(), source[n]) for n in visual)
+    if engine == "megatron":  # the hf engine keeps a MoE's experts fused, as transformers 5 does
+        assert final.keys() == source.keys()
+    assert type(AutoModelForImageTextToText.from_pretrained(out / "final")).__name__.endswith("ForConditionalGeneration")
 
 
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a not in TEXT_ONLY])

@@ -180,22 +180,71 @@ def test_scaled_rotary_embeddings_equal_transformers(checkpoints, tmp_path, arch
     torch.testing.assert_close(make_forward_engine(model=str(path)).forward_logprobs(batch), expected, atol=1e-5, rtol=0)
 
 
-def test_unnormalised_top_k_routing_equals_transformers(checkpoints, tmp_path):
-    """Qwen3-MoE with norm_topk_prob false: the top-k softmax weights as they are (megatron's
-    moe_router_pre_softmax), not renormalised; the log-probs are transformers'."""
+def test_normalised_top_k_routing_equals_transformers(checkpoints, tmp_path):
+    """Qwen3-MoE with norm_topk_prob true (Qwen3-30B-A3B's; the default, false, is the test above): the top-k
+    weights renormalised to sum to 1 (megatron's softmax after the top-k); the log-probs are transformers'."""
     from rlcore.plugins.hf.common import model_outputs
     from rlcore.plugins.megatron import make_forward_engine
 
-    path = _changed(checkpoints["qwen3_moe"], tmp_path / "unnormalised", norm_topk_prob=False)
+    path = _changed(checkpoints["qwen3_moe"], tmp_path / "normalised", norm_topk_prob=True)
     batch = _batch(seed=2)
     engine = make_forward_engine(model=str(path))
-    assert engine.config.moe_router_pre_softmax
+    assert not engine.config.moe_router_pre_softmax
     with torch.no_grad():
         expected = model_outputs(_hf_model(path), batch["input_ids"], batch["attention_mask"], temperature=1.0).logprobs()
-        normalised = model_outputs(_hf_model(checkpoints["qwen3_moe"]), batch["input_ids"], batch["attention_mask"],
-                                   temperature=1.0).logprobs()
-    assert (expected - normalised).abs().max() > 1e-3  # the two routings differ: the test tells them apart
+        unnormalised = model_outputs(_hf_model(checkpoints["qwen3_moe"]), batch["input_ids"], batch["attention_mask"],
+                                     temperature=1.0).logprobs()
+    assert (expected - unnormalised).abs().max() > 1e-3  # the two routings differ: the test tells them apart
     torch.testing.assert_close(engine.forward_logprobs(batch), expected, atol=1e-5, rtol=0)
+
+
+MLP_CLASSES = {"gemma3": "SandwichMLP", "qwen3_moe": "MoELayer", "qwen3_5_moe": "MoELayer"}  # the others: SwiGLUMLP
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", *NEW, "qwen3_5", "qwen3_5_moe"])
+def test_the_built_model_is_what_the_mapping_names(checkpoints, arch, tmp_path):
+    """Each architecture as transformers' default config builds it (sizes changed only, `rlcore.testing.ARCH_CONFIGS`):
+    megatron-core builds the layers the engine's spec asks for (its MLP a ModuleSpec in 0.16, a builder in 0.19:
+    `attention.set_mlp` places rlcore's class in either) and their parameters are the mapping's names, no more, no
+    fewer. tests/gpu/test_megatron_archs_gpu.py runs the same on megatron-core 0.19."""
+    from rlcore.plugins.megatron import make_forward_engine, mapping
+    from rlcore.plugins.megatron.support import SafetensorsReader
+
+    path = checkpoints.get(arch) or build_tiny_model(tmp_path / arch, arch=arch, num_layers=2, seed=3)
+    engine = make_forward_engine(model=str(path))
+    assert {type(layer.mlp).__name__ for layer in engine.module.decoder.layers} == {MLP_CLASSES.get(arch, "SwiGLUMLP")}
+    built = {name for name in engine.module.state_dict() if not name.endswith("_extra_state")}
+    with SafetensorsReader(path) as hf:
+        assert built == set(mapping.hf_to_megatron(hf, engine.spec))
+
+
+def test_set_mlp_places_a_class_in_either_form_of_the_layer_spec():
+    """megatron-core 0.16's local spec holds the MLP as a ModuleSpec, 0.19's as `partial(MLP.as_mlp_submodule,
+    submodules=...)` (a classmethod that 0.16's MLP lacks: `Builder19` stands for it here); either gets the class with
+    its submodules kept, and any other form is refused rather than ignored (0.19 ignored `.module = cls` on a partial)."""
+    import functools
+    import types
+
+    from megatron.core.transformer.mlp import MLP
+
+    from rlcore import RlcoreError
+    from rlcore.plugins.megatron.attention import layer_spec, set_mlp
+    from rlcore.plugins.megatron.gemma import SandwichMLP
+
+    layer = layer_spec().submodules  # the installed megatron-core's form
+    set_mlp(layer, SandwichMLP)
+    assert getattr(layer.mlp, "module", None) is SandwichMLP or layer.mlp.func.__self__ is SandwichMLP
+
+    class Builder19(MLP):
+        @classmethod
+        def as_mlp_submodule(cls, submodules, **kwargs):
+            return cls, submodules
+
+    built = types.SimpleNamespace(mlp=functools.partial(Builder19.as_mlp_submodule, submodules="fc1, fc2"))
+    set_mlp(built, type("Sandwich19", (Builder19,), {}))
+    assert built.mlp.func.__self__.__name__ == "Sandwich19" and built.mlp.keywords == {"submodules": "fc1, fc2"}
+    with pytest.raises(RlcoreError, match="neither a ModuleSpec of megatron's MLP"):
+        set_mlp(types.SimpleNamespace(mlp=functools.partial(print)), SandwichMLP)
 
 
 def _nll(outputs, micro):
@@ -253,7 +302,8 @@ def test_the_engine_check_names_architecture_and_parallel_problems(checkpoints, 
     assert [m for _, m in check(model=str(phi))] == [
         "architecture Phi3ForCausalLM has no Hugging Face <-> megatron mapping; supported: Qwen2ForCausalLM, "
         "LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM, "
-        "Qwen3_5MoeForCausalLM, Gemma3ForCausalLM (use train.engine=hf for others)"]
+        "Qwen3_5MoeForCausalLM, Gemma3ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration "
+        "(use train.engine=hf for others)"]
     capped = _changed(checkpoints["gemma3"], tmp_path / "capped", final_logit_softcapping=30.0)
     assert [m for _, m in check(model=str(capped))] == [
         "Gemma3ForCausalLM: final_logit_softcapping is not mapped (it must be null)"]

@@ -194,7 +194,7 @@ def test_configurations_the_declarations_refuse_are_named(checkpoints):
     gemma = _hf_config(checkpoints["gemma3"])
     spec = mapping.spec_from_hf_config(gemma)
     assert spec.layer_types == ("sliding_attention", "attention") and spec.sliding_window == 16
-    assert (spec.rope_theta, spec.local_rope_theta, spec.softmax_scale) == (1e6, 1e4, 0.25)
+    assert (spec.rope_theta, spec.local_rope_theta, spec.softmax_scale) == (1e6, 1e4, 256 ** -0.5)  # query_pre_attn_scalar
     assert {p.hf[0] for p in mapping.layer_pairs(spec, 0) if "norm" in p.hf[0]} >= {
         "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"}
     gemma.final_logit_softcapping = 30.0

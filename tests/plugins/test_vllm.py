@@ -111,7 +111,7 @@ def _engine_over(llm: _FakeLLM) -> VLLMRolloutEngine:
     engine.llm, engine._asleep, engine.max_logprobs = llm, set(), 20
     engine.in_process, engine.tensor_parallel_size = True, 1
     engine.weight_replay, engine._receiver_ranks, engine._ipc_sender = True, None, None
-    engine.enable_lora, engine._lora_request = False, None
+    engine.enable_lora, engine._lora_request, engine.layout = False, None, None
     engine._vllm = types.SimpleNamespace(SamplingParams=lambda **kw: types.SimpleNamespace(**kw))
     return engine
 
@@ -165,6 +165,22 @@ def test_a_second_sync_replays_the_traced_load_with_the_new_values():
     assert llm.loaded == [f"model.layers.{i}.weight" for i in range(4)]  # the second load was replayed
     assert engine.rlcore_loader.stats()["replayed"] == 1
     assert all(torch.equal(layer, torch.full((8, 8), 2.0 * i)) for i, layer in enumerate(llm.model.layers))
+
+
+def test_a_sync_into_qwen3_5_as_published_takes_the_checkpoints_names(published_qwen3_5):
+    """The train engines send the language model in causal-LM names; vLLM's Qwen3_5ForConditionalGeneration loads
+    the checkpoint's (`model.language_model.*`, `lm_head.*`), which its own mapper maps."""
+    from rlcore.engines import checkpoint_layout
+
+    llm = _FakeLLM()
+    engine = _engine_over(llm)
+    engine.layout = checkpoint_layout(published_qwen3_5["qwen3_5"])
+    loaded = []
+    llm.model.load_weights = lambda weights: loaded.extend(name for name, _ in weights)
+    engine.update_weights([("model.layers.0.mlp.down_proj.weight", torch.zeros(2)), ("model.norm.weight", torch.zeros(2)),
+                           ("lm_head.weight", torch.zeros(2))])
+    assert loaded == ["model.language_model.layers.0.mlp.down_proj.weight", "model.language_model.norm.weight",
+                      "lm_head.weight"]
 
 
 class _GeneratingLLM:
