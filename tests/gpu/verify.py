@@ -43,6 +43,9 @@ SHARED = {  # modules whose tests share a module-scoped engine or model: one pro
     "test_vllm_engine.py": 120, "test_hf_cuda.py": 90, "test_hf_packing_gpu.py": 90, "test_weight_replay_gpu.py": 90,
     "test_weight_sync_gpu.py": 60, "test_dtype_gpu.py": 120, "test_memory_gpu.py": 150, "test_megatron_gpu.py": 300,
 }
+SHARED_FUNCTIONS = {  # a test function whose cases start no vLLM: one process for all its cases
+    "test_each_architecture_builds_what_the_mapping_names_and_equals_transformers": 150,
+}
 ALONE = {"test_vllm_engine.py"}  # reads the device's free memory: nothing else runs meanwhile, no fixed KV cache
 PER_TEST_S = {"test_megatron_archs_gpu.py": 150, "test_megatron_cli.py": 180, "test_grpo_teacher_gpu.py": 180,
               "test_multi_turn_gpu.py": 180}
@@ -89,10 +92,16 @@ def entries(ids: list[str]) -> list[Entry]:
     seen: set[str] = set()
     for test in ids:
         module = test.split("::")[0].rsplit("/", 1)[-1]
+        function = test.split("::")[1].split("[")[0]
         if module in SHARED:
             if module not in seen:
                 seen.add(module)
                 out.append(Entry(safe(module), [f"tests/gpu/{module}"], SHARED[module], alone=module in ALONE))
+        elif function in SHARED_FUNCTIONS:
+            if function not in seen:
+                seen.add(function)
+                node = test.split("[")[0]
+                out.append(Entry(safe(node), [node], SHARED_FUNCTIONS[function]))
         else:
             out.append(Entry(safe(test), [test], LEARNING_S if "learn" in test else PER_TEST_S.get(module, DEFAULT_TEST_S)))
     return sorted(out, key=lambda e: (not e.alone, -e.estimate, e.name))
