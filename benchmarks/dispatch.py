@@ -3,16 +3,21 @@
 (a) a small-payload group call (dispatch `all`, collect `none`) against `ray.get([a.f.remote(x) ...])`;
 (b) a 64 MB torch tensor sent to 4 actors with dispatch `all` against passing it to each actor's call.
 Measurements alternate (ours, raw, ours, ...) so that noise hits both. Prints a table; `--json PATH`
-writes `small_call_ratio` (ours / raw, medians) and `broadcast_ratio` (ours / naive, medians).
+writes `small_call_ratio` (ours / raw, medians) and `broadcast_ratio` (ours / naive, medians), with the commit
+measured and the machine's CPUs and load (other processes slow both sides, the hand-overs between threads most).
+An A/B of rlcore's own change runs it once per version, alternating (`PYTHONPATH` to the other version's tree,
+`--commit` naming it).
 
-    python benchmarks/dispatch.py --json benchmarks/results/dispatch.json
+    python benchmarks/dispatch.py --json benchmarks/results/dispatch-YYYY-MM-DD.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -68,7 +73,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=120, help="alternating rounds of small calls")
     parser.add_argument("--repeat", type=int, default=5, help="calls per round")
     parser.add_argument("--broadcast-rounds", type=int, default=12)
+    parser.add_argument("--commit", help="the rlcore commit measured (default: this checkout's HEAD)")
     opts = parser.parse_args()
+    commit = opts.commit or subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                                           capture_output=True, text=True).stdout.strip()
 
     cluster.init(num_cpus=2 * WORKERS, num_gpus=0)
     slots = {"bench": [Slot("bench", i, WORKERS, 0, None, 0.0, 1.0) for i in range(WORKERS)]}
@@ -106,6 +114,9 @@ def main() -> None:
         "broadcast_ms": {"ours": statistics.median(big_ours) * 1e3, "naive": statistics.median(big_raw) * 1e3,
                          "calls_each": opts.broadcast_rounds},
         "targets": {"small_call_ratio": 1.15, "broadcast_ratio": 0.2},
+        "commit": commit,
+        "rounds_asked": opts.rounds,
+        "environment": {"cpu_count": os.cpu_count(), "load_average_1_5_15min": list(os.getloadavg())},
     }
     print(f"{'measurement':32} {'rlcore':>10} {'baseline':>10} {'ratio':>7}  baseline is")
     for name, a, b, what in rows:

@@ -6,7 +6,7 @@ plugins pay for what they use.
 
 from .batch import Batch
 from .config import (
-    BaseConfig, ConfigProblems, RoleConfig, RunConfig, config_error, problems_of, render_config,
+    BaseConfig, ConfigProblems, DeviceKeys, RoleConfig, RunConfig, config_error, problems_of, render_config,
 )
 from .data import PromptEncoder, PromptSampler, completion_text, load_prompts, load_rows, prompt_view
 from .engines import (
@@ -63,6 +63,7 @@ __all__ = [
     "CollectorSpec",
     "ConfigError",
     "ConfigProblems",
+    "DeviceKeys",
     "DispatcherSpec",
     "EngineSpec",
     "Environment",

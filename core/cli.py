@@ -39,6 +39,7 @@ from .manager import PluginLoadWarning, Plugins, is_file_or_module, load_plugins
 from .metrics import jsonable
 from .compat.ms_swift import Translation, launch_options, load_translated
 from .plot import plot_metrics
+from .runtime.devices import resolve_gpus
 from .signals import leaving
 
 
@@ -217,6 +218,7 @@ def _parser(keys_help: str = "") -> argparse.ArgumentParser:
                                "where it will not fit, with the changes that fit.")
     _add_plugin_and_config(plan)
     plan.add_argument("--fit", action="store_true", help="apply the first change that fits and print its plan")
+    plan.add_argument("--use-ray", action="store_true", help=_AUTO_RAY)
     plan.add_argument("-o", "--output", metavar="FILE", help="with --fit: write the fitted config here (a new file)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=_plan)
@@ -238,11 +240,16 @@ def _parser(keys_help: str = "") -> argparse.ArgumentParser:
     _add_plugin_and_config(show)
     show.add_argument("--from-ms-swift", metavar="FILE", help="an ms-swift YAML: print the rlcore config it becomes, "
                       "with what each of its keys became above it")
+    show.add_argument("--use-ray", action="store_true", help=_AUTO_RAY)
     show.set_defaults(func=_config_show)
     validate = config_commands.add_parser("validate", help="check a config file and overrides; exit 2 if invalid")
     _add_plugin_and_config(validate, config_required=True)
+    validate.add_argument("--use-ray", action="store_true", help=_AUTO_RAY)
     validate.set_defaults(func=_config_validate)
     return parser
+
+
+_AUTO_RAY = "resolve gpus: auto as `rlcore run --use-ray` does: the Ray cluster's GPUs (default: this machine's, one each)"
 
 
 class _With(str):
@@ -353,7 +360,16 @@ def _configured(args: argparse.Namespace, resume: bool = False, demo: bool = Fal
         plugins.hook.rlcore_configure(config=config, algorithm=algorithm)
     except ValidationError as exc:  # a hook assigned a bad value
         raise config_error(validation_problems(exc, model, algorithm=algorithm), source="rlcore_configure") from None
-    return plugins, algorithm, config
+    return plugins, algorithm, _resolved(args, plugins, algorithm, config)
+
+
+def _resolved(args: argparse.Namespace, plugins: Plugins, algorithm: str, config: Any) -> Any:
+    """`config` with its roles' `gpus: auto` resolved for this machine, or with --use-ray the cluster (one place for
+    run, plan and config show/validate, so that they agree)."""
+    roles = getattr(plugins.algorithms.get(algorithm).trainer, "roles", None)
+    if roles is None:
+        return config
+    return resolve_gpus(config, roles, use_ray=bool(getattr(args, "use_ray", False)), source=args.config)
 
 
 @contextlib.contextmanager
@@ -466,7 +482,7 @@ def _refit(args: argparse.Namespace, plugins: Plugins, algorithm: str, changes: 
     model = plugins.config_model(algorithm)
     overrides = list(args.overrides) + (["resume=auto"] if getattr(args, "resume", False) else [])
     changed = overrides + Suggestion(changes, 0, True).overrides()
-    return load_translated(model, args.config, changed, algorithm=algorithm)[0]
+    return _resolved(args, plugins, algorithm, load_translated(model, args.config, changed, algorithm=algorithm)[0])
 
 
 def _fitting(args: argparse.Namespace, plugins: Plugins, algorithm: str, config: Any) -> tuple[Any, Any, list[Any]]:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -23,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -118,7 +119,38 @@ class BaseConfig(BaseModel):
 MAX_WORKERS = 1 << 16  # GPUs, workers or nodes one key may ask: beyond any cluster, small enough to plan at once
 
 
-class RoleConfig(BaseConfig):
+GPUS_HELP = ("GPUs for this role, one worker each: auto (default) the visible GPUs (Ray: the cluster's), shared by "
+             "colocated roles, the CPU where none is visible; 0 the CPU (one worker, or `cpus` workers); N that many")
+
+
+def gpu_count(value: Any) -> int:
+    """The GPUs a role's `gpus` asks as a number: an `auto` not yet resolved (`rlcore.runtime.devices.resolve_gpus`)
+    asks none, as on a machine without GPUs; a bad value (reported by validation) none either."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class DeviceKeys(BaseConfig):
+    """A role's devices: `gpus` (auto, or a count; 0: the CPU) and its CPU workers."""
+
+    gpus: Annotated[int, Field(ge=0, le=MAX_WORKERS)] | Literal["auto"] = Field("auto", description=GPUS_HELP)
+    cpus: int = Field(1, ge=1, le=MAX_WORKERS, description="CPU workers when the role has no GPU (Ray only)")
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _auto_or_count(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        if isinstance(value, str) or not isinstance(value, (int, float)):
+            raise ValueError(f"is {value!r}; write auto (the visible GPUs) or a number of GPUs (0: the CPU)")
+        return value
+
+    @property
+    def gpu_count(self) -> int:
+        """`gpus` as a number (`gpu_count`): 0 for an unresolved auto."""
+        return gpu_count(self.gpus)
+
+
+class RoleConfig(DeviceKeys):
     """A role's section (`train:`, `rollout:`, `teacher:` ...): its devices and its engine's options.
 
     An engine's own keys (vLLM's `vllm_max_model_len`, megatron's `tensor_model_parallel_size`) are declared by its
@@ -133,8 +165,6 @@ class RoleConfig(BaseConfig):
     # set by `with_engine_keys`: {(engine, kind): the keys that engine declares for that kind}
     engine_keys: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {}
 
-    gpus: int = Field(0, ge=0, le=MAX_WORKERS, description="GPUs for this role (0: one CPU worker, or `cpus` workers)")
-    cpus: int = Field(1, ge=1, le=MAX_WORKERS, description="CPU workers when gpus is 0 (Ray only)")
     engine: str = Field("hf", description="engine implementation (see `rlcore plugins`)")
 
     def engine_options(self, kind: str | None = None) -> dict[str, Any]:
@@ -153,6 +183,8 @@ class RoleConfig(BaseConfig):
 
 class RunConfig(BaseConfig):
     """Keys every algorithm has: where outputs go, seeding, and how roles are placed on devices."""
+
+    _auto_gpus: dict[str, int] = PrivateAttr(default_factory=dict)  # set by rlcore.runtime.devices.resolve_gpus
 
     output_dir: str = Field("output", description="metrics.jsonl, checkpoints and samples go here")
     overwrite_output_dir: bool = Field(
@@ -546,6 +578,8 @@ def _takes_number_not_bool(annotation: Any) -> bool:
         return bool not in options and any(_takes_number_not_bool(a) for a in options)
     if get_origin(annotation) is Literal:
         return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in get_args(annotation))
+    if get_origin(annotation) is Annotated:
+        return _takes_number_not_bool(get_args(annotation)[0])
     return annotation in (int, float)
 
 

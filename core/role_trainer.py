@@ -32,6 +32,7 @@ from .config import config_error, problems_of
 from .extras import engine_name_problems
 from .memory import RoleUse
 from .model_checks import ModelUse, model_problems
+from .runtime.devices import resolve_gpus
 from .runtime.resources import ResourcePlan, plan_from_config
 from .sections import engine_config_problems, generate_engine_problems, other_engine_key_problems, train_engine_problems
 from .runtime.session import RoleSession, RoleSetup, announce
@@ -57,6 +58,7 @@ class RoleTrainer(Trainer):
     required: tuple[str, ...] = ()  # keys a run needs set (e.g. model, dataset): unset is a problem with the fix
 
     def __init__(self, config: Any, plugins: Any, *, use_ray: bool = False):
+        config = resolve_gpus(config, type(self).roles, use_ray=use_ray)  # the CLI's config is resolved already
         super().__init__(config, plugins, use_ray=use_ray)
         self.plan: ResourcePlan | None = self.checked(self.config, plugins, own=self.check_on_run, run=True)
         self.given_config = self.config

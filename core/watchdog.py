@@ -10,6 +10,7 @@ not answering (`stuck`): later calls fail at once and the teardown skips what wo
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
@@ -79,6 +80,39 @@ class _Probe:
             self.done.set()
 
 
+class _Runner:
+    """A daemon thread that runs `bounded`'s calls, one at a time. Idle, it waits in `_idle` for the next call, so a
+    small call costs a hand-over, not a thread's start; one whose call never returns stays with it, out of the pool."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="rlcore-ray-call")
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            call, what, result, done = self.jobs.get()
+            self.thread.name = f"rlcore-ray-call: {what}"[:60]  # what a thread dump of a stuck call shows
+            try:
+                result["value"] = call()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                result["error"] = exc
+            finally:
+                _idle.append(self)  # before the caller wakes: its next call finds this runner
+                done.set()
+
+
+_idle: list[_Runner] = []
+
+
+def _runner() -> _Runner:
+    """An idle runner, or a new one (several threads may each wait on a call)."""
+    try:
+        return _idle.pop()
+    except IndexError:
+        return _Runner()
+
+
 def bounded(call: Callable[[], T], what: str, timeout: float | None, *, own: bool = True, role: str = "") -> T:
     """`call()`'s result (or its error), waited for at most `timeout` seconds (None: no bound) and, where
     `own` (Ray's own work, not a wait for a worker's result), STOP_GRACE_S after a stop signal. Past that,
@@ -90,17 +124,8 @@ def bounded(call: Callable[[], T], what: str, timeout: float | None, *, own: boo
         raise RayStuck(f"Ray does not answer (it did not answer {_stuck}); {what} was not tried", role=role)
     result: dict[str, Any] = {}
     done = threading.Event()
-
-    def run() -> None:
-        try:
-            result["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            result["error"] = exc
-        finally:
-            done.set()
-
     started = time.monotonic()
-    threading.Thread(target=run, daemon=True, name=f"rlcore-ray-call: {what}"[:60]).start()
+    _runner().jobs.put((call, what, result, done))
     probe: _Probe | None = None  # after a stop signal, a worker's step may go on: is Ray itself still there?
     while not done.wait(_POLL_S):
         now = time.monotonic()

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..config import _names_and_aliases, config_from_data, read_config_data
+from ..config import _names_and_aliases, config_from_data, gpu_count, read_config_data
 from ..data import dataset_file, load_rows
 from ..errors import ConfigError
 from ..runtime.resources import parse_ranks
@@ -343,7 +343,7 @@ class _Translator:
             if workers is None:
                 return None, f"no device group lists {role}"
         else:
-            workers = section.get("gpus") or section.get("cpus", 1)
+            workers = gpu_count(section.get("gpus")) or section.get("cpus", 1)
         tp = section.get("tensor_model_parallel_size", 1)
         pp = section.get("pipeline_model_parallel_size", 1)
         if not all(isinstance(n, int) and n >= 1 for n in (workers, tp, pp)) or workers % (tp * pp):
@@ -462,7 +462,7 @@ class _Translator:
             for name in engines:
                 self.put("use_vllm", "engine", "vllm" if use else "hf", name)
             teacher = self.data.get("teacher")
-            served = isinstance(teacher, dict) and (teacher.get("gpus") or teacher.get("model"))
+            served = isinstance(teacher, dict) and (gpu_count(teacher.get("gpus")) or teacher.get("model"))
             if "teacher" in self.sections and served:
                 self.put("use_vllm", "engine", "vllm" if use else "hf", "teacher")  # ms-swift's served teacher is vLLM
         for key in [k for k in self.data if k.startswith("vllm_") and self.foreign(k)]:
@@ -615,7 +615,7 @@ class _Translator:
                     return 1
                 return ranks if isinstance(ranks, int) else len(ranks)
         section = self.data.get("sampler") or {}
-        return section.get("gpus") or section.get("cpus", 1)
+        return gpu_count(section.get("gpus")) or section.get("cpus", 1)
 
     def sft(self) -> None:
         if self.foreign("deepspeed"):

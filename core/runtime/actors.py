@@ -32,6 +32,14 @@ if TYPE_CHECKING:
     from .dispatch import FunctionSpec, Mode
 
 
+class _NotSubmitted(Exception):
+    """A blocking call's submission raised `error` (in the Ray thread), before any worker had the call."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
 @dataclass(frozen=True)
 class ActorContext:
     """The group and rank a worker actor serves; `WorkerActor` sets `_actor` in each actor."""
@@ -274,15 +282,32 @@ class RemoteGroup:
                 refs.append(calls[r].remote(*encoded[key][0], **encoded[key][1]))
             return refs
 
-        refs = self._submit(submit, spec.name)
-        handle = Handle(self, spec, mode, ranks, refs)
-        return handle.get() if spec.blocking else handle
+        if not spec.blocking:
+            return Handle(self, spec, mode, ranks, self._submit(submit, spec.name))
+        import ray
+
+        sent: list[Any] = []  # filled before the wait, for the errors that name the ranks
+
+        def submit_and_get(wait: float | None) -> list[Any]:  # one hand-over to a Ray thread per blocking call
+            try:
+                sent.extend(submit())
+            except BaseException as exc:  # noqa: BLE001 - raised as itself in the caller's thread
+                raise _NotSubmitted(exc) from exc
+            return ray.get(sent, timeout=wait)
+
+        try:
+            values = self._get(sent, ranks, spec.name, fetch=submit_and_get)
+        except _NotSubmitted as exc:
+            raise exc.error from None
+        return self._collected(mode, ranks, values)
 
     def collect(self, spec: FunctionSpec, mode: Mode, ranks: list[int], refs: list[Any], timeout: float | None,
                 started: float | None = None) -> Any:
         """Wait for the workers' results and collect them as `mode` says (only its kept ranks' results);
         `timeout` bounds this wait, the group's `call_timeout` from `started` the call (see Handle.get)."""
-        values = self._get(refs, ranks, spec.name, started, timeout)
+        return self._collected(mode, ranks, self._get(refs, ranks, spec.name, started, timeout))
+
+    def _collected(self, mode: Mode, ranks: list[int], values: list[Any]) -> Any:
         kept = mode.kept(len(self.actors), self.mesh)
         return mode.collect([decode(v) for r, v in zip(ranks, values) if kept is None or r in kept])
 
@@ -299,10 +324,11 @@ class RemoteGroup:
             raise
 
     def _get(self, refs: list[Any], ranks: list[int], method: str, started: float | None = None,
-             timeout: float | None = None) -> list[Any]:
+             timeout: float | None = None, fetch: Callable[[float | None], list[Any]] | None = None) -> list[Any]:
         """The workers' results, within `timeout` (an RlcoreError after it) and the call's `call_timeout`
         from `started` (a hung group: RoleFailed, and the group stops). A ray.get that outlives its own
-        timeout by GET_MARGIN_S is stuck in Ray itself: RayStuck."""
+        timeout by GET_MARGIN_S is stuck in Ray itself: RayStuck. `fetch(wait)`: what gets them (default:
+        `ray.get(refs)`; a blocking call submits first, filling `refs`)."""
         import ray
 
         left = None
@@ -311,9 +337,11 @@ class RemoteGroup:
             left = max(0.0, self.call_timeout - elapsed)
         own = timeout is not None and (left is None or timeout < left)
         wait = timeout if own else left
+        what = f"a call of {method}() to role '{self.role}'" if fetch else f"the results of {method}() of role '{self.role}'"
+        fetch = fetch or (lambda w: ray.get(refs, timeout=w))
         try:
-            return bounded(lambda: ray.get(refs, timeout=wait), f"the results of {method}() of role '{self.role}'",
-                           None if wait is None else wait + GET_MARGIN_S, own=False, role=self.role)
+            return bounded(lambda: fetch(wait), what, None if wait is None else wait + GET_MARGIN_S, own=False,
+                           role=self.role)
         except RayStuck as exc:
             self.failure = exc
             raise

@@ -12,6 +12,7 @@ Every mistake in either form is collected and reported at once as one `ConfigErr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -19,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..config import gpu_count
+from .devices import resolved_auto
 from ..errors import ConfigError, NotRegistered, did_you_mean
 from ..manager import load_plugins
 from ..specs import PlacementRequest
@@ -53,6 +56,7 @@ class ResourcePlan:
     nproc_per_node: int
     nnodes: int = 1
     colocate_groups: tuple[tuple[str, ...], ...] = ()
+    auto: tuple[str, ...] = ()  # the roles whose GPUs `gpus: auto` chose (rlcore.runtime.devices)
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -194,7 +198,8 @@ def plan_from_config(
     if problems:
         raise ConfigError(_summary(problems), problems)
     assert plan is not None
-    return plan
+    auto = tuple(role for role in resolved_auto(config) if role in plan.roles)
+    return dataclasses.replace(plan, auto=auto) if auto else plan
 
 
 def _summary(problems: list[tuple[str, str]]) -> str:
@@ -255,7 +260,7 @@ def _from_device_groups(
     if not isinstance(device_groups, Mapping):
         problems.append(("device_groups", f"must be a mapping of groups; got {type(device_groups).__name__}"))
         return None
-    with_gpus = [r for r, s in sections.items() if s.get("gpus")]
+    with_gpus = [r for r, s in sections.items() if gpu_count(s.get("gpus"))]
     if with_gpus:
         problems.append(("device_groups", "both resource forms are given: device_groups and per-role gpus "
                          f"({', '.join(f'{r}.gpus' for r in with_gpus)}); use one of them"))
@@ -367,7 +372,7 @@ def _from_roles(
 ) -> ResourcePlan | None:
     if roles is not None:
         for role in sections:
-            if role not in roles and sections[role].get("gpus"):
+            if role not in roles and gpu_count(sections[role].get("gpus")):
                 problems.append((f"{role}.gpus", f"role '{role}' is not used here; the roles are: "
                                  f"{', '.join(roles)}. Remove the section"))
         order = [r for r in sections if r in roles] + [r for r in roles if r not in sections and r in known]
@@ -378,6 +383,7 @@ def _from_roles(
     for role in order:
         section = sections.get(role, {})
         count = section.get("gpus", 0) or 0
+        count = 0 if count == "auto" else count  # unresolved: no GPU visible (`rlcore.runtime.devices`)
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             problems.append((f"{role}.gpus", f"must be an int >= 0; got {count!r}"))
         elif count:

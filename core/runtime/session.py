@@ -169,8 +169,9 @@ class RoleSession:
         return [r for r in self.setups if self.colocated(role, r)]
 
     def describe(self) -> list[str]:
-        """One line per role: `train: 2 workers, GPU 0-1 (shared with rollout), engine hf, bfloat16`; the dtype is
-        the one the role's model loads in (`auto` resolved for its device and checkpoint)."""
+        """One line per role: `train: 2 workers, GPU 0-1 (gpus: auto; shared with rollout), engine hf, bfloat16` (gpus:
+        auto where that default chose the GPUs); the dtype is the one the role's model loads in (`auto` resolved for its
+        device and checkpoint)."""
         lines = []
         for role, setup in self.setups.items():
             n = self.workers(role)
@@ -182,8 +183,9 @@ class RoleSession:
             else:
                 where = "CPU"
             shared = self.colocated_with(role)
-            if shared:
-                where += f" (shared with {', '.join(shared)})"
+            notes = (["gpus: auto"] if role in self.plan.auto else []) + ([f"shared with {', '.join(shared)}"] if shared else [])
+            if notes:
+                where += f" ({'; '.join(notes)})"
             dtype = setup.options.get("dtype")
             if dtype is not None and setup.options.get("model"):
                 dtype = resolve_dtype(dtype, setup.options["model"], self.device(role) == "cuda")

@@ -81,7 +81,7 @@ class GKDConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     @property
     def served_teacher(self) -> bool:
         """The teacher is a group of its own (served top-k), not a model inside the train workers."""
-        return bool(self.teacher.gpus or self.teacher.model or "teacher" in self._device_group_roles())
+        return bool(self.teacher.gpu_count or self.teacher.model or "teacher" in self._device_group_roles())
 
     def _device_group_roles(self) -> set[str]:
         roles: set[str] = set()
@@ -101,7 +101,7 @@ class GKDConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
                 except ValueError:
                     return 1
                 return ranks if isinstance(ranks, int) else len(ranks)
-        return self.train.gpus or self.train.cpus
+        return self.train.gpu_count or self.train.cpus
 
     @model_validator(mode="after")
     def _consistent(self) -> GKDConfig:

@@ -182,7 +182,9 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
             problems.append(
                 ("steps_per_generation", f"({micro}) must be a multiple of gradient_accumulation_steps ({accumulation})")
             )
-        workers = self._train_group_size() if self.device_groups else self.train.gpus or self.train.cpus
+        # an auto train.gpus not resolved yet: the batch is checked once it is (rlcore.runtime.devices)
+        pending = not self.device_groups and self.train.gpus == "auto"
+        workers = None if pending else self._train_group_size() if self.device_groups else self.train_workers
         per_device, generations = self.per_device_train_batch_size, self.num_generations
         if workers is not None and (per_device * workers * micro) % generations:
             problems.append(
@@ -198,7 +200,7 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
             problems.append(
                 ("vllm_importance_sampling_clip_min", f"({low}) must be less than vllm_importance_sampling_clip_max ({high})")
             )
-        on_gpus = isinstance(self.device_groups, dict) or bool(self.train.gpus and self.rollout.gpus)
+        on_gpus = isinstance(self.device_groups, dict) or bool(self.train.gpus and self.rollout.gpus)  # auto: pending
         if self.weight_sync_backend == "cuda_ipc" and not (self.colocated and on_gpus):
             problems.append(
                 ("weight_sync_backend", "cuda_ipc hands GPU memory between processes on one GPU; it needs train and rollout "
@@ -233,7 +235,7 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
         """The teacher is a group of its own (teacher.gpus, or a device group listing it), not inside the train workers."""
         groups = [g.get("workers") for g in (self.device_groups or {}).values() if isinstance(g, dict)]
         listed = any(w == "teacher" or (isinstance(w, list) and "teacher" in w) for w in groups)
-        return bool(self.teacher.gpus or listed)
+        return bool(self.teacher.gpu_count or listed)
 
     @property
     def colocated(self) -> bool:
@@ -258,7 +260,7 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
         steps_per_generation, also when one process runs every role (no Ray)."""
         if self.device_groups:
             return self._train_group_size() or 1  # None: a bad group, which the resource plan reports
-        return self.train.gpus or self.train.cpus
+        return self.train.gpu_count or self.train.cpus
 
     def _train_group_size(self) -> int | None:
         """The size of the device group holding train; None when no group does or its ranks do not parse."""

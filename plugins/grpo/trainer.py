@@ -93,7 +93,7 @@ class GRPOTrainer(RoleTrainer):
         if not cfg.model:
             return {}
         roles, length = cls.roles(cfg), cfg.max_prompt_length + cfg.max_completion_length
-        rollouts = max(cfg.rollout.gpus or cfg.train_workers, 1)  # sequences per rollout GPU
+        rollouts = max(cfg.rollout.gpu_count or cfg.train_workers, 1)  # sequences per rollout GPU
         in_flight = -(-cfg.per_device_train_batch_size * cfg.train_workers * cfg.micro_steps_per_generation // rollouts)
         micro = {"micro_batch": "per_device_train_batch_size", "accumulation": "gradient_accumulation_steps"}
         uses = {

@@ -7,15 +7,13 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlcore import BaseConfig, ConfigProblems
+from rlcore import BaseConfig, ConfigProblems, DeviceKeys
 from rlcore.sections import DTYPE_HELP, OptimizerKeys, TrainingConfig, default_of
 
 
-class DefaultRoleConfig(BaseConfig):
-    """The `default:` section (the per-role resource form): every worker of this role trains."""
-
-    gpus: int = Field(0, ge=0, le=1 << 16, description="GPUs, one data-parallel worker each (0: CPU workers)")
-    cpus: int = Field(1, ge=1, le=1 << 16, description="CPU workers when gpus is 0 (Ray only; gloo)")
+class DefaultRoleConfig(DeviceKeys):
+    """The `default:` section (the per-role resource form): every worker of this role trains, one data-parallel
+    worker per GPU (CPU workers talk over gloo)."""
 
 
 class LMConfig(TrainingConfig):

@@ -57,6 +57,7 @@ EXPECTED = [
     "TrainWorker",
     "bind",
     "ConfigProblems",
+    "DeviceKeys",
     "SettingSpec",
     # multi-turn environments: what a third-party environment subclasses and returns
     "Step",

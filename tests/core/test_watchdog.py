@@ -30,6 +30,19 @@ def test_a_result_and_an_error_come_back_from_the_call():
     assert watchdog.stuck() is None
 
 
+def test_calls_reuse_an_idle_thread_and_never_queue_behind_a_busy_one():
+    ran = [bounded(threading.current_thread, "a small call", 5) for _ in range(50)]  # the threads kept alive
+    assert len(set(map(id, ran))) == 1 and ran[0] is not threading.current_thread()  # one runner, reused
+    slow, result = threading.Event(), []
+    waiting = threading.Thread(target=lambda: result.append(bounded(slow.wait, "a long wait", 30, own=False)))
+    waiting.start()
+    time.sleep(0.2)  # the long wait holds a runner
+    assert bounded(lambda: "done", "a call beside it", 5) == "done"  # another runner, not queued behind it
+    slow.set()
+    waiting.join(10)
+    assert result == [True]
+
+
 def test_a_call_that_never_returns_is_ray_stuck_and_later_calls_fail_at_once():
     never = threading.Event()
     started = time.monotonic()

@@ -294,6 +294,9 @@ def test_a_raising_worker_names_role_rank_and_the_original_error(ray_runtime):
         calc.fail("bad input")
     assert info.value.role == "calc" and info.value.rank == 0
     assert calc.double([1, 2]) == [2, 4]  # the workers are alive: a raise is not a death
+    with pytest.raises(TypeError, match="pickle") as unsent:  # Ray's own error, before any worker has the call
+        calc.metrics(threading.Lock())
+    assert not isinstance(unsent.value, RoleFailed) and calc.double([3]) == [6]
 
 
 @pytest.mark.ray

@@ -98,7 +98,8 @@ def problems_of(*overrides):
 
 def test_batch_rules_are_config_rules_reported_together():
     text = problems_of("steps_per_generation=3", "gradient_accumulation_steps=2", "per_device_train_batch_size=3",
-                       "num_generations=4", "train.cpus=2", "vllm_importance_sampling_clip_min=2", "vllm_importance_sampling_clip_max=1")
+                       "num_generations=4", "train.gpus=0", "train.cpus=2", "vllm_importance_sampling_clip_min=2",
+                       "vllm_importance_sampling_clip_max=1")  # gpus: auto waits for its count (test_devices)
     assert "steps_per_generation: (3) must be a multiple of gradient_accumulation_steps (2)" in text
     assert ("num_generations: (4) must divide the generation batch: per_device_train_batch_size (3) x train workers (2) "
             "x steps_per_generation (3) = 18") in text
