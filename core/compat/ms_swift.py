@@ -30,7 +30,7 @@ from ..config import _names_and_aliases, config_from_data, read_config_data
 from ..data import dataset_file, load_rows
 from ..errors import ConfigError
 from ..runtime.resources import parse_ranks
-from .trl_names import trl_keys
+from .trl_names import answer_trl, trl_keys
 
 ALGORITHMS = {"grpo": "grpo", "gkd": "gkd"}  # rlhf_type -> rlcore algorithm
 # Megatron kernel fusions and similar switches: how fast, never what is computed.
@@ -149,6 +149,7 @@ class _Translator:
         self.batch_from_megatron = "global_batch_size" in self.data
         self.rlhf_type = self.data.get("rlhf_type")
         self.megatron = False  # a `megatron rlhf` config (see `engine`)
+        self.idle: list[str] = []  # TRL's keys that ask for nothing here, listed in one line
 
     # -- small verbs -------------------------------------------------------------------------------------
 
@@ -204,6 +205,7 @@ class _Translator:
         self.sampling()
         self.sft()
         self.no_effect()
+        answer_trl(self)
         return self.out
 
     def launch(self) -> None:
@@ -618,7 +620,7 @@ class _Translator:
         return section.get("gpus") or section.get("cpus", 1)
 
     def sft(self) -> None:
-        if self.foreign("deepspeed"):
+        if self.foreign("deepspeed") and self.data["deepspeed"] is not None:  # TRL's default: none
             stage = self.take("deepspeed")
             if stage in ZERO_STAGES:  # where the state lives, not what is computed: DDP runs the same steps
                 self.note("deepspeed", stage, "not used: rlcore trains every worker with DDP (NCCL; gloo on the CPU), "
