@@ -10,11 +10,11 @@ it does here (`bf16` for an algorithm without mixed precision), or refused with 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, get_args
 
 from ..data import split_files
 from ..errors import ConfigError
-from .trl_table import GRPO_CONFIG, SECRET, TABLES, passed_to
+from .trl_table import GRPO_CONFIG, SECRET, TABLES, Answer, passed_to
 
 # TRL's name -> rlcore's, where only the spelling differs
 RENAMES = {
@@ -27,6 +27,7 @@ RENAMES = {
     "vllm_max_model_length": "vllm_max_model_len",  # GRPOConfig
     "activation_checkpointing": "gradient_checkpointing",  # TrainingArguments' name in transformers 5
 }
+SEED = 42  # rlcore's default seed, which orders the data too
 TRL_EPOCHS = 3.0  # TrainingArguments' num_train_epochs, which its max_steps -1 trains
 LOG_LEVELS = {"critical": "error"}  # transformers' names rlcore spells otherwise
 TRL_LORA_RANK = 16  # ModelConfig's lora_r default, which `use_peft: true` alone gets in TRL
@@ -237,42 +238,66 @@ def _trl_defaults(t: Any) -> None:
         t.put(f"TRL's log_level: {level}", "log_level", LOG_LEVELS[t.take("log_level")])
 
 
-def answer_trl(t: Any, keys: Iterable[str] | None = None) -> None:
-    """Every key of TRL's configs left after the translation (or those of `keys`), as `rlcore.compat.trl_table`
-    answers it: passed to the Hugging Face trainer (sft, pt), listed once as asking for nothing, or refused in one
-    line naming it as TRL's."""
+def answer_trl(t: Any, keys: Iterable[str] | None = None, more: dict[str, dict[str, Answer]] | None = None) -> None:
+    """Every key of TRL's configs (and of the tables in `more`: ms-swift's) left after the translation, or those of
+    `keys`, as `rlcore.compat.trl_table` answers it: passed to the Hugging Face trainer (sft, pt), listed once as
+    asking for nothing, or refused in one line naming it as TRL's (ms-swift's). Then a null rlcore has no use for
+    (ms-swift's and TRL's spelling of "the default") is rlcore's default, said in the same line."""
     kind = ("sft" if "completion_only_loss" in t.own else "pt") if "trainer_kwargs" in t.own else None
-    passed = passed_to(kind) if kind else set()
-    idle = t.idle
+    tables = {f"TRL's {owner}": table for owner, table in TABLES.items()}
+    if keys is None:
+        if t.data.get("top_k") == -1:  # ms-swift's (and vLLM's) "off"
+            t.put("top_k: -1", "top_k", t.take("top_k") + 1)
+        if t.data.get("data_range") == []:  # ms-swift's "every row"
+            t.idle.append(f"data_range: {t.take('data_range')}")
+        if t.data.get("resume") is False:  # ms-swift's "do not resume"
+            t.idle.append(f"resume: {t.take('resume')}")
+        if "data_seed" in t.data and t.data["data_seed"] == t.data.get("seed", SEED):  # the order seed gives
+            t.idle.append(f"data_seed: {t.take('data_seed')}")
+    answer_keys(t, {**tables, **(more or {})}, passed_to(kind) if kind else set(), keys, t.idle)
+    if keys is not None:
+        return
+    for where in [None, *t.sections]:
+        node, model = t.node(where), t.sections.get(where, t.model)
+        for key in [k for k in (node if isinstance(node, dict) else ()) if node[k] is None and k in model.model_fields]:
+            if not _takes_none(model.model_fields[key].annotation):
+                node.pop(key)
+                t.idle.append(f"{_path(where, key)}: null (rlcore's default)")
+    if t.idle:
+        t.out.noted.append(f"{', '.join(t.idle)}: at TRL's or ms-swift's defaults or without effect on the result, "
+                           "these ask for nothing here (docs/migrating/ says why, key by key)")
+
+
+def _takes_none(annotation: Any) -> bool:
+    return annotation is None or annotation is type(None) or any(_takes_none(a) for a in get_args(annotation))
+
+
+def answer_keys(t: Any, tables: dict[str, dict[str, Answer]], passed: set[str] = frozenset(),
+                keys: Iterable[str] | None = None, idle: list[str] | None = None) -> list[str]:
+    """Answer the foreign top-level keys of `t` (or those of `keys`) that `tables` ({"TRL's GRPOConfig": {key:
+    Answer}}) hold: a key of `passed` goes to trainer_kwargs (sft, pt: the Hugging Face trainer's); one that asks
+    for nothing joins `idle` (returned); any other is refused in one line naming its owner, with why."""
+    idle = [] if idle is None else idle
     for key in [k for k in (list(t.data) if keys is None else keys) if t.foreign(k)]:
-        answers = [(owner, table[key]) for owner, table in TABLES.items() if key in table]
+        answers = [(owner, table[key]) for owner, table in tables.items() if key in table]
         if not answers:
             continue
         value = t.data[key]
-        if key in passed and value and not any(a.what == "unless" and a.asks_nothing(value) for _, a in answers) and not (isinstance(t.data.get("trainer_kwargs"), dict) and key in t.data["trainer_kwargs"]):
+        asks_nothing = not value or any(a.what == "unless" and a.asks_nothing(value) for _, a in answers)
+        kwargs = t.data.get("trainer_kwargs")
+        if key in passed and not asks_nothing and not (isinstance(kwargs, dict) and key in kwargs):
             t.data.setdefault("trainer_kwargs", {})[key] = t.take(key)
             shown = "(hidden)" if key in SECRET else repr(value)
-            t.out.mapped.append(f"TRL's {key}: {shown} -> trainer_kwargs.{key} (the Hugging Face trainer's)")
+            t.out.mapped.append(f"{answers[0][0]} {key}: {shown} -> trainer_kwargs.{key} (the Hugging Face trainer's)")
             continue
         t.take(key)
-        if not value or any(a.what == "noted" or (a.what == "unless" and a.asks_nothing(value)) for _, a in answers):
+        if asks_nothing or any(a.what == "noted" for _, a in answers):
             idle.append(key)
             continue
         owner, first = next(((o, a) for o, a in answers if a.what != "rlcore"), answers[0])
         shown = "" if key in SECRET else f"({value!r}) "
         if first.what == "unless":
-            t.refuse(key, f"{shown}is TRL's {owner} key: {first.why}")
+            t.refuse(key, f"{shown}is {owner} key: {first.why}")
         else:
-            t.refuse(key, f"is TRL's {owner} key for {first.why}, which this algorithm does not have; drop it")
-    if keys is not None:
-        return
-    for where in [None, *t.sections]:  # TRL's null for a key rlcore has without one: rlcore's default
-        node, model = t.node(where), t.sections.get(where, t.model)
-        for key in [k for k in (node if isinstance(node, dict) else ()) if node[k] is None and k in model.model_fields]:
-            if not any(key in table for table in TABLES.values()) or model.model_fields[key].default is None:
-                continue
-            node.pop(key)
-            idle.append(_path(where, key))
-    if idle:
-        t.out.noted.append(f"TRL's {', '.join(idle)}: at TRL's defaults or without effect on the result, these ask "
-                           "for nothing here (docs/migrating/trl.md says why, key by key)")
+            t.refuse(key, f"is {owner} key for {first.why}, which this algorithm does not have; drop it")
+    return idle

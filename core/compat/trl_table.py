@@ -230,7 +230,7 @@ GRPO_CONFIG: dict[str, Answer] = {
     "vllm_structured_outputs_regex": unless(None, "structured generation is not built in rlcore; drop it"),
     "vllm_server_base_url": unless(None, VLLM_SERVER),
     "vllm_server_host": unless("0.0.0.0", VLLM_SERVER),
-    "vllm_server_port": unless(8000, VLLM_SERVER),
+    "vllm_server_port": unless(8000, VLLM_SERVER, [8000]),  # ms-swift's default is a list
     "vllm_server_timeout": unless(240.0, VLLM_SERVER),
     "vllm_group_port": unless(51216, "rlcore's weight sync picks its own port (weight_sync_backend); drop it"),
     "vllm_gpu_memory_utilization": rlcore("rollout.vllm_gpu_memory_utilization"),
