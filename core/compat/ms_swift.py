@@ -570,9 +570,9 @@ class _Translator:
             return
         self.distill()
         engine = self.data.get("sampler_engine")
-        if engine == "pt":
-            self.data["sampler_engine"] = "hf"
-            self.out.mapped.append("sampler_engine: 'pt' -> sampler.engine: 'hf'")
+        if engine in ("pt", "transformers", "hf", "vllm"):  # pt, transformers: ms-swift's names of hf
+            self.take("sampler_engine")
+            self.put(f"sampler_engine: {engine!r} ->", "engine", "vllm" if engine == "vllm" else "hf", "sampler")
         elif engine in ("lmdeploy", "client", "no"):
             self.refuse("sampler_engine", f"'{engine}' is not built in rlcore; use vllm or hf (pt), or the distill "
                         "algorithm (--plugin distill) for an OpenAI-compatible endpoint")

@@ -53,7 +53,25 @@ OTHER_ALGORITHMS: dict[str, Answer] = {
     "packing_strategy": unless("binpack", "packing fills sequences of max_length (sft: TRL's bfd packing)"),
 }
 
+# translated by rlcore.compat.ms_swift and trl_names (docs/migrating/ms-swift.md says into what)
+TRANSLATED: dict[str, Answer] = {key: rlcore(where) for key, where in {
+    "rlhf_type": "the algorithm (grpo, gkd)", "use_ray": "--use-ray", "ray_exp_name": "noted: actors are named by role",
+    "tuner_type": "lora_rank (lora) or 0 (full)", "target_modules": "lora_target_modules",
+    "torch_dtype": "every role's dtype", "attn_impl": "noted: the engine picks its attention kernel",
+    "warmup_ratio": "warmup_steps", "split_dataset_ratio": "gkd's eval_size (0: noted)",
+    "load_from_cache_file": "noted", "overlong_filter": "mask_truncated_completions",
+    "log_rollout_offpolicy_metrics": "noted: rlcore logs them", "sampler_engine": "sampler.engine (pt: hf)",
+    "num_sampling_batch_size": "batch_size", "override_exist_file": "noted: rlcore never overwrites an output",
+    "gym_env": "refused (with use_gym_env): ms-swift's gym environments are not built",
+    "use_gym_env": "refused with gym_env", "enable_thinking": "chat_template_kwargs.enable_thinking",
+    "truncation_strategy": "truncation_strategy (sft: TRL's truncation_mode)",
+    "model_revision": "TRL's ModelConfig key: main, or refused", "streaming": "noted when false, else refused",
+    "use_dora": "TRL's ModelConfig key: refused when true", "use_rslora": "TRL's ModelConfig key: refused when true",
+    "bnb_4bit_quant_type": "noted: quantisation options", "bnb_4bit_quant_storage": "noted: quantisation options",
+}.items()}
+
 MS_SWIFT: dict[str, Answer] = {
+    **TRANSLATED,
     **OTHER_ALGORITHMS,
     "acc_strategy": noted("ms-swift's token-accuracy metric; rlcore logs its own metrics"),
     "adalora_beta1": noted(TUNER),

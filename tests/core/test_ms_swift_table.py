@@ -1,0 +1,92 @@
+"""Every argument of ms-swift 4.6.0's rlhf, sft and sample commands (the reference list of its dataclasses' fields,
+tests/core/fixtures/ms_swift/arguments-4.6.0.txt) is answered: an rlcore key, one of TRL's or transformers' fields
+(their table), or `rlcore.compat.ms_swift_table`'s answer (translated, asks for nothing, or refused with why); a config of every argument at
+ms-swift's default loads for each algorithm."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rlcore import config_model
+from rlcore.compat.ms_swift import translate
+from rlcore.compat.ms_swift_table import MS_SWIFT
+from rlcore.compat.trl_table import TABLES
+from rlcore.config import config_from_data
+
+REFERENCE = Path(__file__).parent / "fixtures" / "ms_swift" / "arguments-4.6.0.txt"
+COMMANDS = {"grpo": ("RLHFArguments", "RayArguments"), "gkd": ("RLHFArguments",), "sft": ("SftArguments",),
+            "sample": ("SamplingArguments",)}
+
+
+def arguments() -> dict[str, dict[str, object]]:
+    """{dataclass: {field: default}} of the reference list."""
+    out: dict[str, dict[str, object]] = {}
+    section = None
+    for line in REFERENCE.read_text().splitlines():
+        if line.startswith("## "):
+            section = out.setdefault(line.split()[1], {})
+        elif section is not None and (match := re.match(r"^(\w+) = (.*)$", line)):
+            section[match[1]] = _default(match[2])
+    return out
+
+
+def _default(text: str) -> object:
+    if text == "list()" or "default_factory=list" in text:
+        return []
+    lambda_ = re.match(r"lambda: (.*)\(\)$", text)
+    return ast.literal_eval(lambda_[1] if lambda_ else text)
+
+
+def rlcore_keys() -> set[str]:
+    keys = set()
+    for algorithm in ("grpo", "gkd", "sft", "pt", "sample", "distill"):
+        model = config_model(algorithm)
+        keys |= set(model.model_fields)
+        for field in model.model_fields.values():
+            if isinstance(field.annotation, type) and hasattr(field.annotation, "model_fields"):
+                keys |= set(field.annotation.model_fields)
+    return keys
+
+
+@pytest.mark.parametrize("name", ["RLHFArguments", "SftArguments", "SamplingArguments", "RayArguments"])
+def test_every_ms_swift_argument_is_answered(name):
+    trl = {key for table in TABLES.values() for key in table}
+    unanswered = [key for key in arguments()[name] if key not in rlcore_keys() and key not in trl and key not in MS_SWIFT]
+    assert not unanswered, f"ms-swift's {name} without an answer (core/compat/ms_swift_table.py): {unanswered}"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from rlcore.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("ms-swift-table") / "tiny")
+
+
+@pytest.mark.parametrize("algorithm", list(COMMANDS))
+def test_every_argument_at_ms_swifts_default_loads(tmp_path, tiny_model, algorithm):
+    rows = [{"messages": [{"role": "user", "content": f"Say {i}"}, {"role": "assistant", "content": str(i)}]}
+            for i in range(8)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    keys = {key: value for section in COMMANDS[algorithm] for key, value in arguments()[section].items()}
+    keys.update(model=str(tiny_model), dataset=str(tmp_path / "rows.jsonl"), rlhf_type=algorithm)
+    if algorithm in ("sft", "sample"):
+        del keys["rlhf_type"]
+    if algorithm == "grpo":  # ms-swift's own defaults need a reward and a batch num_generations divides, too
+        keys.update(reward_funcs=["format"], per_device_train_batch_size=8)
+    if algorithm == "gkd":
+        keys["teacher_model"] = str(tiny_model)
+    model = config_model(algorithm)
+    translation = translate(keys, model)
+    config_from_data(model, translation.data, translation.problems, algorithm=algorithm)
+    said = [line for line in translation.noted if "ask for nothing here" in line]
+    assert len(said) == 1 and any(f" {key}," in said[0] for key in MS_SWIFT)  # said once, in one line
+
+
+def test_the_migration_page_lists_every_answer():
+    page = (Path(__file__).parents[2] / "docs" / "migrating" / "ms-swift.md").read_text()
+    assert not [key for key in MS_SWIFT if f"`{key}`" not in page]
