@@ -18,6 +18,7 @@ column, all at once.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -425,11 +426,16 @@ class PromptSampler:
 def _tokenizer(model_path: str) -> Any:
     """The tokenizer of a model directory, or of a hub id: from the Hub as transformers loads it when the Hub
     answers; else (HF_HUB_OFFLINE, or no connection) from the local cache alone, or at once a ConfigError
-    naming the fix, instead of after the hub client's retries."""
+    naming the fix, instead of after the hub client's retries (and before transformers is imported)."""
+    if os.path.exists(os.path.expanduser(model_path)) or not _is_repo_id(model_path):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_path)
+    problem = model_problem(model_path)
+    if problem is not None:
+        raise ConfigError(f"model {problem}", [("model", problem)])
     from transformers import AutoTokenizer
 
-    if os.path.exists(os.path.expanduser(model_path)) or not _is_repo_id(model_path):
-        return AutoTokenizer.from_pretrained(model_path)
     unreachable = _hub_unreachable(model_path)
     if unreachable is None:
         return AutoTokenizer.from_pretrained(model_path)
@@ -473,10 +479,11 @@ def _is_repo_id(name: str) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
 def _hub_unreachable(model_id: str, repo_type: str = "model") -> str | None:
     """Why the Hub cannot be asked for `model_id` (a model, or a dataset with `repo_type`) now (HF_HUB_OFFLINE is
-    set, or one request does not connect), or None when it answers (also with an error of its own, which loading
-    then reports)."""
+    set, or one request does not connect: this machine is offline), or None when it answers (also with an error of
+    its own, which loading then reports). Asked once per process: every check after the first reads the answer."""
     from huggingface_hub import constants, repo_info
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -488,7 +495,7 @@ def _hub_unreachable(model_id: str, repo_type: str = "model") -> str | None:
         return None
     except Exception as exc:  # no connection: no DNS, refused, timed out, a proxy that fails
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        return f"the Hub ({constants.ENDPOINT}) cannot be reached ({reason})"
+        return f"this machine is offline: the Hub ({constants.ENDPOINT}) cannot be reached ({reason})"
     return None
 
 

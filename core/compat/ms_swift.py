@@ -30,6 +30,7 @@ from ..config import _names_and_aliases, config_from_data, read_config_data
 from ..data import dataset_file, load_rows
 from ..errors import ConfigError
 from ..runtime.resources import parse_ranks
+from .modelscope import hf_dataset, is_modelscope_id, modelscope_dataset
 from .ms_swift_table import MS_SWIFT
 from .trl_names import answer_keys, answer_trl, trl_keys
 
@@ -531,6 +532,7 @@ class _Translator:
     # -- data -----------------------------------------------------------------------------------------------
 
     def dataset(self) -> None:
+        self.hub_datasets()
         given = self.data.get("dataset")
         kind = self.model.model_fields.get("dataset")
         if isinstance(given, list) and len(given) == 1:
@@ -564,6 +566,28 @@ class _Translator:
                 self.out.mapped.append(f"system: {system!r} -> system: the file's text")
             except OSError as exc:
                 self.refuse("system", f"names the file '{system}', which cannot be read ({exc.strerror})")
+
+    def hub_datasets(self) -> None:
+        """Dataset ids (`owner/name#N`, no local file) are ModelScope's, as in ms-swift, or the Hugging Face Hub's with
+        `use_hf: true`: their train file (its first N rows) is the dataset."""
+        hub = bool(self.take("use_hf")) if self.foreign("use_hf") else False
+        given = self.data.get("dataset")
+        sets = given if isinstance(given, list) else [given]
+        if not any(isinstance(d, str) and is_modelscope_id(d) for d in sets):
+            return
+        found = []
+        for name in sets:
+            if not (isinstance(name, str) and is_modelscope_id(name)):
+                found.append(name)
+                continue
+            try:
+                file = hf_dataset(name) if hub else modelscope_dataset(name)
+            except ConfigError as exc:
+                self.refuse("dataset", (exc.problems or [("", str(exc))])[0][1])
+                return
+            found.append(file)
+            self.out.mapped.append(f"dataset {name!r} ({'Hugging Face' if hub else 'ModelScope'}) -> {file!r}")
+        self.data["dataset"] = found if isinstance(given, list) else found[0]
 
     def sampling(self) -> None:
         if "sampler" not in self.sections:

@@ -244,7 +244,7 @@ def test_a_hub_model_without_a_network_fails_at_once(python_m_rlcore, tmp_path):
     lines = done.stderr.splitlines()
     assert lines[0] == "rlcore: error: invalid configuration (1 problem):" and len(lines) == 2
     assert lines[1].startswith("  model: 'someone/no-such-model' is neither a local directory nor in the local Hugging "
-                               "Face cache, and the Hub (http://127.0.0.1:9) cannot be reached")
+                               "Face cache, and this machine is offline: the Hub (http://127.0.0.1:9) cannot be reached")
     assert "hf download someone/no-such-model" in lines[1] and "Retrying" not in done.stderr
 
 
