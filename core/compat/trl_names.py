@@ -223,7 +223,10 @@ def _trl_defaults(t: Any) -> None:
         t.note("output_dir", None, "rlcore's default output_dir, output", origin="TRL's")
     if t.data.get("max_steps") == -1:
         t.take("max_steps")
-        t.out.mapped.append("TRL's max_steps: -1 -> the steps of num_train_epochs")
+        if "max_steps" not in t.own:  # sample, distill: no steps to count
+            t.idle.append("max_steps")
+        else:
+            t.out.mapped.append("TRL's max_steps: -1 -> the steps of num_train_epochs")
         if "num_train_epochs" not in t.data and "max_steps" in t.own and "num_train_epochs" not in t.own:
             t.data["num_train_epochs"] = TRL_EPOCHS
     for key in ("activation_checkpointing", "vllm_importance_sampling_cap"):  # other names of keys TRL also sets
@@ -294,7 +297,8 @@ def answer_keys(t: Any, tables: dict[str, dict[str, Answer]], passed: set[str] =
         if asks_nothing or any(a.what == "noted" for _, a in answers):
             idle.append(key)
             continue
-        owner, first = next(((o, a) for o, a in answers if a.what != "rlcore"), answers[0])
+        # a key of another algorithm says whose it is; else the first reason a value is refused for
+        owner, first = next(((o, a) for o, a in answers if a.what == "rlcore"), answers[0])
         shown = "" if key in SECRET else f"({value!r}) "
         if first.what == "unless":
             t.refuse(key, f"{shown}is {owner} key: {first.why}")

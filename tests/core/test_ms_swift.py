@@ -557,7 +557,7 @@ def test_ms_swifts_multi_turn_gkd_example_runs_the_math_tip_scheduler(files, lon
 
     monkeypatch.chdir(tmp_path)
     path = published("gkd/multi_turn_colocate.yaml", files, long_models, tmp_path)
-    config = load_translated(GKDConfig, path)[0]
+    config = load_config(GKDConfig, path)
     assert (config.multi_turn_scheduler, config.max_turns, config.lmbda) == ("math_tip_trick", 2, 1.0)
     assert (config.truncation_strategy, config.chat_template_kwargs) == ("delete", {"enable_thinking": False})
     assert config.multi_turn_problems(load_plugins()) == []
