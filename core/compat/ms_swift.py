@@ -30,7 +30,7 @@ from ..config import _names_and_aliases, config_from_data, read_config_data
 from ..data import dataset_file, load_rows
 from ..errors import ConfigError
 from ..runtime.resources import parse_ranks
-from .modelscope import hf_dataset, is_modelscope_id, modelscope_dataset
+from .ms_swift_data import dataset_ids, prompt_keys
 from .ms_swift_table import MS_SWIFT
 from .trl_names import answer_keys, answer_trl, trl_keys
 
@@ -58,7 +58,6 @@ NOT_BUILT = {
                "environment as an rlcore Environment and name it in multi_turn_scheduler (module:Class or file.py:Class)",
     "use_gym_env": "ms-swift's gym environments are not built in rlcore (see gym_env)",
 }
-SFT_TRUNCATION = {"right": "keep_start", "left": "keep_end"}  # ms-swift's truncation_strategy -> TRL's truncation_mode
 # keys of one feature refused with it, in the first key's line: what does not run, once
 NOT_BUILT_WITH = {"gym_env": ("use_gym_env",)}
 
@@ -204,43 +203,9 @@ class _Translator:
         self.sampling()
         self.sft()
         self.no_effect()
-        self.template()
+        prompt_keys(self)
         answer_trl(self, more={"ms-swift's": MS_SWIFT})
         return self.out
-
-    def template(self) -> None:
-        """ms-swift's `enable_thinking` is the chat template's option (chat_template_kwargs); its
-        `truncation_strategy` (left, right, delete) is rlcore's own key for prompts, and TRL's truncation_mode for
-        sft (left: keep_end, right: keep_start)."""
-        if self.foreign("enable_thinking"):
-            value = self.take("enable_thinking")
-            kwargs = self.data.setdefault("chat_template_kwargs", {}) if "chat_template_kwargs" in self.own else None
-            if value is None:
-                self.idle.append("enable_thinking")
-            elif isinstance(kwargs, dict):
-                self.put("enable_thinking", "enable_thinking", value, "chat_template_kwargs")
-            else:
-                self.refuse("enable_thinking", f"({value!r}): this algorithm renders the tokenizer's chat template "
-                            "with its defaults; put the switch in the rows (a system message, or the template)")
-        value = self.data.get("truncation_strategy", "")
-        if value is None:  # ms-swift's default: the algorithm's own
-            self.take("truncation_strategy")
-            self.idle.append("truncation_strategy")
-        elif self.foreign("truncation_strategy"):
-            value = self.take("truncation_strategy")
-            if "trainer_kwargs" in self.own and value in SFT_TRUNCATION:
-                if value == "left":
-                    self.put("truncation_strategy: left", "truncation_mode", "keep_end", "trainer_kwargs")
-                else:
-                    self.idle.append("truncation_strategy")  # TRL's default, keep_start
-            elif value == "left" and "max_prompt_length" in self.own:  # sample cuts prompts from the left
-                self.idle.append("truncation_strategy")
-            elif "trainer_kwargs" in self.own:
-                self.refuse("truncation_strategy", f"({value!r}): TRL's SFTTrainer cuts a row longer than max_length "
-                            "(keeping its start), never drops or splits it; use right or left")
-            else:
-                self.refuse("truncation_strategy", f"({value!r}): this algorithm cuts a prompt longer than "
-                            "max_prompt_length from the left (keeping its end); use left")
 
     def launch(self) -> None:
         algorithm, use_ray, problems = launch_options(self.data)
@@ -532,7 +497,7 @@ class _Translator:
     # -- data -----------------------------------------------------------------------------------------------
 
     def dataset(self) -> None:
-        self.hub_datasets()
+        dataset_ids(self)
         given = self.data.get("dataset")
         kind = self.model.model_fields.get("dataset")
         if isinstance(given, list) and len(given) == 1:
@@ -566,28 +531,6 @@ class _Translator:
                 self.out.mapped.append(f"system: {system!r} -> system: the file's text")
             except OSError as exc:
                 self.refuse("system", f"names the file '{system}', which cannot be read ({exc.strerror})")
-
-    def hub_datasets(self) -> None:
-        """Dataset ids (`owner/name#N`, no local file) are ModelScope's, as in ms-swift, or the Hugging Face Hub's with
-        `use_hf: true`: their train file (its first N rows) is the dataset."""
-        hub = bool(self.take("use_hf")) if self.foreign("use_hf") else False
-        given = self.data.get("dataset")
-        sets = given if isinstance(given, list) else [given]
-        if not any(isinstance(d, str) and is_modelscope_id(d) for d in sets):
-            return
-        found = []
-        for name in sets:
-            if not (isinstance(name, str) and is_modelscope_id(name)):
-                found.append(name)
-                continue
-            try:
-                file = hf_dataset(name) if hub else modelscope_dataset(name)
-            except ConfigError as exc:
-                self.refuse("dataset", (exc.problems or [("", str(exc))])[0][1])
-                return
-            found.append(file)
-            self.out.mapped.append(f"dataset {name!r} ({'Hugging Face' if hub else 'ModelScope'}) -> {file!r}")
-        self.data["dataset"] = found if isinstance(given, list) else found[0]
 
     def sampling(self) -> None:
         if "sampler" not in self.sections:
