@@ -107,3 +107,23 @@ def test_a_modelscope_dataset_id_is_one_line_here(python_m_rlcore, tmp_path, tin
         assert "`pip install modelscope`" in lines[1]
     else:
         assert "this machine is offline" in lines[1] and "retry" not in done.stderr.lower()
+
+
+@pytest.mark.parametrize("algorithm, keys, expected", [
+    ("grpo", {"truncation_strategy": "delete", "enable_thinking": False},
+     {"truncation_strategy": "delete", "chat_template_kwargs": {"enable_thinking": False}}),
+    ("gkd", {"truncation_strategy": "right", "enable_thinking": True},
+     {"truncation_strategy": "right", "chat_template_kwargs": {"enable_thinking": True}}),
+    ("sft", {"truncation_strategy": "left"}, {"trainer_kwargs": {"truncation_mode": "keep_end"}}),
+    ("sft", {"truncation_strategy": "delete"}, "TRL's SFTTrainer cuts a row longer than max_length"),
+    ("sample", {"enable_thinking": False}, "renders the tokenizer's chat template with its defaults"),
+])
+def test_truncation_strategy_and_enable_thinking_where_each_algorithm_reads_them(tmp_path, tiny_model, algorithm,
+                                                                                 keys, expected):
+    model = config_model(algorithm)
+    translation = translate({"model": str(tiny_model), **keys}, model)
+    if isinstance(expected, str):
+        assert len(translation.problems) == 1 and expected in translation.problems[0][1]
+        return
+    assert not translation.problems
+    assert {key: translation.data[key] for key in expected} == expected
