@@ -287,11 +287,8 @@ def answer_keys(t: Any, tables: dict[str, dict[str, Answer]], passed: set[str] =
             continue
         value = t.data[key]
         asks_nothing = not value or any(a.what == "unless" and a.asks_nothing(value) for _, a in answers)
-        kwargs = t.data.get("trainer_kwargs")
-        if key in passed and not asks_nothing and not (isinstance(kwargs, dict) and key in kwargs):
-            t.data.setdefault("trainer_kwargs", {})[key] = t.take(key)
-            shown = "(hidden)" if key in SECRET else repr(value)
-            t.out.mapped.append(f"{answers[0][0]} {key}: {shown} -> trainer_kwargs.{key} (the Hugging Face trainer's)")
+        if key in passed and not asks_nothing:  # the Hugging Face trainer's; a different trainer_kwargs value refused
+            t.put(f"{answers[0][0]} {key}", key, t.take(key), "trainer_kwargs")
             continue
         t.take(key)
         if asks_nothing or any(a.what == "noted" for _, a in answers):

@@ -185,7 +185,8 @@ TRAINING_ARGUMENTS: dict[str, Answer] = {
     "fsdp_config": unless(None, SHARDED, held=True),
     "deepspeed": unless(None, SHARDED, held=True),
     "debug": unless("", "transformers' TPU debug metrics are not built in rlcore; drop it", held=True),
-    "skip_memory_metrics": noted("rlcore logs its own memory metrics"),
+    "skip_memory_metrics": unless(True, "rlcore logs no memory metrics (`rlcore plan` shows the memory plan); drop it",
+                                  held=False),
     "do_train": noted("transformers' example scripts' switch; rlcore run trains"),
     "do_eval": noted("transformers' example scripts' switch; " + EVAL),
     "do_predict": noted("transformers' example scripts' switch; rlcore predicts nothing"),
@@ -204,8 +205,8 @@ GRPO_CONFIG: dict[str, Answer] = {
     "router_aux_loss_coef": unless(None, "rlcore adds no MoE router loss; drop it"),
     "disable_dropout": unless(False, "rlcore trains with the model's own dropout rates (its config.json); set them "
                               "to 0 there"),
-    "cast_lm_head_to_fp32": unless(False, "rlcore computes log-probs from the lm_head's output in float32 already "
-                                   "where the train engine chunks it; drop it"),
+    "cast_lm_head_to_fp32": unless(False, "rlcore runs the lm_head in the model's dtype and its log-softmax in "
+                                   "float32; drop it"),
     "num_generations": rlcore("num_generations"),
     "num_generations_eval": unless(None, EVAL),
     "max_completion_length": rlcore("max_completion_length (sample: max_new_tokens)"),

@@ -161,7 +161,7 @@ def test_sft_passes_its_trainers_keys_to_trl_and_keeps_rlcores(files, tiny_model
                                     "dataset_text_field": "body", "save_strategy": "steps", "neftune_noise_alpha": 5}))
     config, translation = load_translated(config_model("sft"), path)
     assert config.trainer_kwargs == {"optim": "adafactor", "dataset_text_field": "body", "neftune_noise_alpha": 5}
-    assert any("optim: 'adafactor' -> trainer_kwargs.optim" in line for line in translation.mapped)
+    assert "TRL's TrainingArguments optim -> trainer_kwargs.optim: 'adafactor'" in translation.mapped
     with pytest.raises(ConfigError, match="dataset_text_field: .* is TRL's SFTConfig key"):
         load_translated(config_model("pt"), path)  # transformers' Trainer has no such key; pt does not pass it
 
