@@ -18,7 +18,9 @@ column, all at once.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import random
 import re
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .errors import ConfigError, RlcoreError
+
+logger = logging.getLogger("rlcore")
 
 FORMATS = (".jsonl", ".json", ".parquet")
 MAX_REPORTED = 10
@@ -290,12 +294,13 @@ def has_conversations(path: str | os.PathLike | list[str] | None) -> bool:
 
 class PromptEncoder:
     """A model's tokenizer for prompts: a conversation goes through the chat template (with the
-    generation prompt), plain text too when `use_chat_template` and the tokenizer has one; the ids are
-    cut to their last `max_prompt_length`. `stop_ids` are the tokens that end a completion."""
+    generation prompt and `template_kwargs`, e.g. enable_thinking), plain text too when `use_chat_template` and the
+    tokenizer has one. A prompt longer than `max_prompt_length` keeps its last tokens (`truncation` left), its
+    first (right), or its row is dropped (delete: `keep`). `stop_ids` are the tokens that end a completion."""
 
     def __init__(
         self, model_path: str, use_chat_template: bool = True, max_prompt_length: int | None = None,
-        system: str | None = None,
+        system: str | None = None, truncation: str = "left", template_kwargs: dict[str, Any] | None = None,
     ):
         try:
             self.tokenizer = _tokenizer(model_path)
@@ -309,6 +314,7 @@ class PromptEncoder:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.use_chat_template, self.max_prompt_length, self.system = use_chat_template, max_prompt_length, system
+        self.truncation, self.template_kwargs = truncation, dict(template_kwargs or {})
         ids = (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         self.stop_ids = sorted({i for i in ids if i is not None})
 
@@ -326,7 +332,7 @@ class PromptEncoder:
                 prompt = [{"role": "system", "content": self.system}, *messages]
         elif self.system is not None:
             prompt = f"{self.system}\n\n{prompt}"
-        template = {"tools": tools} if tools else {}
+        template = {**self.template_kwargs, **({"tools": tools} if tools else {})}
         if isinstance(prompt, list):
             ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, **template)
         elif self.use_chat_template and tok.chat_template:
@@ -337,7 +343,30 @@ class PromptEncoder:
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
         ids = list(ids)
-        return ids[-self.max_prompt_length :] if self.max_prompt_length else ids
+        if not self.max_prompt_length or self.truncation == "delete":  # delete: `keep` dropped the long rows
+            return ids
+        return ids[: self.max_prompt_length] if self.truncation == "right" else ids[-self.max_prompt_length :]
+
+    @classmethod
+    def of(cls, model_path: str, config: Any) -> PromptEncoder:
+        """The encoder a config's prompt keys (`rlcore.sections.PromptKeys`) describe."""
+        return cls(model_path, config.use_chat_template, config.max_prompt_length, config.system,
+                   config.truncation_strategy, config.chat_template_kwargs)
+
+    def keep(self, rows: list[dict[str, Any]], column: str = "prompt") -> list[dict[str, Any]]:
+        """`rows` without those whose prompt is longer than max_prompt_length, under truncation delete (ms-swift's);
+        the others cut their prompts in `encode`. How many were dropped is said once."""
+        if self.truncation != "delete" or not self.max_prompt_length:
+            return rows
+        kept = [row for row in rows if len(self.encode(row[column])) <= self.max_prompt_length]
+        if not kept:
+            raise ConfigError(f"every prompt of the dataset is longer than max_prompt_length ({self.max_prompt_length} "
+                              "tokens), and truncation_strategy delete drops such rows; raise max_prompt_length, or "
+                              "use truncation_strategy left or right", [("truncation_strategy", "drops every row")])
+        if len(kept) < len(rows):
+            logger.info("truncation_strategy delete: %d of %d rows have a prompt longer than max_prompt_length (%d "
+                        "tokens) and are left out", len(rows) - len(kept), len(rows), self.max_prompt_length)
+        return kept
 
 
 class PromptSampler:
@@ -397,11 +426,16 @@ class PromptSampler:
 def _tokenizer(model_path: str) -> Any:
     """The tokenizer of a model directory, or of a hub id: from the Hub as transformers loads it when the Hub
     answers; else (HF_HUB_OFFLINE, or no connection) from the local cache alone, or at once a ConfigError
-    naming the fix, instead of after the hub client's retries."""
+    naming the fix, instead of after the hub client's retries (and before transformers is imported)."""
+    if os.path.exists(os.path.expanduser(model_path)) or not _is_repo_id(model_path):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_path)
+    problem = model_problem(model_path)
+    if problem is not None:
+        raise ConfigError(f"model {problem}", [("model", problem)])
     from transformers import AutoTokenizer
 
-    if os.path.exists(os.path.expanduser(model_path)) or not _is_repo_id(model_path):
-        return AutoTokenizer.from_pretrained(model_path)
     unreachable = _hub_unreachable(model_path)
     if unreachable is None:
         return AutoTokenizer.from_pretrained(model_path)
@@ -445,10 +479,11 @@ def _is_repo_id(name: str) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
 def _hub_unreachable(model_id: str, repo_type: str = "model") -> str | None:
     """Why the Hub cannot be asked for `model_id` (a model, or a dataset with `repo_type`) now (HF_HUB_OFFLINE is
-    set, or one request does not connect), or None when it answers (also with an error of its own, which loading
-    then reports)."""
+    set, or one request does not connect: this machine is offline), or None when it answers (also with an error of
+    its own, which loading then reports). Asked once per process: every check after the first reads the answer."""
     from huggingface_hub import constants, repo_info
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -460,7 +495,7 @@ def _hub_unreachable(model_id: str, repo_type: str = "model") -> str | None:
         return None
     except Exception as exc:  # no connection: no DNS, refused, timed out, a proxy that fails
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        return f"the Hub ({constants.ENDPOINT}) cannot be reached ({reason})"
+        return f"this machine is offline: the Hub ({constants.ENDPOINT}) cannot be reached ({reason})"
     return None
 
 

@@ -42,6 +42,8 @@ class EpisodeSetup:
     use_chat_template: bool = True
     max_prompt_length: int | None = None
     system: str | None = None
+    truncation: str = "left"
+    template_kwargs: tuple[tuple[str, Any], ...] = ()  # the chat template's options, as (name, value) pairs
 
 
 @dataclass
@@ -111,10 +113,11 @@ def make_environment(setup: EpisodeSetup, plugins: Any) -> Environment:
 
 
 @lru_cache(maxsize=4)
-def _encoder(model: str, use_chat_template: bool, max_prompt_length: int | None, system: str | None) -> Any:
+def _encoder(model: str, use_chat_template: bool, max_prompt_length: int | None, system: str | None,
+             truncation: str = "left", template_kwargs: tuple[tuple[str, Any], ...] = ()) -> Any:
     from .data import PromptEncoder
 
-    return PromptEncoder(model, use_chat_template, max_prompt_length, system)
+    return PromptEncoder(model, use_chat_template, max_prompt_length, system, truncation, dict(template_kwargs))
 
 
 class EpisodeRunner:
@@ -123,7 +126,8 @@ class EpisodeRunner:
     def __init__(self, environment: Environment | None, setup: EpisodeSetup, row: dict[str, Any], index: int = 0,
                  error: str = ""):
         self.env, self.setup, self.row, self.index = environment, setup, dict(row), index
-        self.encoder = _encoder(setup.model, setup.use_chat_template, setup.max_prompt_length, setup.system)
+        self.encoder = _encoder(setup.model, setup.use_chat_template, setup.max_prompt_length, setup.system,
+                                setup.truncation, setup.template_kwargs)
         self.tokenizer = self.encoder.tokenizer
         self.tools = environment.tool_schemas() if environment is not None and hasattr(environment, "tool_schemas") else None
         self.token_ids: list[int] = []

@@ -99,7 +99,13 @@ class PromptKeys(BaseConfig):
     system: str | None = Field(
         None, description="a system message opening every prompt that has none of its own (the row's wins, as in ms-swift)"
     )
-    max_prompt_length: int = Field(512, ge=1, description="prompts are cut to their last max_prompt_length tokens")
+    max_prompt_length: int = Field(512, ge=1, description="tokens of a prompt at most (truncation_strategy says how)")
+    truncation_strategy: Literal["left", "right", "delete"] = Field(
+        "left", description="a prompt longer than max_prompt_length: left keeps its last tokens, right its first, "
+        "delete leaves its row out of the run (ms-swift's names)")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="options the chat template reads, e.g. {enable_thinking: false} (TRL's "
+        "name; ms-swift's enable_thinking sets it)")
 
 
 class MultiTurnKeys(BaseConfig):
@@ -152,7 +158,8 @@ class MultiTurnKeys(BaseConfig):
             max_turns=self.max_turns or max_completion_length, max_turn_tokens=self.max_turn_length or max_completion_length,
             max_total_tokens=max_completion_length, environment_timeout=self.environment_timeout,
             use_chat_template=getattr(self, "use_chat_template", True), max_prompt_length=getattr(self, "max_prompt_length", None),
-            system=getattr(self, "system", None),
+            system=getattr(self, "system", None), truncation=getattr(self, "truncation_strategy", "left"),
+            template_kwargs=tuple(sorted(getattr(self, "chat_template_kwargs", {}).items())),
         )
 
 

@@ -30,7 +30,9 @@ from ..config import _names_and_aliases, config_from_data, gpu_count, read_confi
 from ..data import dataset_file, load_rows
 from ..errors import ConfigError
 from ..runtime.resources import parse_ranks
-from .trl_names import trl_keys
+from .ms_swift_data import dataset_ids, prompt_keys
+from .ms_swift_table import MS_SWIFT
+from .trl_names import answer_keys, answer_trl, trl_keys
 
 ALGORITHMS = {"grpo": "grpo", "gkd": "gkd"}  # rlhf_type -> rlcore algorithm
 # Megatron kernel fusions and similar switches: how fast, never what is computed.
@@ -55,10 +57,6 @@ NOT_BUILT = {
     "gym_env": "ms-swift's gym environments (its GYMScheduler and Env registry) are not built in rlcore; write the "
                "environment as an rlcore Environment and name it in multi_turn_scheduler (module:Class or file.py:Class)",
     "use_gym_env": "ms-swift's gym environments are not built in rlcore (see gym_env)",
-    "truncation_strategy": "rlcore cuts a prompt longer than max_prompt_length from the left and keeps the row; "
-                           "drop the key (ms-swift's 'delete' drops such rows)",
-    "enable_thinking": "rlcore applies the tokenizer's chat template with its defaults; put the template's switch "
-                       "in your rows or template, and drop the key",
 }
 # keys of one feature refused with it, in the first key's line: what does not run, once
 NOT_BUILT_WITH = {"gym_env": ("use_gym_env",)}
@@ -149,6 +147,7 @@ class _Translator:
         self.batch_from_megatron = "global_batch_size" in self.data
         self.rlhf_type = self.data.get("rlhf_type")
         self.megatron = False  # a `megatron rlhf` config (see `engine`)
+        self.idle: list[str] = []  # TRL's and ms-swift's keys that ask for nothing here, listed in one line
 
     # -- small verbs -------------------------------------------------------------------------------------
 
@@ -204,6 +203,8 @@ class _Translator:
         self.sampling()
         self.sft()
         self.no_effect()
+        prompt_keys(self)
+        answer_trl(self, more={"ms-swift's": MS_SWIFT})
         return self.out
 
     def launch(self) -> None:
@@ -456,6 +457,8 @@ class _Translator:
     # -- vLLM ---------------------------------------------------------------------------------------------
 
     def vllm(self) -> None:
+        servers = [key for key, a in MS_SWIFT.items() if key.startswith("vllm_server") and a.what != "rlcore"]
+        answer_keys(self, {"ms-swift's": MS_SWIFT}, keys=servers, idle=self.idle)
         engines = [n for n in ("rollout", "sampler") if n in self.sections]
         if self.foreign("use_vllm"):
             use = self.take("use_vllm")
@@ -487,13 +490,14 @@ class _Translator:
                     self.refuse(f"{name}.{key}", "rlcore places vLLM as a role of the run (no external server); "
                                 "drop it")
                 else:
-                    kwargs = section.setdefault("vllm_engine_kwargs", {})
+                    kwargs = section["vllm_engine_kwargs"] = section.get("vllm_engine_kwargs") or {}
                     kwargs.setdefault(key.removeprefix("vllm_"), value)
                     self.out.mapped.append(f"{name}.{key} -> {name}.vllm_engine_kwargs.{key.removeprefix('vllm_')}")
 
     # -- data -----------------------------------------------------------------------------------------------
 
     def dataset(self) -> None:
+        dataset_ids(self)
         given = self.data.get("dataset")
         kind = self.model.model_fields.get("dataset")
         if isinstance(given, list) and len(given) == 1:
@@ -519,7 +523,7 @@ class _Translator:
         if self.foreign("max_length") and "max_prompt_length" in self.own:  # ms-swift's cap on the prompt
             self.put("max_length", "max_prompt_length", self.take("max_length"))
         system = self.data.get("system")
-        if self.foreign("system"):
+        if self.foreign("system") and system is not None:
             self.refuse("system", "is not a key of this algorithm: put the system message in the rows' messages")
         elif isinstance(system, str) and system.endswith(".txt"):  # ms-swift reads a .txt file's text
             try:
@@ -533,9 +537,9 @@ class _Translator:
             return
         self.distill()
         engine = self.data.get("sampler_engine")
-        if engine == "pt":
-            self.data["sampler_engine"] = "hf"
-            self.out.mapped.append("sampler_engine: 'pt' -> sampler.engine: 'hf'")
+        if engine in ("pt", "transformers", "hf", "vllm"):  # pt, transformers: ms-swift's names of hf
+            self.take("sampler_engine")
+            self.put(f"sampler_engine: {engine!r} ->", "engine", "vllm" if engine == "vllm" else "hf", "sampler")
         elif engine in ("lmdeploy", "client", "no"):
             self.refuse("sampler_engine", f"'{engine}' is not built in rlcore; use vllm or hf (pt), or the distill "
                         "algorithm (--plugin distill) for an OpenAI-compatible endpoint")
@@ -554,10 +558,8 @@ class _Translator:
                       "output: a fresh run into an output_dir that holds one stops and says so; --resume continues it")
         if self.foreign("load_args"):
             load = self.take("load_args")
-            if load:
-                self.refuse("load_args", "rlcore reads no args.json beside a checkpoint; give the keys in the config")
-            else:
-                self.note("load_args", load, "rlcore reads no args.json beside a checkpoint either")
+            self.note("load_args", load, "rlcore reads no args.json beside a checkpoint: the config's keys are what "
+                      "runs")
 
     def distill(self) -> None:
         """ms-swift's `sampler_type: distill` with `sampler_engine: client`: the distill algorithm, whose teacher is
@@ -618,7 +620,7 @@ class _Translator:
         return gpu_count(section.get("gpus")) or section.get("cpus", 1)
 
     def sft(self) -> None:
-        if self.foreign("deepspeed"):
+        if self.foreign("deepspeed") and self.data["deepspeed"] is not None:  # TRL's default: none
             stage = self.take("deepspeed")
             if stage in ZERO_STAGES:  # where the state lives, not what is computed: DDP runs the same steps
                 self.note("deepspeed", stage, "not used: rlcore trains every worker with DDP (NCCL; gloo on the CPU), "
@@ -629,7 +631,7 @@ class _Translator:
                             "precision, which rlcore would not read; drop it and give those as keys (rlcore trains "
                             "with DDP; ms-swift's zero0-zero3 names are accepted with a notice)")
         for key in ("model_name", "model_author"):
-            if self.foreign(key):
+            if self.foreign(key) and self.data[key] is not None:
                 self.refuse(key, f"({self.take(key)!r}) fills ms-swift's self-cognition placeholders, which rlcore "
                             "does for sft only; write the name into your rows")
         for key in ("per_device_eval_batch_size", "eval_steps"):
@@ -668,7 +670,7 @@ class _Translator:
                           "continues exactly")
         if self.foreign("overlong_filter"):
             self.put("overlong_filter", "mask_truncated_completions", self.take("overlong_filter"))
-        if self.foreign("external_plugins"):
+        if self.foreign("external_plugins") and self.data["external_plugins"]:
             self.refuse("external_plugins", "ms-swift plugin files register with ms-swift; in rlcore name a reward "
                         "as module:function in reward_funcs, or load a plugin with --with FILE")
         if self.foreign("dataloader_num_workers"):
@@ -681,6 +683,9 @@ class _Translator:
             if not self.foreign(key):
                 continue
             value = self.take(key)
+            if not value:  # ms-swift's default: nothing asked
+                self.idle.append(key)
+                continue
             along = [k for k in NOT_BUILT_WITH.get(key, ()) if self.foreign(k)]
             for companion in along:
                 self.take(companion)

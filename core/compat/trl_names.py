@@ -9,10 +9,12 @@ it does here (`bf16` for an algorithm without mixed precision), or refused with 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, get_args
 
 from ..data import split_files
 from ..errors import ConfigError
+from .trl_table import GRPO_CONFIG, SECRET, TABLES, Answer, passed_to
 
 # TRL's name -> rlcore's, where only the spelling differs
 RENAMES = {
@@ -23,20 +25,29 @@ RENAMES = {
     "max_seq_length": "max_length",  # SFTConfig's name before TRL 0.20
     "lora_r": "lora_rank",  # ModelConfig
     "vllm_max_model_length": "vllm_max_model_len",  # GRPOConfig
+    "activation_checkpointing": "gradient_checkpointing",  # TrainingArguments' name in transformers 5
 }
+SEED = 42  # rlcore's default seed, which orders the data too
+TRL_EPOCHS = 3.0  # TrainingArguments' num_train_epochs, which its max_steps -1 trains
+LOG_LEVELS = {"critical": "error"}  # transformers' names rlcore spells otherwise
 TRL_LORA_RANK = 16  # ModelConfig's lora_r default, which `use_peft: true` alone gets in TRL
 PRECISIONS = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def trl_keys(t: Any) -> None:
     """Rewrite TRL's names in the translator `t`'s data (a `rlcore.compat.ms_swift._Translator`)."""
+    _trl_defaults(t)
     in_sections = {key for section in t.sections.values() for key in section.model_fields}
     for where in [None, *t.sections]:
         # at the top also a role section's key: the ms-swift translation moves it there (lora_rank -> train)
         known = t.own | in_sections if where is None else set(t.sections[where].model_fields)
         for source, target in RENAMES.items():
-            if t.foreign(source, where) and target in known:
+            if t.foreign(source, where) and (t.node(where) or {}).get(source, "") is None:  # TRL's default: unset
+                t.take(source, where)
+                t.idle.append(_path(where, source))
+            elif t.foreign(source, where) and target in known:
                 t.put(f"TRL's {_path(where, source)}", target, t.take(source, where), where)
+    answer_trl(t, [key for key, a in GRPO_CONFIG.items() if key.startswith("vllm_") and a.what != "rlcore"])
     _script_arguments(t)
     _model_config(t)
     _peft(t)
@@ -202,3 +213,92 @@ def _precision(t: Any) -> None:
             t.data.setdefault(name, {})["dtype"] = dtype
         t.note(key, on, f"{', '.join(f'{n}.dtype' for n in roles) or 'every dtype is set'}: {dtype}; these engines "
                "keep no float32 master copy of the weights", origin="TRL's")
+
+
+def _trl_defaults(t: Any) -> None:
+    """TRL's defaults that rlcore spells otherwise: `output_dir: null` (rlcore's default), `max_steps: -1` (train
+    num_train_epochs, TRL's 3 where not given), `log_level: passive` (rlcore's default), `critical` (error)."""
+    if "output_dir" in t.data and t.data["output_dir"] is None:
+        t.take("output_dir")
+        t.note("output_dir", None, "rlcore's default output_dir, output", origin="TRL's")
+    if t.data.get("max_steps") == -1:
+        t.take("max_steps")
+        if "max_steps" not in t.own:  # sample, distill: no steps to count
+            t.idle.append("max_steps")
+        else:
+            t.out.mapped.append("TRL's max_steps: -1 -> the steps of num_train_epochs")
+        if "num_train_epochs" not in t.data and "max_steps" in t.own and "num_train_epochs" not in t.own:
+            t.data["num_train_epochs"] = TRL_EPOCHS
+    for key in ("activation_checkpointing", "vllm_importance_sampling_cap"):  # other names of keys TRL also sets
+        if key in t.data and t.data[key] is None:
+            t.take(key)
+            t.idle.append(key)
+    level = t.data.get("log_level")
+    if level == "passive":
+        t.take("log_level")
+        t.note("log_level", level, "rlcore's default log_level, info", origin="TRL's")
+    elif level in LOG_LEVELS:
+        t.put(f"TRL's log_level: {level}", "log_level", LOG_LEVELS[t.take("log_level")])
+
+
+def answer_trl(t: Any, keys: Iterable[str] | None = None, more: dict[str, dict[str, Answer]] | None = None) -> None:
+    """Every key of TRL's configs (and of the tables in `more`: ms-swift's) left after the translation, or those of
+    `keys`, as `rlcore.compat.trl_table` answers it: passed to the Hugging Face trainer (sft, pt), listed once as
+    asking for nothing, or refused in one line naming it as TRL's (ms-swift's). Then a null rlcore has no use for
+    (ms-swift's and TRL's spelling of "the default") is rlcore's default, said in the same line."""
+    kind = ("sft" if "completion_only_loss" in t.own else "pt") if "trainer_kwargs" in t.own else None
+    tables = {f"TRL's {owner}": table for owner, table in TABLES.items()}
+    if keys is None:
+        if t.data.get("top_k") == -1:  # ms-swift's (and vLLM's) "off"
+            t.put("top_k: -1", "top_k", t.take("top_k") + 1)
+        if t.data.get("data_range") == []:  # ms-swift's "every row"
+            t.idle.append(f"data_range: {t.take('data_range')}")
+        if t.data.get("resume") is False:  # ms-swift's "do not resume"
+            t.idle.append(f"resume: {t.take('resume')}")
+        if "data_seed" in t.data and t.data["data_seed"] == t.data.get("seed", SEED):  # the order seed gives
+            t.idle.append(f"data_seed: {t.take('data_seed')}")
+    answer_keys(t, {**tables, **(more or {})}, passed_to(kind) if kind else set(), keys, t.idle)
+    if keys is not None:
+        return
+    for where in [None, *t.sections]:
+        node, model = t.node(where), t.sections.get(where, t.model)
+        for key in [k for k in (node if isinstance(node, dict) else ()) if node[k] is None and k in model.model_fields]:
+            if not _takes_none(model.model_fields[key].annotation):
+                node.pop(key)
+                t.idle.append(f"{_path(where, key)}: null (rlcore's default)")
+    if t.idle:
+        t.out.noted.append(f"{', '.join(t.idle)}: at TRL's or ms-swift's defaults or without effect on the result, "
+                           "these ask for nothing here (docs/migrating/ says why, key by key)")
+
+
+def _takes_none(annotation: Any) -> bool:
+    return annotation is None or annotation is type(None) or any(_takes_none(a) for a in get_args(annotation))
+
+
+def answer_keys(t: Any, tables: dict[str, dict[str, Answer]], passed: set[str] = frozenset(),
+                keys: Iterable[str] | None = None, idle: list[str] | None = None) -> list[str]:
+    """Answer the foreign top-level keys of `t` (or those of `keys`) that `tables` ({"TRL's GRPOConfig": {key:
+    Answer}}) hold: a key of `passed` goes to trainer_kwargs (sft, pt: the Hugging Face trainer's); one that asks
+    for nothing joins `idle` (returned); any other is refused in one line naming its owner, with why."""
+    idle = [] if idle is None else idle
+    for key in [k for k in (list(t.data) if keys is None else keys) if t.foreign(k)]:
+        answers = [(owner, table[key]) for owner, table in tables.items() if key in table]
+        if not answers:
+            continue
+        value = t.data[key]
+        asks_nothing = not value or any(a.what == "unless" and a.asks_nothing(value) for _, a in answers)
+        if key in passed and not asks_nothing:  # the Hugging Face trainer's; a different trainer_kwargs value refused
+            t.put(f"{answers[0][0]} {key}", key, t.take(key), "trainer_kwargs")
+            continue
+        t.take(key)
+        if asks_nothing or any(a.what == "noted" for _, a in answers):
+            idle.append(key)
+            continue
+        # a key of another algorithm says whose it is; else the first reason a value is refused for
+        owner, first = next(((o, a) for o, a in answers if a.what == "rlcore"), answers[0])
+        shown = "" if key in SECRET else f"({value!r}) "
+        if first.what == "unless":
+            t.refuse(key, f"{shown}is {owner} key: {first.why}")
+        else:
+            t.refuse(key, f"is {owner} key for {first.why}, which this algorithm does not have; drop it")
+    return idle

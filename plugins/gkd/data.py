@@ -21,9 +21,9 @@ class DistillData:
                               "lower it", [("eval_size", f"must be below the dataset's {len(rows)} rows")])
         cut = len(rows) - cfg.eval_size
         self.train_rows, self.heldout_rows = rows[:cut], rows[cut:]
-        self.prompts = PromptEncoder(model_path, cfg.use_chat_template, cfg.max_prompt_length, cfg.system)
+        self.prompts = PromptEncoder.of(model_path, cfg)
         self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
-        self.sampler = PromptSampler(self.train_rows, batch_rows, seed=cfg.seed)
+        self.sampler = PromptSampler(self.prompts.keep(self.train_rows), batch_rows, seed=cfg.seed)
 
     @staticmethod
     def rows_of(config: GKDConfig) -> list[dict[str, Any]]:

@@ -65,8 +65,8 @@ class ExperienceMaker:
         self.reward_names = list(cfg.reward_funcs)
         self.reward_fns = self.reward_functions(cfg, plugins)  # orm: bound once the roles run (bind_orm)
         self.reward_weights = cfg.reward_weights or [1.0] * len(self.reward_fns)
-        self.sampler = PromptSampler(self.prompt_rows(cfg), self.prompts_per_round, seed=cfg.seed)
-        self.prompts = PromptEncoder(cfg.model, cfg.use_chat_template, cfg.max_prompt_length, cfg.system)
+        self.prompts = PromptEncoder.of(cfg.model, cfg)
+        self.sampler = PromptSampler(self.prompts.keep(self.prompt_rows(cfg)), self.prompts_per_round, seed=cfg.seed)
         self.tokenizer, self.stop_ids = self.prompts.tokenizer, self.prompts.stop_ids
 
     @classmethod

@@ -42,7 +42,9 @@ def arguments_class(kind: str) -> type:
 
 def trainer_kwargs_problems(kind: str, given: dict[str, Any], top_level: set[str]) -> list[tuple[str, str]]:
     """Keys of `trainer_kwargs` the trainer's arguments do not have, rlcore sets, or the config has at its
-    top level; found before anything is allocated."""
+    top level; found before anything is allocated (TRL, slow to import, only when there are any)."""
+    if not given:
+        return []
     known = [f.name for f in dataclasses.fields(arguments_class(kind))]
     problems = []
     for key in given:

@@ -244,7 +244,7 @@ def test_a_hub_model_without_a_network_fails_at_once(python_m_rlcore, tmp_path):
     lines = done.stderr.splitlines()
     assert lines[0] == "rlcore: error: invalid configuration (1 problem):" and len(lines) == 2
     assert lines[1].startswith("  model: 'someone/no-such-model' is neither a local directory nor in the local Hugging "
-                               "Face cache, and the Hub (http://127.0.0.1:9) cannot be reached")
+                               "Face cache, and this machine is offline: the Hub (http://127.0.0.1:9) cannot be reached")
     assert "hf download someone/no-such-model" in lines[1] and "Retrying" not in done.stderr
 
 
@@ -259,3 +259,36 @@ def test_config_validate_of_a_shipped_example_is_quick_without_a_network(python_
     done = python_m_rlcore("config", "validate", "--plugin", example.split("/")[0], "--config", str(path), env=no_hub)
     assert done.returncode == 2 and time.monotonic() - started < 60
     assert done.stderr.startswith(f"rlcore: error: invalid configuration") and "cannot be reached" in done.stderr
+
+
+THINKING_TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}"
+                     "<assistant>{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+                     "{% endif %}")
+
+
+@pytest.mark.parametrize("strategy", ["left", "right", "delete"])
+def test_a_long_prompt_is_cut_or_its_row_dropped_as_truncation_strategy_says(tiny, strategy):
+    from rlcore.data import PromptEncoder
+
+    full = PromptEncoder(tiny, use_chat_template=False)
+    long, short = "one two three four five six seven eight nine ten", "one"
+    ids = full.encode(long)
+    cut = PromptEncoder(tiny, use_chat_template=False, max_prompt_length=4, truncation=strategy)
+    rows = [{"prompt": long}, {"prompt": short}]
+    if strategy == "delete":
+        assert cut.keep(rows) == [{"prompt": short}]
+        with pytest.raises(ConfigError, match="truncation_strategy delete drops such rows"):
+            cut.keep(rows[:1])
+    else:
+        assert cut.keep(rows) == rows
+        assert cut.encode(long) == (ids[-4:] if strategy == "left" else ids[:4])
+
+
+def test_chat_template_kwargs_reach_the_template(tiny):
+    from rlcore.data import PromptEncoder
+
+    encoders = [PromptEncoder(tiny, template_kwargs=kwargs) for kwargs in ({}, {"enable_thinking": False})]
+    for encoder in encoders:
+        encoder.tokenizer.chat_template = THINKING_TEMPLATE
+    plain, quiet = (encoder.tokenizer.decode(encoder.encode("hi")) for encoder in encoders)
+    assert plain.endswith("<assistant>") and quiet.endswith("<assistant><think></think>")

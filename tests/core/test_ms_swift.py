@@ -374,7 +374,7 @@ def test_gkd_datasets_listed_are_read_one_after_another(files, tmp_path):
 
 @pytest.mark.parametrize("key, value, reason", [
     ("gym_env", "frozen_lake", "ms-swift's gym environments (its GYMScheduler and Env registry) are not built"),
-    ("truncation_strategy", "delete", "cuts a prompt longer than max_prompt_length from the left"),
+    ("truncation_strategy", "split", "'left', 'right' or 'delete'"),
 ])
 def test_features_of_newer_ms_swift_examples_are_refused_with_the_reason(files, tmp_path, key, value, reason):
     """ms-swift's multi_turn/frozen_lake_colocate.yaml uses features rlcore lacks."""
@@ -459,11 +459,11 @@ PUBLISHED = {
     "gkd/rollout_colocate_teacher_colocate.yaml": set(),
     "gkd/rollout_colocate_teacher_standalone.yaml": set(),
     "gkd/rollout_separate_teacher_colocate.yaml": set(),
-    "gkd/multi_turn_colocate.yaml": {"truncation_strategy", "enable_thinking"},  # math_tip_trick is built in
+    "gkd/multi_turn_colocate.yaml": set(),  # math_tip_trick is built in; truncation delete, enable_thinking false
     "grpo/ray_grpo_colocate.yaml": {"external_plugins"},  # its reward functions register with ms-swift
     "grpo/ray_grpo_separate.yaml": {"external_plugins"},
     "grpo/opd_rl_colocate.yaml": set(),  # GRPO with a teacher's KL (OPD-RL), its teacher inside the train workers
-    "grpo/multi_turn/frozen_lake_colocate.yaml": {"external_plugins", "gym_env", "enable_thinking", "report_to.0"},
+    "grpo/multi_turn/frozen_lake_colocate.yaml": {"external_plugins", "gym_env", "report_to.0"},
 }
 FIXTURES = Path(__file__).parent / "fixtures" / "ms_swift"
 
@@ -491,6 +491,8 @@ def published(name, files, long_models, cwd):
              "modelscope/gsm8k": files["prompts"], "AI-ModelScope/clevr_cogen_a_train": files["prompts"],
              "examples/megatron/grpo/multi_turn/frozen_lake.jsonl": files["prompts"],
              "AI-ModelScope/alpaca-gpt4-data-zh": files["chats"], "AI-ModelScope/alpaca-gpt4-data-en": files["chats"]}
+    if name.startswith("gkd/"):  # rlcore's gkd reads completions too (its sft_alpha term): chats for the math prompts
+        names.update({"AI-MO/NuminaMath-TIR": files["chats"], "modelscope/gsm8k": files["chats"]})
     for old, new in names.items():
         text = text.replace(old, new)
     assert "Qwen/" not in text and "AI-" not in text and "modelscope/" not in text
@@ -521,7 +523,8 @@ def test_ms_swifts_published_examples_through_config_validate(rlcore_cli, files,
     assert problems == expected, done.stderr
 
 
-@pytest.mark.parametrize("name", [n for n, refused in PUBLISHED.items() if not refused and n.startswith("gkd/")])
+@pytest.mark.parametrize("name", [n for n, refused in PUBLISHED.items()
+                                  if not refused and n.startswith("gkd/") and "multi_turn" not in n])
 def test_ms_swifts_gkd_examples_are_megatron_lora_runs(files, long_models, tmp_path, name, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = load_config(GKDConfig, published(name, files, long_models, tmp_path))
@@ -547,17 +550,16 @@ def test_ms_swifts_opd_rl_example_is_grpo_with_its_teacher_in_the_train_workers(
 
 
 def test_ms_swifts_multi_turn_gkd_example_runs_the_math_tip_scheduler(files, long_models, tmp_path, monkeypatch):
-    """gkd/multi_turn_colocate.yaml without the two keys rlcore refuses for other reasons: ms-swift's scheduler name
-    and max_turns are rlcore's own keys, the built-in math_tip_trick, and nothing is reported about them."""
+    """gkd/multi_turn_colocate.yaml: ms-swift's scheduler name and max_turns are rlcore's own keys, the built-in
+    math_tip_trick, and nothing is reported about them; truncation_strategy and enable_thinking are honored."""
     from rlcore import load_plugins
     from rlcore.plugins.gkd.trainer import GKDTrainer
 
     monkeypatch.chdir(tmp_path)
     path = published("gkd/multi_turn_colocate.yaml", files, long_models, tmp_path)
-    path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
-                            if not line.startswith(("truncation_strategy:", "enable_thinking:"))))
     config = load_config(GKDConfig, path)
     assert (config.multi_turn_scheduler, config.max_turns, config.lmbda) == ("math_tip_trick", 2, 1.0)
+    assert (config.truncation_strategy, config.chat_template_kwargs) == ("delete", {"enable_thinking": False})
     assert config.multi_turn_problems(load_plugins()) == []
     assert not [p for p in GKDTrainer.problems(config, load_plugins()) if p[0] in ("lmbda", "multi_turn_scheduler")]
 
