@@ -61,7 +61,15 @@ TWO_GPUS = ["device_groups.nproc_per_node=2", "device_groups.sample_group.ranks=
             "max_prompt_length=512"]  # with max_new_tokens, within vllm_max_model_len
 
 
+def needs_two_gpus():
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs (a sampler group and a reward group); this machine has {torch.cuda.device_count()}")
+
+
 def test_the_sampling_example_on_two_gpus(models, dataset, tmp_path):
+    needs_two_gpus()
     out = tmp_path / "run"
     done = rlcore("--plugin", "sample", "--use-ray", "--config", str(EXAMPLES / "sampling.yaml"), *TWO_GPUS,
                   f"model={models['policy']}", f"prm_model={models['prm']}", f"orm_model={models['orm']}",
@@ -77,6 +85,7 @@ def test_the_sampling_example_on_two_gpus(models, dataset, tmp_path):
 
 
 def test_seeded_prompts_give_the_same_file_on_one_or_two_sampler_workers(models, dataset, tmp_path):
+    needs_two_gpus()
     outputs = []
     for ranks in ("[0]", "[0,1]"):
         out = tmp_path / f"ranks{len(json.loads(ranks))}"

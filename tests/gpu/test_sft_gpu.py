@@ -71,6 +71,10 @@ def model_and_data(tmp_path_factory):
 
 @pytest.mark.parametrize("packing", [True, False], ids=["packing", "padding"])
 def test_two_workers_train_over_nccl_from_the_cli(model_and_data, tmp_path, packing):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs (two data-parallel workers over NCCL); this machine has {torch.cuda.device_count()}")
     model, data = model_and_data
     out = tmp_path / "run"
     (tmp_path / "places.py").write_text(PLACES)
