@@ -92,7 +92,7 @@ def varlen_kernel(model: Any, device: torch.device, attn_implementation: str | N
     (`rlcore_varlen`, or a flash one), or None, and why, as a clause for the engine's log line."""
     if attn_implementation in FLASH:
         return attn_implementation, f"{attn_implementation}'s variable-length kernel"
-    if attn_implementation is not None and attn_implementation != "sdpa":
+    if attn_implementation is not None:  # the user's kernel stands
         return None, f"attn_implementation {attn_implementation} has no variable-length kernel"
     if device.type != "cuda":
         return None, f"the {'CPU' if device.type == 'cpu' else device.type} has no variable-length attention kernel"
