@@ -8,7 +8,8 @@ checkpointing off. The importance-sampling correction is off on both: TRL applie
 The step time is the wall time between two optimizer steps' ends, so it includes generation, rewards,
 log-probs and the update; each run's median is taken over the steps after warm-up, and the result is the
 median over `--repeats` rounds, each running every rlcore arm then TRL, beside each side's median completion
-length (the work a step does). rlcore's arms (`--arms`) are its train engine's packing settings: `default` (the
+length (the work a step does) and its CPU seconds a step (this process's, all threads: on a machine others load,
+less moved by their load than the wall time; `cpu_time_ratios`). rlcore's arms (`--arms`) are its train engine's packing settings: `default` (the
 engine's choice; on the CPU it pads), `packed` (`padding_free: true`, the default before issue 51: one packed row
 with a dense block-causal mask under sdpa) and `budget` (packed, `max_tokens_per_micro_batch: --budget`). Prints a
 table with every compared setting; `--json PATH` writes rlcore_step_s (the default arm's), trl_step_s, ratio (the
@@ -70,7 +71,7 @@ def lookup(obj: Any, path: str) -> Any:
     return obj.value if isinstance(obj, enum.Enum) else obj  # TRL keeps some choices as enums
 
 
-def rlcore_step_times(model: str, out: Path, steps: int, arm: dict[str, Any] | None = None) -> tuple[list[float], list[float], dict[str, Any]]:
+def rlcore_step_times(model: str, out: Path, steps: int, arm: dict[str, Any] | None = None) -> tuple[list[float], list[float], list[float], dict[str, Any]]:
     from fair import StepClock
 
     from rlcore import load_plugins
@@ -92,10 +93,10 @@ def rlcore_step_times(model: str, out: Path, steps: int, arm: dict[str, Any] | N
     settings["stop_token_ids"] = lookup(trainer, "experience.stop_ids")
     clock.start()
     trainer.fit()
-    return clock.step_s(), [r["completions/mean_length"] for r in clock.rows], settings
+    return clock.step_s(), clock.step_cpu_s(), [r["completions/mean_length"] for r in clock.rows], settings
 
 
-def trl_step_times(model: str, out: Path, steps: int) -> tuple[list[float], list[float], dict[str, Any]]:
+def trl_step_times(model: str, out: Path, steps: int) -> tuple[list[float], list[float], list[float], dict[str, Any]]:
     from fair import trainer_clock
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -115,7 +116,7 @@ def trl_step_times(model: str, out: Path, steps: int) -> tuple[list[float], list
     settings = {label: lookup(args, path) for label, _, path in COMPARED}
     settings["stop_token_ids"] = sorted(trainer.eos_token_ids)
     trainer.train()
-    return clock.step_s(), [log["completions/mean_length"] for log in clock.logs], settings
+    return clock.step_s(), clock.step_cpu_s(), [log["completions/mean_length"] for log in clock.logs], settings
 
 
 # --profile: (label, module, class, method, call number) of each side's profiled calls
@@ -184,7 +185,7 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         return
     sides = [*arms, "trl"]
-    runs: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}  # (median step s, median length) a round
+    runs: dict[str, list[tuple[float, float, float]]] = {side: [] for side in sides}  # median step s, CPU s, length
     settings: dict[str, dict[str, Any]] = {}  # what each side ran with
     with tempfile.TemporaryDirectory() as tmp:
         model = str(build_tiny_model(Path(tmp) / "tiny"))
@@ -193,22 +194,24 @@ def main() -> None:
             for side in sides:
                 out = Path(tmp) / f"{side}-{r}"
                 if side == "trl":
-                    steps, lengths, settings[side] = trl_step_times(model, out, args.steps)
+                    steps, cpu, lengths, settings[side] = trl_step_times(model, out, args.steps)
                 else:
-                    steps, lengths, settings[side] = rlcore_step_times(model, out, args.steps, keys[side])
-                runs[side].append((statistics.median(steps[args.warmup :]), statistics.median(lengths[args.warmup :])))
+                    steps, cpu, lengths, settings[side] = rlcore_step_times(model, out, args.steps, keys[side])
+                runs[side].append(tuple(statistics.median(v[args.warmup :]) for v in (steps, cpu, lengths)))
     median = {side: tuple(statistics.median(v) for v in zip(*runs[side])) for side in sides}
-    trl_s, trl_len = median["trl"]
-    ours_s, ours_len = median["default"]
+    trl_s, trl_cpu, trl_len = median["trl"]
+    ours_s, ours_cpu, ours_len = median["default"]
     ours_settings, trl_settings = settings["default"], settings["trl"]
     differs = [k for k, v in ours_settings.items() if trl_settings.get(k, "-") != v]
     per_round = {arm: [ours[0] / theirs[0] for ours, theirs in zip(runs[arm], runs["trl"])] for arm in arms}
     ratio = spread(per_round["default"])
+    per_round_cpu = {arm: [ours[1] / theirs[1] for ours, theirs in zip(runs[arm], runs["trl"])] for arm in arms}
     result = {
         "rlcore_step_s": round(ours_s, 4),
         "trl_step_s": round(trl_s, 4),
         "ratio": ratio,
         "ratios": {ARM_LABELS[arm]: spread(per_round[arm]) for arm in arms},
+        "cpu_time_ratios": {ARM_LABELS[arm]: spread(per_round_cpu[arm]) for arm in arms},
         "target": f"ratio <= {TARGET} (rlcore default / TRL step time)",
         "met": ratio["median"] <= TARGET,
         "rlcore_mean_length": round(ours_len, 2),
@@ -216,9 +219,11 @@ def main() -> None:
         "steps": args.steps,
         "warmup": args.warmup,
         "repeats": args.repeats,
-        "per_run_step_s": {side: [round(step, 4) for step, _ in v] for side, v in runs.items()},
+        "per_run_step_s": {side: [round(step, 4) for step, _, _ in v] for side, v in runs.items()},
+        "per_run_cpu_s": {side: [round(cpu, 4) for _, cpu, _ in v] for side, v in runs.items()},
         "arms": {ARM_LABELS[arm]: {"keys": keys[arm], "step_s": round(median[arm][0], 4),
-                                   "mean_length": round(median[arm][1], 2)} for arm in arms},
+                                   "cpu_s": round(median[arm][1], 4), "mean_length": round(median[arm][2], 2)}
+                 for arm in arms},
         "batch": f"{PROMPTS} prompts x {GENERATIONS} generations x {TOKENS} tokens",
         "torch_threads": torch.get_num_threads(),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {platform.python_version()}",
@@ -227,11 +232,12 @@ def main() -> None:
         "settings": {"rlcore": ours_settings, "trl": trl_settings, "differ": differs,
                      **{f"rlcore {arm}": settings[arm] for arm in arms if arm != "default"}},
     }
-    print(f"\n{'':<40}{'median step (s)':>18}{'completion tokens':>20}{'ratio to TRL':>14}"
+    print(f"\n{'':<40}{'median step (s)':>18}{'CPU s':>8}{'completion tokens':>20}{'ratio to TRL':>14}{'CPU ratio':>11}"
           f"   (median of {args.repeats} interleaved rounds)")
     for arm in arms:
-        print(f"{ARM_LABELS[arm]:<40}{median[arm][0]:>18.3f}{median[arm][1]:>20.1f}{statistics.median(per_round[arm]):>14.3f}")
-    print(f"{'TRL':<40}{trl_s:>18.3f}{trl_len:>20.1f}")
+        print(f"{ARM_LABELS[arm]:<40}{median[arm][0]:>18.3f}{median[arm][1]:>8.3f}{median[arm][2]:>20.1f}"
+              f"{statistics.median(per_round[arm]):>14.3f}{statistics.median(per_round_cpu[arm]):>11.3f}")
+    print(f"{'TRL':<40}{trl_s:>18.3f}{trl_cpu:>8.3f}{trl_len:>20.1f}")
     print(f"ratio, default arm: {ratio['median']:.3f} (range {ratio['min']:.3f}-{ratio['max']:.3f}); target <= {TARGET}: "
           f"{'met' if result['met'] else 'NOT met'}")
     print(f"\n{'setting':<34}{'rlcore':>16}{'TRL':>16}")
