@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from fair import same_stop_tokens
+from fair import git_commit, same_stop_tokens
 
 PROMPTS, GENERATIONS, TOKENS, MICRO, ACCUM = 8, 8, 32, 32, 2
 # Keys both GRPOConfigs spell the same way, set to the same values (TRL's defaults where they differ from rlcore's
@@ -178,6 +178,7 @@ def main() -> None:
             model = str(build_tiny_model(Path(tmp) / "tiny"))
             same_stop_tokens(model)
             result = {"profile": profile(model, Path(tmp), keys["default"]), "date": time.strftime("%Y-%m-%d"),
+                      "commit": git_commit(),
                       "batch": f"{PROMPTS} prompts x {GENERATIONS} generations x {TOKENS} tokens",
                       "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {platform.python_version()}",
                       "notes": args.notes}
@@ -228,6 +229,7 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
+        "commit": git_commit(),
         "notes": args.notes,
         "settings": {"rlcore": ours_settings, "trl": trl_settings, "differ": differs,
                      **{f"rlcore {arm}": settings[arm] for arm in arms if arm != "default"}},
