@@ -531,7 +531,7 @@ def main() -> None:
         config = user_config("grpo", EXAMPLES[args.mode], {k: v for part in keys for k, v in part.items()}) \
             if args.smoke else gpu_config
         (tmp / "peer.json").write_text(json.dumps({"gpu": peer_of(gpu_config, args.mode), "run": peer_of(config, args.mode)}))
-        record["rlcore_runs"] = {"rlcore": provenance(EXAMPLES[args.mode], *keys)}
+        record.setdefault("rlcore_runs", {})["rlcore"] = provenance(EXAMPLES[args.mode], *keys)  # --only: beside the others
         record.setdefault("settings", {})["rlcore"] = {**rlcore_settings(config, args.mode, not args.smoke),
                                               **implementation(config)}
         flat = {k: v for part in keys for k, v in part.items()}
