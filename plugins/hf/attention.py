@@ -42,12 +42,18 @@ class Packing:
 
 
 def torch_varlen() -> Callable | None:
-    """torch's `varlen_attn` where it takes `scale` and `window_size` (torch >= 2.11), else None."""
+    """torch's `varlen_attn` (torch >= 2.10), else None."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    return varlen_attn if {"scale", "window_size"} <= set(inspect.signature(varlen_attn).parameters) else None
+    return varlen_attn
+
+
+def varlen_takes(name: str) -> bool:
+    """Whether this torch's varlen_attn takes keyword `name`: 2.10's takes `is_causal`; later ones `scale` and
+    `window_size` (a sliding window), then `enable_gqa` (2.12)."""
+    return name in inspect.signature(torch_varlen()).parameters
 
 
 def flash_attn_installed() -> bool:
@@ -84,6 +90,10 @@ def model_refuses_varlen(model: Any) -> str | None:
         return f"its head dimension {head_dim} is over flash kernels' 256"
     if any("sink" in name for name, _ in model.named_parameters()):
         return "the model has attention sinks"
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ()) or (
+        getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None))
+    if sliding and torch_varlen() is not None and not varlen_takes("window_size"):
+        return "the model has sliding-window layers and this torch's varlen_attn takes no window"
     return None
 
 
@@ -185,16 +195,25 @@ def run_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Te
                max_k: int, scale: float | None, causal: bool, sliding_window: int | None) -> torch.Tensor:
     """torch's varlen_attn on [N, H, D] tensors: causal (a left window of `sliding_window` tokens where set), key and
     value heads shared by groups of query heads (its `enable_gqa` where torch has it, else repeated)."""
-    varlen_attn = torch_varlen()
-    keys: dict[str, Any] = {"scale": scale if scale is not None else 1 / math.sqrt(q.shape[-1])}
-    keys["window_size"] = ((sliding_window - 1) if sliding_window else -1, 0) if causal else (-1, -1)
+    keys: dict[str, Any] = {}
+    default = 1 / math.sqrt(q.shape[-1])
+    if varlen_takes("scale"):
+        keys["scale"] = scale if scale is not None else default
+    elif scale is not None and scale != default:  # a varlen_attn that scales by 1/sqrt(D): the rest folded into q
+        q = q * (scale / default)
+    if varlen_takes("window_size"):
+        keys["window_size"] = ((sliding_window - 1) if sliding_window else -1, 0) if causal else (-1, -1)
+    elif sliding_window:
+        raise RlcoreError(f"{VARLEN}: this torch's varlen_attn takes no sliding window; set padding_free: false")
+    else:
+        keys["is_causal"] = causal
     if k.shape[1] != q.shape[1]:
-        if "enable_gqa" in inspect.signature(varlen_attn).parameters:
+        if varlen_takes("enable_gqa"):
             keys["enable_gqa"] = True
-        else:  # torch 2.11's varlen_attn documents equal head counts
+        else:  # before torch 2.12 varlen_attn documents equal head counts
             group = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **keys)
+    return torch_varlen()(q, k, v, cu_q, cu_k, max_q, max_k, **keys)
 
 
 def register_varlen() -> None:
