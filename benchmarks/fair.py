@@ -27,24 +27,32 @@ from rlcore import hookimpl
 
 
 class StepClock:
-    """An rlcore plugin: `start()` just before `fit()`, then the time at every step's end (`stamps`) and the
-    step's metrics (`rows`)."""
+    """An rlcore plugin: `start()` just before `fit()`, then the time at every step's end (`stamps`; this process's
+    CPU time in `cpu_stamps`) and the step's metrics (`rows`)."""
 
     def __init__(self) -> None:
         self.stamps: list[float] = []
+        self.cpu_stamps: list[float] = []
         self.rows: list[dict[str, Any]] = []
 
     def start(self) -> None:
         self.stamps.append(time.perf_counter())
+        self.cpu_stamps.append(time.process_time())
 
     @hookimpl
     def rlcore_step_end(self, trainer, step, metrics):
         self.stamps.append(time.perf_counter())
+        self.cpu_stamps.append(time.process_time())
         self.rows.append(dict(metrics))
 
     def step_s(self) -> list[float]:
         """Each step's seconds."""
         return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+
+    def step_cpu_s(self) -> list[float]:
+        """Each step's CPU seconds in this process, all its threads: on a shared machine, less moved by the others'
+        load than the wall time (work done in other processes, Ray workers', is not counted)."""
+        return [b - a for a, b in zip(self.cpu_stamps, self.cpu_stamps[1:])]
 
 
 def trainer_clock(log_key: str | None = None) -> Any:
@@ -55,13 +63,16 @@ def trainer_clock(log_key: str | None = None) -> Any:
     class TrainerClock(TrainerCallback):
         def __init__(self) -> None:
             self.stamps: list[float] = []
+            self.cpu_stamps: list[float] = []
             self.logs: list[dict[str, Any]] = []
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.stamps.append(time.perf_counter())
+            self.cpu_stamps.append(time.process_time())
 
         def on_step_end(self, args, state, control, **kwargs):
             self.stamps.append(time.perf_counter())
+            self.cpu_stamps.append(time.process_time())
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if log_key is not None and logs and log_key in logs:
@@ -69,6 +80,9 @@ def trainer_clock(log_key: str | None = None) -> Any:
 
         def step_s(self) -> list[float]:
             return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+
+        def step_cpu_s(self) -> list[float]:
+            return [b - a for a, b in zip(self.cpu_stamps, self.cpu_stamps[1:])]
 
     return TrainerClock()
 

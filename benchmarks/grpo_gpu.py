@@ -26,6 +26,14 @@ machine's speed was seen to drift between calls.
     python benchmarks/grpo_gpu.py --lengths mixed     # completions of long-tailed lengths (median 64 of 256)
     python benchmarks/grpo_gpu.py --only verl         # verl 0.9.1 (its wheels staged by benchmarks/verl/stage.sh;
                                                       # its site directory in VERL_SITE, default /tmp/gpu/verl-site)
+    python benchmarks/grpo_gpu.py --lengths mixed --arms padded,varlen --rounds 1   # rlcore's packing A/B beside TRL
+
+Arms. `--arms padded,varlen,budget` replaces rlcore's side by one side per arm of its train engine's packing
+(`ARMS`): `padded` (train.padding_free=false: right-padded micro-batches), `varlen` (train.padding_free=true: rows
+packed, attention through torch's varlen_attn on the GPU) and `budget` (packed, with
+train.max_tokens_per_micro_batch=BUDGET). Each arm's train-phase MFU is printed beside TRL's; the result decides
+`PACK_WITH_VARLEN_BY_DEFAULT` in plugins/hf/attention.py. Run it with `--lengths mixed`: with fixed lengths no
+micro-batch holds padding and the arms do the same work.
 
 Lengths. `--lengths fixed` (the default): every completion of the random model runs to the limit, so no micro-batch
 holds padding. `--lengths mixed`: the model is nudged to stop (`fair.nudge_to_stop`: its stop token's output row is
@@ -89,6 +97,13 @@ SMOKE_CPU = {"rollout.engine": "hf"}  # --smoke's rlcore run: no vLLM on the CPU
 MIXED_MEDIAN = {"gpu": 64, "smoke": 3}  # --lengths mixed: the median completion (of 256; --smoke: of 8)
 VERL_SITE = os.environ.get("VERL_SITE", "/tmp/gpu/verl-site")  # benchmarks/verl/install.sh puts verl there
 SIDES = ("rlcore", "trl", "verl")
+BUDGET = 8192  # the budget arm's tokens per micro-batch: about twice a padded micro-batch of 16 rows (16 x ~300)
+# --arms: rlcore's train-engine packing, one side per arm ("rlcore-<arm>"), the keys set on the example
+ARMS: dict[str, dict[str, Any]] = {
+    "padded": {"train.padding_free": False},
+    "varlen": {"train.padding_free": True},
+    "budget": {"train.padding_free": True, "train.max_tokens_per_micro_batch": BUDGET},
+}
 # TRL's keys given rlcore's resolved value (the example's, else rlcore's default), so TRL runs what the user's rlcore
 # runs: (TRL's key, rlcore's key path)
 PEER = [(key, key) for key in (
@@ -274,13 +289,16 @@ def implementation(config: Any) -> dict[str, Any]:
     from rlcore.plugins.grpo.experience import OldLogprobs
 
     chunked = config.train.engine_kwargs.get("chunked_lm_head", True)
+    packing = getattr(config.train, "padding_free", None)
+    packing = config.train.engine_kwargs.get("padding_free") if packing is None else packing
     return {
         "log-probs": "hidden states + LM head in chunks" if chunked else "full [B, T, V] logits",
         "old log-probs": "the train step's own forward (one step per round)" if OldLogprobs.of(config).source == "step"
         else "a separate no-grad forward",
-        "padding": "padding-free: rows packed, token-budget micro-batches; LM head on real tokens only"
-        if config.train.engine_kwargs.get("padding_free", True) else
-        "right-padded, each micro-batch cut to its longest row; LM head on real tokens only",
+        "padding": {True: "padding-free: rows packed (torch's varlen_attn on the GPU), token-budget micro-batches",
+                    False: "right-padded, each micro-batch cut to its longest row",
+                    None: "the engine's choice (PACK_WITH_VARLEN_BY_DEFAULT; its log line says which)"}[packing]
+        + "; LM head on real tokens only",
         "optimizer": "adamw_torch",
     }
 
@@ -381,12 +399,22 @@ LABELS = {"colocate": ("rlcore colocate.yaml", "TRL colocate", "verl 0.9.1 hybri
           "separate": ("rlcore separate.yaml async", "TRL sync DP x2", "verl 0.9.1 hybrid engine")}
 
 
+def sides_of(record: dict) -> list[str]:
+    """The sides the rounds ran: rlcore's (or its arms'), TRL, verl, in that order."""
+    ran = {side for done in record["rounds"] for side in done}
+    return [side for side in ("rlcore", *(f"rlcore-{arm}" for arm in ARMS), "trl", "verl") if side in ran]
+
+
+def labels_of(mode: str) -> dict[str, str]:
+    return {**dict(zip(SIDES, LABELS[mode])), **{f"rlcore-{arm}": f"rlcore {arm}" for arm in ARMS}}
+
+
 def print_table(mode: str, record: dict) -> None:
-    labels = dict(zip(SIDES, LABELS[mode]))
+    labels = labels_of(mode)
     print(f"\n{'':<28}{'round':>6}{'step (s)':>10}{'tokens/s':>12}{'train (s)':>11}{'train tok/s':>13}{'MFU':>7}"
           f"{'padded':>8}{'sync (s)':>10}{'sync GB/s':>11}")
     for i, done in enumerate(record["rounds"]):
-        for side in SIDES:
+        for side in sides_of(record):
             row = done.get(side)
             if row is None:
                 continue
@@ -404,6 +432,8 @@ def print_table(mode: str, record: dict) -> None:
     if record.get("ratio"):
         print(f"{'ratio to TRL, median':<28}{spread_text(record['ratio'])}   target: {target}: "
               f"{'met' if record['met'] else 'NOT met'}")
+    for label, each in (record.get("ratios") or {}).items():
+        print(f"{label:<28}{spread_text(each)}")
     if record.get("ratio_verl"):
         print(f"{'ratio to verl, median':<28}{spread_text(record['ratio_verl'])}   target: {VERL_TARGET[0]}: "
               f"{'met' if record['met_verl'] else 'NOT met'}")
@@ -417,7 +447,7 @@ def print_table(mode: str, record: dict) -> None:
         print("rlcore phases (median s, round 1): " + ", ".join(f"{k} {v:.3f}" for k, v in ours["phases_s"].items()))
     print_provenance(record)
     every = record.get("settings", {})
-    ran = [side for side in SIDES if side in every]
+    ran = [side for side in sides_of(record) if side in every]
     print(f"\n{'setting':<34}" + "".join(f"{side:>30}" for side in ran))
     for key in dict.fromkeys(k for side in ran for k in every[side]):
         values = [every[side].get(key, "-") for side in ran]
@@ -444,6 +474,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an rlcore key of its own on top of the example (repeatable; listed in the table)")
     parser.add_argument("--profile", action="store_true", help="profile rlcore's last train_step (not measured)")
+    parser.add_argument("--arms", help=f"rlcore's packing arms in place of its side, of {', '.join(ARMS)} "
+                        "(e.g. padded,varlen; each a side beside TRL)")
     parser.add_argument("--run", choices=["trl"], help=argparse.SUPPRESS)
     for flag in ("--model", "--data", "--out", "--peer"):
         parser.add_argument(flag, help=argparse.SUPPRESS)
@@ -458,9 +490,15 @@ def main() -> None:
         return
 
     own = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.set)}  # as rlcore run
+    arms = args.arms.split(",") if args.arms else []
+    if [a for a in arms if a not in ARMS]:
+        parser.error(f"--arms {args.arms}: the arms are {', '.join(ARMS)}")
+    order = [args.only] if args.only else args.sides.split(",")
+    if arms:  # rlcore's side becomes one side per arm
+        order = [s for side in order for s in ([f"rlcore-{a}" for a in arms] if side == "rlcore" else [side])]
     started = time.perf_counter()
     mixed = args.lengths == "mixed"
-    stem = f"grpo_gpu-{args.mode}{'-mixed' if mixed else ''}"
+    stem = f"grpo_gpu-{args.mode}{'-mixed' if mixed else ''}{'-arms' if arms else ''}"
     path = results_path(args.json, f"{stem}-{time.strftime('%Y-%m-%d')}-{args.kind}.json", args.smoke)
     record = json.loads(path.read_text()) if args.only and path.exists() else {}  # the other side's earlier rounds
     record.update({"mode": args.mode, "kind": args.kind, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
@@ -493,17 +531,26 @@ def main() -> None:
         config = user_config("grpo", EXAMPLES[args.mode], {k: v for part in keys for k, v in part.items()}) \
             if args.smoke else gpu_config
         (tmp / "peer.json").write_text(json.dumps({"gpu": peer_of(gpu_config, args.mode), "run": peer_of(config, args.mode)}))
-        record["rlcore_runs"] = {"rlcore": provenance(EXAMPLES[args.mode], *keys)}
+        record.setdefault("rlcore_runs", {})["rlcore"] = provenance(EXAMPLES[args.mode], *keys)  # --only: beside the others
         record.setdefault("settings", {})["rlcore"] = {**rlcore_settings(config, args.mode, not args.smoke),
                                               **implementation(config)}
         flat = {k: v for part in keys for k, v in part.items()}
-        for index, side in interleave([args.only] if args.only else args.sides.split(","), args.rounds):
+        for arm in arms:  # each arm's config checked here, on the CPU, before a GPU is taken
+            arm_config = user_config("grpo", EXAMPLES[args.mode], {**flat, **ARMS[arm]})
+            record["rlcore_runs"][f"rlcore-{arm}"] = provenance(EXAMPLES[args.mode], *keys[:2], {**keys[2], **ARMS[arm]})
+            record["settings"][f"rlcore-{arm}"] = {**rlcore_settings(arm_config, args.mode, not args.smoke),
+                                                   **implementation(arm_config)}
+        if arms:  # the arms' runs and settings stand in for rlcore's
+            record["settings"].pop("rlcore")
+            record["rlcore_runs"].pop("rlcore")
+        for index, side in interleave(order, args.rounds):
             if len(record["rounds"]) <= index:
                 record["rounds"].append({})
             try:
-                if side == "rlcore":
-                    name = f"rlcore-{index + 1}"  # a fresh output_dir each round: a used one holds checkpoints
-                    result = run_rlcore(args.mode, {**flat, "output_dir": str(tmp / name)}, tmp, name, args.profile)
+                if side.startswith("rlcore"):
+                    arm = ARMS[side.removeprefix("rlcore-")] if side != "rlcore" else {}
+                    name = f"{side}-{index + 1}"  # a fresh output_dir each round: a used one holds checkpoints
+                    result = run_rlcore(args.mode, {**flat, **arm, "output_dir": str(tmp / name)}, tmp, name, args.profile)
                 elif side == "trl":
                     result = trl_child(model, str(data), tmp, f"trl-{index + 1}", processes, args.mode, args.smoke)
                     record["settings"]["trl"] = result.pop("settings")
@@ -529,7 +576,7 @@ def main() -> None:
 def compare(mode: str, record: dict) -> None:
     """Each side's median over the rounds, the per-round ratios to TRL and to verl (rounds where both sides ran),
     their medians and ranges, the targets met by the medians, into `record`."""
-    for side in SIDES:
+    for side in sides_of(record):
         done = [r[side] for r in record["rounds"] if "step_s" in r.get(side, {})]
         if done:
             record[side] = {"step_s": round(statistics.median(r["step_s"] for r in done), 4),
@@ -545,6 +592,11 @@ def compare(mode: str, record: dict) -> None:
     if versus_verl:
         record.update(ratio_verl=spread(versus_verl), target_verl=VERL_TARGET[0],
                       met_verl=VERL_TARGET[1](statistics.median(versus_verl)))
+    arms = {side: [ratio_of(mode, r[side], r["trl"]) for r in record["rounds"]
+                   if "step_s" in r.get(side, {}) and "step_s" in r.get("trl", {})]
+            for side in sides_of(record) if side.startswith("rlcore-")}
+    if any(arms.values()):  # each arm over TRL (the colocate mode: step time; separate: tokens/s)
+        record["ratios"] = {f"{labels_of(mode)[side]} / TRL": spread(v) for side, v in arms.items() if v}
     ratios = [ratio_of(mode, r["rlcore"], r["trl"]) for r in record["rounds"]
               if "step_s" in r.get("rlcore", {}) and "step_s" in r.get("trl", {})]
     if ratios:

@@ -648,8 +648,9 @@ class _Translator:
                 self.note(key, self.take(key), "the engine picks its attention kernel (transformers' sdpa, vLLM's "
                           "own); the result is the same")
         if self.foreign("padding_free"):
-            self.note("padding_free", self.take("padding_free"), "the hf train engine packs rows without padding by "
-                      "default (train.engine_kwargs.padding_free), the megatron engine pads them; the loss is the same")
+            self.note("padding_free", self.take("padding_free"), "the hf train engine packs rows only where a variable-"
+                      "length attention kernel makes it faster (train.padding_free), the megatron engine pads them; the "
+                      "loss is the same")
         for key in SPEED_ONLY:
             if self.foreign(key):
                 self.note(key, self.take(key), "a Megatron kernel fusion: speed only")

@@ -187,7 +187,7 @@ def packs_sequences(model: Any) -> bool:
 
 def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
                   chunked: bool = False, use_trl: bool | None = None, host_mask: torch.Tensor | None = None,
-                  packed: bool = False) -> ModelOutputs:
+                  packed: bool = False, varlen: bool = False) -> ModelOutputs:
     """One forward pass of `model` (differentiable when grad is on): `HeadModelOutputs` of its last hidden
     states with `chunked` where `chunked_head_of(model)` allows it (the forward projects one position only),
     else `HFModelOutputs` of its logits. `host_mask`: the attention mask on the CPU, where the caller has it
@@ -196,8 +196,10 @@ def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     Where `host_mask` is right-padded the model is given no mask: a causal model's states at the real tokens are
     the same, transformers then builds no [B, 1, T, T] mask (nor reads the mask's values on the GPU to see whether
     it may skip it), and SDPA runs causal without a mask (its flash kernel where the device has one). With `packed`
-    such rows run padding-free where they hold padding (`PackedRows`): the model sees their real tokens only. The
-    outputs keep `attention_mask` for which positions count, in the padded layout either way."""
+    such rows run padding-free where they hold padding (`PackedRows`): the model sees their real tokens only; with
+    `varlen` (the model's attention is a variable-length kernel) the sequences' boundaries go with them, as
+    transformers' `cu_seq_lens_q/k` and `max_length_q/k`. The outputs keep `attention_mask` for which positions
+    count, in the padded layout either way."""
     lm_head = chunked_head_of(model) if chunked else None
     padded = host_mask is not None and right_padded(host_mask)
     pack = PackedRows.of(input_ids, host_mask) if packed and padded else None
@@ -205,6 +207,9 @@ def model_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     inputs = dict(input_ids=input_ids, attention_mask=model_mask, use_cache=False)
     if pack is not None:  # one row of every real token; transformers masks each sequence off from the others
         inputs = dict(input_ids=pack.input_ids, position_ids=pack.position_ids, attention_mask=None, use_cache=False)
+        if varlen:
+            inputs.update(cu_seq_lens_q=pack.cu_seq_lens, cu_seq_lens_k=pack.cu_seq_lens, max_length_q=pack.max_length,
+                          max_length_k=pack.max_length)
     if lm_head is None:
         logits = model(**inputs).logits
         logits = logits if pack is None else pack.unpack(logits)
@@ -229,15 +234,20 @@ class PackedRows:
     (`masking_utils.find_packed_sequence_indices`: a block-causal mask for sdpa and eager, a document `BlockMask`
     for flex_attention, varlen kernels for flash_attention_2/3), so a token's states are those of its padded row.
     `unpack` puts a packed [1, N, ...] result back in the padded layout [B, T, ...] (zeros at padding; a
-    differentiable `index_copy`), so a loss reads the same shapes either way."""
+    differentiable `index_copy`), so a loss reads the same shapes either way. `cu_seq_lens` (int32, on the device)
+    and `max_length` are the sequences' boundaries and longest length, as variable-length kernels take them."""
 
-    def __init__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, index: torch.Tensor, shape: tuple[int, int]):
+    def __init__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, index: torch.Tensor, shape: tuple[int, int],
+                 cu_seq_lens: torch.Tensor, max_length: int):
         self.input_ids, self.position_ids, self.index, self.shape = input_ids, position_ids, index, shape
+        self.cu_seq_lens, self.max_length = cu_seq_lens, max_length
 
     @classmethod
     def of(cls, input_ids: torch.Tensor, host_mask: torch.Tensor) -> PackedRows | None:
         """The packed form of `input_ids` whose right-padded CPU mask is `host_mask`, or None where packing saves
         nothing (one row, or no padding: the model then runs causal on the rows as they are)."""
+        import torch
+
         from rlcore.batch import copy_to
 
         B, T = host_mask.shape
@@ -246,9 +256,13 @@ class PackedRows:
             return None
         index = mask.reshape(-1).nonzero().squeeze(1)  # found on the CPU: no wait for the device
         positions = (mask.long().cumsum(dim=1) - 1).reshape(-1).index_select(0, index)
+        lengths = mask.sum(dim=1, dtype=torch.int32)
+        lengths = lengths[lengths > 0]
+        cu_seq_lens = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
         device = input_ids.device
-        index, positions = copy_to(index, device), copy_to(positions, device)
-        return cls(input_ids.reshape(-1).index_select(0, index)[None], positions[None], index, (B, T))
+        index, positions, cu_seq_lens = (copy_to(t, device) for t in (index, positions, cu_seq_lens))
+        return cls(input_ids.reshape(-1).index_select(0, index)[None], positions[None], index, (B, T), cu_seq_lens,
+                   int(lengths.max()))
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
         """[1, N, ...] -> [B, T, ...], zeros where the rows are padding."""

@@ -13,7 +13,7 @@ class HFForwardKeys(BaseModel):
     """What the hf engine takes as a forward-only model (a reference, a teacher) too."""
 
     padding_free: bool | None = Field(
-        None, json_schema_extra=ONLY, description="pack rows without padding (engine hf; unset: on, off for models whose layers carry a state)")
+        None, json_schema_extra=ONLY, description="pack rows without padding (engine hf; unset: only with a variable-length attention kernel, and never for models whose layers carry a state)")
     chunked_lm_head: bool | None = Field(
         None, json_schema_extra=ONLY, description="log-probs from the LM head in chunks of rows, never the whole logits (engine hf; unset: on)")
     attn_implementation: str | None = Field(

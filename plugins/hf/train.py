@@ -31,6 +31,7 @@ from rlcore.engines import (
 )
 from rlcore.runtime import join_torch_world, replace_dir
 
+from .attention import log_once, packing_choice, register_varlen, varlen_kernel
 from .common import compile_layers, conditional_problems, load_causal_lm, model_outputs, packs_sequences
 from .lora import lora_merged_tensors
 
@@ -54,7 +55,7 @@ class HFOptions(TrainOptions):
     transformers' TrainingArguments (and TRL's, verl's) name them (see `HFTrainEngine`)."""
 
     chunked_lm_head: bool = True
-    padding_free: bool = True
+    padding_free: bool | None = None
     max_tokens_per_micro_batch: int | None = None
     attn_implementation: str | None = None
     liger_kernel: bool = False
@@ -71,9 +72,12 @@ class HFOptions(TrainOptions):
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             problems.append(("max_tokens_per_micro_batch", f"max_tokens_per_micro_batch={budget!r} must be a "
                              "positive int (tokens of one micro-batch), or unset"))
-        elif budget is not None and not self.padding_free:
-            problems.append(("max_tokens_per_micro_batch", "max_tokens_per_micro_batch forms padding-free "
+        elif budget is not None and self.padding_free is not True:
+            problems.append(("max_tokens_per_micro_batch", "max_tokens_per_micro_batch forms packed (padding-free) "
                              "micro-batches; set padding_free: true, or unset max_tokens_per_micro_batch"))
+        if self.padding_free not in (None, True, False):
+            problems.append(("padding_free", f"padding_free={self.padding_free!r} must be true, false or unset "
+                             "(unset: pack only with a variable-length attention kernel)"))
         if self.torch_compile:
             import torch
 
@@ -107,13 +111,14 @@ class HFTrainEngine(TrainEngine):
     states and applies the LM head in chunks of positions (`rlcore.head`; TRL's chunked log-prob
     kernel where TRL is installed), so no [B, T, V] logits exist for log-probs, top-k or a distillation loss;
     models whose logits are more than a plain head (soft-capping, a logit scale) keep the logits path.
-    `padding_free` (on by default) runs rows that hold padding as one packed row of their real tokens with
-    per-sequence position ids (`PackedRows`; transformers keeps each sequence's attention to itself), and a train
-    step forms its micro-batches by tokens (`token_micro_batches`): rows are added to a micro-batch while its real
-    tokens stay within `max_tokens_per_micro_batch` (unset: `micro_batch_size` x the batch's longest row, the
-    padded split's size), as verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu` does.
-    `attn_implementation` (transformers' name; unset: its default, sdpa) picks the attention kernel: under sdpa a
-    packed micro-batch's mask is dense, under `flex_attention` it skips the other sequences' blocks.
+    Packing (`padding_free`) runs rows that hold padding as one packed row of their real tokens with per-sequence
+    position ids (`PackedRows`; the attention keeps each sequence to itself), and a train step forms its
+    micro-batches by tokens (`token_micro_batches`): rows are added to a micro-batch while its real tokens stay
+    within `max_tokens_per_micro_batch` (unset: `micro_batch_size` x the batch's longest row, the padded split's
+    size), as verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu` does. Unset, the engine packs only with a
+    variable-length attention kernel on the device and pads elsewhere (`attention.packing_choice`; under sdpa a
+    packed row's mask is dense, slower than padding); `true` packs anyway, `false` pads. `attn_implementation`
+    (transformers' name; unset: its default, sdpa) picks the attention kernel.
     `forward_only=True` builds the model without optimizer (see the module docstring). `liger_kernel` (off by
     default) swaps the model's RMSNorm, SwiGLU MLP and rotary embedding for liger-kernel's fused Triton kernels
     (`liger_kernel.transformers._apply_liger_kernel_to_instance`, as transformers' Trainer does for
@@ -137,7 +142,8 @@ class HFTrainEngine(TrainEngine):
         self.max_grad_norm = opt.max_grad_norm
         self.logprob_micro_batch_size = o.logprob_micro_batch_size
         self.chunked_lm_head = bool(o.chunked_lm_head)
-        self.padding_free = bool(o.padding_free)
+        self.padding_free = o.padding_free  # the request; `_choose_packing` sets the choice
+        self.varlen = False  # packed rows run with a variable-length kernel (cu_seq_lens passed to the model)
         self.max_tokens_per_micro_batch = o.max_tokens_per_micro_batch
         self.lora = o.lora_rank > 0
         self.forward_only = o.forward_only
@@ -148,7 +154,7 @@ class HFTrainEngine(TrainEngine):
             self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             self.model = load_causal_lm(model, dtype, self.device, o.liger_kernel,
                                         o.attn_implementation).requires_grad_(False)
-            self._check_packing()
+            self._choose_packing(o.attn_implementation)
             if o.torch_compile:
                 compile_layers(self.model, o.torch_compile_backend, o.torch_compile_mode)
             self.trainable, self.ddp, self.optimizer, self.scheduler = [], None, None, None
@@ -161,7 +167,7 @@ class HFTrainEngine(TrainEngine):
         if self.layout is not None:
             for name, param in self.model.named_parameters():
                 param.requires_grad_(param.requires_grad and self.layout.is_language_model(self.layout.to_checkpoint(name)))
-        self._check_packing()
+        self._choose_packing(o.attn_implementation)
         if o.gradient_checkpointing:
             self.model.config.use_cache = False
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -265,17 +271,22 @@ class HFTrainEngine(TrainEngine):
         hidden = pad_width(projection.hidden, input_ids.shape[1])
         return Projection(hidden=hidden, weight=projection.weight, bias=projection.bias)
 
-    def _check_packing(self) -> None:
-        """`padding_free` stays on only for a model whose layers keep packed sequences apart (`packs_sequences`)."""
-        if self.padding_free and not packs_sequences(self.model):
-            self.padding_free = False
-            log.info("hf engine: %s has layers that carry a state along a row (linear attention, a scan); it runs "
-                     "padded rows, not packed ones (padding_free off)", type(self.model).__name__)
+    def _choose_packing(self, attn_implementation: str | None) -> None:
+        """Pack or pad (`attention.packing_choice`), logged once: unset `padding_free` packs only with a
+        variable-length kernel on this device, and never a model whose layers carry a state along a row; packing
+        with torch's varlen_attn or flash-attn switches the model's attention to that kernel."""
+        kernel, why = varlen_kernel(self.model, self.device, attn_implementation)
+        choice = packing_choice(self.padding_free, kernel, why, carries_state=not packs_sequences(self.model))
+        self.padding_free, self.varlen = choice.pack, choice.attn is not None
+        if choice.attn is not None and choice.attn != self.model.config._attn_implementation:
+            register_varlen()
+            self.model.set_attn_implementation(choice.attn)
+        log_once(choice)
 
     def _outputs(self, module: Any, input_ids: Any, attention_mask: Any, temperature: float,
                  host_mask: Any = None) -> Any:
         return model_outputs(module, input_ids, attention_mask, temperature, chunked=self.chunked_lm_head,
-                             host_mask=host_mask, packed=self.padding_free)
+                             host_mask=host_mask, packed=self.padding_free, varlen=self.varlen)
 
     def _chunks(self, attention_mask: Any) -> Iterator[tuple[slice, int]]:
         """Row slices of at most `logprob_micro_batch_size`, each with its longest row's width."""

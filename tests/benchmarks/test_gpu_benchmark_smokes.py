@@ -50,6 +50,23 @@ def test_grpo_gpu_runs_the_example_and_trl_in_rounds_and_compares_their_settings
 
 @pytest.mark.prelease
 @pytest.mark.ray
+def test_grpo_gpu_runs_rlcore_packing_arms_beside_trl(tmp_path):
+    """--arms: rlcore's side becomes one side per packing arm of its train engine (the example with
+    train.padding_free set), each checked as a config first and compared with TRL, round by round."""
+    result, out = smoke("grpo_gpu", tmp_path, "--rounds", "1", "--lengths", "mixed", "--arms", "padded,varlen")
+    assert [sorted(r) for r in result["rounds"]] == [["rlcore-padded", "rlcore-varlen", "trl"]]
+    assert set(result["ratios"]) == {"rlcore padded / TRL", "rlcore varlen / TRL"}
+    assert all(each["rounds"] == 1 for each in result["ratios"].values())
+    assert "train.padding_free=false" in result["rlcore_runs"]["rlcore-padded"]["other_keys"]
+    assert "train.padding_free=true" in result["rlcore_runs"]["rlcore-varlen"]["other_keys"]
+    settings = result["settings"]
+    assert settings["rlcore-padded"]["padding"].startswith("right-padded")
+    assert settings["rlcore-varlen"]["padding"].startswith("padding-free")
+    assert "train_mfu" in result["rlcore-varlen"] and "rlcore varlen / TRL" in out
+
+
+@pytest.mark.prelease
+@pytest.mark.ray
 def test_sft_gpu_runs_both_sides_on_the_same_tokens_and_profiles_a_step_of_each(tmp_path):
     """--profile reaches TRL's training_step in rlcore's Ray worker as in TRL's own process."""
     result, out = smoke("sft_gpu", tmp_path, "--profile", "--rounds", "1")
