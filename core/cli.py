@@ -372,7 +372,7 @@ def _demo_steps(model: type[BaseModel]) -> list[str]:
         return []
     if not given.isdigit() or int(given) < 1:
         raise ConfigError(f"{DEMO_STEPS}={given!r} is not a number of steps; give a whole number such as 2, or unset it")
-    logger.info(f"{DEMO_STEPS}={given}: the demo preset runs {given} steps")
+    logger.info(f"{DEMO_STEPS}={given}: the demo preset runs {given} step{'' if given == '1' else 's'}")
     return [f"max_steps={given}"]
 
 
