@@ -34,7 +34,7 @@ from .failures import advice, failure_of
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
 from .checkpoint import check_output_dir, check_resume_path, finished_run, foreign_checkpoints
 from .log import LEVELS, STOP, logger
-from .testing import remove_built_tiny_models
+from .testing import is_tiny, remove_built_tiny_models
 from .manager import PluginLoadWarning, Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
 from .compat.ms_swift import Translation, launch_options, load_translated, translate
@@ -321,8 +321,9 @@ def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins
     The algorithm comes from --plugin, else from the config's `rlhf_type` (ms-swift's); `use_ray: true` in
     the config means --use-ray. The algorithm's config model gains the keys plugins add (`rlcore_settings`),
     validated with its own. `resume` adds the override resume=auto, for algorithms whose config has a
-    `resume` key. Given neither --config nor a `model` override, the config is the algorithm's demo preset
-    (`AlgorithmSpec.demo`, e.g. examples/demo/grpo.yaml), the overrides on top (`args.preset` then names it).
+    `resume` key. Given neither --config nor a model (`model=`, or TRL's or ms-swift's spelling of it), the
+    config is the algorithm's demo preset (`AlgorithmSpec.demo`, e.g. examples/demo/grpo.yaml), the overrides on
+    top (`args.preset` then names it).
     """
     if getattr(args, "from_ms_swift", None):
         if args.config:
@@ -566,8 +567,6 @@ def _plan(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args)
     plan, _, found = _fitting(args, plugins, algorithm, config)
     if plan is None:
-        from .testing import is_tiny
-
         why = ("the demo's tiny model runs on the CPU; name a model and GPUs (e.g. model=NAME train.gpus=1) to plan "
                "a run" if is_tiny(getattr(config, "model", None)) else
                "no model named, no role on a GPU, or an algorithm that describes no memory use")

@@ -90,7 +90,8 @@ class MemoryPlan:
         why = [note.removesuffix(" (shown as unknown)") for note in self.notes if note.split(":")[0] in roles]
         why += [f"{role}: the algorithm describes no memory use of it" for role in roles
                 if not any(note.startswith(f"{role}:") for note in self.notes)]
-        return f"the memory plan cannot size {', '.join(roles)}, so it cannot say whether the run fits: {'; '.join(why)}"
+        return (f"the memory plan cannot size {', '.join(roles)}, so it cannot say whether the run fits: "
+                f"{'; '.join(why)}")
 
     def peak(self) -> int:
         return max((row.peak for row in self.rows), default=0)

@@ -98,7 +98,7 @@ class Trainer:
         self.timer = PhaseTimer()
         self.step = 0
         self._metrics: MetricsWriter | None = None
-        self.finished: dict[str, Any] | None = None  # `--resume` of a finished run: its last metrics (`finished_before`)
+        self.finished: dict[str, Any] | None = None  # `--resume` of a finished run: its last metrics
 
     @property
     def hook(self) -> Any:
