@@ -170,7 +170,7 @@ def _keys_help(argv: list[str]) -> str:
             warnings.simplefilter("ignore")
             plugins, algorithm = _load(given)
         model, demo = plugins.config_model(algorithm), plugins.algorithms.get(algorithm).demo
-        lines = _key_lines(load_translated(model, demo, algorithm=algorithm)[0] if demo else model())
+        lines = _key_lines(load_translated(model, demo, _demo_steps(model), algorithm=algorithm)[0] if demo else model())
     except RlcoreError as exc:
         return f"{how}\n({given}: {exc})"
     values = (f"the values a bare `rlcore run --plugin {algorithm}` uses: its demo preset, which --config or a model "
