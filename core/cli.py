@@ -471,11 +471,9 @@ def _config_show(args: argparse.Namespace) -> int:
     _, algorithm, config = _configured(args)
     if args.from_ms_swift:
         sys.stdout.write(_translation_comment(args.from_ms_swift, args.translation))
-    head, _, rest = log.scrub(render_config(config)).partition("\n")
-    if args.preset:
-        head += (f"\n# the {algorithm} demo preset: what `rlcore run --plugin {algorithm}` uses without --config or "
-                 "a model")
-    sys.stdout.write(f"{head}\n{rest}")
+    if args.preset:  # on stderr: what stdout holds loads back as it is, with --config as without
+        logger.info(f"the {algorithm} demo preset: what `rlcore run --plugin {algorithm}` uses without --config or a model")
+    sys.stdout.write(log.scrub(render_config(config)))
     return 0
 
 
