@@ -180,6 +180,25 @@ def note_run(output_dir: str | os.PathLike, state: str, about: dict[str, Any] | 
     os.replace(tmp, path)
 
 
+def finished_run(output_dir: str | os.PathLike) -> bool:
+    """`output_dir` holds an rlcore run that reached its end: its note says "finished"."""
+    try:
+        return json.loads((Path(output_dir) / RUN_FILE).read_text()).get("state") == "finished"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def remove_previous_run(output_dir: str | os.PathLike) -> list[str]:
+    """Remove the checkpoints and the final model an earlier run wrote in `output_dir` (those holding rlcore's
+    marker; nothing else), for a fresh run there with `overwrite_output_dir`; the names removed, oldest first."""
+    root = Path(output_dir)
+    ours = [path for _, path in checkpoints(root) if written_by_rlcore(path)]
+    ours += [path for path in (root / FINAL,) if (path / MARKER).is_file() and not path.is_symlink()]
+    for path in ours:
+        shutil.rmtree(path)
+    return [path.name for path in ours]
+
+
 def partial_run(output_dir: str | os.PathLike) -> bool:
     """`output_dir` holds what an rlcore run left that stopped before it saved a checkpoint (a second Ctrl-C,
     a crash): its note says it did not finish, and there is no checkpoint. Nothing there can be resumed."""
@@ -194,8 +213,8 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str, overwrite: bool =
     """The checkpoint to resume from: 'no' gives None, 'auto' the newest one, anything else is a checkpoint
     path. A fresh run into a directory that holds checkpoints or another run's metrics is refused, and so is
     resuming where there is nothing to resume: nothing a user trained or logged is silently overwritten.
-    Folders named like checkpoints that rlcore did not write are refused unless `overwrite`
-    (`overwrite_output_dir`). What a run left that stopped before its first checkpoint (`partial_run`) is
+    `overwrite` (`overwrite_output_dir`) lets a fresh run start there anyway (it replaces the earlier run: see
+    `remove_previous_run`), and lets it replace folders named like checkpoints that rlcore did not write. What a run left that stopped before its first checkpoint (`partial_run`) is
     rlcore's own: a fresh run starts there, and so does `resume=auto`, with nothing to resume. `final`: the
     run writes `final/` at its end, so one rlcore did not write is refused too."""
     foreign = foreign_checkpoints(output_dir, final)
@@ -210,16 +229,16 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str, overwrite: bool =
         )
     found = [(step, path) for step, path in checkpoints(output_dir) if written_by_rlcore(path)]
     if resume == "no":
-        if found:
+        if found and not overwrite:
             raise ConfigError(
                 f"output_dir '{output_dir}' already holds {found[-1][1].name}; resume it with --resume "
-                f"(resume=auto), or choose another output_dir"
+                f"(resume=auto), choose another output_dir, or set overwrite_output_dir=true to start afresh there"
             )
         metrics = Path(output_dir) / "metrics.jsonl"
-        if metrics.is_file() and metrics.stat().st_size and not partial_run(output_dir):
+        if metrics.is_file() and metrics.stat().st_size and not partial_run(output_dir) and not overwrite:
             raise ConfigError(
                 f"output_dir '{output_dir}' holds the metrics.jsonl of another run (and no checkpoint to resume); "
-                f"choose another output_dir, or move that file away"
+                f"choose another output_dir, move that file away, or set overwrite_output_dir=true to replace it"
             )
         return None
     if resume == "auto":

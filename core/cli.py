@@ -32,12 +32,12 @@ from .config import (
 from .extras import check_run, plugin_needs
 from .failures import advice, failure_of
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
-from .checkpoint import check_output_dir, check_resume_path
+from .checkpoint import check_output_dir, check_resume_path, finished_run, foreign_checkpoints
 from .log import LEVELS, STOP, logger
-from .testing import remove_built_tiny_models
+from .testing import is_tiny, remove_built_tiny_models
 from .manager import PluginLoadWarning, Plugins, is_file_or_module, load_plugins, plugin_name
 from .metrics import jsonable
-from .compat.ms_swift import Translation, launch_options, load_translated
+from .compat.ms_swift import Translation, launch_options, load_translated, translate
 from .plot import plot_metrics
 from .runtime.devices import resolve_gpus
 from .signals import leaving
@@ -170,12 +170,14 @@ def _keys_help(argv: list[str]) -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             plugins, algorithm = _load(given)
-        model = plugins.config_model(algorithm)
-        lines = _key_lines(model())
+        model, demo = plugins.config_model(algorithm), plugins.algorithms.get(algorithm).demo
+        lines = _key_lines(load_translated(model, demo, _demo_steps(model), algorithm=algorithm)[0] if demo else model())
     except RlcoreError as exc:
         return f"{how}\n({given}: {exc})"
-    return (f"Keys of algorithm '{algorithm}' (KEY=VALUE or --KEY VALUE; a bare --KEY is true, --KEY A B a list; "
-            f"`rlcore config show --plugin {algorithm}` prints them as a commented YAML):\n" + "\n".join(lines))
+    values = (f"the values a bare `rlcore run --plugin {algorithm}` uses: its demo preset, which --config or a model "
+              "replaces" if demo else "the defaults")
+    return (f"Keys of algorithm '{algorithm}', with {values} (KEY=VALUE or --KEY VALUE; a bare --KEY is true, --KEY A B "
+            f"a list; `rlcore config show --plugin {algorithm}` prints them as a commented YAML):\n" + "\n".join(lines))
 
 
 def _key_lines(config: BaseModel, prefix: str = "") -> list[str]:
@@ -243,7 +245,7 @@ def _parser(keys_help: str = "") -> argparse.ArgumentParser:
     show.add_argument("--use-ray", action="store_true", help=_AUTO_RAY)
     show.set_defaults(func=_config_show)
     validate = config_commands.add_parser("validate", help="check a config file and overrides; exit 2 if invalid")
-    _add_plugin_and_config(validate, config_required=True)
+    _add_plugin_and_config(validate)
     validate.add_argument("--use-ray", action="store_true", help=_AUTO_RAY)
     validate.set_defaults(func=_config_validate)
     return parser
@@ -256,7 +258,7 @@ class _With(str):
     """A plugin given with --with: it joins the run and never selects the algorithm."""
 
 
-def _add_plugin_and_config(parser: argparse.ArgumentParser, config_required: bool = False) -> None:
+def _add_plugin_and_config(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plugin", action="append", metavar="NAME",
         help="an installed plugin or algorithm name, a dotted module, or a path to a .py plugin file; "
@@ -266,7 +268,8 @@ def _add_plugin_and_config(parser: argparse.ArgumentParser, config_required: boo
         "--with", dest="plugin", action="append", type=_With, metavar="PLUGIN",
         help="a module or .py file that joins the run without providing its algorithm (e.g. hooks only)",
     )
-    parser.add_argument("--config", required=config_required, metavar="FILE", help="a YAML config file")
+    parser.add_argument("--config", metavar="FILE", help="a YAML config file (default: the algorithm's demo preset, "
+                        "unless a model is given)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.gpus=8")
 
 
@@ -318,14 +321,16 @@ def _algorithm_of(plugins: Plugins, spec: str) -> str | None:
     return plugins.algorithm_of(name)
 
 
-def _configured(args: argparse.Namespace, resume: bool = False, demo: bool = False) -> tuple[Plugins, str, Any]:
-    """The loaded plugins, the algorithm's name and its validated config, after `rlcore_configure`.
+def _configured(args: argparse.Namespace, resume: bool = False) -> tuple[Plugins, str, Any]:
+    """The loaded plugins, the algorithm's name and its validated config, after `rlcore_configure`: what run,
+    plan, `config show` and `config validate` all read, so that they agree.
 
     The algorithm comes from --plugin, else from the config's `rlhf_type` (ms-swift's); `use_ray: true` in
     the config means --use-ray. The algorithm's config model gains the keys plugins add (`rlcore_settings`),
     validated with its own. `resume` adds the override resume=auto, for algorithms whose config has a
-    `resume` key. `demo`: given neither --config nor a `model` override, the config is the algorithm's demo
-    preset (`AlgorithmSpec.demo`, e.g. examples/demo/grpo.yaml), the overrides on top.
+    `resume` key. Given neither --config nor a model (`model=`, or TRL's or ms-swift's spelling of it), the
+    config is the algorithm's demo preset (`AlgorithmSpec.demo`, e.g. examples/demo/grpo.yaml), the overrides on
+    top (`args.preset` then names it).
     """
     if getattr(args, "from_ms_swift", None):
         if args.config:
@@ -346,16 +351,17 @@ def _configured(args: argparse.Namespace, resume: bool = False, demo: bool = Fal
     if use_ray and hasattr(args, "use_ray"):
         args.use_ray = True
     spec = plugins.algorithms.get(algorithm)
-    if demo and args.config is None and spec.demo and not any(o.split("=", 1)[0].strip() == "model" for o in args.overrides):
-        args.config = spec.demo
-        logger.debug("no --config and no model: running the %s demo preset %s", algorithm, spec.demo)
+    args.preset = None
     model = plugins.config_model(algorithm)
-    overrides = list(args.overrides)
+    if args.config is None and spec.demo and "model" not in translate(data, model).data:  # TRL's spelling too
+        args.config, args.preset = spec.demo, algorithm
+        logger.debug("no --config and no model: the %s demo preset %s", algorithm, spec.demo)
+    overrides = (_demo_steps(model) if args.preset else []) + list(args.overrides)
     if resume:
         if "resume" not in model.model_fields:
             raise ConfigError(f"--resume: algorithm '{algorithm}' has no 'resume' key, so it cannot resume a run")
         overrides.append("resume=auto")
-    config, args.translation = load_translated(model, args.config, overrides, algorithm=algorithm)
+    config, args.translation = load_translated(model, args.config, overrides, algorithm=algorithm, source=_source(args))
     try:
         plugins.hook.rlcore_configure(config=config, algorithm=algorithm)
     except ValidationError as exc:  # a hook assigned a bad value
@@ -369,7 +375,30 @@ def _resolved(args: argparse.Namespace, plugins: Plugins, algorithm: str, config
     roles = getattr(plugins.algorithms.get(algorithm).trainer, "roles", None)
     if roles is None:
         return config
-    return resolve_gpus(config, roles, use_ray=bool(getattr(args, "use_ray", False)), source=args.config)
+    return resolve_gpus(config, roles, use_ray=bool(getattr(args, "use_ray", False)), source=_source(args))
+
+
+DEMO_STEPS = "RLCORE_DEMO_MAX_STEPS"
+
+
+def _demo_steps(model: type[BaseModel]) -> list[str]:
+    """RLCORE_DEMO_MAX_STEPS=N: a demo preset runs N steps (a quick check of an install, or of the README's commands
+    in CI); max_steps on the command line still wins. Said in the log, never silent."""
+    given = os.environ.get(DEMO_STEPS, "")
+    if not given or "max_steps" not in model.model_fields:
+        return []
+    if not given.isdigit() or int(given) < 1:
+        raise ConfigError(f"{DEMO_STEPS}={given!r} is not a number of steps; give a whole number such as 2, or unset it")
+    logger.info(f"{DEMO_STEPS}={given}: the demo preset runs {given} step{'' if given == '1' else 's'}")
+    return [f"max_steps={given}"]
+
+
+def _source(args: argparse.Namespace) -> str:
+    """Where the config comes from, as errors name it: the user's file, or the command line over a demo preset
+    (never the preset's path inside rlcore)."""
+    if getattr(args, "preset", None):
+        return f"the {args.preset} demo preset" + (" with the command line's keys" if args.overrides else "")
+    return str(args.config) if args.config else "the command line"
 
 
 @contextlib.contextmanager
@@ -390,7 +419,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.log_level:
         log.setup(args.log_level)  # the plugins and the config load at that level already
     with _paths_checked():
-        plugins, algorithm, config = _configured(args, resume=args.resume, demo=True)
+        plugins, algorithm, config = _configured(args, resume=args.resume)
+        config = _demo_again(args, config)
         check_run(plugins, algorithm, config, use_ray=args.use_ray)
     log.setup(args.log_level or getattr(config, "log_level", "info"))
     config, fitted = _checked_memory(args, plugins, algorithm, config, fit=args.fit)
@@ -410,6 +440,20 @@ def _run(args: argparse.Namespace) -> int:
     metrics = trainer.fit()
     print(json.dumps({"algorithm": algorithm, **jsonable(metrics or {})}, default=str))
     return 0
+
+
+def _demo_again(args: argparse.Namespace, config: Any) -> Any:
+    """A demo run (the preset's output_dir, no --resume) where the demo's last run finished replaces that run, as
+    a user running the demo again expects; an unfinished one is refused as any run is (it may be resumed)."""
+    output_dir = getattr(config, "output_dir", None)
+    if not args.preset or args.resume or output_dir is None or "overwrite_output_dir" not in type(config).model_fields \
+            or any(o.split("=", 1)[0].strip() == "output_dir" for o in args.overrides):
+        return config
+    if not finished_run(output_dir) or foreign_checkpoints(output_dir):
+        return config
+    logger.info(f"output_dir '{output_dir}' holds the {args.preset} demo's finished run; this demo run replaces it "
+                f"(give output_dir=DIR to keep it)")
+    return config.model_copy(update={"overwrite_output_dir": True})
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -440,9 +484,11 @@ def _plugins(args: argparse.Namespace) -> int:
 
 
 def _config_show(args: argparse.Namespace) -> int:
-    _, _, config = _configured(args)
+    _, algorithm, config = _configured(args)
     if args.from_ms_swift:
         sys.stdout.write(_translation_comment(args.from_ms_swift, args.translation))
+    if args.preset:  # on stderr: what stdout holds loads back as it is, with --config as without
+        logger.info(f"the {algorithm} demo preset: what `rlcore run --plugin {algorithm}` uses without --config or a model")
     sys.stdout.write(log.scrub(render_config(config)))
     return 0
 
@@ -468,7 +514,7 @@ def _config_validate(args: argparse.Namespace) -> int:
     for line in args.translation.noted:  # a foreign key rlcore needs nothing for, one line each, as `run` says
         logger.info(line)
     _checked_memory(args, plugins, algorithm, config)
-    print(f"{args.config}: valid for algorithm '{algorithm}'")
+    print(f"{_source(args)}: valid for algorithm '{algorithm}'")
     return 0
 
 
@@ -482,7 +528,8 @@ def _refit(args: argparse.Namespace, plugins: Plugins, algorithm: str, changes: 
     model = plugins.config_model(algorithm)
     overrides = list(args.overrides) + (["resume=auto"] if getattr(args, "resume", False) else [])
     changed = overrides + Suggestion(changes, 0, True).overrides()
-    return _resolved(args, plugins, algorithm, load_translated(model, args.config, changed, algorithm=algorithm)[0])
+    return _resolved(args, plugins, algorithm,
+                     load_translated(model, args.config, changed, algorithm=algorithm, source=_source(args))[0])
 
 
 def _fitting(args: argparse.Namespace, plugins: Plugins, algorithm: str, config: Any) -> tuple[Any, Any, list[Any]]:
@@ -514,6 +561,8 @@ def _checked_memory(args: argparse.Namespace, plugins: Plugins, algorithm: str, 
         return config, []
     for line in plan.table().splitlines():
         logger.info(line)
+    if plan.fits and not plan.known:  # a hub model not downloaded yet: the run goes on, unchecked, and says so
+        logger.warning(f"{plan.unknown_reason()}; the run goes on without the check")
     if plan.fits:
         return config, []
     fitting = [s for s in found if s.fits]
@@ -533,10 +582,18 @@ def _plan(args: argparse.Namespace) -> int:
     plugins, algorithm, config = _configured(args)
     plan, _, found = _fitting(args, plugins, algorithm, config)
     if plan is None:
-        print(f"{algorithm}: nothing to plan (no model named, no role on a GPU, or an algorithm that describes no "
-              "memory use)")
+        why = ("the demo's tiny model runs on the CPU; name a model and GPUs (e.g. model=NAME train.gpus=1) to plan "
+               "a run" if is_tiny(getattr(config, "model", None)) else
+               "no model named, no role on a GPU, or an algorithm that describes no memory use")
+        print(f"{algorithm}: nothing to plan: {why}")
         return 0
     print(json.dumps(plan.as_json(), indent=1) if args.json else plan.table())
+    if plan.fits and not plan.known:  # no false "ok": what the plan cannot size may not fit
+        reason = plan.unknown_reason()
+        fix = ("download each hub model's config.json first (`hf download NAME config.json`; nothing else is read) or "
+               "name a local model directory" if "config.json" in reason else
+               "only a run can tell (`rlcore run` goes on without the check, saying so)")
+        raise ConfigError(f"{reason}. To plan it, {fix}")
     if plan.fits:
         return 0
     fitting = [s for s in found if s.fits]

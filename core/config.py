@@ -188,8 +188,9 @@ class RunConfig(BaseConfig):
 
     output_dir: str = Field("output", description="metrics.jsonl, checkpoints and samples go here")
     overwrite_output_dir: bool = Field(
-        False, description="let this run replace folders in output_dir named like its checkpoints (checkpoint-N) "
-        "that rlcore did not write; without it such an output_dir is refused, and rlcore removes only what it wrote"
+        False, description="start afresh in an output_dir that holds an earlier run (the checkpoints and final model "
+        "rlcore wrote there are removed, metrics.jsonl replaced), and let this run replace folders named like its "
+        "checkpoints that rlcore did not write; without it such an output_dir is refused"
     )
     seed: int = Field(42, description="seed for data order, sampling and initialisation")
     nnodes: int | None = Field(

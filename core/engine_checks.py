@@ -32,7 +32,9 @@ def common_problems(model: str, dtype: str, device: str) -> list[tuple[str, str]
         import torch
 
         if not torch.cuda.is_available():
-            problems.append(("device", f"device={device!r} was asked but CUDA is not available; use device='cpu'"))
+            problems.append(("device", f"device={device!r} was asked but CUDA is not available here; give the role no "
+                             "GPUs (drop its `gpus`, or its device group's GPU ranks) so that it runs on the CPU, or "
+                             "run where a GPU is visible"))
     return problems
 
 
@@ -97,7 +99,9 @@ def resolve_device(device: str, visible: int, local_rank: str | int | None) -> s
     if kind != "cuda":
         return device
     if visible < 1:
-        raise ConfigError(f"device={device!r}: no CUDA device is visible to this process; use device='cpu'", [("device", "no CUDA device")])
+        raise ConfigError(f"device={device!r}: no CUDA device is visible to this process; give the role no GPUs (drop "
+                          "its `gpus`, or its device group's GPU ranks) so that it runs on the CPU, or make a GPU visible "
+                          "(CUDA_VISIBLE_DEVICES)", [("device", "no CUDA device")])
     if index:
         if int(index) >= visible:
             raise ConfigError(f"device={device!r}: this process sees {visible} GPU(s), cuda:0..cuda:{visible - 1}", [("device", "no such GPU")])

@@ -76,7 +76,22 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
+        """No GPU's known components exceed its memory (see `known`: an unknown one may still)."""
         return not self.over
+
+    @property
+    def known(self) -> bool:
+        """Every component of every GPU has a size: only then does `fits` say the run fits."""
+        return not any(row.unknown for row in self.rows)
+
+    def unknown_reason(self) -> str:
+        """Why the plan cannot say whether the run fits: the roles whose sizes are unknown, and why each is."""
+        roles = sorted({role for row in self.rows for role in row.unknown})
+        why = [note.removesuffix(" (shown as unknown)") for note in self.notes if note.split(":")[0] in roles]
+        why += [f"{role}: the algorithm describes no memory use of it" for role in roles
+                if not any(note.startswith(f"{role}:") for note in self.notes)]
+        return (f"the memory plan cannot size {', '.join(roles)}, so it cannot say whether the run fits: "
+                f"{'; '.join(why)}")
 
     def peak(self) -> int:
         return max((row.peak for row in self.rows), default=0)
@@ -87,7 +102,7 @@ class MemoryPlan:
         for row in self.rows:
             head = self.gpu_bytes - row.peak
             unknown = f" + unknown ({', '.join(row.unknown)})" if row.unknown else ""
-            state = "OVER" if head < 0 else "ok"
+            state = "OVER" if head < 0 else "UNKNOWN" if row.unknown else "ok"
             lines.append(f"GPU {rank_ranges(row.gpus)} {row.phase}: peak {gib(row.peak)}{unknown} of {gib(self.gpu_bytes)}, "
                          f"headroom {gib(head)} [{state}]")
             for role, component, size in row.terms:
@@ -96,7 +111,8 @@ class MemoryPlan:
         return "\n".join(lines)
 
     def as_json(self) -> dict[str, Any]:
-        return {"gpu_bytes": self.gpu_bytes, "source": self.source, "fits": self.fits, "rows": [
+        return {"gpu_bytes": self.gpu_bytes, "source": self.source, "fits": self.fits and self.known,
+                "known": self.known, "rows": [
             {"gpus": list(r.gpus), "phase": r.phase, "peak_bytes": r.peak, "unknown": r.unknown,
              "terms": [{"role": role, "component": c, "bytes": b} for role, c, b in r.terms]} for r in self.rows]}
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import RUN_FILE
-from .errors import ConfigError, RlcoreError, did_you_mean
+from .errors import ConfigError, did_you_mean
+from .extras import MissingExtra
 from .metrics import MetricsWriter
 
 DEFAULT_KEYS = ("reward", "kl", "completions/mean_length", "loss", "grad_norm")  # a run without a note
@@ -79,7 +80,8 @@ def figure(rows: list[dict[str, Any]], keys: list[str], title: str) -> Any:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
-        raise RlcoreError("plot needs matplotlib: pip install 'rlcore[plot]'") from exc
+        raise MissingExtra(f"rlcore plot needs the 'plot' extra (matplotlib cannot be imported: {exc}): "
+                           "pip install 'rlcore[plot]'") from None
 
     def values(key: str) -> list[tuple[Any, float]]:
         return [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]

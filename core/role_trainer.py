@@ -61,6 +61,8 @@ class RoleTrainer(Trainer):
         config = resolve_gpus(config, type(self).roles, use_ray=use_ray)  # the CLI's config is resolved already
         super().__init__(config, plugins, use_ray=use_ray)
         self.plan: ResourcePlan | None = self.checked(self.config, plugins, own=self.check_on_run, run=True)
+        if self.plan is not None and not use_ray:
+            gpus_here(self.config, self.plan)
         self.given_config = self.config
         self.config = resolve_tiny(self.config, self.output_dir)
         self.prepare()
@@ -200,6 +202,29 @@ class RoleTrainer(Trainer):
     def export_model(self, path: Path) -> None:
         """The `checkpointed` role's model in Hugging Face format (LoRA merged into the base weights)."""
         self.session[self.checkpointed].save_hf(str(Path(path).resolve()))
+
+
+def gpus_here(config: Any, plan: ResourcePlan) -> None:
+    """A run without Ray places its GPU roles on this machine: where torch sees no CUDA device, a ConfigError naming
+    the keys that gave each role GPUs, before anything is built (a role whose engine_kwargs name a device is left
+    to its engine)."""
+    try:
+        import torch
+    except ImportError:  # the engines say what they need
+        return
+    if torch.cuda.is_available():
+        return
+    problems = []
+    for group in plan.groups:
+        for role in group.roles if group.device == "GPU" else ():
+            if (getattr(getattr(config, role, None), "engine_kwargs", None) or {}).get("device"):
+                continue
+            key = f"device_groups.{group.name}" if getattr(config, "device_groups", None) else f"{role}.gpus"
+            problems.append((key, f"puts the {role} role on GPUs, and without --use-ray it runs in this process, which "
+                                  f"sees no CUDA device; run it with --use-ray on a cluster with GPUs, or on the CPU "
+                                  f"({role}.gpus=0, or a device group with device: CPU)"))
+    if problems:
+        raise config_error(problems)
 
 
 def _values(config: Any) -> list[Any]:

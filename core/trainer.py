@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import log, watchdog
 from .checkpoint import (
-    RunLock, check_output_dir, checkpoints, load_state, note_run, partial_run, resolve_resume, save_checkpoint, save_final,
+    RunLock, check_output_dir, checkpoints, finished_run, load_state, note_run, partial_run, remove_previous_run,
+    resolve_resume, save_checkpoint, save_final,
 )
 from .errors import ConfigError, RlcoreError
 from .log import BARE, STOP, logger, scrub_data
@@ -97,6 +98,7 @@ class Trainer:
         self.timer = PhaseTimer()
         self.step = 0
         self._metrics: MetricsWriter | None = None
+        self.finished: dict[str, Any] | None = None  # `--resume` of a finished run: its last metrics
 
     @property
     def hook(self) -> Any:
@@ -191,50 +193,57 @@ class Trainer:
         checkpoint and exits (KeyboardInterrupt, or SystemExit 143), saying where it saved; a second one
         stops at once. `output_dir` is locked for the run's life.
         """
+        with self._locked(), StopOnSignal() as stop:
+            if self.finished is not None:
+                return self.finished
+            with self.start():
+                return self._loop(stop)
+
+    def _loop(self, stop: StopOnSignal) -> dict[str, Any]:
+        """`fit`'s loop, once output_dir is locked and the roles run."""
         save_steps = self.save_steps
-        with self._locked(), StopOnSignal() as stop, self.start():
-            stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
-            self.restore()
-            self.on_start()
-            self.hook.rlcore_train_start(trainer=self)
-            last: dict[str, Any] = {}
-            saved = self.step
+        stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
+        self.restore()
+        self.on_start()
+        self.hook.rlcore_train_start(trainer=self)
+        last: dict[str, Any] = {}
+        saved = self.step
 
-            def held() -> str:  # what the output_dir holds if the run stops now
-                if not saved:
-                    return "nothing was saved (run again, without --resume)"
-                lost = "" if self.step == saved else f"; step {self.step} was not saved" if self.step == saved + 1 \
-                    else f"; steps {saved + 1}-{self.step} were not saved"
-                return f"checkpoint-{saved} holds step {saved}{lost} (continue with --resume)"
+        def held() -> str:  # what the output_dir holds if the run stops now
+            if not saved:
+                return "nothing was saved (run again, without --resume)"
+            lost = "" if self.step == saved else f"; step {self.step} was not saved" if self.step == saved + 1 \
+                else f"; steps {saved + 1}-{self.step} were not saved"
+            return f"checkpoint-{saved} holds step {saved}{lost} (continue with --resume)"
 
-            where = None  # the checkpoint written after the loop, if any
-            with stop.failing(held):
-                with self.progress() as bar:
-                    while self.step < self.max_steps and not stop.signal:
-                        last = self.train_step()
-                        self._check_finite(last, held)
-                        self.step += 1
-                        self.log(last, bar)
-                        if save_steps and self.step % save_steps == 0:
-                            self.save()
-                            saved = self.step
-                    for last in self.steps_begun_ahead() if stop.signal else ():
-                        self._check_finite(last, held)
-                        self.step += 1
-                        self.log(last, bar)
-                if self.step > saved or (not save_steps and self.step and not stop.signal):
-                    where = self.save()
-                if self.exports_model and not stop.signal and self.step >= self.max_steps:
-                    self.save_final()
-            if stop.signal:
-                if where is not None:
-                    stop.exit(f"after step {self.step}; saved {where} (continue with --resume)")
-                elif self.step:
-                    stop.exit(f"after step {self.step}, which checkpoint-{self.step} holds (continue with --resume)")
-                stop.exit("before step 1; nothing was trained or saved (run again, without --resume)")
-            last = self.on_end(last)
-            self.hook.rlcore_train_end(trainer=self, metrics=last)
-            note_run(self.output_dir, "finished", self.run_note())
+        where = None  # the checkpoint written after the loop, if any
+        with stop.failing(held):
+            with self.progress() as bar:
+                while self.step < self.max_steps and not stop.signal:
+                    last = self.train_step()
+                    self._check_finite(last, held)
+                    self.step += 1
+                    self.log(last, bar)
+                    if save_steps and self.step % save_steps == 0:
+                        self.save()
+                        saved = self.step
+                for last in self.steps_begun_ahead() if stop.signal else ():
+                    self._check_finite(last, held)
+                    self.step += 1
+                    self.log(last, bar)
+            if self.step > saved or (not save_steps and self.step and not stop.signal):
+                where = self.save()
+            if self.exports_model and not stop.signal and self.step >= self.max_steps:
+                self.save_final()
+        if stop.signal:
+            if where is not None:
+                stop.exit(f"after step {self.step}; saved {where} (continue with --resume)")
+            elif self.step:
+                stop.exit(f"after step {self.step}, which checkpoint-{self.step} holds (continue with --resume)")
+            stop.exit("before step 1; nothing was trained or saved (run again, without --resume)")
+        last = self.on_end(last)
+        self.hook.rlcore_train_end(trainer=self, metrics=last)
+        note_run(self.output_dir, "finished", self.run_note())
         return last
 
     def run_note(self) -> dict[str, Any]:
@@ -272,8 +281,33 @@ class Trainer:
         run may have finished there while this one was being built."""
         with RunLock(self.output_dir), log.to_file(self.output_dir):
             self.resume_from = self.resume_point()
-            note_run(self.output_dir, "running", self.run_note())
+            if self.resume_from is None and self.overwrite:
+                removed = remove_previous_run(self.output_dir)
+                if removed:
+                    logger.warning(f"overwrite_output_dir: this run replaces the earlier run in output_dir "
+                                   f"'{self.output_dir}' (removed {', '.join(removed)}; its metrics.jsonl is replaced)")
+            self.finished = self.finished_before()
+            if self.finished is None:
+                note_run(self.output_dir, "running", self.run_note())
             yield
+
+    def finished_before(self) -> dict[str, Any] | None:
+        """Where `resume` names the last checkpoint of a run that finished (at max_steps or past it): says so and
+        returns that run's last logged metrics, so that `--resume` of a finished run does nothing and succeeds."""
+        if self.resume_from is None or not finished_run(self.output_dir):
+            return None
+        newest = checkpoints(self.output_dir)
+        try:
+            step = load_state(self.resume_from)["step"]
+        except RlcoreError:  # a damaged state: `restore` passes it over or says so
+            return None
+        if not newest or newest[-1][1] != self.resume_from or step < self.max_steps:
+            return None
+        final = f"; its model is in {self.output_dir / 'final'}" if self.exports_model else ""
+        logger.info(f"the run in output_dir '{self.output_dir}' is finished: it trained {step} steps (max_steps="
+                    f"{self.max_steps}){final}. Nothing to resume; raise max_steps to train further")
+        rows = self.metrics.read()
+        return rows[-1] if rows else {}
 
     def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
         """Phase times and the step into `metrics`; append it to metrics.jsonl; call the step-end hook;
@@ -328,7 +362,8 @@ class Trainer:
             return
         now = _flat(scrub_data(given.model_dump(mode="json")))  # a saved config holds no secret
         before = _flat(scrub_data(saved))
-        changed = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k) and k != "resume")
+        how = ("resume", "overwrite_output_dir")  # how the run started, not what it trains
+        changed = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k) and k not in how)
         if not changed:
             return
         fixed = [k for k in changed if any(k == f or k.startswith(f + ".") for f in self.resume_fixed)]
@@ -356,9 +391,9 @@ class Trainer:
             try:
                 state = load_state(path)
                 self._check_changes(path, state.get("config"))
-                if state["step"] >= self.max_steps:
+                if state["step"] > self.max_steps:
                     raise ConfigError(
-                        f"resume: {path} is at step {state['step']}, already max_steps={self.max_steps}; "
+                        f"resume: {path} is at step {state['step']}, past max_steps={self.max_steps}; "
                         f"raise max_steps to train further"
                     )
                 self.load_model(path)

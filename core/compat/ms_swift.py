@@ -80,14 +80,16 @@ def translate(data: dict[str, Any], model: type[BaseModel]) -> Translation:
 
 
 def load_translated(
-    model: type[BaseModel], path: str | os.PathLike | None = None, overrides: Iterable[str] = (), *, algorithm: str = ""
+    model: type[BaseModel], path: str | os.PathLike | None = None, overrides: Iterable[str] = (), *, algorithm: str = "",
+    source: str | None = None,
 ) -> tuple[BaseModel, Translation]:
     """`rlcore.config.load_config` for a file (and overrides) that may hold ms-swift's or TRL's keys: read, translated,
-    then validated, every problem at once; with what the translation made of each key."""
+    then validated, every problem at once; with what the translation made of each key. Errors name `source`
+    (default: `path`)."""
     data, problems, from_cli = read_config_data(path, overrides)
     translation = translate(data, model)
     config = config_from_data(model, translation.data, [*problems, *translation.problems], from_cli,
-                              algorithm=algorithm, source=path)
+                              algorithm=algorithm, source=path if source is None else source)
     return config, translation
 
 

@@ -122,6 +122,13 @@ def teacher_advantages(advantages: torch.Tensor, teacher_logprobs: torch.Tensor,
     return per_token
 
 
+def moves_policy(advantages: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Some generated token has a nonzero advantage ([B], or [B, T] with a teacher's term): the policy term of the
+    loss has a gradient. A run whose every step has none (and no KL term) trains nothing."""
+    per_token = advantages.unsqueeze(1).expand(mask.shape) if advantages.dim() == 1 else advantages
+    return bool((per_token != 0)[mask.bool()].any())
+
+
 def teacher_kl(teacher_logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The logged `teacher_kl`: the k3 estimate exp(d) - d - 1, d = teacher - old log-prob, as a token mean
     (ms-swift's monitor of the distance to the teacher; it falls as the policy nears the teacher)."""

@@ -141,6 +141,8 @@ class GRPOTrainer(RoleTrainer):
     # -- one step ---------------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, Any]:
+        from .advantages import moves_policy
+
         cfg = self.config
         if not self.queue:
             self.queue = self.make_experience()
@@ -149,7 +151,7 @@ class GRPOTrainer(RoleTrainer):
             out = self.session["train"].train_step(batch, loss_fn, cfg.per_device_train_batch_size, cfg.temperature)
         metrics = {**round_metrics, **out}
         self.steps_run += 1
-        if metrics.get("frac_reward_zero_std", 0.0) < 1.0 or cfg.beta:  # some advantage, or a KL term, to train on
+        if cfg.beta or moves_policy(batch["advantages"], batch["completion_mask"]):  # a KL term, or an advantage
             self.steps_trained += 1
         if self.step + 1 < cfg.max_steps:  # the rollout engine needs the new weights for another round
             metrics.update(self.sync_weights())
@@ -159,10 +161,11 @@ class GRPOTrainer(RoleTrainer):
         """A run none of whose steps had anything to learn from (every group's rewards equal or missing, no KL
         term: the weights never moved) says so; under strict_rewards that fails the run."""
         if self.steps_run and not self.steps_trained:
+            teacher = ", and the teacher's term was 0" if self.config.teacher_path else ""
             what = (f"none of the {self.steps_run} steps of this run trained anything: in every step each group's "
                     f"rewards were all equal or missing (reward {metrics.get('reward')}, reward_errors "
-                    f"{metrics.get('reward_errors')}), so every advantage was 0 and the weights did not change. "
-                    f"Check reward_funcs")
+                    f"{metrics.get('reward_errors')}){teacher}, so every advantage was 0 and the weights did not "
+                    f"change. Check reward_funcs")
             if self.config.strict_rewards:
                 raise RewardFailed(f"{what} (strict_rewards is set)")
             logger.warning(what)

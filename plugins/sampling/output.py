@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore import ConfigError, RlcoreError
-from rlcore.runtime import open_own
+from rlcore.runtime import logger, open_own
 
 
 def _fsync_dir(path: Path) -> None:
@@ -60,6 +60,16 @@ class ResumableJsonl:
                 f"with --resume (resume=auto), or choose another output_dir",
                 [("resume", f"'{self.partial}' exists")],
             )
+
+    def remove_own(self) -> None:
+        """For a fresh run with overwrite_output_dir: remove what an earlier run wrote (its state file proves it
+        did: the file, its partial, the state); a file without that state is not rlcore's and stays."""
+        if not self.state_path.exists():
+            return
+        for path in (self.final, self.partial, self.state_path):
+            if path.exists():
+                path.unlink()
+        logger.warning(f"overwrite_output_dir: this run replaces the earlier run's {self.final.name} in '{self.dir}'")
 
     def resume(self) -> dict[str, Any]:
         """The committed state; the partial file is cut back to its committed length (a batch a kill

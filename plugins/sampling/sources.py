@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from rlcore import GenerateWorker, RlcoreError, SamplingParams, function, worker
+from rlcore import ConfigError, GenerateWorker, RlcoreError, SamplingParams, function, worker
 
 
 @worker(group="sampler")
@@ -56,7 +56,7 @@ class ApiTeacher:
         try:
             import openai
         except ImportError as exc:
-            raise RlcoreError(f"distill with api_base needs the openai package: pip install 'rlcore[distill]' ({exc})") from None
+            raise ConfigError(f"distill with api_base needs the openai package: pip install 'rlcore[distill]' ({exc})") from None
         self.openai = openai
         key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self.client = openai.OpenAI(base_url=api_base, api_key=key, max_retries=0, timeout=timeout_s)

@@ -189,12 +189,15 @@ class SampleTrainer(RoleTrainer):
             if self.done_before:
                 logger.info(f"{self.output.final} is already complete; nothing to resume")
         else:
+            if self.overwrite:
+                self.output.remove_own()
             self.output.refuse_existing()
             metrics = self.output_dir / "metrics.jsonl"
-            if metrics.is_file() and metrics.stat().st_size:
+            if metrics.is_file() and metrics.stat().st_size and not self.overwrite:
                 raise ConfigError(f"output_dir '{self.output_dir}' holds the metrics.jsonl of another run; choose "
                                   "another output_dir, or continue that run with --resume")
-            self.output.start({"config": scrub_data(cfg.model_dump(mode="json")), "rows": len(self.rows), "written": 0})
+            given = scrub_data(self.config_as_given.model_dump(mode="json"))  # `tiny`, not the folder it was built in
+            self.output.start({"config": given, "rows": len(self.rows), "written": 0})
             state = self.output.state
         self.step, self.written = state["batches"], state["written"]
         if self.done_before:

@@ -52,15 +52,6 @@ class LMTrainer(RoleTrainer):
 
     def __init__(self, config: LMConfig, plugins: Any, *, use_ray: bool = False):
         super().__init__(config, plugins, use_ray=use_ray)
-        if not use_ray and self.session.device(ROLE) == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                key = "device_groups" if self.config.device_groups else "default.gpus"
-                raise ConfigError(
-                    f"{key} puts the default role on GPUs, and without --use-ray it runs in this process, which sees "
-                    f"no CUDA device; run it with --use-ray on a cluster with GPUs, or on the CPU (default.gpus=0, "
-                    f"or a device group with device: CPU)", [(key, "GPUs asked; this process has no CUDA")])
         self.shape: dict[str, Any] = {}
         self.begun = False
 

@@ -281,7 +281,7 @@ class VLLMRolloutEngine(RolloutEngine):
         try:
             import vllm
         except ImportError as e:
-            raise RlcoreError(f"the vllm engine needs vLLM: pip install 'rlcore[vllm]' ({e})") from e
+            raise ConfigError(f"the vllm engine needs vLLM: pip install 'rlcore[vllm]' ({e})") from e
 
         self._vllm = vllm
         self.sleep_mode = vllm_enable_sleep_mode

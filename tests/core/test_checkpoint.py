@@ -48,6 +48,29 @@ def test_a_fresh_run_refuses_a_directory_with_checkpoints(tmp_path):
         resolve_resume(tmp_path, str(tmp_path / "nowhere"))
 
 
+def test_overwrite_output_dir_starts_afresh_removing_only_what_rlcore_wrote(tmp_path):
+    """TRL's meaning of overwrite_output_dir: a new run where another one was; rlcore's checkpoints and final model
+    go, a folder it did not write stays (only a checkpoint of the same name would replace it)."""
+    from rlcore.checkpoint import remove_previous_run, save_final
+
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, {"step": step}, write_model)
+    save_final(tmp_path, 2, write_model)
+    MetricsWriter(tmp_path / "metrics.jsonl").write({"step": 1})
+    theirs = tmp_path / "checkpoint-9"
+    theirs.mkdir()
+    (theirs / "trainer_state.json").write_text(json.dumps({"global_step": 9}))
+    with pytest.raises(ConfigError, match="set overwrite_output_dir=true to let this run replace it"):
+        resolve_resume(tmp_path, "no")
+    theirs.rename(tmp_path / "kept")
+    with pytest.raises(ConfigError, match="already holds checkpoint-2.*or set overwrite_output_dir=true to start afresh"):
+        resolve_resume(tmp_path, "no")
+    assert resolve_resume(tmp_path, "no", overwrite=True) is None
+    (tmp_path / "kept").rename(theirs)
+    assert remove_previous_run(tmp_path) == ["checkpoint-1", "checkpoint-2", "final"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-9", "metrics.jsonl"]
+
+
 def test_metrics_append_and_resume_trims_later_steps(tmp_path):
     writer = MetricsWriter(tmp_path / "metrics.jsonl")
     for step in (1, 2, 3):

@@ -7,6 +7,7 @@ import os
 import textwrap
 
 import pytest
+import torch
 
 import rlcore
 from rlcore.config import load_config
@@ -316,3 +317,35 @@ def test_config_show_and_validate_take_the_same_plugin_options(rlcore_cli, tmp_p
                             "--dispatch", "reverse_slcie")
     assert_usage_error(misspelled, "dispatch: dispatch 'reverse_slcie' is not registered",
                        "Did you mean 'reverse_slice'?")
+
+
+def test_run_plan_show_validate_and_help_read_the_demo_preset_and_name_no_internal_path(capsys):
+    """One story: with neither --config nor a model, every command reads what a bare `rlcore run` runs."""
+    from rlcore.cli import main
+
+    assert main(["config", "validate", "--plugin", "grpo"]) == 0  # no --config needed
+    assert capsys.readouterr().out.strip() == "the grpo demo preset: valid for algorithm 'grpo'"
+    assert main(["config", "show", "--plugin", "grpo"]) == 0
+    shown, err = capsys.readouterr()
+    assert "the grpo demo preset: what `rlcore run --plugin grpo` uses without --config or a model" in err
+    assert "\nmodel: tiny\n" in shown and "\noutput_dir: output/grpo-demo\n" in shown
+    assert main(["plan", "--plugin", "grpo"]) == 0
+    assert "nothing to plan: the demo's tiny model runs on the CPU" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["run", "--plugin", "grpo", "--help"])
+    assert "\n  model = tiny  " in capsys.readouterr().out
+    assert main(["run", "--plugin", "grpo", "num_generaton=16"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlcore: error: invalid configuration in the grpo demo preset with the command line's keys")
+    assert "demo.yaml" not in err and "Did you mean 'num_generations'?" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_gpus_asked_on_a_machine_without_one_name_the_key_that_asked_them(tmp_path, capsys):
+    from rlcore.cli import main
+
+    assert main(["run", "--plugin", "grpo", "train.gpus=1", f"output_dir={tmp_path / 'out'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[1].startswith("  train.gpus: puts the train role on GPUs, and without --use-ray it runs "
+                                          "in this process, which sees no CUDA device")
+    assert "device='cpu'" not in err and not (tmp_path / "out").exists()  # refused before anything was built

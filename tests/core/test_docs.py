@@ -90,7 +90,8 @@ def test_readme_is_a_short_users_page():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     size = len(text.encode("utf-8"))
     assert size <= README_LIMIT, f"README.md is {size} bytes; keep it under {README_LIMIT} and move the rest to docs/"
-    assert "pip install 'torch==2.13.0' -e '.[hf,rewards]' && rlcore run --plugin grpo" in text
+    assert "python3 -m venv .venv && . .venv/bin/activate\npip install 'torch==2.13.0' -e '.[hf,rewards]'\n" \
+           "rlcore run --plugin grpo" in text
     assert "bash .ci/run" in text
     assert not re.search(r"\b[0-9a-f]{7,40}\b", text.replace("torch==2.13.0", "")), "README.md names a commit"
     assert "benchmarks/results/" not in text, "README.md names a results file: link benchmarks/README.md instead"

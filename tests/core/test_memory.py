@@ -154,14 +154,31 @@ def test_an_engine_that_gives_no_terms_is_unknown_never_zero(models):
     assert "unknown (rollout, train)" in plan.table() and "reports no memory terms" in plan.table()
 
 
-def test_a_role_on_a_gpu_whose_use_is_not_described_is_unknown(models, capsys):
-    """GRPO's reward model (`orm`) on the policy's GPU: the algorithm gives no use of it, so it is unknown there."""
+def test_a_role_on_a_gpu_whose_use_is_not_described_is_unknown_and_plan_says_it_cannot_tell(models, capsys):
+    """GRPO's reward model (`orm`) on the policy's GPU: the algorithm gives no use of it, so it is unknown there, and
+    `rlcore plan` exits 2 saying why: never a false "ok"."""
     args = ["plan", "--plugin", "grpo", "--config", str(EXAMPLES / "grpo/colocate.yaml"), f"model={models['q05']}",
             "reward_funcs=[orm]", f"orm.model={models['q05']}", "orm.gpus=4",
             "colocate_groups=[[train, rollout, orm]]", "--json"]
-    assert main(args) == 0, capsys.readouterr().err
-    rows = json.loads(capsys.readouterr().out)["rows"]
-    assert rows and all(row["unknown"] == ["orm"] for row in rows)
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    plan = json.loads(out)
+    assert plan["rows"] and all(row["unknown"] == ["orm"] for row in plan["rows"])
+    assert not plan["fits"] and not plan["known"]
+    assert ("rlcore: error: the memory plan cannot size orm, so it cannot say whether the run fits: orm: the algorithm "
+            "describes no memory use of it. To plan it, only a run can tell") in err
+
+
+def test_a_hub_model_that_is_not_cached_is_no_ok_but_a_failure_with_the_fix(tmp_path, monkeypatch, capsys):
+    """Issue 52: `peak 0.0 GiB + unknown ... [ok]` and exit 0 for a hub id whose config.json is not here."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = ["plan", "--plugin", "grpo", "--config", str(EXAMPLES / "grpo/colocate.yaml"), "model=org/not-cached"]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert "[ok]" not in out and "[UNKNOWN]" in out
+    assert "cannot size rollout, train" in err and "org/not-cached's config.json cannot be read here" in err
+    assert "`hf download NAME config.json`" in err
 
 
 @pytest.mark.parametrize("plugin, example", [

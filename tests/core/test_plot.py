@@ -1,4 +1,5 @@
 import json
+import sys
 
 import pytest
 
@@ -32,6 +33,14 @@ def test_plot_names_unknown_metrics_and_missing_files(metrics, tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         plot_metrics(tmp_path / "nowhere.jsonl")
     assert main(["plot", str(tmp_path / "nowhere.jsonl")]) == 2
+
+
+def test_plot_without_matplotlib_exits_2_as_every_missing_extra_does(metrics, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what Python does where it is not installed
+    assert main(["plot", str(metrics)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlcore: error: rlcore plot needs the 'plot' extra")
+    assert err[0].endswith("pip install 'rlcore[plot]'")
 
 
 def test_plot_names_the_file_and_line_of_a_bad_line(tmp_path, capsys):

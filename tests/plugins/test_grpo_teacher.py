@@ -162,6 +162,7 @@ def test_a_cli_run_moves_the_student_toward_its_teacher(tmp_path, tiny_model, pe
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "trained anything" not in done.stderr  # the teacher's term trained: no warning that nothing did
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and rows[0]["teacher_kl"] > 0.05
     assert rows[1]["teacher_kl"] < rows[0]["teacher_kl"]

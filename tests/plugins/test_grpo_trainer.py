@@ -514,3 +514,22 @@ def test_qwen3_5_trains_on_the_hf_engines(plugins, tmp_path):
     assert 0 < rows[0]["reward"] < 1 and rows[0]["grad_norm"] > 0
     assert rows[0]["weight_sync/seconds"] > 0 and "weight_sync/seconds" not in rows[-1]
     assert (tmp_path / "run" / "checkpoint-2" / "trainer_state.json").is_file()
+
+
+def test_resume_of_a_run_that_saved_its_last_step_finishes_it_and_then_says_it_is_finished(plugins, tmp_path, tiny):
+    """Stopped after its last checkpoint, before its final model (a signal in the last step, a kill during the
+    export): --resume writes final/ and finishes; --resume again does nothing, says so and returns the last metrics."""
+    import shutil
+
+    from rlcore.checkpoint import RUN_FILE
+
+    make(plugins, tmp_path, tiny, max_steps=1).fit()
+    out = tmp_path / "run"
+    shutil.rmtree(out / "final")
+    (out / RUN_FILE).write_text(json.dumps({"state": "running"}))  # what such a run leaves
+    make(plugins, tmp_path, tiny, max_steps=1, resume="auto").fit()
+    assert (out / "final").is_dir() and json.loads((out / RUN_FILE).read_text())["state"] == "finished"
+    assert [r["step"] for r in metrics_of(tmp_path)] == [1]
+    again = make(plugins, tmp_path, tiny, max_steps=1, resume="auto")
+    assert again.fit() == metrics_of(tmp_path)[-1]
+    assert json.loads((out / RUN_FILE).read_text())["state"] == "finished"

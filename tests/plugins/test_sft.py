@@ -289,7 +289,7 @@ def test_trainer_kwargs_and_config_mistakes_are_reported_at_once(plugins, tiny_m
     on_gpus = load_config(SFTConfig, EXAMPLES / "multi_node.yaml", [f"model={long_model}", f"dataset={chats}",
                                                                      f"output_dir={tmp_path / 'gpu'}"])
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the same config without --use-ray: this process
-    with pytest.raises(ConfigError, match="device_groups puts the default role on GPUs, and without --use-ray"):
+    with pytest.raises(ConfigError, match="device_groups.default: puts the default role on GPUs, and without --use-ray"):
         SFTTrainer(on_gpus, plugins)
     with pytest.raises(ConfigError, match="offload_model: has no effect here: every worker trains"):
         load_config(PretrainConfig, overrides=["offload_model=true"])
