@@ -113,11 +113,12 @@ def test_the_cli_resolves_show_as_run_does(ray_local, capsys, monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    assert main(["config", "show", "--plugin", "grpo", "--use-ray", "per_device_train_batch_size=8",
-                 "num_generations=8"]) == 0
+    # a model named: not the demo preset (whose roles stay on the CPU, gpus: 0)
+    assert main(["config", "show", "--plugin", "grpo", "--use-ray", "model=Qwen/Qwen2.5-0.5B-Instruct",
+                 "per_device_train_batch_size=8", "num_generations=8"]) == 0
     shown = capsys.readouterr().out
     train, rollout = shown.index("\ntrain:"), shown.index("\nrollout:")
     assert "gpus: 7" in shown[train:rollout] and "gpus: 1" in shown[rollout:]
-    assert main(["config", "show", "--plugin", "grpo"]) == 0
+    assert main(["config", "show", "--plugin", "grpo", "model=Qwen/Qwen2.5-0.5B-Instruct"]) == 0
     shown = capsys.readouterr().out  # without Ray: this machine's GPUs, none here
     assert "gpus: 0" in shown[shown.index("\ntrain:"):shown.index("\nrollout:")]
