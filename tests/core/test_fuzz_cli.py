@@ -14,7 +14,6 @@ each time and trains every valid one.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import stat
 
@@ -24,7 +23,6 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from rlcore.cli import main  # noqa: E402
 
 FUZZ_CASES = int(os.environ.get("RLCORE_FUZZ_CASES", "15"))
 FUZZ_RUNS = 1  # valid cases that train a step, in CI
@@ -73,22 +71,6 @@ def environment(changes: dict[str, str]):
                 os.environ[k] = v
 
 
-def cli(*args: str) -> tuple[int, str]:
-    """`rlcore ARGS` in this process: its exit status and stderr (a traceback that escapes is one too)."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            rc = main(list(args))
-        except SystemExit as exc:  # argparse
-            rc = exc.code if isinstance(exc.code, int) else 2
-        except BaseException as exc:  # noqa: BLE001 - what the user would see: a traceback
-            import traceback
-
-            err.write("".join(traceback.format_exception(exc)))
-            rc = 1
-    return rc, err.getvalue()
-
-
 def refused_cleanly(rc: int, err: str, what: str) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert "Traceback" not in err, f"{what}: a traceback:\n{err[-3000:]}"
@@ -120,7 +102,7 @@ def case(draw_key, draw_value, draw_env, places) -> tuple[list[str], dict[str, s
 runs_left = [FUZZ_RUNS]
 
 
-def check(places, tmp_path_factory, key: str | None, value: str, env_pair: tuple[str, str] | None) -> None:
+def check(cli, places, tmp_path_factory, key: str | None, value: str, env_pair: tuple[str, str] | None) -> None:
     override, env = case(key, value, env_pair, places)
     work = tmp_path_factory.mktemp("case")
     what = f"{' '.join(override)} {env}"
@@ -157,20 +139,20 @@ SETTINGS = dict(database=None, deadline=None, suppress_health_check=list(HealthC
 
 @settings(max_examples=FUZZ_CASES, derandomize=True, **SETTINGS)
 @given(key=KEY, value=values(), env_pair=ENV_PAIR)
-def test_every_bad_input_is_refused_in_one_paragraph_and_validate_and_run_agree(places, tmp_path_factory, key, value,
-                                                                                 env_pair):
-    check(places, tmp_path_factory, key, value, env_pair)
+def test_every_bad_input_is_refused_in_one_paragraph_and_validate_and_run_agree(cli, places, tmp_path_factory, key,
+                                                                                 value, env_pair):
+    check(cli, places, tmp_path_factory, key, value, env_pair)
 
 
 @pytest.mark.fuzz
 @settings(max_examples=int(os.environ.get("RLCORE_FUZZ_CASES", "2000")), derandomize=False, **SETTINGS)
 @given(key=KEY, value=values(), env_pair=ENV_PAIR)
-def test_the_long_fuzz(places, tmp_path_factory, key, value, env_pair):
+def test_the_long_fuzz(cli, places, tmp_path_factory, key, value, env_pair):
     runs_left[0] = 10**9  # every valid case trains its step
-    check(places, tmp_path_factory, key, value, env_pair)
+    check(cli, places, tmp_path_factory, key, value, env_pair)
 
 
-def test_a_fifo_and_a_device_are_not_read_as_a_config(places):
+def test_a_fifo_and_a_device_are_not_read_as_a_config(cli, places):
     where, _ = places
     assert stat.S_ISFIFO(os.stat(where["fifo"]).st_mode)
     for path in (where["fifo"], "/dev/zero"):
@@ -185,7 +167,7 @@ def test_a_fifo_and_a_device_are_not_read_as_a_config(places):
     ("train.engine=", "train.engine"),  # an engine no plugin registers
     ("dataset=/tmp/" + "n" * 300, "dataset"),  # a name too long: run said "cannot use" with exit 1
 ])
-def test_the_long_fuzzs_finds_are_refused_by_validate_and_run_alike(tmp_path, monkeypatch, override, key):
+def test_the_long_fuzzs_finds_are_refused_by_validate_and_run_alike(cli, tmp_path, monkeypatch, override, key):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "c.yaml").write_text("model: tiny\ndataset: tiny:toy\nseed: 42\n")
     rc, err = cli("config", "validate", "--plugin", "grpo", "--config", "c.yaml", override)
@@ -194,7 +176,7 @@ def test_the_long_fuzzs_finds_are_refused_by_validate_and_run_alike(tmp_path, mo
     assert run_rc == 2 and "Traceback" not in run_err, run_err
 
 
-def test_a_one_token_prompt_still_checks_the_weight_sync(tmp_path, monkeypatch):
+def test_a_one_token_prompt_still_checks_the_weight_sync(cli, tmp_path, monkeypatch):
     """max_prompt_length=1: the weight-sync probe (the first prompt, cut to one token) is padded to the two tokens
     the check scores; the run refused it after placing its roles before."""
     monkeypatch.chdir(tmp_path)
