@@ -362,10 +362,32 @@ def open_own(path: str | os.PathLike, mode: str = "a", buffering: int = -1) -> A
 
 
 class _OwnFileHandler(logging.FileHandler):
-    """run.log, appended to without following a symbolic link (`open_own`)."""
+    """run.log, appended to without following a symbolic link (`open_own`). A write it cannot make (a full disk, a
+    file size limit) is said once on stderr, in one line, and the file is left as it is: no "--- Logging error ---"
+    traceback for each record."""
+
+    failed = False
 
     def _open(self) -> Any:
         return open_own(self.baseFilename, "a")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if self.failed or not isinstance(error, OSError):
+            return super().handleError(record) if not self.failed else None
+        self.failed = True
+        sys.stderr.write(f"rlcore: warning: cannot write {self.baseFilename}: {error.strerror or error}; run.log "
+                         "ends here\n")
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the last flush on a full disk: said in handleError, or nothing was left to write
+            self.stream = None
 
 
 class _Held(logging.Handler):
