@@ -103,7 +103,7 @@ def cli_in_process(*args: str) -> tuple[int, str]:
     return rc, err.getvalue()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def cli() -> Callable[..., tuple[int, str]]:
     """`cli_in_process`: `rlcore ARGS` in this process, giving (exit status, stderr)."""
     return cli_in_process
