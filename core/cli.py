@@ -439,9 +439,7 @@ def _translation_comment(source: str, translation: Translation) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _checked(args: argparse.Namespace) -> tuple[Plugins, str, Any]:
-    """The config as `_configured` reads it, checked as a run checks it before it allocates anything (what
-    `config validate` and `plan` refuse alike)."""
+def _config_validate(args: argparse.Namespace) -> int:
     with _paths_checked():
         plugins, algorithm, config = _configured(args)
         log.setup(getattr(config, "log_level", "info"))  # third-party progress bars off, as in a run
@@ -451,11 +449,6 @@ def _checked(args: argparse.Namespace) -> tuple[Plugins, str, Any]:
         check = getattr(plugins.algorithms.get(algorithm).trainer, "check", None)
         if check is not None:  # the plan, names, data, model: what run checks before it allocates
             check(config, plugins)
-    return plugins, algorithm, config
-
-
-def _config_validate(args: argparse.Namespace) -> int:
-    plugins, algorithm, config = _checked(args)
     for line in args.translation.noted:  # a foreign key rlcore needs nothing for, one line each, as `run` says
         logger.info(line)
     _checked_memory(args, plugins, algorithm, config)
@@ -521,7 +514,8 @@ def _checked_memory(args: argparse.Namespace, plugins: Plugins, algorithm: str, 
 def _plan(args: argparse.Namespace) -> int:
     from .memory import plan_of, refusal, save_fitted
 
-    plugins, algorithm, config = _checked(args)
+    with _paths_checked():
+        plugins, algorithm, config = _configured(args)
     plan, _, found = _fitting(args, plugins, algorithm, config)
     if plan is None:
         print(f"{algorithm}: nothing to plan (no model named, no role on a GPU, or an algorithm that describes no "

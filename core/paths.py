@@ -71,3 +71,6 @@ def writable_folder(path: str | os.PathLike, what: str) -> Path:
     if problem is not None:
         raise ConfigError(f"{what} {path}: {problem}; give a writable folder")
     return Path(path).expanduser()
+
+
+__all__ = ["file_kind", "folder_problem", "read_regular_file", "writable_folder"]
