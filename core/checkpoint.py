@@ -246,7 +246,7 @@ def _signal_of(exc: BaseException, noted: int | None) -> str | None:
     """The signal that stopped a run ("SIGINT"), from the exception it left with or the one it had noted."""
     import signal as signals
 
-    codes = {130: signals.SIGINT, 143: signals.SIGTERM, 129: signals.SIGHUP}
+    codes = {130: signals.SIGINT, 143: signals.SIGTERM, 129: signals.SIGHUP, 15: signals.SIGTERM}  # 15: Ray's handler
     if isinstance(exc, KeyboardInterrupt):
         return "SIGINT"
     if isinstance(exc, SystemExit) and exc.code in codes:
