@@ -20,6 +20,9 @@ def read_regular_file(path: str | os.PathLike, what: str, kind: str, limit: int)
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise ConfigError(f"{what} {path}: does not exist; give {kind}") from None
+    except NotADirectoryError:
+        raise ConfigError(f"{what} {path}: does not exist (a part of its path is a file, not a folder); give {kind}") \
+            from None
     except OSError as exc:
         raise ConfigError(f"{what} {path}: {exc.strerror or exc}; give {kind}") from None
     if not stat.S_ISREG(mode):

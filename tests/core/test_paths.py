@@ -24,7 +24,7 @@ def places(tmp_path):
 @pytest.mark.parametrize("given, said", [
     ("a-dir", "is a folder, not a file"), ("a-fifo", "is a FIFO (named pipe), not a file"),
     ("/dev/zero", "is a character device, not a file"), ("missing.yaml", "does not exist"),
-    ("a-file/c.yaml", "Not a directory"),
+    ("a-file/c.yaml", "does not exist (a part of its path is a file, not a folder)"),
 ])
 def test_config_of_each_kind_is_one_line_naming_the_option_and_the_kind(cli, places, monkeypatch, given, said):
     monkeypatch.chdir(places)
