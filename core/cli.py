@@ -516,6 +516,10 @@ def _plan(args: argparse.Namespace) -> int:
 
     with _paths_checked():
         plugins, algorithm, config = _configured(args)
+        log.setup(getattr(config, "log_level", "info"))  # third-party progress bars off, as in validate
+        checked = getattr(plugins.algorithms.get(algorithm).trainer, "checked", None)
+        if checked is not None:  # what validate refuses in the config itself; the models may not be downloaded yet
+            checked(config, plugins, own=False, models=False)
     plan, _, found = _fitting(args, plugins, algorithm, config)
     if plan is None:
         print(f"{algorithm}: nothing to plan (no model named, no role on a GPU, or an algorithm that describes no "
