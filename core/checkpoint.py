@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, RlcoreError, RoleFailed
-from .log import logger
+from .log import logger, scrub
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _TMP = re.compile(r"^\.checkpoint-(\d+)\.tmp$")
@@ -171,13 +172,86 @@ def save_final(output_dir: str | os.PathLike, step: int, write: Callable[[Path],
 
 
 def note_run(output_dir: str | os.PathLike, state: str, about: dict[str, Any] | None = None) -> None:
-    """Say in output_dir what the run there is doing ("running", "finished"), with `about` (the algorithm, its
-    plot's panels): a run that stops before its first checkpoint leaves only rlcore's own partial files, and
-    the next run may start afresh there."""
-    path = Path(output_dir) / RUN_FILE
+    """Say in output_dir what the run there is doing ("running", "finished", "stopped", "failed"), with `about` (the
+    algorithm, its plot's panels, a reason): a run that stops before its first checkpoint leaves only rlcore's own
+    partial files, and the next run may start afresh there."""
+    _write_note(Path(output_dir) / RUN_FILE, (json.dumps({"state": state, **(about or {})}) + "\n").encode())
+
+
+def _write_note(path: Path, data: bytes) -> None:
+    """`data` into `path` by one rename; on a full disk, where the new file cannot be written, over the old one in
+    place (a note fits in the block it has: the final state is said, if not atomically)."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"state": state, **(about or {})}) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if not path.is_file() or path.is_symlink():
+            raise
+        with open(path, "r+b") as f:
+            f.write(data)
+            f.truncate()
+
+
+class RunRecord:
+    """output_dir's rlcore_run.json over a run's life: "running" from the moment it holds the lock, then its end on
+    every exit path, said once: "finished", "stopped" (with the signal), or "failed" (with the first line of why).
+    A run refused before it began (`--resume` of a finished run, a checkpoint that does not fit) puts back the
+    record it found, byte for byte."""
+
+    def __init__(self, output_dir: str | os.PathLike, about: dict[str, Any]):
+        self.path = Path(output_dir) / RUN_FILE
+        self.about = about
+        self.began = False  # set once the run is restored and steps: a refusal after that is a failure
+        self.ended = False
+        try:
+            self.before: bytes | None = self.path.read_bytes() if not self.path.is_symlink() else None
+        except OSError:
+            self.before = None
+
+    def running(self) -> None:
+        note_run(self.path.parent, "running", self.about)
+
+    def end(self, exc: BaseException | None = None, stopped_by: int | None = None) -> None:
+        """The run's end, from what ended it (`exc`; None: it finished) and the signal it had noted."""
+        if self.ended:
+            return
+        self.ended = True
+        if exc is None:
+            note_run(self.path.parent, "finished", self.about)
+            return
+        signal_name = _signal_of(exc, stopped_by)
+        if signal_name is None and isinstance(exc, ConfigError) and not self.began:
+            self._put_back()
+            return
+        if signal_name is not None:
+            state, reason = "stopped", signal_name
+        else:
+            text = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            state, reason = "failed", scrub(text)[:500]
+        with contextlib.suppress(OSError):  # the failure itself says why; a note that cannot be written adds nothing
+            note_run(self.path.parent, state, {**self.about, "reason": reason})
+
+    def _put_back(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.before is None:
+                self.path.unlink(missing_ok=True)
+            else:
+                _write_note(self.path, self.before)
+
+
+def _signal_of(exc: BaseException, noted: int | None) -> str | None:
+    """The signal that stopped a run ("SIGINT"), from the exception it left with or the one it had noted."""
+    import signal as signals
+
+    codes = {130: signals.SIGINT, 143: signals.SIGTERM, 129: signals.SIGHUP, 15: signals.SIGTERM}  # 15: Ray's handler
+    if isinstance(exc, KeyboardInterrupt):
+        return "SIGINT"
+    if isinstance(exc, SystemExit) and exc.code in codes:
+        return codes[exc.code].name
+    return signals.Signals(noted).name if noted is not None else None
 
 
 def finished_run(output_dir: str | os.PathLike) -> bool:
@@ -206,7 +280,7 @@ def partial_run(output_dir: str | os.PathLike) -> bool:
         state = json.loads((Path(output_dir) / RUN_FILE).read_text()).get("state")
     except (OSError, ValueError, AttributeError):
         return False
-    return state == "running" and not checkpoints(output_dir)
+    return state in ("running", "stopped", "failed") and not checkpoints(output_dir)
 
 
 def resolve_resume(output_dir: str | os.PathLike, resume: str, overwrite: bool = False, final: bool = True) -> Path | None:

@@ -579,7 +579,12 @@ def _checked_memory(args: argparse.Namespace, plugins: Plugins, algorithm: str, 
 def _plan(args: argparse.Namespace) -> int:
     from .memory import plan_of, refusal, save_fitted
 
-    plugins, algorithm, config = _configured(args)
+    with _paths_checked():
+        plugins, algorithm, config = _configured(args)
+        log.setup(getattr(config, "log_level", "info"))  # third-party progress bars off, as in validate
+        checked = getattr(plugins.algorithms.get(algorithm).trainer, "checked", None)
+        if checked is not None:  # what validate refuses in the config itself; the models may not be downloaded yet
+            checked(config, plugins, own=False, models=False)
     plan, _, found = _fitting(args, plugins, algorithm, config)
     if plan is None:
         why = ("the demo's tiny model runs on the CPU; name a model and GPUs (e.g. model=NAME train.gpus=1) to plan "

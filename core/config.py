@@ -33,15 +33,39 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from .bounds import MAX_GIB, MAX_SEED, MAX_TIMEOUT_S, MAX_WORKERS
 from .errors import ConfigError, PluginError, RlcoreError, did_you_mean
+from .paths import read_regular_file
 
 if TYPE_CHECKING:
     from .specs import EngineSpec, SettingSpec
 
 
+MAX_CONFIG_BYTES = 4 << 20  # a config file's size at most: far above any config, far below a memory problem
+MAX_CONFIG_VALUES = 100_000  # values a config holds at most once its aliases are expanded (a billion laughs: 10**9)
+
+
 class _Loader(yaml.SafeLoader):
-    """Safe YAML that also reads `1e-6` as a float (YAML 1.2), as people write learning rates, and refuses a
-    key given twice in one mapping (PyYAML keeps the last one silently), naming both lines."""
+    """Safe YAML that also reads `1e-6` as a float (YAML 1.2), as people write learning rates, refuses a
+    key given twice in one mapping (PyYAML keeps the last one silently), naming both lines, and refuses a document
+    whose aliases expand to more than MAX_CONFIG_VALUES values before building any of it."""
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        """An integer of at most 40 digits (beyond 64 bits already; Python refuses to read 4300 and up)."""
+        digits = sum(c.isdigit() for c in str(node.value))
+        if digits > 40:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {digits} digits; rlcore reads integers of up to 40 digits (a key's range "
+                "is far smaller)", node.start_mark)
+        return super().construct_yaml_int(node)
+
+    def construct_document(self, node: Any) -> Any:
+        count = _expanded_size(node, {})
+        if count > MAX_CONFIG_VALUES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"its aliases (*name) expand to {_at_least(count)} values, over rlcore's limit of "
+                f"{MAX_CONFIG_VALUES:,}; write the values out, or use fewer nested aliases", node.start_mark)
+        return super().construct_document(node)
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
@@ -61,10 +85,34 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _expanded_size(node: Any, sizes: dict[int, int]) -> int:
+    """How many values `node` holds with every alias expanded, counted over the composed graph (an alias is the
+    node it names, shared), so a billion laughs costs its few hundred nodes, not 10**9; stops counting past the
+    limit."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    size = 1
+    children = node.value if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)) else ()
+    for child in children:
+        for part in child if isinstance(child, tuple) else (child,):
+            size += _expanded_size(part, sizes)
+            if size > MAX_CONFIG_VALUES:
+                break
+        if size > MAX_CONFIG_VALUES:
+            break
+    sizes[id(node)] = size
+    return size
+
+
+def _at_least(count: int) -> str:
+    return f"more than {MAX_CONFIG_VALUES:,}" if count > MAX_CONFIG_VALUES else f"{count:,}"
+
+
 class _Dumper(yaml.SafeDumper):
     """Safe YAML that quotes strings `_Loader` would read as floats, so rendering round-trips."""
 
 
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 for _cls in (_Loader, _Dumper):
     _cls.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789"))
@@ -109,14 +157,14 @@ class BaseConfig(BaseModel):
     @classmethod
     def _finite_numbers(cls, value: Any) -> Any:
         """NaN and infinities nowhere, also inside free-form options (engine_kwargs, device_groups): a run
-        given one trains NaN weights."""
+        given one trains NaN weights; nor an integer beyond 64 bits there, which no library takes."""
         where = _nonfinite_at(value)
         if where is not None:
             raise ValueError(f"holds {where}: not a finite number; write a finite one")
+        where = _huge_int_at(value)
+        if where is not None:
+            raise ValueError(f"holds {where}: beyond a 64-bit integer; write one from {-MAX_INT} to {MAX_INT}")
         return value
-
-
-MAX_WORKERS = 1 << 16  # GPUs, workers or nodes one key may ask: beyond any cluster, small enough to plan at once
 
 
 GPUS_HELP = ("GPUs for this role, one worker each: auto (default) the visible GPUs (Ray: the cluster's), shared by "
@@ -192,7 +240,7 @@ class RunConfig(BaseConfig):
         "rlcore wrote there are removed, metrics.jsonl replaced), and let this run replace folders named like its "
         "checkpoints that rlcore did not write; without it such an output_dir is refused"
     )
-    seed: int = Field(42, description="seed for data order, sampling and initialisation")
+    seed: int = Field(42, ge=0, le=MAX_SEED, description="seed for data order, sampling and initialisation")
     nnodes: int | None = Field(
         None, ge=1, le=MAX_WORKERS, description="nodes of the Ray cluster the plan spans (default: 1, or in device_groups what the ranks need)"
     )
@@ -204,9 +252,9 @@ class RunConfig(BaseConfig):
         default_factory=list, description="roles that share GPUs, e.g. [[train, rollout]]"
     )
     placement: str = Field("pack", description="placement policy (see `rlcore plugins`)")
-    placement_timeout_s: float = Field(60.0, gt=0, description="fail if the placement group is not ready by then")
+    placement_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="fail if the placement group is not ready by then")
     worker_timeout_s: float = Field(
-        1800.0, gt=0, description="a Ray group call with no result for this many seconds stops the run with RoleFailed "
+        1800.0, gt=0, le=MAX_TIMEOUT_S, description="a Ray group call with no result for this many seconds stops the run with RoleFailed "
         "naming the worker that did not answer (hung, stopped or deadlocked)"
     )
     ray_address: str | None = Field(None, description="attach to this Ray cluster ('auto' for a running one)")
@@ -214,7 +262,7 @@ class RunConfig(BaseConfig):
     offload_model: bool = Field(False, description="offload train weights while colocated rollout runs")
     offload_optimizer: bool = Field(False, description="offload optimizer state while colocated rollout runs")
     gpu_memory_gib: float | None = Field(
-        None, gt=0, description="each GPU's memory for the memory plan (rlcore plan); unset: this machine's GPU "
+        None, gt=0, le=MAX_GIB, description="each GPU's memory for the memory plan (rlcore plan); unset: this machine's GPU "
         "(nvidia-smi), else 80 (an A100/H100; an H200: 140)"
     )
     memory_check: bool = Field(
@@ -458,10 +506,7 @@ def problems_of(checks: Iterable[tuple[str, Callable[[], Any]]]) -> list[tuple[s
 
 
 def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    file = Path(path)
-    if not file.is_file():
-        raise config_error([("(file)", f"config file '{path}' does not exist")])
-    raw = file.read_bytes()
+    raw = read_regular_file(path, "--config", "a YAML config file", MAX_CONFIG_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -470,6 +515,9 @@ def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
         raise config_error([("(file)", problem)], source=str(path)) from None
     try:
         data = yaml.load(text, Loader=_Loader)
+    except RecursionError:
+        raise config_error([("(file)", "not valid YAML: nested too deep (lists or mappings inside each other "
+                             "hundreds of levels down); flatten it")], source=str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -493,7 +541,9 @@ def _parse_override(override: str) -> tuple[str, Any, str]:
     try:
         return key, yaml.load(text, Loader=_Loader) if text.strip() else "", ""
     except yaml.YAMLError as exc:
-        return key, None, f"value {text!r} is not valid YAML: {getattr(exc, 'problem', None) or exc}"
+        return key, None, f"value {text[:80]!r} is not valid YAML: {getattr(exc, 'problem', None) or exc}"
+    except RecursionError:
+        return key, None, "value is nested too deep (lists or mappings hundreds of levels down); flatten it"
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> str:
@@ -582,6 +632,23 @@ def _takes_number_not_bool(annotation: Any) -> bool:
     if get_origin(annotation) is Annotated:
         return _takes_number_not_bool(get_args(annotation)[0])
     return annotation in (int, float)
+
+
+MAX_INT = 2**63 - 1  # an integer in free-form options (engine_kwargs): what torch, numpy and Ray's C++ take
+
+
+def _huge_int_at(value: Any, path: str = "") -> str | None:
+    """Where in `value` (lists and mappings) an integer beyond +-MAX_INT is, as `_nonfinite_at` says it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        what = f"an integer of {value.bit_length()} bits"
+        return None if abs(value) <= MAX_INT else f"{path} = {what}" if path else what
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _huge_int_at(item, f"{path}.{key}" if isinstance(value, dict) and path else
+                             str(key) if isinstance(value, dict) else f"{path}[{key}]")
+        if found is not None:
+            return found
+    return None
 
 
 def _nonfinite_at(value: Any, path: str = "") -> str | None:

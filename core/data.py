@@ -313,8 +313,10 @@ class PromptEncoder:
             ) from None
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model_path = model_path
         self.use_chat_template, self.max_prompt_length, self.system = use_chat_template, max_prompt_length, system
         self.truncation, self.template_kwargs = truncation, dict(template_kwargs or {})
+        _check_chat_template(self.tokenizer, model_path)
         ids = (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         self.stop_ids = sorted({i for i in ids if i is not None})
 
@@ -333,11 +335,16 @@ class PromptEncoder:
         elif self.system is not None:
             prompt = f"{self.system}\n\n{prompt}"
         template = {**self.template_kwargs, **({"tools": tools} if tools else {})}
-        if isinstance(prompt, list):
-            ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, **template)
-        elif self.use_chat_template and tok.chat_template:
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                          tokenize=True, **template)
+        if isinstance(prompt, list) or (self.use_chat_template and tok.chat_template):
+            from jinja2 import TemplateError
+
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            try:
+                ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **template)
+            except TemplateError as exc:  # the template's own raise_exception("..."), or a render error
+                raise RlcoreError(f"model '{self.model_path}': its chat template refused a prompt: {exc}; fix the "
+                                  "prompt (its roles, their order) or the template (chat_template.jinja or "
+                                  "tokenizer_config.json's chat_template)") from None
         else:
             ids = tok(prompt, add_special_tokens=False)["input_ids"]
         if hasattr(ids, "keys"):
@@ -421,6 +428,25 @@ class PromptSampler:
             raise ConfigError(f"the checkpoint's data position {state} is out of range for {len(self.rows)} rows")
         self.epoch, self.index = state["epoch"], state["index"]
         self._order = self._shuffled(self.epoch)
+
+
+def _check_chat_template(tokenizer: Any, model_path: str) -> None:
+    """A tokenizer's chat template (or each of its named ones) compiles as Jinja, as transformers compiles it; else
+    one line naming the model, the line and the fix (what `apply_chat_template` raised was a 49-line traceback)."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    templates = tokenizer.chat_template
+    named = templates.items() if isinstance(templates, dict) else [("", templates)] if templates else []
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    for name, text in named:
+        try:
+            environment.parse(text)
+        except TemplateSyntaxError as exc:
+            which = f"chat template '{name}'" if name else "chat template"
+            problem = (f"its {which} is not valid Jinja: line {exc.lineno}: {exc.message}; fix chat_template.jinja "
+                       "(or tokenizer_config.json's chat_template) there, or give another model")
+            raise ConfigError(f"model '{model_path}': {problem}", [("model", problem)]) from None
 
 
 def _tokenizer(model_path: str) -> Any:

@@ -13,6 +13,7 @@ logger.warning("step %d: %s", step, what)        # stderr: "rlcore: warning: ste
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import logging
@@ -71,7 +72,30 @@ def scrub(text: str) -> str:
     for secret in sorted(_redact.secrets, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, MASK)
+    if _redact.encoded is not None:
+        text = _redact.encoded.sub(MASK, text)
     return _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+
+
+def _encoded_forms(secret: str) -> tuple[set[str], set[str]]:
+    """(the URL-encoded forms of `secret`, the cores of its base64 forms): what a library writes for it in a query
+    string, a form body or an `Authorization: Basic` header (base64 of user:key, the key at any offset). A core is
+    the base64 of the secret's bytes that fill whole 3-byte groups at one of the three alignments, in the standard
+    and the URL-safe alphabet, so it is the same whatever precedes the secret; those under 8 characters are left out
+    (they would mask ordinary text)."""
+    from urllib.parse import quote, quote_plus
+
+    raw = secret.encode()
+    cores = set()
+    for lead in range(3):
+        encoded = base64.b64encode(b"\0" * lead + raw).decode()
+        core = encoded[4 * (-(-lead // 3)): 4 * ((lead + len(raw)) // 3)]
+        if len(core) >= 8:
+            cores |= {core, core.translate(_URLSAFE)}
+    return {quote(secret, safe=""), quote_plus(secret, safe="")} - {secret}, cores
+
+
+_URLSAFE = str.maketrans("+/", "-_")
 
 
 def scrub_data(value: Any) -> Any:
@@ -93,6 +117,9 @@ class _Redact(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.secrets: set[str] = set()
+        self.cores: set[str] = set()  # the secrets' base64 cores (`_encoded_forms`)
+        # a core with the up to 3 base64 characters either side that hold the secret's first and last bytes
+        self.encoded: re.Pattern[str] | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -264,8 +291,15 @@ def _library_roots() -> list[tuple[str, str]]:
 
 
 def redact(values: Iterable[str]) -> None:
-    """Never log these strings (API keys): every record has them replaced."""
-    _redact.secrets.update(v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET)
+    """Never log these strings (API keys), nor their URL-encoded or base64 forms: every record has them replaced."""
+    for value in values:
+        if isinstance(value, str) and len(value) >= MIN_SECRET and value not in _redact.secrets:
+            quoted, cores = _encoded_forms(value)
+            _redact.secrets.update({value, *quoted})
+            _redact.cores |= cores
+    if _redact.cores:
+        alternatives = "|".join(re.escape(c) for c in sorted(_redact.cores, key=len, reverse=True))
+        _redact.encoded = re.compile(rf"[A-Za-z0-9+/_-]{{0,3}}(?:{alternatives})[A-Za-z0-9+/_=-]{{0,3}}")
 
 
 def env_secrets(environ: Any = None) -> list[str]:
@@ -328,10 +362,32 @@ def open_own(path: str | os.PathLike, mode: str = "a", buffering: int = -1) -> A
 
 
 class _OwnFileHandler(logging.FileHandler):
-    """run.log, appended to without following a symbolic link (`open_own`)."""
+    """run.log, appended to without following a symbolic link (`open_own`). A write it cannot make (a full disk, a
+    file size limit) is said once on stderr, in one line, and the file is left as it is: no "--- Logging error ---"
+    traceback for each record."""
+
+    failed = False
 
     def _open(self) -> Any:
         return open_own(self.baseFilename, "a")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if self.failed or not isinstance(error, OSError):
+            return super().handleError(record) if not self.failed else None
+        self.failed = True
+        sys.stderr.write(f"rlcore: warning: cannot write {self.baseFilename}: {error.strerror or error}; run.log "
+                         "ends here\n")
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the last flush on a full disk: said in handleError, or nothing was left to write
+            self.stream = None
 
 
 class _Held(logging.Handler):

@@ -36,6 +36,7 @@ from . import hookspecs
 from .config import config_error, with_engine_keys, with_settings
 from .config import load_config as load_config_as_defined
 from .errors import NotRegistered, PluginError, did_you_mean
+from .paths import file_kind
 from .registry import EngineRegistry, Registry
 
 ENTRY_POINT_GROUP = "rlcore.plugins"
@@ -286,12 +287,13 @@ def import_plugin(spec: str) -> tuple[ModuleType, str]:
     path = Path(spec)
     if spec.endswith(".py") or os.sep in spec:
         if not path.is_file():
-            raise PluginError(f"plugin file '{spec}' does not exist")
+            kind = file_kind(path.stat().st_mode) if path.exists() else ""
+            raise PluginError(f"plugin file '{spec}' " + (f"is {kind}, not a .py file" if kind else "does not exist"))
         name = plugin_name(spec)
         module_name = f"rlcore_user_plugin_{name}"
         loader_spec = importlib.util.spec_from_file_location(module_name, path.resolve())
         if loader_spec is None or loader_spec.loader is None:
-            raise PluginError(f"cannot import plugin file '{spec}'")
+            raise PluginError(f"plugin file '{spec}' is not a .py file; give a path ending in .py or a dotted module")
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module
         try:
@@ -325,9 +327,15 @@ def load_plugins(extra: tuple[str, ...] = (), strict: bool | None = None) -> Plu
                 raise PluginError(message + " (RLCORE_STRICT_PLUGINS is set)") from exc
             plugins.failed[ep.name] = PluginInfo(ep.name, version, dist, error=f"{type(exc).__name__}: {exc}")
             warnings.warn(message, PluginLoadWarning, stacklevel=2)
-    given = {_absolute(s): s for s in (*_plugins_from_env(), *extra)}  # each once, in order
+    from_env = _plugins_from_env()
+    given = {_absolute(s): s for s in (*from_env, *extra)}  # each once, in order
     for spec in given.values():
-        module, name = import_plugin(spec)
+        try:
+            module, name = import_plugin(spec)
+        except PluginError as exc:
+            if spec not in from_env or spec in extra:
+                raise
+            raise PluginError(f"{PLUGINS_ENV} names {spec!r}: {exc}") from exc.__cause__
         if plugins.manager.is_registered(module):
             continue
         plugins.register(module, name, getattr(module, "__version__", ""), "", given=spec)

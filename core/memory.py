@@ -230,12 +230,15 @@ def plan_of(plugins: Any, algorithm: str, config: Any) -> tuple[MemoryPlan | Non
     from .testing import is_tiny
 
     trainer = plugins.algorithms.get(algorithm).trainer
+    if not hasattr(trainer, "roles"):
+        return None, {}
+    # the resource plan first, whatever the model: a plan that cannot be made is refused, never "nothing to plan"
+    resources = plan_from_config(config, roles=trainer.roles(config), policy=config.placement, plugins=plugins)
     if not hasattr(trainer, "memory_use") or is_tiny(getattr(config, "model", None)):
         return None, {}
     uses = trainer.memory_use(config)
     if not uses:
         return None, {}
-    resources = plan_from_config(config, roles=trainer.roles(config), policy=config.placement, plugins=plugins)
     plan = plan_memory(config, resources, uses, plugins)
     return (plan if plan.rows else None), uses
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RlcoreError
-from .log import logger, open_own
+from .log import logger, open_own, scrub_data
 
 
 def _plain(value: Any) -> Any:
@@ -46,7 +46,7 @@ class MetricsWriter:
         os.replace(tmp, self.path)
 
     def write(self, metrics: dict[str, Any]) -> None:
-        line = json.dumps(jsonable(metrics))
+        line = json.dumps(scrub_data(jsonable(metrics)))  # a hook's or a reward's text: no secret, in any encoding
         data = (line + "\n").encode("utf-8")
         with open_own(self.path, "ab", buffering=0) as f:  # unbuffered: nothing is left to write at close
             start = os.fstat(f.fileno()).st_size

@@ -8,8 +8,10 @@ panel, at step 0."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from .checkpoint import RUN_FILE
 from .errors import ConfigError, did_you_mean
 from .extras import MissingExtra
 from .metrics import MetricsWriter
+from .paths import file_kind, folder_problem
 
 DEFAULT_KEYS = ("reward", "kl", "completions/mean_length", "loss", "grad_norm")  # a run without a note
 
@@ -29,8 +32,32 @@ def metrics_file(path: str | Path) -> Path:
             raise ConfigError(f"plot: '{path}' holds no metrics.jsonl; pass a run's output_dir or its metrics.jsonl")
         return path / "metrics.jsonl"
     if not path.is_file():
-        raise ConfigError(f"plot: '{path}' does not exist; pass a run's output_dir or its metrics.jsonl")
+        kind = f"is {file_kind(path.stat().st_mode)}" if path.exists() else "does not exist"
+        raise ConfigError(f"plot: '{path}' {kind}; pass a run's output_dir or its metrics.jsonl")
     return path
+
+
+def _png_target(out: Path) -> Path:
+    """`out`, a PNG to write: refused in one line naming it where it is a folder, a FIFO or a device, or where its
+    folder is not one rlcore can write into."""
+    if out.exists() and not out.is_file():
+        raise ConfigError(f"plot: -o {out}: is {file_kind(out.stat().st_mode)}, not a file; give a .png path")
+    problem = folder_problem(out.parent if str(out.parent) else Path("."))
+    if problem:
+        raise ConfigError(f"plot: -o {out}: its folder {out.parent} {problem}; give a .png path in a writable folder")
+    return out
+
+
+def _save(fig: Any, out: Path) -> None:
+    """The figure into `out` by one rename: a full disk or a file size limit leaves no torn PNG and is one line."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=100, format="png")
+        os.replace(tmp, out)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise RlcoreError(f"plot: cannot write {out}: {exc.strerror or exc}; free some space, or give -o elsewhere") from None
 
 
 def run_note(metrics: Path) -> dict[str, Any]:
@@ -60,14 +87,16 @@ def plot_metrics(path: str | Path, keys: list[str] | None = None, out: str | Pat
             )
     else:
         keys = [k for k in note.get("plot_keys") or DEFAULT_KEYS if k in known] or known[:4]
-    out = Path(out) if out else path.with_suffix(".png")
+    out = _png_target(Path(out) if out else path.with_suffix(".png"))
     name, algorithm = path.parent.name or str(path), note.get("algorithm")
     title = f"{name}{f' ({algorithm})' if algorithm and algorithm != name else ''}: {len(rows)} steps"
     fig = figure(rows, keys, title)
-    fig.savefig(out, dpi=100)
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    try:
+        _save(fig, out)
+    finally:
+        plt.close(fig)
     return out
 
 

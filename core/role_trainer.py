@@ -118,10 +118,12 @@ class RoleTrainer(Trainer):
         cls.checked(config, plugins)
 
     @classmethod
-    def checked(cls, config: Any, plugins: Any, own: bool = True, run: bool = False) -> ResourcePlan | None:
+    def checked(cls, config: Any, plugins: Any, own: bool = True, run: bool = False,
+                models: bool = True) -> ResourcePlan | None:
         """The resource plan of `roles(config)` (None without roles), once the plan and (with `own`) the
-        algorithm's `problems` (with `run`, see there) are clean. `tiny` names are checked as what they build,
-        built in a temporary directory (a run builds its own in output_dir once every check passed)."""
+        algorithm's `problems` (with `run`, see there) are clean, and (with `models`) the models' files. `tiny`
+        names are checked as what they build, built in a temporary directory (a run builds its own in output_dir
+        once every check passed)."""
         unset = [(key, "is unset; name one (a demo's preset, examples/demo/*.yaml, names `tiny`: the tiny random "
                        "model, and `tiny:toy`: a toy dataset; rlcore run with neither --config nor model runs it)")
                  for key in cls.required if getattr(config, key, None) in (None, "", [])]
@@ -129,11 +131,11 @@ class RoleTrainer(Trainer):
             raise config_error(unset)
         if any(is_tiny(v) for v in _values(config)):
             with tempfile.TemporaryDirectory(prefix="rlcore-tiny-") as root:
-                return cls._checked(resolve_tiny(config, root), plugins, own, run)
-        return cls._checked(config, plugins, own, run)
+                return cls._checked(resolve_tiny(config, root), plugins, own, run, models)
+        return cls._checked(config, plugins, own, run, models)
 
     @classmethod
-    def _checked(cls, config: Any, plugins: Any, own: bool, run: bool) -> ResourcePlan | None:
+    def _checked(cls, config: Any, plugins: Any, own: bool, run: bool, models: bool = True) -> ResourcePlan | None:
         roles, plans = cls.roles(config), []
 
         def plan() -> None:
@@ -144,7 +146,7 @@ class RoleTrainer(Trainer):
         problems += engine_name_problems(config, plugins, roles)
         problems += train_engine_problems(config, plugins) if "train" in roles else []
         problems += other_engine_key_problems(config, roles) + engine_config_problems(config, plugins, roles)
-        uses = cls.models(config)  # the models' own files: read, never loaded
+        uses = cls.models(config) if models else []  # the models' own files: read, never loaded
         problems += model_problems(uses)
         problems += [problem for use in uses for role in use.roles if role in roles
                      for problem in generate_engine_problems(config, plugins, role, use.name)]

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import AliasChoices, BaseModel, Field, model_validator
 from pydantic.fields import FieldInfo
 
+from .bounds import MAX_COEF, MAX_RATE, MAX_STEPS, MAX_TIMEOUT_S, MAX_TOKENS, MAX_WORKERS
 from .config import BaseConfig, ConfigProblems, RoleConfig, RunConfig
 from .engines import OptimizerOptions
 from .errors import RlcoreError, did_you_mean
@@ -34,17 +35,17 @@ class OptimizerKeys(BaseConfig):
     """The optimizer and learning-rate schedule (AdamW; TRL's names), read into `OptimizerOptions`."""
 
     learning_rate: float = Field(
-        1e-6, gt=0, validation_alias=AliasChoices("learning_rate", "lr"), description="AdamW learning rate (alias: lr)"
+        1e-6, gt=0, le=MAX_RATE, validation_alias=AliasChoices("learning_rate", "lr"), description="AdamW learning rate (alias: lr)"
     )
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    weight_decay: float = Field(0.0, ge=0, le=MAX_RATE, description="AdamW weight decay")
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2")
-    adam_epsilon: float = Field(1e-8, gt=0, description="AdamW epsilon")
-    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0: off)")
+    adam_epsilon: float = Field(1e-8, gt=0, le=1, description="AdamW epsilon")
+    max_grad_norm: float = Field(1.0, ge=0, le=MAX_COEF, description="gradient clipping norm (0: off)")
     lr_scheduler_type: Literal["constant", "cosine", "linear"] = Field("constant", description="learning-rate schedule")
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="linear warm-up steps")
     min_lr: float = Field(
-        0.0, ge=0, description="the learning rate the cosine schedule decays to (Megatron's and ms-swift's min_lr); 0: to zero"
+        0.0, ge=0, le=MAX_RATE, description="the learning rate the cosine schedule decays to (Megatron's and ms-swift's min_lr); 0: to zero"
     )
 
     @model_validator(mode="after")
@@ -66,8 +67,8 @@ class OptimizerKeys(BaseConfig):
 class CheckpointKeys(BaseConfig):
     """When checkpoints are written and kept, and where a run continues from."""
 
-    save_steps: int = Field(0, ge=0, description="checkpoint every N steps; 0: only at the end")
-    save_total_limit: int | None = Field(None, ge=1, description="keep the newest N checkpoints")
+    save_steps: int = Field(0, ge=0, le=MAX_STEPS, description="checkpoint every N steps; 0: only at the end")
+    save_total_limit: int | None = Field(None, ge=1, le=MAX_STEPS, description="keep the newest N checkpoints")
     resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
 
 
@@ -78,7 +79,7 @@ class LoggingKeys(BaseConfig):
         "info", description="stderr and output_dir/run.log (--log-level wins); debug also shows third-party progress bars"
     )
     logging_steps: int = Field(
-        10, ge=1, description="print a line of the step's metrics every N steps (TRL's default); metrics.jsonl has every step"
+        10, ge=1, le=MAX_STEPS, description="print a line of the step's metrics every N steps (TRL's default); metrics.jsonl has every step"
     )
 
 
@@ -99,7 +100,7 @@ class PromptKeys(BaseConfig):
     system: str | None = Field(
         None, description="a system message opening every prompt that has none of its own (the row's wins, as in ms-swift)"
     )
-    max_prompt_length: int = Field(512, ge=1, description="tokens of a prompt at most (truncation_strategy says how)")
+    max_prompt_length: int = Field(512, ge=1, le=MAX_TOKENS, description="tokens of a prompt at most (truncation_strategy says how)")
     truncation_strategy: Literal["left", "right", "delete"] = Field(
         "left", description="a prompt longer than max_prompt_length: left keeps its last tokens, right its first, "
         "delete leaves its row out of the run (ms-swift's names)")
@@ -121,10 +122,10 @@ class MultiTurnKeys(BaseConfig):
     environment_factory: str | None = Field(
         None, description="TRL's environment_factory: module:Class with reset(); its public documented methods are the "
         "tools, its get_reward() (if any) the episode's environment reward")
-    max_turns: int | None = Field(None, ge=1, description="model turns per episode at most; unset: until the "
+    max_turns: int | None = Field(None, ge=1, le=MAX_STEPS, description="model turns per episode at most; unset: until the "
                                   "environment ends it or max_completion_length is reached")
-    max_turn_length: int | None = Field(None, ge=1, description="new tokens per turn at most; unset: max_completion_length")
-    environment_timeout: float = Field(60.0, gt=0, description="seconds an environment's reset or step may take; "
+    max_turn_length: int | None = Field(None, ge=1, le=MAX_TOKENS, description="new tokens per turn at most; unset: max_completion_length")
+    environment_timeout: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="seconds an environment's reset or step may take; "
                                        "longer, or raising, ends that episode with a recorded error")
 
     @property
@@ -180,8 +181,8 @@ class TrainRoleConfig(RoleConfig):
 
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
-    lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights")
-    lora_alpha: int = Field(32, description="LoRA scaling numerator")
+    lora_rank: int = Field(0, ge=0, le=MAX_WORKERS, description="LoRA rank; 0 trains all weights")
+    lora_alpha: int = Field(32, ge=1, le=MAX_WORKERS, description="LoRA scaling numerator")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout (with lora_rank > 0)")
     lora_target_modules: list[str] | str = Field("all-linear", description="modules LoRA adapts")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the engine")

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import log, watchdog
 from .checkpoint import (
-    RunLock, check_output_dir, checkpoints, finished_run, load_state, note_run, partial_run, remove_previous_run,
+    RunLock, RunRecord, check_output_dir, checkpoints, finished_run, load_state, partial_run, remove_previous_run,
     resolve_resume, save_checkpoint, save_final,
 )
 from .errors import ConfigError, RlcoreError
+from .integrity import check_folder
 from .log import BARE, STOP, logger, scrub_data
 from .metrics import MetricsWriter
 from .signals import StopOnSignal
@@ -193,18 +194,19 @@ class Trainer:
         checkpoint and exits (KeyboardInterrupt, or SystemExit 143), saying where it saved; a second one
         stops at once. `output_dir` is locked for the run's life.
         """
-        with self._locked(), StopOnSignal() as stop:
+        with self._locked() as record, StopOnSignal() as stop:
             if self.finished is not None:
                 return self.finished
-            with self.start():
-                return self._loop(stop)
+            with self.start(), self._ending(record, stop):
+                return self._loop(stop, record)
 
-    def _loop(self, stop: StopOnSignal) -> dict[str, Any]:
+    def _loop(self, stop: StopOnSignal, record: RunRecord) -> dict[str, Any]:
         """`fit`'s loop, once output_dir is locked and the roles run."""
         save_steps = self.save_steps
         stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
         self.restore()
         self.on_start()
+        record.began = True
         self.hook.rlcore_train_start(trainer=self)
         last: dict[str, Any] = {}
         saved = self.step
@@ -214,7 +216,7 @@ class Trainer:
                 return "nothing was saved (run again, without --resume)"
             lost = "" if self.step == saved else f"; step {self.step} was not saved" if self.step == saved + 1 \
                 else f"; steps {saved + 1}-{self.step} were not saved"
-            return f"checkpoint-{saved} holds step {saved}{lost} (continue with --resume)"
+            return f"{self.holder(saved)} holds step {saved}{lost} (continue with --resume)"
 
         where = None  # the checkpoint written after the loop, if any
         with stop.failing(held):
@@ -239,12 +241,17 @@ class Trainer:
             if where is not None:
                 stop.exit(f"after step {self.step}; saved {where} (continue with --resume)")
             elif self.step:
-                stop.exit(f"after step {self.step}, which checkpoint-{self.step} holds (continue with --resume)")
+                stop.exit(f"after step {self.step}, which {self.holder(self.step)} holds (continue with --resume)")
             stop.exit("before step 1; nothing was trained or saved (run again, without --resume)")
         last = self.on_end(last)
         self.hook.rlcore_train_end(trainer=self, metrics=last)
-        note_run(self.output_dir, "finished", self.run_note())
+        record.end()
         return last
+
+    def holder(self, step: int) -> str:
+        """What in output_dir holds `step` once saved, as a stop message names it: its checkpoint folder (a trainer
+        whose `save` writes elsewhere, such as an output's state file, says that)."""
+        return f"checkpoint-{step}"
 
     def run_note(self) -> dict[str, Any]:
         """What output_dir's rlcore_run.json says of the run besides its state: the algorithm, the plot's panels."""
@@ -276,9 +283,10 @@ class Trainer:
                           f"{held()}. Lower learning_rate, check that step's data{fix}")
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> Iterator[RunRecord]:
         """output_dir's lock for the run; once it is held, the check that refuses to overwrite a run again: a
-        run may have finished there while this one was being built."""
+        run may have finished there while this one was being built. Yields the run's record, whose end is written
+        however the run ends (`_ending` writes it first, before the roles' teardown)."""
         with RunLock(self.output_dir), log.to_file(self.output_dir):
             self.resume_from = self.resume_point()
             if self.resume_from is None and self.overwrite:
@@ -287,9 +295,21 @@ class Trainer:
                     logger.warning(f"overwrite_output_dir: this run replaces the earlier run in output_dir "
                                    f"'{self.output_dir}' (removed {', '.join(removed)}; its metrics.jsonl is replaced)")
             self.finished = self.finished_before()
-            if self.finished is None:
-                note_run(self.output_dir, "running", self.run_note())
+            record = RunRecord(self.output_dir, self.run_note())
+            if self.finished is None:  # a finished run's --resume trains nothing and leaves its record as it is
+                record.running()
+            with self._ending(record):
+                yield record
+
+    @contextlib.contextmanager
+    def _ending(self, record: RunRecord, stop: StopOnSignal | None = None) -> Iterator[None]:
+        """The record's end when the block raises: "stopped" by the signal, "failed" with why, or, for a run refused
+        before it began, the record it found."""
+        try:
             yield
+        except BaseException as exc:
+            record.end(exc, stop.signal if stop is not None else None)
+            raise
 
     def finished_before(self) -> dict[str, Any] | None:
         """Where `resume` names the last checkpoint of a run that finished (at max_steps or past it): says so and
@@ -396,15 +416,17 @@ class Trainer:
                         f"resume: {path} is at step {state['step']}, past max_steps={self.max_steps}; "
                         f"raise max_steps to train further"
                     )
+                check_folder(path)  # every piece whole before any is loaded: a damaged one is refused in one line
                 self.load_model(path)
                 self.load_state_dict(state)
                 break
             except ConfigError:  # the checkpoint is intact but does not fit this run: never passed over
                 raise
             except Exception as exc:
+                why = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:500]
                 if i + 1 == len(candidates):
-                    raise RlcoreError(f"cannot resume from {path}: {exc}") from exc
-                logger.warning(f"{path.name} is damaged ({exc}); resuming from {candidates[i + 1].name}")
+                    raise RlcoreError(f"cannot resume from {path}: {why}") from exc
+                logger.warning(f"{path.name} is damaged ({why}); resuming from {candidates[i + 1].name}")
         self.resume_from = path
         self.step = state["step"]
         self.metrics.resume_at(self.step)

@@ -132,14 +132,14 @@ def parse_ranks(value: Any) -> int | list[int]:
     if isinstance(value, bool):
         raise ValueError(f"ranks must be {_RANKS_FORMS}; got {value!r}")
     if isinstance(value, int):
-        if value < 1:
-            raise ValueError(f"a ranks count must be >= 1; got {value}")
+        if not 1 <= value <= MAX_RANKS:
+            raise ValueError(f"a ranks count must be between 1 and {MAX_RANKS}; got {value}")
         return value
     if isinstance(value, (list, tuple)):
-        if not value or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in value):
-            raise ValueError(f"a ranks list must hold non-negative ints; got {short(list(value))}")
         if len(value) > MAX_RANKS:
             raise ValueError(f"a ranks list names {len(value)} ranks; a plan holds at most {MAX_RANKS}")
+        if not value or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_RANKS for r in value):
+            raise ValueError(f"a ranks list must hold ints from 0 to {MAX_RANKS - 1}; got {short(list(value))}")
         if len(set(value)) != len(value):
             raise ValueError(f"a ranks list names a rank twice: {short(list(value))}")
         return list(value)
@@ -152,6 +152,9 @@ def parse_ranks(value: Any) -> int | list[int]:
             span = range(*numbers)  # lazy: its length is known before anything is expanded
             if len(span) > MAX_RANKS:
                 raise ValueError(f"ranks {value!r} names {len(span)} ranks; a plan holds at most {MAX_RANKS}")
+            if span and max(span[0], span[-1]) >= MAX_RANKS:
+                raise ValueError(f"ranks {value!r} names rank {max(span[0], span[-1])}; ranks go from 0 to "
+                                 f"{MAX_RANKS - 1}")
             ranks = list(span)
             if not ranks:
                 raise ValueError(f"ranks {value!r} is empty")
@@ -243,8 +246,8 @@ def _check_role(role: Any, key: str, known: list[str], problems: list) -> bool:
 def _positive_int(value: Any, key: str, problems: list) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        problems.append((key, f"must be a positive int; got {value!r}"))
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RANKS:
+        problems.append((key, f"must be an int from 1 to {MAX_RANKS}; got {value!r:.100}"))
         return None
     return value
 
@@ -320,6 +323,10 @@ def _from_device_groups(
             groups.append(Group(name, "CPU", ranks, tuple(workers)))
             continue
         if isinstance(ranks, int):
+            if next_rank + ranks > MAX_RANKS:
+                problems.append((f"{key}.ranks", f"{ranks} ranks after rank {next_rank - 1} go beyond rank "
+                                 f"{MAX_RANKS - 1}, the most a plan holds"))
+                continue
             ranks = list(range(next_rank, next_rank + ranks))
         next_rank = max(ranks) + 1
         groups.append(Group(name, "GPU", tuple(ranks), tuple(workers)))

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, GenerateRoleConfig
+from rlcore.bounds import MAX_BATCH, MAX_COEF, MAX_GIB, MAX_STEPS, MAX_TOKENS
 from rlcore.runtime import parse_ranks
 from rlcore.sections import (
     MultiTurnKeys, NonfiniteKeys, OptimizerKeys, PromptKeys, RolloutRoleConfig, TrainRoleConfig, TrainingConfig,
@@ -42,32 +43,32 @@ class GKDConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
         "tiny:chat", description="JSONL/JSON/Parquet file(s) with messages (ending in the assistant's turn) or prompt + "
         "completion; tiny:chat: short pairs whose last eval_size rows use words the others never do"
     )
-    max_completion_length: int = Field(128, ge=1, description="tokens of a completion at most, generated or from the data")
+    max_completion_length: int = Field(128, ge=1, le=MAX_TOKENS, description="tokens of a completion at most, generated or from the data")
 
     # schedule
-    max_steps: int = Field(100, ge=1, description="optimizer steps to run")
+    max_steps: int = Field(100, ge=1, le=MAX_STEPS, description="optimizer steps to run")
     learning_rate: float = default_of(OptimizerKeys, "learning_rate", 5e-7)
-    per_device_train_batch_size: int = Field(8, ge=1, description="sequences per micro-batch per train worker")
-    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    per_device_train_batch_size: int = Field(8, ge=1, le=MAX_BATCH, description="sequences per micro-batch per train worker")
+    gradient_accumulation_steps: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches per optimizer step")
 
     # distillation
     beta: float = Field(0.5, ge=0, le=1, description="generalized JSD mix: 0 forward KL(teacher || student), 1 reverse KL")
     lmbda: float = Field(0.5, ge=0, le=1, description="fraction of steps whose completions the student generates (on-policy)")
-    temperature: float = Field(0.9, gt=0, description="sampling temperature, and the temperature of both distributions in the loss")
-    sft_alpha: float = Field(0.0, ge=0, description="weight of the cross-entropy on dataset completions (off-policy steps)")
+    temperature: float = Field(0.9, gt=0, le=MAX_COEF, description="sampling temperature, and the temperature of both distributions in the loss")
+    sft_alpha: float = Field(0.0, ge=0, le=MAX_COEF, description="weight of the cross-entropy on dataset completions (off-policy steps)")
     gkd_logits_topk: int | None = Field(
-        None, ge=1, description="distil over the teacher's top-k tokens only; unset: the full vocabulary (colocated teacher only)"
+        None, ge=1, le=MAX_TOKENS, description="distil over the teacher's top-k tokens only; unset: the full vocabulary (colocated teacher only)"
     )
     seq_kd: bool = Field(False, description="not supported (ms-swift deprecated it); must stay false")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of on-policy completions")
-    top_k: int = Field(0, ge=0, description="top-k sampling of on-policy completions; 0 is off")
+    top_k: int = Field(0, ge=0, le=MAX_TOKENS, description="top-k sampling of on-policy completions; 0 is off")
 
     # held-out measure
-    eval_size: int = Field(0, ge=0, description="the dataset's last eval_size rows are held out; their JSD is logged as eval/jsd")
-    eval_steps: int = Field(10, ge=1, description="eval/jsd every eval_steps steps (and after the last one)")
+    eval_size: int = Field(0, ge=0, le=MAX_STEPS, description="the dataset's last eval_size rows are held out; their JSD is logged as eval/jsd")
+    eval_steps: int = Field(10, ge=1, le=MAX_STEPS, description="eval/jsd every eval_steps steps (and after the last one)")
 
     # outputs
-    weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")
+    weight_sync_bucket_mb: int = Field(512, ge=1, le=MAX_GIB, description="bucket size of train -> rollout weight sync")
     weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto", description="how train weights reach the rollout role on Ray (see GRPO's key of the same name)"
     )

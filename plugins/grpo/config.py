@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import AliasChoices, Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, RoleConfig
+from rlcore.bounds import MAX_BATCH, MAX_COEF, MAX_GIB, MAX_RATE, MAX_STEPS, MAX_TIMEOUT_S, MAX_TOKENS
 from rlcore.runtime import parse_ranks
 from rlcore.sections import (
     DTYPE_HELP, MultiTurnKeys, NonfiniteKeys, PromptKeys, RolloutRoleConfig, TrainRoleConfig, TrainingConfig,
@@ -41,7 +42,7 @@ class OrmRoleConfig(RoleConfig):
 
     model: str | None = Field(None, description="the reward model: a directory or hub id")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
-    batch_size: int = Field(16, ge=1, description="pairs scored per forward pass")
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="pairs scored per forward pass")
 
 
 class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
@@ -56,28 +57,28 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     )
 
     # schedule
-    max_steps: int = Field(30, ge=1, description="optimizer steps to run")
-    per_device_train_batch_size: int = Field(8, ge=1, description="completions per micro-batch per train worker")
-    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    max_steps: int = Field(30, ge=1, le=MAX_STEPS, description="optimizer steps to run")
+    per_device_train_batch_size: int = Field(8, ge=1, le=MAX_BATCH, description="completions per micro-batch per train worker")
+    gradient_accumulation_steps: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches per optimizer step")
     steps_per_generation: int | None = Field(
-        None, ge=1, description="micro-steps one generation feeds (TRL's meaning); unset: gradient_accumulation_steps"
+        None, ge=1, le=MAX_BATCH, description="micro-steps one generation feeds (TRL's meaning); unset: gradient_accumulation_steps"
     )
-    num_iterations: int = Field(1, ge=1, description="passes over each generation batch (TRL's mu)")
+    num_iterations: int = Field(1, ge=1, le=MAX_BATCH, description="passes over each generation batch (TRL's mu)")
 
     # sampling
     num_generations: int = Field(
-        8, ge=1, description="completions per prompt (the group size); 1 only with a teacher (its KL is the signal)"
+        8, ge=1, le=MAX_BATCH, description="completions per prompt (the group size); 1 only with a teacher (its KL is the signal)"
     )
-    max_completion_length: int = Field(256, ge=1, description="new tokens per completion at most")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    max_completion_length: int = Field(256, ge=1, le=MAX_TOKENS, description="new tokens per completion at most")
+    temperature: float = Field(1.0, gt=0, le=MAX_COEF, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
-    top_k: int = Field(0, ge=0, description="top-k sampling; 0 is off")
+    top_k: int = Field(0, ge=0, le=MAX_TOKENS, description="top-k sampling; 0 is off")
 
     # loss
-    beta: float = Field(0.0, ge=0, description="KL coefficient (k3); > 0 creates the reference role")
-    epsilon: float = Field(0.2, ge=0, description="lower clipping range of the ratio")
-    epsilon_high: float | None = Field(None, ge=0, description="upper clipping range (DAPO); unset: epsilon")
-    delta: float | None = Field(None, gt=1, description="two-sided clipping of the ratio at delta (TRL)")
+    beta: float = Field(0.0, ge=0, le=MAX_COEF, description="KL coefficient (k3); > 0 creates the reference role")
+    epsilon: float = Field(0.2, ge=0, le=MAX_RATE, description="lower clipping range of the ratio")
+    epsilon_high: float | None = Field(None, ge=0, le=MAX_RATE, description="upper clipping range (DAPO); unset: epsilon")
+    delta: float | None = Field(None, gt=1, le=MAX_COEF, description="two-sided clipping of the ratio at delta (TRL)")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
         "grpo",
         description="loss aggregation: grpo (mean of per-sequence token means), bnpo (token sum / the optimizer step's "
@@ -102,11 +103,11 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
         "[clip_min, clip_max], *_mask sets it to 0 outside",
     )
     vllm_importance_sampling_clip_max: float | None = Field(
-        3.0, gt=0,
+        3.0, gt=0, le=MAX_COEF,
         validation_alias=AliasChoices("vllm_importance_sampling_clip_max", "vllm_importance_sampling_cap"),
         description="upper bound of the correction ratio; unset: none (alias: vllm_importance_sampling_cap, TRL's older name)",
     )
-    vllm_importance_sampling_clip_min: float | None = Field(None, ge=0, description="lower bound of the correction ratio; unset: none")
+    vllm_importance_sampling_clip_min: float | None = Field(None, ge=0, le=MAX_COEF, description="lower bound of the correction ratio; unset: none")
 
     # a teacher's KL (ms-swift's OPD-RL)
     teacher_model: str | None = Field(
@@ -114,7 +115,7 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
         "add teacher_kl_coef * (teacher - old policy log-prob) to each token's advantage"
     )
     teacher_kl_coef: float = Field(
-        1.0, description="with a teacher: the coefficient of its per-token log-ratio in the advantage (ms-swift's)"
+        1.0, ge=0, le=MAX_COEF, description="with a teacher: the coefficient of its per-token log-ratio in the advantage (ms-swift's)"
     )
     offload_teacher_model: bool = Field(
         False, description="a teacher in the train workers: keep it in CPU memory, brought to the device for its forward"
@@ -127,7 +128,7 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     # filtering
     mask_truncated_completions: bool = Field(False, description="exclude completions cut at max_completion_length from the loss")
     dynamic_sample: bool = Field(False, description="DAPO: resample groups whose rewards are all equal")
-    max_resample_times: int = Field(3, ge=0, description="dynamic_sample: extra generations per step at most")
+    max_resample_times: int = Field(3, ge=0, le=MAX_BATCH, description="dynamic_sample: extra generations per step at most")
 
     # rewards
     reward_funcs: list[str] = Field(
@@ -137,12 +138,12 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     reward_kwargs: dict[str, dict[str, Any]] = Field(default_factory=dict, description="options per reward function")
     strict_rewards: bool = Field(False, description="a raising reward function stops the run")
     reward_timeout_s: float = Field(
-        600.0, gt=0, allow_inf_nan=False, description="one call of a reward function running longer than this "
+        600.0, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, description="one call of a reward function running longer than this "
         "counts as a reward error for each completion it was scoring"
     )
 
     # outputs
-    weight_sync_bucket_mb: int = Field(512, ge=1, description="bucket size of train -> rollout weight sync")
+    weight_sync_bucket_mb: int = Field(512, ge=1, le=MAX_GIB, description="bucket size of train -> rollout weight sync")
     weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto",
         description="on Ray: nccl/gloo broadcast from train rank 0 (separate roles), cuda_ipc (colocated on GPUs) or "

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from rlcore.bounds import MAX_MICRO_TOKENS
+
 ONLY = {"engine_only": True}  # set under another train engine, a key of this one is refused
 
 
@@ -28,7 +30,7 @@ class HFTrainKeys(HFForwardKeys):
     """The hf train engine's keys: the forward ones plus the token budget of a packed micro-batch."""
 
     max_tokens_per_micro_batch: int | None = Field(
-        None, ge=1, json_schema_extra=ONLY, description="tokens of one packed micro-batch at most (engine hf, with padding_free; unset: the rows' own)")
+        None, ge=1, le=MAX_MICRO_TOKENS, json_schema_extra=ONLY, description="tokens of one packed micro-batch at most (engine hf, with padding_free; unset: the rows' own)")
 
 
 __all__ = ["HFForwardKeys", "HFTrainKeys"]

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from rlcore.bounds import MAX_WORKERS
+
 
 class MegatronKeys(BaseModel):
-    tensor_model_parallel_size: int = Field(1, ge=1, json_schema_extra={"engine_only": True}, description="tensor parallel size (engine megatron)")
-    pipeline_model_parallel_size: int = Field(1, ge=1, json_schema_extra={"engine_only": True}, description="pipeline parallel size (engine megatron)")
+    tensor_model_parallel_size: int = Field(1, ge=1, le=MAX_WORKERS, json_schema_extra={"engine_only": True}, description="tensor parallel size (engine megatron)")
+    pipeline_model_parallel_size: int = Field(1, ge=1, le=MAX_WORKERS, json_schema_extra={"engine_only": True}, description="pipeline parallel size (engine megatron)")
 
 
 __all__ = ["MegatronKeys"]

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from rlcore import ConfigProblems, GenerateRoleConfig, LoggingKeys, RoleConfig, RunConfig
+from rlcore.bounds import MAX_BATCH, MAX_COEF, MAX_SCORE, MAX_TIMEOUT_S, MAX_TOKENS
 from rlcore.sections import DTYPE_HELP
 
 from .select import AGGREGATIONS
@@ -26,7 +27,7 @@ class ScorerRoleConfig(RoleConfig):
     engine_kinds: ClassVar[tuple[str, ...]] = ("reward",)
 
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
-    batch_size: int = Field(16, ge=1, description="candidates scored per forward pass")
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="candidates scored per forward pass")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="further options for the scorer")
 
 
@@ -44,21 +45,21 @@ class SampleConfig(LoggingKeys, RunConfig):
         None, description="[i, n]: sample shard i of n (contiguous; the first shards take one row more, none is dropped)"
     )
     use_chat_template: bool = Field(True, description="wrap text prompts with the tokenizer's chat template")
-    max_prompt_length: int = Field(2048, ge=1, description="prompts are cut to their last max_prompt_length tokens")
+    max_prompt_length: int = Field(2048, ge=1, le=MAX_TOKENS, description="prompts are cut to their last max_prompt_length tokens")
     system: str | None = Field(None, description="a system message put before every prompt (replacing the row's own)")
 
     # sampling
-    num_return_sequences: int = Field(8, ge=1, description="candidates generated per prompt")
-    max_new_tokens: int = Field(512, ge=1, description="new tokens per candidate at most")
-    temperature: float = Field(1.0, ge=0, description="sampling temperature")
+    num_return_sequences: int = Field(8, ge=1, le=MAX_BATCH, description="candidates generated per prompt")
+    max_new_tokens: int = Field(512, ge=1, le=MAX_TOKENS, description="new tokens per candidate at most")
+    temperature: float = Field(1.0, ge=0, le=MAX_COEF, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
-    top_k: int = Field(0, ge=0, description="top-k sampling; 0 is off")
+    top_k: int = Field(0, ge=0, le=MAX_TOKENS, description="top-k sampling; 0 is off")
     seed_per_prompt: bool = Field(
         True, description="draw each prompt's candidates with a seed of its own (from seed and the row's id): the "
         "output does not depend on the number of sampler workers or the batch; false batches prompts in one engine "
         "call (faster with vLLM, but the samples then depend on the split)"
     )
-    batch_size: int = Field(64, ge=1, description="prompts per batch; the output is committed after every batch")
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="prompts per batch; the output is committed after every batch")
 
     # scoring and selection
     orm_model: str | None = Field(
@@ -73,15 +74,15 @@ class SampleConfig(LoggingKeys, RunConfig):
         "step's last token"
     )
     prm_aggregation: Literal["min", "last", "prod"] = Field("min", description="step scores -> one score (as ms-swift: min)")
-    orm_threshold: float = Field(0.0, description="a candidate passes when its ORM score is above this")
-    prm_threshold: float = Field(0.0, description="a candidate passes when its aggregated PRM score is above this")
+    orm_threshold: float = Field(0.0, ge=-MAX_SCORE, le=MAX_SCORE, description="a candidate passes when its ORM score is above this")
+    prm_threshold: float = Field(0.0, ge=-MAX_SCORE, le=MAX_SCORE, description="a candidate passes when its aggregated PRM score is above this")
     easy_query_threshold: float | None = Field(
         None, ge=0, le=1, description="drop a prompt when at least this fraction of its candidates pass the ORM"
     )
-    n_best_to_keep: int = Field(1, ge=1, description="best candidates kept per prompt, each with a rejected partner")
+    n_best_to_keep: int = Field(1, ge=1, le=MAX_BATCH, description="best candidates kept per prompt, each with a rejected partner")
     strict_rewards: bool = Field(False, description="a reward function failing on a candidate stops the run")
     reward_timeout_s: float = Field(
-        600.0, gt=0, allow_inf_nan=False, description="one call of a reward function running longer than this "
+        600.0, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, description="one call of a reward function running longer than this "
         "counts as a reward error for each candidate it was scoring"
     )
 
@@ -155,11 +156,11 @@ class DistillConfig(SampleConfig):
         None, description="the endpoint's key; better unset, taking the environment's OPENAI_API_KEY (or 'EMPTY' for "
         "a local server). A key given here is used, and never written or printed (shown as '**********')"
     )
-    num_return_sequences: int = Field(1, ge=1, description="responses asked per prompt")
-    max_concurrency: int = Field(16, ge=1, description="requests in flight at once")
-    max_retries: int = Field(5, ge=0, description="retries of a request failing with 429, 5xx or a timeout")
-    retry_backoff_s: float = Field(1.0, ge=0, description="first retry's wait; doubled every retry (with jitter)")
-    request_timeout_s: float = Field(300.0, gt=0, description="seconds one request may take")
+    num_return_sequences: int = Field(1, ge=1, le=MAX_BATCH, description="responses asked per prompt")
+    max_concurrency: int = Field(16, ge=1, le=MAX_BATCH, description="requests in flight at once")
+    max_retries: int = Field(5, ge=0, le=MAX_BATCH, description="retries of a request failing with 429, 5xx or a timeout")
+    retry_backoff_s: float = Field(1.0, ge=0, le=MAX_TIMEOUT_S, description="first retry's wait; doubled every retry (with jitter)")
+    request_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S, description="seconds one request may take")
 
     @property
     def uses_local_sampler(self) -> bool:

@@ -219,6 +219,10 @@ class SampleTrainer(RoleTrainer):
         """Each step committed its batch; the state file says where the run is."""
         return self.output.state_path
 
+    def holder(self, step: int) -> str:
+        """No checkpoint-N: the output so far and its state file hold every committed batch."""
+        return f"{self.output.partial.name} with {self.output.state_path.name}"
+
     def on_end(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Publish the output under its final name; return a summary."""
         if not self.done_before:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rlcore import BaseConfig, ConfigProblems, DeviceKeys
+from rlcore.bounds import MAX_BATCH, MAX_STEPS, MAX_TOKENS, MAX_WORKERS
 from rlcore.sections import DTYPE_HELP, OptimizerKeys, TrainingConfig, default_of
 
 
@@ -25,7 +26,7 @@ class LMConfig(TrainingConfig):
         None, description="local JSONL/JSON/Parquet file(s) (tiny:sft, tiny:pt: toy arithmetic conversations, sentences)"
     )
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description=DTYPE_HELP)
-    max_length: int | None = Field(1024, ge=1, description="tokens per sequence (or per packed block) at most")
+    max_length: int | None = Field(1024, ge=1, le=MAX_TOKENS, description="tokens per sequence (or per packed block) at most")
     packing: bool = Field(False, description="pack several rows into one sequence of max_length")
     dataset_cache_dir: str | None = Field(
         None, description="where each node stores the rows and their tokenised form once (node-local disk); unset: "
@@ -33,27 +34,27 @@ class LMConfig(TrainingConfig):
     )
 
     # schedule
-    max_steps: int | None = Field(None, ge=1, description="optimizer steps; unset: num_train_epochs over the data")
-    num_train_epochs: float = Field(3.0, gt=0, description="passes over the data when max_steps is unset")
+    max_steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="optimizer steps; unset: num_train_epochs over the data")
+    num_train_epochs: float = Field(3.0, gt=0, le=MAX_STEPS, description="passes over the data when max_steps is unset")
     learning_rate: float = default_of(OptimizerKeys, "learning_rate", 2e-5)
     lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = Field(
         "linear", description="learning-rate schedule (transformers' names)"
     )
-    warmup_steps: float = Field(0.0, ge=0, description="warm-up steps; a value below 1 is a fraction of max_steps")
-    per_device_train_batch_size: int = Field(8, ge=1, description="rows (or packed sequences) per micro-batch per worker")
-    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    warmup_steps: float = Field(0.0, ge=0, le=MAX_STEPS, description="warm-up steps; a value below 1 is a fraction of max_steps")
+    per_device_train_batch_size: int = Field(8, ge=1, le=MAX_BATCH, description="rows (or packed sequences) per micro-batch per worker")
+    gradient_accumulation_steps: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches per optimizer step")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
     bf16: bool = Field(False, description="bfloat16 mixed precision (autocast)")
     fp16: bool = Field(False, description="float16 mixed precision (autocast with a loss scaler)")
-    dataloader_num_workers: int = Field(0, ge=0, description="data-loading processes per worker")
+    dataloader_num_workers: int = Field(0, ge=0, le=MAX_WORKERS, description="data-loading processes per worker")
     run_ahead: bool = Field(
         True, description="each worker starts its next optimizer step while the driver logs the last one (not before "
         "a checkpoint or the last step; a signal then stops after that step); false: every step waits for the driver"
     )
 
     # LoRA (ms-swift's names; through peft)
-    lora_rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights")
-    lora_alpha: int = Field(32, ge=1, description="LoRA scaling numerator")
+    lora_rank: int = Field(0, ge=0, le=MAX_WORKERS, description="LoRA rank; 0 trains all weights")
+    lora_alpha: int = Field(32, ge=1, le=MAX_WORKERS, description="LoRA scaling numerator")
     lora_dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout")
     lora_target_modules: list[str] | str = Field("all-linear", description="modules LoRA adapts")
 

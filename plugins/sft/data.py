@@ -22,6 +22,7 @@ from typing import Any
 
 from rlcore import ConfigError
 from rlcore.data import conversation_view, dataset_error, dataset_file, load_rows
+from rlcore.paths import writable_folder
 
 KINDS = ("sft", "pt")
 
@@ -105,6 +106,19 @@ def _few(numbers: list[int]) -> str:
     return ", ".join(map(str, numbers[:5])) + (f", ... ({len(numbers)} in all)" if len(numbers) > 5 else "")
 
 
+def cache_folder(cache_root: str | None = None) -> tuple[Path, str]:
+    """Where a node stores its datasets, and what named it (dataset_cache_dir, RLCORE_DATA_CACHE, or the system's
+    temporary directory), for a message that says which to change."""
+    if cache_root:
+        return Path(cache_root), "dataset_cache_dir"
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]), CACHE_ENV
+    return Path(tempfile.gettempdir()) / "rlcore-datasets", "the temporary directory (TMPDIR)"
+
+
+CACHE_ENV = "RLCORE_DATA_CACHE"
+
+
 def node_dataset(
     paths: list[str], kind: str, cache_root: str | None = None, names: dict[str, list[str]] | None = None
 ) -> tuple[Any, bool]:
@@ -115,12 +129,12 @@ def node_dataset(
 
     files = [(dataset_file(p)[0].expanduser().resolve(), dataset_file(p)[1]) for p in paths]  # FILE#N: its first N rows
     key = json.dumps([kind, names or {}] + [[str(f), n, f.stat().st_size, f.stat().st_mtime_ns] for f, n in files])
-    root = Path(cache_root or os.environ.get("RLCORE_DATA_CACHE") or Path(tempfile.gettempdir()) / "rlcore-datasets")
+    root, named = cache_folder(cache_root)
     folder = root / hashlib.sha256(key.encode()).hexdigest()[:20]
     read = not (folder / "dataset_info.json").is_file()
     if read:
         rows = read_rows([str(f) + (f"#{n}" if n is not None else "") for f, n in files], kind, names)
-        root.mkdir(parents=True, exist_ok=True)
+        writable_folder(root, named)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
         try:
             try:

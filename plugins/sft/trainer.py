@@ -18,11 +18,12 @@ from typing import Any
 from rlcore import ConfigError, ModelUse, RoleSetup, RoleTrainer, announce
 from rlcore.data import has_conversations, model_problem
 from rlcore.memory import RoleUse
+from rlcore.paths import folder_problem
 from rlcore.runtime import load_state
 
 from .build import build_pt, build_sft, trainer_kwargs_problems
 from .config import LMConfig, PretrainConfig, SFTConfig
-from .data import check_files
+from .data import cache_folder, check_files
 from .worker import CHECKPOINT, LMWorker
 
 ROLE = "default"
@@ -67,6 +68,10 @@ class LMTrainer(RoleTrainer):
         if unloadable:  # before the workers' hub client retries for a minute
             problems.append(("model", unloadable))
         problems.extend(check_files(config.datasets, cls.kind))
+        root, named = cache_folder(config.dataset_cache_dir)
+        unusable = folder_problem(root)
+        if unusable:  # as each worker's node_dataset would refuse it; the message names the variable that gave it
+            problems.append(("dataset_cache_dir", f"{named} {root}: {unusable}; give a writable folder"))
         return problems
 
     @classmethod

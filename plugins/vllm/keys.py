@@ -8,13 +8,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from rlcore.bounds import MAX_TOKENS, MAX_WORKERS
+
 
 class VLLMKeys(BaseModel):
     """What every vLLM engine takes: its parallelism, memory share, context and engine arguments."""
 
-    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per engine (worker)")
+    vllm_tensor_parallel_size: int = Field(1, ge=1, le=MAX_WORKERS, description="vLLM tensor parallelism per engine (worker)")
     vllm_gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of GPU memory vLLM takes")
-    vllm_max_model_len: int | None = Field(None, description="vLLM context length (prompt + completion)")
+    vllm_max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS, description="vLLM context length (prompt + completion)")
     vllm_enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
     vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
 
@@ -35,7 +37,7 @@ class VLLMRolloutKeys(VLLMKeys):
         False, json_schema_extra={"engine_only": True}, description="with train LoRA: each sync sends only the adapter, which vLLM serves as a LoRA request "
         "(ms-swift's key); output_dir must be visible to the rollout nodes"
     )
-    vllm_max_lora_rank: int = Field(16, ge=1, description="vLLM's max_lora_rank (>= train.lora_rank), with vllm_enable_lora")
+    vllm_max_lora_rank: int = Field(16, ge=1, le=MAX_WORKERS, description="vLLM's max_lora_rank (>= train.lora_rank), with vllm_enable_lora")
 
 
 __all__ = ["VLLMKeys", "VLLMRolloutKeys"]

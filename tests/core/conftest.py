@@ -80,3 +80,30 @@ def python_m_rlcore(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
     return run
+
+
+def cli_in_process(*args: str) -> tuple[int, str]:
+    """`rlcore ARGS` in this process (no interpreter start, so a test may try many inputs): its exit status and
+    stderr, a traceback that escapes included."""
+    import contextlib
+    import io
+    import traceback
+
+    from rlcore.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(list(args))
+        except SystemExit as exc:  # argparse
+            rc = exc.code if isinstance(exc.code, int) else 2
+        except BaseException as exc:  # noqa: BLE001 - what the user would see: a traceback
+            err.write("".join(traceback.format_exception(exc)))
+            rc = 1
+    return rc, err.getvalue()
+
+
+@pytest.fixture(scope="session")
+def cli() -> Callable[..., tuple[int, str]]:
+    """`cli_in_process`: `rlcore ARGS` in this process, giving (exit status, stderr)."""
+    return cli_in_process

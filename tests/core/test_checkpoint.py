@@ -225,3 +225,70 @@ def test_metrics_and_run_log_are_never_written_through_a_symlink_nor_left_torn(t
     done = subprocess.run([sys.executable, "-c", code], cwd=full, capture_output=True, text=True, timeout=60)
     assert "cannot write metrics.jsonl: File too large; the step's metrics are not in it" in done.stderr, done.stderr
     assert (full / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_rlcore_run_json_says_how_every_run_ended_and_a_refused_run_leaves_it_as_it_was(example_plugin, tmp_path,
+                                                                                       monkeypatch):
+    """The example plugin's trainer (real, in this process): stopped by SIGINT at step 2 -> "stopped" (it said
+    "running"); resumed to the end -> "finished"; a --resume of the finished run, refused -> the record byte for
+    byte; a run that fails at step 2 -> "failed" with the first line of why."""
+    import os
+    import signal
+
+    from rlcore import RlcoreError, hookimpl, load_plugins
+    from rlcore_example.trainer import LineFitConfig, LineFitTrainer
+
+    class At:
+        def __init__(self, step, act):
+            self.step, self.act = step, act
+
+        @hookimpl
+        def rlcore_step_end(self, trainer, step, metrics):
+            if step == self.step:
+                self.act()
+
+    def fit(*hooks, **keys):
+        plugins = load_plugins()
+        for i, hook in enumerate(hooks):
+            plugins.register(hook, f"at-{i}")
+        config = LineFitConfig(output_dir=str(out), steps=4, save_steps=1, num_workers=1, **keys)
+        return LineFitTrainer(config, plugins).fit()
+
+    def record():
+        return json.loads((out / "rlcore_run.json").read_text())
+
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        fit(At(2, lambda: os.kill(os.getpid(), signal.SIGINT)))
+    assert record() == {"state": "stopped", "algorithm": "example", "plot_keys": ["loss", "w", "b"], "reason": "SIGINT"}
+    fit(resume="auto")
+    assert record()["state"] == "finished"
+    before = (out / "rlcore_run.json").read_bytes()
+    with pytest.raises(ConfigError, match="already max_steps=4"):
+        fit(resume="auto")
+    assert (out / "rlcore_run.json").read_bytes() == before
+
+    def disk_full():
+        raise RlcoreError(f"cannot write {out / 'metrics.jsonl'}: No space left on device\nmore detail")
+
+    out = tmp_path / "failing"
+    with pytest.raises(RlcoreError):
+        fit(At(2, disk_full))
+    assert record()["state"] == "failed"
+    assert record()["reason"] == f"cannot write {out / 'metrics.jsonl'}: No space left on device"
+
+
+def test_on_a_full_disk_the_run_record_still_ends_true(example_plugin, tmp_path):
+    """A real file size limit (as a full disk) reached by metrics.jsonl at step 3, in a child process: the run fails
+    in one line, and rlcore_run.json, rewritten in place where a new file cannot be written, says "failed"."""
+    import subprocess
+    import sys
+
+    limited = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (350, resource.RLIM_INFINITY)); "
+               "from rlcore.cli import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", limited, "run", "--plugin", "example", "steps=6", "save_steps=0",
+                           "num_workers=1", f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    record = json.loads((tmp_path / "run" / "rlcore_run.json").read_text())
+    assert record["state"] == "failed" and "metrics.jsonl" in record["reason"], (record, done.stderr)

@@ -104,7 +104,7 @@ def test_configure_can_reject_a_config(observed, tmp_path):
         (["run", "--plugin", "exmaple"], ["no plugin or algorithm is called 'exmaple'", "Did you mean 'example'?"]),
         (["run", "--plugin", "example", "stpes=3"], ["stpes: unknown key 'stpes'. Did you mean 'steps'?"]),
         (["run", "--plugin", "example", "steps=many"], ["steps: Input should be a valid integer", "'many'"]),
-        (["run", "--plugin", "example", "--config", "missing.yaml"], ["config file 'missing.yaml' does not exist"]),
+        (["run", "--plugin", "example", "--config", "missing.yaml"], ["--config missing.yaml: does not exist"]),
         (["run", "--plugin", "interrupted", "--resume"], ["algorithm 'interrupted' has no 'resume' key"]),
         (["run", "--plugin", "example", "steps=14"], ["in rlcore_configure", "lr: Input should be greater than 0"]),
     ],

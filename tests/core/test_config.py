@@ -268,6 +268,43 @@ def test_the_demo_preset_validates_and_a_config_without_a_model_says_how_to_name
     assert "per_device_train_batch_size (8) x train workers (1) x steps_per_generation (1) = 8" in done.stderr
 
 
+def laughs(levels: int) -> str:
+    """A billion laughs: each level an alias list of ten of the level below, `levels` of them: 10**(levels + 1) values."""
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\nseed: 1\n"
+
+
+def test_yaml_that_expands_is_refused_in_one_line_naming_the_limit_before_it_is_built(tmp_path, monkeypatch):
+    """Nested aliases, a file over the size limit, an integer of thousands of digits, nesting thousands deep: one
+    problem naming the limit, from the composed nodes (a billion laughs is its 100 nodes), nothing built. Aliases
+    within the limit still read as before."""
+    import yaml
+
+    from rlcore import config as config_module
+
+    built = []
+    monkeypatch.setattr(config_module._Loader, "construct_object",
+                        lambda self, node, deep=False: built.append(node) or yaml.SafeLoader.construct_object(self, node, deep))
+    path = tmp_path / "c.yaml"
+    path.write_text(laughs(5))  # 10**6 values: without the limit it is built, and read slowly, not hung
+    with pytest.raises(ConfigError) as refused:
+        load_config(RunConfig, str(path))
+    assert "expand to more than 100,000 values, over rlcore's limit of 100,000" in str(refused.value)
+    assert len(str(refused.value).splitlines()) == 2 and not built  # the summary and the problem; nothing built
+    monkeypatch.undo()
+    path.write_text("base: &b {nproc_per_node: 2}\ndevice_groups: *b\nseed: 1\n")
+    with pytest.raises(ConfigError, match="unknown key 'base'"):  # aliases within the limit work
+        load_config(RunConfig, str(path))
+    for text, said in [("seed: 1\n" + "#" * (4 << 20), "over rlcore's limit of 4 MiB"),
+                       ("seed: " + "9" * 5000 + "\n", "an integer of 5000 digits"),
+                       ("seed: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deep")]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=said) as refused:
+            load_config(RunConfig, str(path))
+        assert len(str(refused.value).splitlines()) <= 2, str(refused.value)
+
+
 def test_a_key_given_twice_in_a_yaml_file_is_refused_naming_the_key_and_both_lines(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("learning_rate: 1e-3\ntrain:\n  gpus: 1\n  gpus: 2\nseed: 1\nlearning_rate: 2e-3\n")

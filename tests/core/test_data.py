@@ -292,3 +292,30 @@ def test_chat_template_kwargs_reach_the_template(tiny):
         encoder.tokenizer.chat_template = THINKING_TEMPLATE
     plain, quiet = (encoder.tokenizer.decode(encoder.encode("hi")) for encoder in encoders)
     assert plain.endswith("<assistant>") and quiet.endswith("<assistant><think></think>")
+
+
+def test_a_chat_template_that_is_not_jinja_or_refuses_a_prompt_is_one_line_naming_the_model(tiny, tmp_path):
+    """A Jinja syntax error in the model's chat template was a 49-line traceback from `encode`: one problem at
+    load, naming the model, the line and the file; a template's own raise_exception on a prompt is one line too."""
+    import shutil
+
+    from rlcore import RlcoreError
+    from rlcore.data import PromptEncoder
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny, model)
+    (model / "chat_template.jinja").write_text("{% for m in messages %}\n{{ m.content }\n{% endfor %}")
+    with pytest.raises(ConfigError) as refused:
+        PromptEncoder(str(model))
+    assert str(refused.value) == (f"model '{model}': its chat template is not valid Jinja: line 2: unexpected '}}'; "
+                                  "fix chat_template.jinja (or tokenizer_config.json's chat_template) there, or give "
+                                  "another model")
+    assert refused.value.problems[0][0] == "model"
+    (model / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role here') }}{% endif %}"
+        "{{ m.content }}{% endfor %}")
+    encoder = PromptEncoder(str(model), system="be brief")
+    with pytest.raises(RlcoreError, match=r"its chat template refused a prompt: no system role here; fix") as refused:
+        encoder.encode("1+1?")
+    assert "\n" not in str(refused.value)
+    assert PromptEncoder(str(model)).encode("1+1?")  # without a system message it renders

@@ -5,6 +5,7 @@ for the learning rate, and no secret in the log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -200,7 +201,8 @@ def test_scrub_hides_known_secrets_url_credentials_and_tracebacks(monkeypatch):
                                 "OPENAI_API_KEY": "EMPTY"}))
     log.redact(log.secrets_in_data({"api_key": ["sk-a1", {"x": 12345}], "reward": {"hf_token": "tok-9"},
                                     "api_base": "https://u:pw-77@h/v1", "model": "m"}))
-    assert log._redact.secrets == {"hf_abcdef", "w4ndb", "sk-a1", "12345", "tok-9", "u:pw-77", "pw-77"}
+    assert log._redact.secrets == {"hf_abcdef", "w4ndb", "sk-a1", "12345", "tok-9", "u:pw-77", "pw-77",
+                                   "u%3Apw-77"}  # and its URL-encoded form
     assert log.scrub("hf_abcdef in https://x:y@host/a and ssh://tok@h") == "********** in https://**********@host/a and ssh://**********@h"
     assert log.scrub_data({"a": ["sk-a1", 3], "b": "tok-9!"}) == {"a": ["**********", 3], "b": "**********!"}
     record = logging.LogRecord("rlcore", logging.ERROR, __file__, 1, "failed: %s", ("w4ndb",), None)
@@ -212,6 +214,41 @@ def test_scrub_hides_known_secrets_url_credentials_and_tracebacks(monkeypatch):
     text = logging.Formatter().format(record)
     assert "failed: **********" in text and "the key ********** was refused" in text and "tok-9" not in text
 
+
+
+def test_a_secret_in_base64_or_url_encoded_never_reaches_stderr_run_log_or_metrics(tmp_path, monkeypatch):
+    """A server echoing `Authorization: Basic base64(user:key)`, a key in a query string or a form body: masked
+    in every record and in metrics.jsonl, whatever precedes the key inside the base64."""
+    import base64
+    import json
+    from urllib.parse import quote, quote_plus
+
+    from rlcore import log
+    from rlcore.metrics import MetricsWriter
+
+    for name in ("secrets", "cores"):
+        monkeypatch.setattr(log._redact, name, set())
+    monkeypatch.setattr(log._redact, "encoded", None)
+    key = "sk-pr0j/Ab+c d&e=f?g"
+    log.redact([key])
+    said = []
+    for user in ("", "u", "us", "someone"):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            said.append(f"401: Authorization: Basic {encode(f'{user}:{key}'.encode()).decode()} was refused")
+    said += [f"GET /v1?api_key={quote(key, safe='')}&x=1", f"body: key={quote_plus(key)}",
+             f"raw {base64.b64encode(key.encode()).decode()}"]
+    record = logging.LogRecord("rlcore", logging.ERROR, __file__, 1, "%s", ("\n".join(said),), None)
+    log._redact.filter(record)
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl")
+    metrics.write({"step": 1, "error": "\n".join(said)})
+    for text in (record.getMessage(), json.loads((tmp_path / "metrics.jsonl").read_text())["error"]):
+        assert text.count(log.MASK) == len(said), text
+        for token in text.replace(log.MASK, " ").split():
+            for decode in (base64.b64decode, base64.urlsafe_b64decode):
+                with contextlib.suppress(ValueError):
+                    assert b"pr0j" not in decode(token + "=="), (token, text)
+        assert "pr0j" not in text and "Ab%2Bc" not in text
+    assert log.scrub("Basic dXNlcjpvdGhlcg== stays") == "Basic dXNlcjpvdGhlcg== stays"  # user:other is no secret
 
 
 def test_a_ray_workers_forwarded_lines_are_scrubbed_before_ray_prints_them(monkeypatch):

@@ -124,3 +124,30 @@ def test_damaged_metrics_are_one_error_naming_the_file_and_line(tmp_path):
     path.write_text('{"step": 1, "loss": 1.0}\n[1, 2]\n{"step": 3}\n')
     with pytest.raises(RlcoreError, match=r"metrics.jsonl line 2 is not a JSON object of metrics"):
         plot_metrics(path)
+
+
+def test_a_png_target_of_the_wrong_kind_or_a_full_disk_is_one_line_and_leaves_no_torn_file(metrics, tmp_path):
+    """-o a folder, a FIFO, or under a file; the run's folder given as a FIFO: one line naming it. A full disk (a
+    file size limit, in a child process) ended in PIL's traceback: one line, exit 1, no partial PNG."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "a-dir").mkdir()
+    os.mkfifo(tmp_path / "a-fifo")
+    (tmp_path / "a-file").write_text("notes\n")
+    for out, said in [("a-dir", "-o .*a-dir: is a folder"), ("a-fifo", "-o .*a-fifo: is a FIFO"),
+                      ("a-file/x.png", "its folder .*a-file is a file, not a folder")]:
+        with pytest.raises(ConfigError, match=said):
+            plot_metrics(metrics, out=tmp_path / out)
+    with pytest.raises(ConfigError, match="a-fifo' is a FIFO"):
+        plot_metrics(tmp_path / "a-fifo")
+    full = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (3000, resource.RLIM_INFINITY)); "
+            "from rlcore.cli import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", full, "plot", str(metrics), "-o", str(tmp_path / "c.png")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rlcore: error:")]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert errors == [f"rlcore: error: plot: cannot write {tmp_path / 'c.png'}: File too large; free some space, or "
+                      "give -o elsewhere"], done.stderr
+    assert not list(tmp_path.glob("*c.png*"))  # no torn PNG, no temporary one

@@ -128,8 +128,9 @@ def test_import_rlcore_imports_no_engine_library():
 
 # What a plugin may import of core: `rlcore` and these named sub-APIs, each the names of its `__all__`. Every other
 # module of core is internal: it may move or change without notice (docs/architecture.md, "The public surface").
-SUB_APIS = ("rlcore", "rlcore.batch", "rlcore.data", "rlcore.engines", "rlcore.environments", "rlcore.episodes",
-            "rlcore.head", "rlcore.memory", "rlcore.rewards", "rlcore.runtime", "rlcore.sections", "rlcore.testing")
+SUB_APIS = ("rlcore", "rlcore.batch", "rlcore.bounds", "rlcore.data", "rlcore.engines", "rlcore.environments",
+            "rlcore.episodes", "rlcore.head", "rlcore.memory", "rlcore.paths", "rlcore.rewards", "rlcore.runtime",
+            "rlcore.sections", "rlcore.testing")
 
 
 def plugin_imports_of_core(root) -> list[tuple[str, str, str]]:

@@ -211,6 +211,32 @@ def test_without_scorers_every_candidate_is_written(plugins, tmp_path, tiny_mode
     assert "rejected_response" not in rows[0] and rows[0]["id"] == md5(ROWS[0])
 
 
+def test_a_signal_stops_after_the_batch_naming_what_holds_it_not_a_checkpoint(fakes, tmp_path, tiny_model, capfd):
+    """Ctrl-C as batch 1 is logged: the stop message names the output so far and its state file, which exist (it
+    named a checkpoint-1 that sampling never writes), and rlcore_run.json says the run was stopped by SIGINT."""
+    import signal
+
+    from rlcore import hookimpl
+
+    class Interrupt:
+        @hookimpl
+        def rlcore_step_end(self, trainer, step, metrics):
+            if step == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    plugins = load_plugins(extra=(str(fakes),))
+    plugins.register(Interrupt(), "interrupt")
+    with pytest.raises(KeyboardInterrupt):
+        run(plugins, tmp_path, tiny_model, sampler={"engine": "table"}, num_return_sequences=2, batch_size=1)
+    err = capfd.readouterr().err
+    assert "stopped by SIGINT after step 1, which .samples.jsonl.partial with .samples.jsonl.state.json holds " \
+           "(continue with --resume)" in err and "checkpoint-" not in err, err
+    out = tmp_path / "run"
+    assert (out / ".samples.jsonl.partial").is_file() and (out / ".samples.jsonl.state.json").is_file()
+    assert json.loads((out / "rlcore_run.json").read_text())["state"] == "stopped"
+    assert json.loads((out / "rlcore_run.json").read_text())["reason"] == "SIGINT"
+
+
 def test_an_orm_reward_function_gets_the_candidates_token_ids(plugins, tmp_path, tiny_model):
     """soft_overlong scores by token count: every table candidate is one token, so all score 0 and tie; the
     first is kept, the last is its partner (without token ids the reward would fail on every candidate)."""

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from rlcore import ConfigError, RoleFailed, hookimpl, load_config, load_plugins
+from rlcore import ConfigError, RlcoreError, RoleFailed, hookimpl, load_config, load_plugins
 from rlcore.plugins.sft.config import PretrainConfig, SFTConfig
 from rlcore.testing import arithmetic_rows as demo_rows
 from rlcore.plugins.sft.trainer import PretrainTrainer, SFTTrainer
+from rlcore.plugins.sft.worker import CHECKPOINT
 from rlcore.runtime.resources import plan_from_config
 from rlcore.testing import build_tiny_model
 
@@ -143,6 +144,28 @@ def test_resume_after_an_interrupt_continues_the_same_loss_curve(straight, tiny_
     assert losses(tmp_path / "run") == pytest.approx(straight, abs=1e-4)
     state = json.loads((tmp_path / "run" / "checkpoint-4" / "model" / "trainer_state.json").read_text())
     assert state["global_step"] == 4  # the trainer's own step, optimizer and data position went on
+
+
+def test_a_damaged_optimizer_or_rng_state_is_passed_over_then_refused_in_one_line(plugins, tiny_model, chats, tmp_path,
+                                                                                   caplog):
+    """Two checkpoints; the newest's optimizer.pt torn: --resume passes over it (a warning naming the file) to the
+    older one, before its trainer begins; that one's rng_state.pth torn too: one line naming it (a traceback of
+    torch.load's before), and rlcore_run.json says the run failed."""
+    out = tmp_path / "run"
+    make(plugins, out, tiny_model, chats, save_steps=1, max_steps=2, **ONE_PROCESS).fit()
+    for step, piece in ((2, "optimizer.pt"), (1, "rng_state.pth")):
+        path = out / f"checkpoint-{step}" / CHECKPOINT / piece
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    trainer = make(load_plugins(), out, tiny_model, chats, resume="auto", **ONE_PROCESS)
+    with pytest.raises(RlcoreError) as refused:
+        trainer.fit()
+    message = str(refused.value)
+    assert message.startswith(f"cannot resume from {out / 'checkpoint-1'}: checkpoint piece ") and "\n" not in message
+    assert f"{CHECKPOINT}/rng_state.pth is damaged: not a torch archive" in message, message
+    warned = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("checkpoint-2 is damaged (checkpoint piece ") and \
+        f"{CHECKPOINT}/optimizer.pt is damaged" in warned[0] and warned[0].endswith("resuming from checkpoint-1")
+    assert json.loads((out / "rlcore_run.json").read_text())["state"] == "failed"
 
 
 def test_running_ahead_waits_at_each_checkpoint(straight, plugins, tiny_model, chats, tmp_path):

@@ -437,6 +437,9 @@ def signal_driver(sig: signal.Signals, ray: bool, group: bool, save_steps: int) 
                          f"{'exists' if checkpoint.is_dir() else 'does not exist'}")
         if metrics_steps(scene.out) != list(range(1, step + 1)):
             raise Broken(f"after stopping at step {step}, metrics.jsonl holds steps {metrics_steps(scene.out)}")
+        record = run_record(scene.out)
+        if (record.get("state"), record.get("reason")) != ("stopped", sig.name):
+            raise Broken(f"after stopping by {sig.name}, rlcore_run.json says {record}")
         scene.notes.append(f"exit {rc}: {stopped.group(0)[len('rlcore: '):]}")
         scene.settled(run)
         scene.resume(f"save_steps={save_steps}", ray=ray)
@@ -822,6 +825,9 @@ def disk_full(scene: Scene) -> None:
         raise
     on_disk = sorted(p.name for p in scene.out.iterdir() if "checkpoint" in p.name)
     scene.notes.append(f"{line[:160]}; on disk: {on_disk}")
+    if run_record(scene.out).get("state") != "failed":  # it said "running" after a full disk
+        scene.resume()
+        raise Broken(f"after the failed write rlcore_run.json says {run_record(scene.out)}")
     scene.resume()
 
 
@@ -1106,6 +1112,74 @@ def run_log_symlink(scene: Scene) -> None:
         raise Broken("rlcore wrote into the file run.log links to")
 
 
+def run_record(out: Path) -> dict:
+    """output_dir's rlcore_run.json ({} where there is none or it is not JSON)."""
+    try:
+        return json.loads((out / "rlcore_run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def refused_resume_of_a_finished_run(scene: Scene) -> None:
+    """--resume of a run that reached max_steps is refused (exit 2) and leaves its rlcore_run.json byte for byte (it
+    said "running" afterwards)."""
+    scene.finished_run()
+    before = (scene.out / "rlcore_run.json").read_bytes()
+    line = clear_error(scene.run("again", f"max_steps={BASE_STEPS}", resume=True), 2, RUN_TIMEOUT[False],
+                       match="already max_steps")
+    scene.notes.append(line[:160])
+    if (scene.out / "rlcore_run.json").read_bytes() != before:
+        raise Broken(f"the refused run changed rlcore_run.json to {run_record(scene.out)}")
+
+
+def config_of_kind(kind: str) -> Callable[[Scene], None]:
+    """`--config` naming a folder or a FIFO (a read of which would block): exit 2 in one line naming the kind."""
+
+    def scenario(scene: Scene) -> None:
+        path = scene.work / f"a-{kind}"
+        path.mkdir() if kind == "folder" else os.mkfifo(path)
+        quick_refusal(scene, scene.cli("cli", "config", "validate", "--plugin", "grpo", "--config", path.name),
+                      match=rf"--config {path.name}: is a {kind}")
+
+    return scenario
+
+
+def broken_chat_template(scene: Scene) -> None:
+    """A model whose chat template has a Jinja syntax error: run and validate refuse it in one line (a 49-line
+    traceback from encode before)."""
+    scene.finished_run()
+    model = scene.work / "broken-model"
+    shutil.copytree(scene.out / "final", model)
+    (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }\n")
+    shutil.rmtree(scene.out)
+    quick_refusal(scene, scene.run("run", f"model={model}"), match="chat template is not valid Jinja")
+
+
+def plot_on_a_full_disk(scene: Scene) -> None:
+    """`rlcore plot` of a run onto a full disk (a file size limit): one line, exit 1, no torn PNG (a PIL traceback
+    before)."""
+    scene.finished_run()
+    run = Run(scene.work, "plot", [], command=("plot", str(scene.out), "-o", "curves.png"), file_size_limit=3000)
+    scene.runs.append(run)
+    scene.notes.append(clear_error(run, 1, RUN_TIMEOUT[False], match="cannot write")[:160])
+    if list(scene.work.glob("*curves.png*")):
+        raise Broken(f"a torn PNG is left: {sorted(p.name for p in scene.work.glob('*curves.png*'))}")
+
+
+def overwritten_engine_state(out: Path) -> str:
+    file = sorted((out / "checkpoint-4").rglob("engine_state.pt"))[0]
+    data = bytearray(file.read_bytes())
+    middle = len(data) // 2
+    data[middle: middle + 64] = bytes(range(64))
+    file.write_bytes(bytes(data))
+    return f"64 bytes overwritten in the middle of {file.relative_to(out)}"
+
+
+LAUGHS = "".join([f"    a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)])
+BILLION_LAUGHS = "model: tiny\ntrain:\n  engine_kwargs:\n    a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol]\n" + LAUGHS
+SFT_CONFIG = {"c.yaml": "model: tiny\ndataset: tiny:sft\n", "a-file": "notes\n"}
+
+
 OVERLAPPING = ("device_groups={nproc_per_node: 2, a: {device: GPU, ranks: [0, 1], workers: [train]}, "
                "b: {device: GPU, ranks: [1], workers: [rollout]}}")
 TPU = "device_groups={nproc_per_node: 1, a: {device: TPU, ranks: [0], workers: [train, rollout]}}"
@@ -1207,6 +1281,32 @@ bad_config(HUGE, match="ranks")),
              refused_cli("config", "validate", "--plugin", "grpo", "--config", "c.yaml", match="HF_HUB_OFFLINE",
                          files={"c.yaml": "model: rlcore-fault/no-such-model\n"}, env={"HF_HUB_OFFLINE": "1"})),
     Scenario("config validate of a reward file.py:function runs none of it", validate_runs_no_code),
+    Scenario("bad config: worker_timeout_s=1e300 (Ray's OverflowError)",
+             bad_config("worker_timeout_s=1e300", match="worker_timeout_s"), in_tests=False),
+    Scenario("bad config: seed=4294967296", bad_config("seed=4294967296", match="seed"), in_tests=False),
+    Scenario("bad config: an integer of 5000 digits", bad_config("seed=" + "9" * 5000, match="5000 digits"),
+             in_tests=False),
+    Scenario("bad config: device_groups ranks 99999999999, rlcore plan",
+             refused_cli("plan", "--plugin", "grpo", "--config", "c.yaml", match="device_groups.g.ranks",
+                         files={"c.yaml": "model: tiny\ndevice_groups: {nproc_per_node: 8, g: {device: GPU, ranks: "
+                                "99999999999, workers: [train, rollout]}}\n"}), in_tests=False),
+    Scenario("bad config: a billion laughs in --config",
+             bad_config("--config", "./config.yaml", match="aliases.*expand to more than", config=BILLION_LAUGHS),
+             in_tests=False),
+    Scenario("bad config: --config a folder", config_of_kind("folder"), in_tests=False),
+    Scenario("bad config: --config a FIFO", config_of_kind("FIFO"), in_tests=False),
+    Scenario("bad config: RLCORE_DATA_CACHE a file, sft",
+             refused_cli("config", "validate", "--plugin", "sft", "--config", "c.yaml", match="RLCORE_DATA_CACHE",
+                         files=SFT_CONFIG, env={"RLCORE_DATA_CACHE": "a-file"}), in_tests=False),
+    Scenario("bad config: RLCORE_PLUGINS a file",
+             refused_cli("config", "validate", "--plugin", "grpo", "--config", "c.yaml", match="RLCORE_PLUGINS",
+                         files=SFT_CONFIG, env={"RLCORE_PLUGINS": "./a-file"}), in_tests=False),
+    Scenario("bad config: a chat template with a Jinja syntax error", broken_chat_template, in_tests=False),
+    Scenario("engine_state.pt overwritten mid-file in the newest checkpoint",
+             damaged(overwritten_engine_state, r"checkpoint-4 is damaged.*resuming from checkpoint-3"), in_tests=False),
+    Scenario("--resume of a finished run, refused: rlcore_run.json as it was", refused_resume_of_a_finished_run,
+             in_tests=False),
+    Scenario("rlcore plot onto a full disk", plot_on_a_full_disk, in_tests=False),
     Scenario("a user's folder named checkpoint-1 in output_dir", user_checkpoint_folder),
     Scenario("a second run (another seed) into one output_dir 1.6 s later", late_second_run(1.6)),
     Scenario("the distill api_key given on the command line, then --resume with another", distill_api_key),

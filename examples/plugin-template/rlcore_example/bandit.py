@@ -38,11 +38,11 @@ class Learner:
 class BanditConfig(RunConfig, CheckpointKeys):
     """Learn which of `arms` arms pays (arm `best_arm`), with a rollout and a train role."""
 
-    max_steps: int = Field(30, ge=1, description="policy-gradient steps")
-    arms: int = Field(4, ge=2, description="arms of the bandit")
-    best_arm: int = Field(3, ge=0, description="the arm that pays 1 (the others pay 0)")
-    samples: int = Field(32, ge=1, description="arms drawn per step, split over the rollout workers")
-    lr: float = Field(2.0, gt=0, description="learning rate of the logits")
+    max_steps: int = Field(30, ge=1, le=1_000_000, description="policy-gradient steps")
+    arms: int = Field(4, ge=2, le=1 << 16, description="arms of the bandit")
+    best_arm: int = Field(3, ge=0, le=1 << 16, description="the arm that pays 1 (the others pay 0)")
+    samples: int = Field(32, ge=1, le=1 << 20, description="arms drawn per step, split over the rollout workers")
+    lr: float = Field(2.0, gt=0, le=1000, description="learning rate of the logits")
     train: RoleConfig = Field(default_factory=RoleConfig, description="the learner's workers")
     rollout: RoleConfig = Field(default_factory=RoleConfig, description="the samplers' workers")
 

@@ -11,7 +11,7 @@ from rlcore import Generation, RolloutEngine, SamplingParams
 
 
 class EchoKeys(BaseModel):
-    echo_repeat: int = Field(2, ge=1, description="times the echo engine repeats a prompt's last token")
+    echo_repeat: int = Field(2, ge=1, le=1 << 16, description="times the echo engine repeats a prompt's last token")
 
 
 class EchoEngine(RolloutEngine):

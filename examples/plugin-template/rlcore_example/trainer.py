@@ -21,13 +21,13 @@ class LineFitConfig(RunConfig):
     """Fit a line to noisy points by full-batch gradient descent."""
 
     output_dir: str = Field("output/example", description="metrics.jsonl and checkpoint-N folders go here")
-    steps: int = Field(100, ge=1, description="gradient steps")
-    lr: float = Field(0.1, gt=0, description="learning rate")
-    slope: float = Field(2.0, description="slope of the true line")
-    intercept: float = Field(-1.0, description="intercept of the true line")
-    num_points: int = Field(64, ge=1, description="points sampled uniformly in [-1, 1]")
-    noise: float = Field(0.05, ge=0, description="standard deviation of the noise added to y")
-    num_workers: int = Field(2, ge=1, description="shards each step's data is split into")
+    steps: int = Field(100, ge=1, le=1_000_000, description="gradient steps")
+    lr: float = Field(0.1, gt=0, le=1000, description="learning rate")
+    slope: float = Field(2.0, ge=-1e6, le=1e6, description="slope of the true line")
+    intercept: float = Field(-1.0, ge=-1e6, le=1e6, description="intercept of the true line")
+    num_points: int = Field(64, ge=1, le=1 << 20, description="points sampled uniformly in [-1, 1]")
+    noise: float = Field(0.05, ge=0, le=1e6, description="standard deviation of the noise added to y")
+    num_workers: int = Field(2, ge=1, le=1 << 16, description="shards each step's data is split into")
     # Registered: a name that no plugin registers is a configuration error, found before the run starts
     dispatch: Annotated[str, Registered("dispatchers")] = Field(
         "reverse_slice", description="dispatcher that splits the data over workers"
@@ -35,8 +35,8 @@ class LineFitConfig(RunConfig):
     collect: Annotated[str, Registered("collectors")] = Field(
         "sum", description="collector that joins the workers' gradients"
     )
-    save_steps: int = Field(50, ge=0, description="checkpoint every N steps (and at the end); 0: only at the end")
-    save_total_limit: int | None = Field(2, ge=1, description="keep the newest N checkpoints")
+    save_steps: int = Field(50, ge=0, le=1_000_000, description="checkpoint every N steps (and at the end); 0: only at the end")
+    save_total_limit: int | None = Field(2, ge=1, le=1_000_000, description="keep the newest N checkpoints")
     resume: Literal["no", "auto"] | str = Field("no", description="'auto': continue from the newest checkpoint; or a path")
 
 
