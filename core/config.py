@@ -116,6 +116,7 @@ class BaseConfig(BaseModel):
 
 
 MAX_WORKERS = 1 << 16  # GPUs, workers or nodes one key may ask: beyond any cluster, small enough to plan at once
+MAX_RESTARTS = 1000  # Ray restarts of one worker a run may ask: a worker lost more often is broken, not unlucky
 
 
 class RoleConfig(BaseConfig):
@@ -177,6 +178,11 @@ class RunConfig(BaseConfig):
         "naming the worker that did not answer (hung, stopped or deadlocked)"
     )
     ray_address: str | None = Field(None, description="attach to this Ray cluster ('auto' for a running one)")
+    max_restarts: int = Field(
+        0, ge=0, le=MAX_RESTARTS, description="Ray restarts of each worker of a role that holds no training state "
+        "(rollout, reward, teacher, reference, sampler): a lost one is restarted, its weights restored from the train "
+        "side and its call retried; 0: a lost worker stops the run. Needs --use-ray"
+    )
     sleep_level: Literal[0, 1, 2] = Field(1, description="rollout sleep level while colocated training runs")
     offload_model: bool = Field(False, description="offload train weights while colocated rollout runs")
     offload_optimizer: bool = Field(False, description="offload optimizer state while colocated rollout runs")

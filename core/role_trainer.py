@@ -183,6 +183,12 @@ class RoleTrainer(Trainer):
                 return bool(spec.syncs_adapter(**setup.options))
         return False
 
+    def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
+        """The base's, with `restarts/<role>`: the workers Ray restarted during the step (with max_restarts)."""
+        if self.session is not None:
+            metrics.update(self.session.restarts())
+        super().log(metrics, bar)
+
     def save_model(self, path: Path) -> None:
         if self.checkpointed:
             self.session[self.checkpointed].save(str(path / "model"))

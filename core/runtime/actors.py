@@ -24,6 +24,7 @@ from .rendezvous import find_free_port
 from .transport import decode, encode
 from .dispatch import Mesh
 from ..errors import ResourceError, RlcoreError, RoleFailed
+from ..log import logger
 from ..manager import EXTRA_PLUGINS_ENV
 from ..specs import Slot
 from ..watchdog import RayStuck, bounded
@@ -55,8 +56,9 @@ class Handle:
 
     def __init__(self, group: RemoteGroup | None = None, spec: FunctionSpec | None = None, mode: Mode | None = None,
                  ranks: list[int] | None = None, refs: list[Any] | None = None, value: Any = _PENDING,
-                 error: BaseException | None = None):
+                 error: BaseException | None = None, resubmit: Callable[[list[int]], list[Any]] | None = None):
         self._group, self._spec, self._mode, self._ranks, self._refs = group, spec, mode, ranks or [], refs or []
+        self._resubmit = resubmit  # the call again, for the given ranks (a restarted worker's shard)
         self._value, self._error = value, error
         self._started = time.monotonic()
 
@@ -70,7 +72,8 @@ class Handle:
         if self._error is not None:
             raise self._error
         if self._value is _PENDING:
-            self._value = self._group.collect(self._spec, self._mode, self._ranks, self._refs, timeout, self._started)
+            self._value = self._group.collect(self._spec, self._mode, self._ranks, self._refs, timeout, self._started,
+                                              self._resubmit)
         return self._value
 
 
@@ -162,7 +165,7 @@ def _actor_class(cls: type) -> Any:
     names = [n for n in dir(cls) if hasattr(getattr(cls, n, None), "__rlcore_function__")]
     body = {n: _forward(n) for n in names}
     actor = type(f"{cls.__name__}Worker", (WorkerActor,), body)
-    return ray.remote(max_restarts=0, max_task_retries=0)(actor)
+    return ray.remote(max_restarts=0, max_task_retries=0)(actor)  # a group's `max_restarts` is set per group
 
 
 GET_MARGIN_S = 5.0  # a ray.get past its own timeout by this much is stuck in Ray itself (see rlcore.watchdog)
@@ -175,18 +178,27 @@ class RemoteGroup:
     group counts as hung: the ranks that did not answer are named in a RoleFailed and the group stops.
     Submitting a call is bounded by it too: a submission that Ray never takes (a stopped raylet) is a
     RayStuck naming the call (see `rlcore.watchdog`).
+
+    `max_restarts` (a group whose workers hold no training state): Ray restarts a worker whose process died up to
+    that many times; its instance is built again as at the start, `on_restart(ranks)` gives back what the run gave
+    it (its weights), and the call it died in is sent again to it alone. `restarted` counts the restarts.
     """
 
     def __init__(self, role: str, actors: list[Any], infos: list[dict[str, Any]], mesh: Mesh,
-                 call_timeout: float | None = None):
+                 call_timeout: float | None = None, max_restarts: int = 0):
         self.role, self.actors, self.infos, self.mesh = role, actors, infos, mesh
         self.call_timeout = call_timeout
         self._calls: dict[str, list[Any]] = {}  # method name -> each actor's bound remote method
         self.failure: RoleFailed | None = None
+        self.max_restarts = max_restarts
+        self.restarts_of = [0] * len(actors)  # per rank: the restarts Ray made of it
+        self.restarted = 0  # restarts not yet reported (`pop_restarted`)
+        self.on_restart: Callable[[list[int]], None] | None = None
+        self._setups: list[tuple] = []  # per rank: the arguments of `_rlcore_setup`, to build a restarted worker again
 
     @classmethod
     def start(cls, worker_cls: type, role: str, slots: list[Slot], mesh: Mesh, timeout: float,
-              call_timeout: float | None = None) -> RemoteGroup:
+              call_timeout: float | None = None, max_restarts: int = 0) -> RemoteGroup:
         """One actor per slot, scheduled on the slot's bundle; waits until all are up."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -195,7 +207,8 @@ class RemoteGroup:
 
         def started() -> list[dict[str, Any]]:
             for slot in slots:
-                options: dict[str, Any] = {"num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus}
+                options: dict[str, Any] = {"num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus,
+                                           "max_restarts": max_restarts}
                 if slot.placement_group is not None:
                     options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                         slot.placement_group, -1 if slot.bundle_index is None else slot.bundle_index
@@ -218,7 +231,7 @@ class RemoteGroup:
         except BaseException:  # a signal's stop while the actors start: none of them is left behind
             cluster.kill(actors)
             raise
-        return cls(role, actors, infos, mesh, call_timeout)
+        return cls(role, actors, infos, mesh, call_timeout, max_restarts)
 
     def import_ahead(self, modules: tuple[str, ...]) -> None:
         """Have every actor import `modules` now, without waiting: the actor runs it before `setup`'s build."""
@@ -246,7 +259,8 @@ class RemoteGroup:
                 EXTRA_PLUGINS_ENV: os.pathsep.join(extra_plugins),
             }
             seen[info["node_id"]] += 1
-            calls.append(functools.partial(actor._rlcore_setup.remote, pickled, self.role, rank, env, args, kwargs))
+            self._setups.append((pickled, self.role, rank, env, args, kwargs))
+            calls.append(functools.partial(actor._rlcore_setup.remote, *self._setups[-1]))
         return self._submit(lambda: [call() for call in calls], "__init__")
 
     def call(self, spec: FunctionSpec, mode: Mode, args: tuple, kwargs: dict) -> Any:
@@ -263,10 +277,10 @@ class RemoteGroup:
         ranks = [r for r, s in enumerate(shards) if s is not None]
         uses = collections.Counter(id(shards[r]) for r in ranks)
 
-        def submit() -> list[Any]:  # large arguments go into the object store, through the raylet
+        def submit(only: list[int]) -> list[Any]:  # large arguments go into the object store, through the raylet
             encoded: dict[int, tuple] = {}
             refs = []
-            for r in ranks:
+            for r in only:
                 key = id(shards[r])
                 if key not in encoded:
                     shared = uses[key] > 1
@@ -274,15 +288,17 @@ class RemoteGroup:
                 refs.append(calls[r].remote(*encoded[key][0], **encoded[key][1]))
             return refs
 
-        refs = self._submit(submit, spec.name)
-        handle = Handle(self, spec, mode, ranks, refs)
+        refs = self._submit(lambda: submit(ranks), spec.name)
+        resubmit = (lambda only: self._submit(lambda: submit(only), spec.name)) if self.max_restarts else None
+        handle = Handle(self, spec, mode, ranks, refs, resubmit=resubmit)
         return handle.get() if spec.blocking else handle
 
     def collect(self, spec: FunctionSpec, mode: Mode, ranks: list[int], refs: list[Any], timeout: float | None,
-                started: float | None = None) -> Any:
+                started: float | None = None, resubmit: Callable[[list[int]], list[Any]] | None = None) -> Any:
         """Wait for the workers' results and collect them as `mode` says (only its kept ranks' results);
-        `timeout` bounds this wait, the group's `call_timeout` from `started` the call (see Handle.get)."""
-        values = self._get(refs, ranks, spec.name, started, timeout)
+        `timeout` bounds this wait, the group's `call_timeout` from `started` the call (see Handle.get); with
+        `resubmit`, a worker that died and was restarted is sent its shard again."""
+        values = self._get(refs, ranks, spec.name, started, timeout, resubmit)
         kept = mode.kept(len(self.actors), self.mesh)
         return mode.collect([decode(v) for r, v in zip(ranks, values) if kept is None or r in kept])
 
@@ -299,34 +315,73 @@ class RemoteGroup:
             raise
 
     def _get(self, refs: list[Any], ranks: list[int], method: str, started: float | None = None,
-             timeout: float | None = None) -> list[Any]:
+             timeout: float | None = None, resubmit: Callable[[list[int]], list[Any]] | None = None) -> list[Any]:
         """The workers' results, within `timeout` (an RlcoreError after it) and the call's `call_timeout`
         from `started` (a hung group: RoleFailed, and the group stops). A ray.get that outlives its own
-        timeout by GET_MARGIN_S is stuck in Ray itself: RayStuck."""
+        timeout by GET_MARGIN_S is stuck in Ray itself: RayStuck. With `resubmit` (the call again, for some
+        ranks), workers that died are restarted (`max_restarts`) and their shards sent again."""
         import ray
 
-        left = None
-        if self.call_timeout is not None:
-            elapsed = 0.0 if started is None else time.monotonic() - started
-            left = max(0.0, self.call_timeout - elapsed)
-        own = timeout is not None and (left is None or timeout < left)
-        wait = timeout if own else left
-        try:
-            return bounded(lambda: ray.get(refs, timeout=wait), f"the results of {method}() of role '{self.role}'",
-                           None if wait is None else wait + GET_MARGIN_S, own=False, role=self.role)
-        except RayStuck as exc:
-            self.failure = exc
-            raise
-        except ray.exceptions.GetTimeoutError:
-            if own:
-                raise RlcoreError(
-                    f"role '{self.role}': {method}() gave no result within {timeout}s; get() again to keep waiting"
-                ) from None
-            raise self._hung(refs, ranks, method) from None
-        except ray.exceptions.RayError as exc:
-            if self.failure is not None:  # the group was stopped (hung, a death, stop()): that is the cause
-                raise self.failure from None
-            raise self._failed(exc, ranks, refs, method) from None
+        while True:
+            left = None
+            if self.call_timeout is not None:
+                elapsed = 0.0 if started is None else time.monotonic() - started
+                left = max(0.0, self.call_timeout - elapsed)
+            own = timeout is not None and (left is None or timeout < left)
+            wait = timeout if own else left
+            try:
+                return bounded(lambda: ray.get(refs, timeout=wait), f"the results of {method}() of role '{self.role}'",
+                               None if wait is None else wait + GET_MARGIN_S, own=False, role=self.role)
+            except RayStuck as exc:
+                self.failure = exc
+                raise
+            except ray.exceptions.GetTimeoutError:
+                if own:
+                    raise RlcoreError(
+                        f"role '{self.role}': {method}() gave no result within {timeout}s; get() again to keep waiting"
+                    ) from None
+                raise self._hung(refs, ranks, method) from None
+            except ray.exceptions.RayError as exc:
+                if self.failure is not None:  # the group was stopped (hung, a death, stop()): that is the cause
+                    raise self.failure from None
+                failed = self._errors(refs, ranks, method)
+                if resubmit is None or not self._restart(failed, method):
+                    raise self._failed(exc, failed, method) from None
+                again = dict(zip([r for r, _ in failed], resubmit([r for r, _ in failed])))
+                refs = [again.get(r, ref) for r, ref in zip(ranks, refs)]
+
+    def _restart(self, failed: list[tuple[int, BaseException]], method: str) -> bool:
+        """Build the workers in `failed` again once Ray restarted them, where every failure is a death and each
+        of them has a restart left; `on_restart` then gives back their weights. False: they cannot be restarted."""
+        if not failed or not all(cluster.is_death(err) and self.restarts_of[r] < self.max_restarts for r, err in failed):
+            return False
+        dead = [r for r, _ in failed]
+        for r in dead:
+            self.restarts_of[r] += 1
+            info = self.infos[r]
+            logger.warning(f"role '{self.role}' rank {r} on node {info.get('ip') or '?'} (pid {info.get('pid')}) died "
+                           f"during {method}(); Ray restarts it (restart {self.restarts_of[r]} of max_restarts "
+                           f"{self.max_restarts}): it is built again, given back its weights and sent {method}() again")
+        infos = self._get(self._submit(lambda: [self.actors[r]._rlcore_info.remote() for r in dead], "restart"),
+                          dead, "restart")
+        for r, info in zip(dead, infos):
+            self.infos[r] = info
+        self._get(self._submit(lambda: [self.actors[r]._rlcore_setup.remote(*self._setups[r]) for r in dead],
+                               "__init__"), dead, "__init__")
+        self.restarted += len(dead)
+        if self.on_restart is not None:
+            self.on_restart(dead)
+        return True
+
+    def pop_restarted(self) -> int:
+        """The restarts since the last call (a step's count, for its metrics)."""
+        count, self.restarted = self.restarted, 0
+        return count
+
+    def call_ranks(self, name: str, ranks: list[int], *args: Any) -> list[Any]:
+        """@function `name` on `ranks` alone, with the same arguments (a restarted worker put back to sleep)."""
+        refs = self._submit(lambda: [getattr(self.actors[r], name).remote(*encode(args, False)) for r in ranks], name)
+        return [decode(v) for v in self._get(refs, ranks, name)]
 
     def _hung(self, refs: list[Any], ranks: list[int], method: str) -> RoleFailed:
         """A call that gave no result within `call_timeout`: name the ranks that did not answer (the
@@ -352,9 +407,8 @@ class RemoteGroup:
         cluster.kill(self.actors)
         return error
 
-    def _failed(self, exc: BaseException, ranks: list[int], refs: list[Any], method: str) -> RoleFailed:
-        """The error of the first worker that failed (a dead one before one that raised); a dead worker stops
-        its whole group."""
+    def _errors(self, refs: list[Any], ranks: list[int], method: str) -> list[tuple[int, BaseException]]:
+        """(rank, error) of each worker whose call failed by now (within 2 s)."""
         import ray
 
         def errors() -> list[tuple[int, BaseException]]:
@@ -369,9 +423,13 @@ class RemoteGroup:
             return failed
 
         try:
-            failed = bounded(errors, f"the errors of {method}() of role '{self.role}'", 2.0 + GET_MARGIN_S)
+            return bounded(errors, f"the errors of {method}() of role '{self.role}'", 2.0 + GET_MARGIN_S)
         except RayStuck:
-            failed = []
+            return []
+
+    def _failed(self, exc: BaseException, failed: list[tuple[int, BaseException]], method: str) -> RoleFailed:
+        """The error of the first worker that failed (a dead one before one that raised); a dead worker stops
+        its whole group."""
         # the lowest failed rank, a dead one first: its peers' errors (a collective cut off) follow from its death
         dead = [(r, err) for r, err in failed if cluster.is_death(err)]
         rank = None
