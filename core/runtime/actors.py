@@ -361,7 +361,7 @@ class RemoteGroup:
             info = self.infos[r]
             logger.warning(f"role '{self.role}' rank {r} on node {info.get('ip') or '?'} (pid {info.get('pid')}) died "
                            f"during {method}(); Ray restarts it (restart {self.restarts_of[r]} of max_restarts "
-                           f"{self.max_restarts}): it is built again, given back its weights and sent {method}() again")
+                           f"{self.max_restarts}); it is built again and sent {method}() again")
         infos = self._get(self._submit(lambda: [self.actors[r]._rlcore_info.remote() for r in dead], "restart"),
                           dead, "restart")
         for r, info in zip(dead, infos):

@@ -305,6 +305,7 @@ class RoleSession:
                 self.sync_adapter(src, dst, arg)
             else:
                 self.sync_weights(src, dst, arg)
+            logger.info(f"role '{dst}': restarted rank(s) {', '.join(map(str, ranks))} given {src}'s weights again")
 
     @contextlib.contextmanager
     def _syncing(self, transport: str) -> Iterator[None]:
