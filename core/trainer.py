@@ -26,7 +26,7 @@ from . import log, watchdog
 from .checkpoint import (
     RunLock, check_output_dir, checkpoints, load_state, note_run, partial_run, resolve_resume, save_checkpoint, save_final,
 )
-from .errors import ConfigError, RlcoreError
+from .errors import ConfigError, RlcoreError, RoleRestarted
 from .log import BARE, STOP, logger, scrub_data
 from .metrics import MetricsWriter
 from .signals import StopOnSignal
@@ -195,6 +195,7 @@ class Trainer:
         with self._locked(), StopOnSignal() as stop, self.start():
             stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
             self.restore()
+            self.start_state = self.state_dict()  # what a recovery without a checkpoint goes back to
             self.on_start()
             self.hook.rlcore_train_start(trainer=self)
             last: dict[str, Any] = {}
@@ -211,7 +212,13 @@ class Trainer:
             with stop.failing(held):
                 with self.progress() as bar:
                     while self.step < self.max_steps and not stop.signal:
-                        last = self.train_step()
+                        try:
+                            last = self.train_step()
+                        except RoleRestarted as lost:  # max_restarts: the train side was built again
+                            saved = self.recover(lost)
+                            bar.n = self.step
+                            bar.refresh()
+                            continue
                         self._check_finite(last, held)
                         self.step += 1
                         self.log(last, bar)
@@ -236,6 +243,30 @@ class Trainer:
             self.hook.rlcore_train_end(trainer=self, metrics=last)
             note_run(self.output_dir, "finished", self.run_note())
         return last
+
+    def recover(self, lost: RoleRestarted) -> int:
+        """Go on, in this run, from its newest checkpoint (or from the start, before its first) once `lost.role`'s
+        workers were restarted and built again (`max_restarts`): the engines' and the algorithm's state are loaded,
+        the metrics of later steps dropped (they are trained again), and `on_recover` runs. Returns the step."""
+        self.timer.pop()  # the lost step's phases
+        found = checkpoints(self.output_dir)
+        if found:
+            path = found[-1][1]
+            state = load_state(path)
+            self.load_model(path)
+            self.load_state_dict(state)
+            self.step, where = state["step"], path.name
+        else:
+            self.load_state_dict(self.start_state)
+            self.step, where = 0, "the start (no checkpoint yet)"
+        self.metrics.resume_at(self.step)
+        self.on_recover()
+        logger.warning(f"{lost}; the run goes on from {where}")
+        return self.step
+
+    def on_recover(self) -> None:
+        """After `recover` loaded a checkpoint into rebuilt workers: what else the algorithm must do again (a
+        RoleTrainer syncs the trained weights to the roles that generate)."""
 
     def run_note(self) -> dict[str, Any]:
         """What output_dir's rlcore_run.json says of the run besides its state: the algorithm, the plot's panels."""

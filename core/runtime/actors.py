@@ -23,7 +23,7 @@ from .. import failures, log, manager
 from .rendezvous import find_free_port
 from .transport import decode, encode
 from .dispatch import Mesh
-from ..errors import ResourceError, RlcoreError, RoleFailed
+from ..errors import ResourceError, RlcoreError, RoleFailed, RoleRestarted
 from ..log import logger
 from ..manager import EXTRA_PLUGINS_ENV
 from ..specs import Slot
@@ -168,6 +168,8 @@ def _actor_class(cls: type) -> Any:
     return ray.remote(max_restarts=0, max_task_retries=0)(actor)  # a group's `max_restarts` is set per group
 
 
+RESTART_POLL_S = 0.5  # how often a restarting worker is asked whether it is back
+CALL_TIMEOUT_S = 1800.0  # the wait for a restarted worker of a group without a call timeout
 GET_MARGIN_S = 5.0  # a ray.get past its own timeout by this much is stuck in Ray itself (see rlcore.watchdog)
 
 
@@ -181,12 +183,16 @@ class RemoteGroup:
 
     `max_restarts` (a group whose workers hold no training state): Ray restarts a worker whose process died up to
     that many times; its instance is built again as at the start, `on_restart(ranks)` gives back what the run gave
-    it (its weights), and the call it died in is sent again to it alone. `restarted` counts the restarts.
+    it (its weights), and the call it died in is sent again to it alone. `restarted` counts the restarts. A group
+    that `holds_state` (a train engine) cannot take up a call where a worker died: all its workers are restarted and
+    built again (one new torch.distributed world) and the call raises RoleRestarted, for the trainer to resume the
+    run from its last checkpoint.
     """
 
     def __init__(self, role: str, actors: list[Any], infos: list[dict[str, Any]], mesh: Mesh,
-                 call_timeout: float | None = None, max_restarts: int = 0):
+                 call_timeout: float | None = None, max_restarts: int = 0, holds_state: bool = False):
         self.role, self.actors, self.infos, self.mesh = role, actors, infos, mesh
+        self.holds_state = holds_state
         self.call_timeout = call_timeout
         self._calls: dict[str, list[Any]] = {}  # method name -> each actor's bound remote method
         self.failure: RoleFailed | None = None
@@ -198,7 +204,7 @@ class RemoteGroup:
 
     @classmethod
     def start(cls, worker_cls: type, role: str, slots: list[Slot], mesh: Mesh, timeout: float,
-              call_timeout: float | None = None, max_restarts: int = 0) -> RemoteGroup:
+              call_timeout: float | None = None, max_restarts: int = 0, holds_state: bool = False) -> RemoteGroup:
         """One actor per slot, scheduled on the slot's bundle; waits until all are up."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -231,7 +237,7 @@ class RemoteGroup:
         except BaseException:  # a signal's stop while the actors start: none of them is left behind
             cluster.kill(actors)
             raise
-        return cls(role, actors, infos, mesh, call_timeout, max_restarts)
+        return cls(role, actors, infos, mesh, call_timeout, max_restarts, holds_state)
 
     def import_ahead(self, modules: tuple[str, ...]) -> None:
         """Have every actor import `modules` now, without waiting: the actor runs it before `setup`'s build."""
@@ -345,15 +351,24 @@ class RemoteGroup:
                 if self.failure is not None:  # the group was stopped (hung, a death, stop()): that is the cause
                     raise self.failure from None
                 failed = self._errors(refs, ranks, method)
+                if resubmit is not None and self.holds_state and self._restartable(failed):
+                    raise self._rebuild(failed, method) from None
                 if resubmit is None or not self._restart(failed, method):
                     raise self._failed(exc, failed, method) from None
                 again = dict(zip([r for r, _ in failed], resubmit([r for r, _ in failed])))
                 refs = [again.get(r, ref) for r, ref in zip(ranks, refs)]
 
+    def _restartable(self, failed: list[tuple[int, BaseException]]) -> bool:
+        """Every failure is a death, and every worker of those (all of them, where the group holds state) has a
+        restart left."""
+        ranks = range(len(self.actors)) if self.holds_state else [r for r, _ in failed]
+        return bool(failed) and all(cluster.is_death(err) for _, err in failed) and \
+            all(self.restarts_of[r] < self.max_restarts for r in ranks)
+
     def _restart(self, failed: list[tuple[int, BaseException]], method: str) -> bool:
         """Build the workers in `failed` again once Ray restarted them, where every failure is a death and each
         of them has a restart left; `on_restart` then gives back their weights. False: they cannot be restarted."""
-        if not failed or not all(cluster.is_death(err) and self.restarts_of[r] < self.max_restarts for r, err in failed):
+        if not self._restartable(failed):
             return False
         dead = [r for r, _ in failed]
         for r in dead:
@@ -362,9 +377,7 @@ class RemoteGroup:
             logger.warning(f"role '{self.role}' rank {r} on node {info.get('ip') or '?'} (pid {info.get('pid')}) died "
                            f"during {method}(); Ray restarts it (restart {self.restarts_of[r]} of max_restarts "
                            f"{self.max_restarts}); it is built again and sent {method}() again")
-        infos = self._get(self._submit(lambda: [self.actors[r]._rlcore_info.remote() for r in dead], "restart"),
-                          dead, "restart")
-        for r, info in zip(dead, infos):
+        for r, info in zip(dead, self._restarted_infos(dead)):
             self.infos[r] = info
         self._get(self._submit(lambda: [self.actors[r]._rlcore_setup.remote(*self._setups[r]) for r in dead],
                                "__init__"), dead, "__init__")
@@ -372,6 +385,53 @@ class RemoteGroup:
         if self.on_restart is not None:
             self.on_restart(dead)
         return True
+
+    def _rebuild(self, failed: list[tuple[int, BaseException]], method: str) -> RoleRestarted:
+        """A group holding state lost workers: the others are killed for Ray to restart them too (their
+        torch.distributed world lost its peers), all are built again in a new world; the RoleRestarted to raise."""
+        import ray
+
+        dead = [r for r, _ in failed]
+        info = self.infos[dead[0]]
+        where = f"role '{self.role}' rank {dead[0]} on node {info.get('ip') or '?'} (pid {info.get('pid')})"
+        for r, actor in enumerate(self.actors):
+            if r not in dead:
+                with contextlib.suppress(Exception):  # one that died meanwhile is restarted all the same
+                    ray.kill(actor, no_restart=False)
+            self.restarts_of[r] += 1
+        everyone = list(range(len(self.actors)))
+        self.infos = self._restarted_infos(everyone)
+        master = self.infos[0]["ip"]
+        port = self._get(self._submit(lambda: [self.actors[0]._rlcore_free_port.remote(master)], "restart"), [0],
+                         "restart")[0]
+        self._setups = [(cls, role, rank, {**env, "MASTER_ADDR": master, "MASTER_PORT": str(port)}, args, kwargs)
+                        for cls, role, rank, env, args, kwargs in self._setups]
+        self._get(self._submit(lambda: [a._rlcore_setup.remote(*s) for a, s in zip(self.actors, self._setups)],
+                               "__init__"), everyone, "__init__")
+        self.restarted += len(self.actors)
+        return RoleRestarted(
+            f"{where} died during {method}(); Ray restarted the role's {len(self.actors)} worker(s) (restart "
+            f"{self.restarts_of[0]} of max_restarts {self.max_restarts}), built again from the model the run started "
+            "with", role=self.role, rank=dead[0], node=info.get("ip", ""))
+
+    def _restarted_infos(self, ranks: list[int]) -> list[dict[str, Any]]:
+        """The new processes of `ranks` (pid, node), once Ray has restarted them: a call while an actor restarts is
+        refused (ActorUnavailableError), so it is asked again, within the group's call timeout."""
+        import ray
+
+        deadline = time.monotonic() + (self.call_timeout or CALL_TIMEOUT_S)
+        while True:
+            refs = self._submit(lambda: [self.actors[r]._rlcore_info.remote() for r in ranks], "restart")
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                return bounded(lambda: ray.get(refs, timeout=left), f"the restart of role '{self.role}'",
+                               left + GET_MARGIN_S, own=False, role=self.role)
+            except ray.exceptions.ActorUnavailableError:
+                time.sleep(RESTART_POLL_S)  # on its way back
+            except ray.exceptions.GetTimeoutError:
+                raise self._hung(refs, ranks, "restart") from None
+            except ray.exceptions.RayError as exc:
+                raise self._failed(exc, self._errors(refs, ranks, "restart"), "restart") from None
 
     def pop_restarted(self) -> int:
         """The restarts since the last call (a step's count, for its metrics)."""

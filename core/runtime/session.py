@@ -73,7 +73,9 @@ class RoleSession:
     `syncs` names the (source, destination) role pairs whose weights `sync_weights` moves, so broadcast
     groups and CUDA IPC pairs are set up at start. `sleep_level`, `offload_model` and `offload_optimizer`
     say what colocated roles release while another one holds their GPUs. `max_restarts` (Ray only): how often a
-    worker of a `restartable` role that died is restarted, given back its weights (`restore`) and sent its call again.
+    worker of a `restartable` role that died is restarted, given back its weights (`restore`) and sent its call again;
+    the roles in `recoverable` (the one a trainer's checkpoints hold) are restarted whole, and the call raises
+    RoleRestarted for the trainer to resume its last checkpoint.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class RoleSession:
         weight_sync_backend: str = "auto",
         worker_timeout_s: float | None = 1800.0,
         max_restarts: int = 0,
+        recoverable: tuple[str, ...] = (),
     ):
         missing = [r for r in setups if r not in plan.roles]
         if missing:
@@ -109,6 +112,7 @@ class RoleSession:
         self.weight_sync_backend = weight_sync_backend
         self.worker_timeout_s = worker_timeout_s  # a Ray call without a result for this long: RoleFailed
         self.max_restarts = max_restarts
+        self.recoverable = tuple(r for r in recoverable if r in setups)
         self.synced: dict[tuple[str, str], tuple[str, Any]] = {}  # the last sync per pair: what `restore` repeats
         self.syncing: str | None = None  # the transport of a broadcast or IPC sync under way
         self.groups: dict[str, Any] = {}
@@ -221,7 +225,7 @@ class RoleSession:
                 for role in self.setups:
                     self.groups[role] = self._build(role)
                     remote = workers.remote_group(self.groups[role], role)
-                    if remote is not None and remote.max_restarts:
+                    if remote is not None and remote.max_restarts and not remote.holds_state:
                         remote.on_restart = functools.partial(self.restore, role)
                 for src, dst in self.syncs:
                     self._connect(src, dst)
@@ -273,9 +277,11 @@ class RoleSession:
         slots = allocate(self.plan, timeout_s=self.placement_timeout_s)
         try:
             meshes = {r: self.mesh(r) for r in self.setups}
-            restarts = {r: self.max_restarts for r, setup in self.setups.items() if setup.restartable}
+            restarts = {r: self.max_restarts for r, setup in self.setups.items()
+                        if setup.restartable or r in self.recoverable}
             with workers.runtime({r: slots[r] for r in self.setups}, use_ray=True, meshes=meshes,
-                                 call_timeout=self.worker_timeout_s, plugins=self.plugins, max_restarts=restarts):
+                                 call_timeout=self.worker_timeout_s, plugins=self.plugins, max_restarts=restarts,
+                                 holds_state=frozenset(r for r in self.recoverable if not self.setups[r].restartable)):
                 yield
         finally:
             release(slots)
@@ -316,10 +322,10 @@ class RoleSession:
             self.syncing = None
 
     def restarts(self) -> dict[str, int]:
-        """`restarts/<role>`: the workers of each restartable role restarted since the last call (with
+        """`restarts/<role>`: the workers of each restartable or recoverable role restarted since the last call (with
         max_restarts on Ray; empty otherwise), for a step's metrics."""
         counts = {}
-        for role, setup in self.setups.items():
+        for role in self.setups:
             remote = workers.remote_group(self.groups[role], role) if role in self.groups else None
             if remote is not None and remote.max_restarts:
                 counts[f"restarts/{role}"] = remote.pop_restarted()

@@ -233,6 +233,7 @@ class GRPOTrainer(RoleTrainer):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.experience.sampler.load_state_dict(state["data"])
+        self.pending = self.pending_data = None  # a round begun ahead is generated again from this position
 
     def save_model(self, path: Path) -> None:
         super().save_model(path)
@@ -247,6 +248,7 @@ class GRPOTrainer(RoleTrainer):
 
     def load_model(self, path: Path) -> None:
         super().load_model(path)
+        self.queue = []  # the round after the checkpoint's, where a recovery in the run (max_restarts) goes back
         if (path / "round.pt").is_file():
             import torch
 

@@ -674,10 +674,11 @@ SLOW_CALL_S = 0.5
 
 def survive_lost_workers(scene: Scene) -> None:
     """max_restarts=1, a reward model (orm) beside the toy reward: SIGKILL of the rollout worker in generate() after
-    step 2 and of the reward worker in score() after step 4. Ray restarts each, the session gives the rollout worker
-    back the trained weights, the calls are sent again: the run finishes (exit 0) with every step once, one restart
-    of each role in its metrics, and final weights equal to those of the same run without the faults (hf on the CPU
-    with a fixed seed is deterministic)."""
+    step 2, of the reward worker in score() after step 4 and of the train worker in train_step() after step 5. Ray
+    restarts each; the session gives the rollout worker back the trained weights and sends the calls again; the
+    train worker, built again, takes checkpoint-5 and step 6 is trained again. The run finishes (exit 0) with every
+    step once, one restart of each role in its metrics, and final weights equal to those of the same run without
+    the faults (hf on the CPU with a fixed seed is deterministic)."""
     from safetensors.torch import load_file
 
     from rlcore.testing import build_tiny_model
@@ -686,10 +687,11 @@ def survive_lost_workers(scene: Scene) -> None:
     extra = ("max_restarts=1", "reward_funcs=[toy,orm]", f"orm.model={orm}",  # three roles on the 2 CPUs' Ray
              "device_groups={cpu: {device: CPU, ranks: 1, workers: [train, rollout]}, "
              "rm: {device: CPU, ranks: 1, workers: [orm]}}")
-    slow = write_hook(scene.work, slow={"rollout.generate": SLOW_CALL_S, "orm.score": SLOW_CALL_S})
+    slow = write_hook(scene.work, slow={"rollout.generate": SLOW_CALL_S, "orm.score": SLOW_CALL_S,
+                                        "train.train_step": SLOW_CALL_S})
     run = scene.run("first", *extra, ray=True, plugin_with=slow)
     scene.resumed = True  # this run's metrics are what is counted
-    for role, method, after_step in (("rollout", "generate", 2), ("orm", "score", 4)):
+    for role, method, after_step in (("rollout", "generate", 2), ("orm", "score", 4), ("train", "train_step", 5)):
         worker, title = run.worker(role, RUN_TIMEOUT[True]), f"ray::{WORKER_CLASS[role]}.{method}"
         wait_for(lambda: _title(worker.pid).split(" ")[0] == title and len(metrics_steps(scene.out)) >= after_step,
                  run, RUN_TIMEOUT[True], f"{title} after step {after_step}", poll=0.02)
@@ -697,12 +699,12 @@ def survive_lost_workers(scene: Scene) -> None:
         scene.notes.append(f"SIGKILL of {role} in {method}() after step {len(metrics_steps(scene.out))}")
     rc = run.wait(RUN_TIMEOUT[True])
     err = run.stderr
-    restarted = [line for line in err.splitlines() if "Ray restarts it" in line]
-    if rc != 0 or "Traceback" in err or len(restarted) != 2:
+    restarted = [line for line in err.splitlines() if "Ray restart" in line]
+    if rc != 0 or "Traceback" in err or len(restarted) != 3 or "the run goes on from checkpoint-5" not in err:
         raise Broken(f"exit {rc}, {len(restarted)} restart warning(s){traced(err)}: {tail(err)}")
     rows = [json.loads(line) for line in (scene.out / "metrics.jsonl").read_text().splitlines()]
-    counted = {role: sum(row.get(f"restarts/{role}", 0) for row in rows) for role in ("rollout", "orm")}
-    if counted != {"rollout": 1, "orm": 1}:
+    counted = {role: sum(row.get(f"restarts/{role}", 0) for row in rows) for role in ("rollout", "orm", "train")}
+    if counted != {"rollout": 1, "orm": 1, "train": 1}:
         raise Broken(f"the metrics count restarts {counted}, not one of each")
     scene.settled(run)
     clean = Run(scene.work, "clean", [*QUICK, f"output_dir={scene.work / 'clean'}", *extra], ray=True, plugin_with=slow)
@@ -1273,7 +1275,8 @@ bad_config(HUGE, match="ranks")),
              in_tests=False),
     Scenario("SIGKILL of the rollout worker in generate()", kill_worker("rollout", "generate", after_step=2), ray=True,
              in_tests=False),
-    Scenario("SIGKILL of the rollout worker in generate() and of the reward worker in score(), max_restarts=1",
+    Scenario("SIGKILL of the rollout worker in generate(), the reward worker in score() and the train worker in "
+             "train_step(), max_restarts=1",
              survive_lost_workers, ray=True),
     Scenario("SIGKILL of the rollout worker in update_weights()", kill_worker("rollout", "update_weights"),
              ray=True, in_tests=False),
