@@ -359,11 +359,12 @@ class RemoteGroup:
                 refs = [again.get(r, ref) for r, ref in zip(ranks, refs)]
 
     def _restartable(self, failed: list[tuple[int, BaseException]]) -> bool:
-        """Every failure is a death, and every worker of those (all of them, where the group holds state) has a
-        restart left."""
-        ranks = range(len(self.actors)) if self.holds_state else [r for r, _ in failed]
-        return bool(failed) and all(cluster.is_death(err) for _, err in failed) and \
-            all(self.restarts_of[r] < self.max_restarts for r in ranks)
+        """Every failure is a death (where the group holds state, one is: its peers' errors, a collective cut off,
+        follow from it), and every worker of those (all of them, where the group holds state) has a restart left."""
+        deaths = [r for r, err in failed if cluster.is_death(err)]
+        if self.holds_state:
+            return bool(deaths) and all(n < self.max_restarts for n in self.restarts_of)
+        return bool(failed) and len(deaths) == len(failed) and all(self.restarts_of[r] < self.max_restarts for r in deaths)
 
     def _restart(self, failed: list[tuple[int, BaseException]], method: str) -> bool:
         """Build the workers in `failed` again once Ray restarted them, where every failure is a death and each
@@ -391,7 +392,7 @@ class RemoteGroup:
         torch.distributed world lost its peers), all are built again in a new world; the RoleRestarted to raise."""
         import ray
 
-        dead = [r for r, _ in failed]
+        dead = [r for r, err in failed if cluster.is_death(err)]
         info = self.infos[dead[0]]
         where = f"role '{self.role}' rank {dead[0]} on node {info.get('ip') or '?'} (pid {info.get('pid')})"
         for r, actor in enumerate(self.actors):

@@ -514,3 +514,35 @@ def test_qwen3_5_trains_on_the_hf_engines(plugins, tmp_path):
     assert 0 < rows[0]["reward"] < 1 and rows[0]["grad_norm"] > 0
     assert rows[0]["weight_sync/seconds"] > 0 and "weight_sync/seconds" not in rows[-1]
     assert (tmp_path / "run" / "checkpoint-2" / "trainer_state.json").is_file()
+
+
+@pytest.mark.ray
+def test_a_rollout_worker_lost_between_gloo_syncs_is_restarted_and_joins_a_new_broadcast_group(ray_local, tmp_path, tiny,
+                                                                                                 plugins):
+    """max_restarts=1, weights broadcast over gloo (NCCL's stand-in on the CPU) to two rollout workers: rank 1 is
+    killed after step 1. Step 2's generation restarts it, every member joins a new broadcast group, the trained
+    weights are sent again and rank 1 generates its shard again; the later syncs use the new group, every step is
+    logged once and the restart counted once."""
+    import os
+    import signal
+
+    from rlcore.runtime.workers import remote_group
+
+    cpu = {"engine_kwargs": {"device": "cpu"}}
+    trainer = make(plugins, tmp_path, tiny, use_ray=True, train={"gpus": 1, **cpu}, rollout={"gpus": 2, **cpu},
+                   weight_sync_backend="gloo", max_restarts=1, max_steps=3)
+    step = trainer.train_step
+
+    def killing():
+        metrics = step()
+        if trainer.step == 0:  # step 1 and its sync are done
+            rollout = remote_group(trainer.session["rollout"], "rollout")
+            os.kill(rollout.infos[1]["pid"], signal.SIGKILL)
+        return metrics
+
+    trainer.train_step = killing
+    trainer.fit()
+    rows = metrics_of(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["restarts/rollout"] for r in rows] == [0, 1, 0] and all(r["restarts/train"] == 0 for r in rows)
+    assert rows[1]["weight_sync/recv_s"] > 0  # step 2's own sync, over the new group
