@@ -184,14 +184,14 @@ class RoleTrainer(Trainer):
                 return bool(spec.syncs_adapter(**setup.options))
         return False
 
-    def on_recover(self) -> None:
+    def on_recover(self, path: Path | None) -> None:
         """The roles that take the trained weights (`syncs`) take the checkpoint's; not a step's time."""
         for src, dst in self.session.syncs:
             RoleTrainer.sync_weights(self, src, dst)
         self.timer.pop()
 
     def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
-        """The base's, with `restarts/<role>`: the workers Ray restarted during the step (with max_restarts)."""
+        """The base's, with `restarts/<role>`: the role's workers Ray restarted so far in this run (max_restarts)."""
         if self.session is not None:
             metrics.update(self.session.restarts())
         super().log(metrics, bar)

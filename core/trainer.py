@@ -195,7 +195,8 @@ class Trainer:
         with self._locked(), StopOnSignal() as stop, self.start():
             stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
             self.restore()
-            self.start_state = self.state_dict()  # what a recovery without a checkpoint goes back to
+            if getattr(self.config, "max_restarts", 0):
+                self.start_state = self.state_dict()  # what a recovery without a checkpoint goes back to
             self.on_start()
             self.hook.rlcore_train_start(trainer=self)
             last: dict[str, Any] = {}
@@ -250,8 +251,8 @@ class Trainer:
         the metrics of later steps dropped (they are trained again), and `on_recover` runs. Returns the step."""
         self.timer.pop()  # the lost step's phases
         found = checkpoints(self.output_dir)
-        if found:
-            path = found[-1][1]
+        path = found[-1][1] if found else None
+        if path is not None:
             state = load_state(path)
             self.load_model(path)
             self.load_state_dict(state)
@@ -260,13 +261,13 @@ class Trainer:
             self.load_state_dict(self.start_state)
             self.step, where = 0, "the start (no checkpoint yet)"
         self.metrics.resume_at(self.step)
-        self.on_recover()
+        self.on_recover(path)
         logger.warning(f"{lost}; the run goes on from {where}")
         return self.step
 
-    def on_recover(self) -> None:
-        """After `recover` loaded a checkpoint into rebuilt workers: what else the algorithm must do again (a
-        RoleTrainer syncs the trained weights to the roles that generate)."""
+    def on_recover(self, path: Path | None) -> None:
+        """After `recover` loaded the checkpoint `path` (None: the start) into rebuilt workers: what else the algorithm
+        must do again (a RoleTrainer syncs the trained weights to the roles that generate)."""
 
     def run_note(self) -> dict[str, Any]:
         """What output_dir's rlcore_run.json says of the run besides its state: the algorithm, the plot's panels."""

@@ -185,8 +185,8 @@ class RemoteGroup:
     that many times; its instance is built again as at the start, `on_restart(ranks)` gives back what the run gave
     it (its weights), and the call it died in is sent again to it alone. `restarted` counts the restarts. A group
     that `holds_state` (a train engine) cannot take up a call where a worker died: all its workers are restarted and
-    built again (one new torch.distributed world) and the call raises RoleRestarted, for the trainer to resume the
-    run from its last checkpoint.
+    built again (one new torch.distributed world), `on_restart` gets them all, and the call raises RoleRestarted, for
+    the trainer to resume the run from its last checkpoint.
     """
 
     def __init__(self, role: str, actors: list[Any], infos: list[dict[str, Any]], mesh: Mesh,
@@ -198,7 +198,7 @@ class RemoteGroup:
         self.failure: RoleFailed | None = None
         self.max_restarts = max_restarts
         self.restarts_of = [0] * len(actors)  # per rank: the restarts Ray made of it
-        self.restarted = 0  # restarts not yet reported (`pop_restarted`)
+        self.restarted = 0  # the group's worker restarts so far
         self.on_restart: Callable[[list[int]], None] | None = None
         self._setups: list[tuple] = []  # per rank: the arguments of `_rlcore_setup`, to build a restarted worker again
 
@@ -410,6 +410,8 @@ class RemoteGroup:
         self._get(self._submit(lambda: [a._rlcore_setup.remote(*s) for a, s in zip(self.actors, self._setups)],
                                "__init__"), everyone, "__init__")
         self.restarted += len(self.actors)
+        if self.on_restart is not None:
+            self.on_restart(everyone)
         return RoleRestarted(
             f"{where} died during {method}(); Ray restarted the role's {len(self.actors)} worker(s) (restart "
             f"{self.restarts_of[0]} of max_restarts {self.max_restarts}), built again from the model the run started "
@@ -433,11 +435,6 @@ class RemoteGroup:
                 raise self._hung(refs, ranks, "restart") from None
             except ray.exceptions.RayError as exc:
                 raise self._failed(exc, self._errors(refs, ranks, "restart"), "restart") from None
-
-    def pop_restarted(self) -> int:
-        """The restarts since the last call (a step's count, for its metrics)."""
-        count, self.restarted = self.restarted, 0
-        return count
 
     def call_ranks(self, name: str, ranks: list[int], *args: Any) -> list[Any]:
         """@function `name` on `ranks` alone, with the same arguments (a restarted worker put back to sleep)."""

@@ -225,7 +225,7 @@ class RoleSession:
                 for role in self.setups:
                     self.groups[role] = self._build(role)
                     remote = workers.remote_group(self.groups[role], role)
-                    if remote is not None and remote.max_restarts and not remote.holds_state:
+                    if remote is not None and remote.max_restarts:
                         remote.on_restart = functools.partial(self.restore, role)
                 for src, dst in self.syncs:
                     self._connect(src, dst)
@@ -291,7 +291,9 @@ class RoleSession:
     def restore(self, role: str, ranks: list[int]) -> None:
         """`role`'s workers `ranks` were restarted (Ray, `max_restarts`) and built afresh: they sleep again if the
         role sleeps, and every role that syncs weights into `role` syncs them again as it last did (a new
-        broadcast group or IPC pairing first), so the restarted workers generate with the weights the others have."""
+        broadcast group or IPC pairing first), so the restarted workers generate with the weights the others have.
+        A role that sends weights (a rebuilt train role) joins new broadcast groups or IPC pairings; its trainer syncs
+        once it loaded its checkpoint."""
         if self.syncing:  # its peers in the broadcast or IPC transfer wait on it: the transfer cannot be sent again
             raise RoleFailed(f"role '{role}' lost a worker during a weight sync over {self.syncing}, which is not "
                              "retried (a lost worker is, between syncs and over object_store); continue with --resume",
@@ -302,6 +304,9 @@ class RoleSession:
             woken = sorted({"weights", "kv_cache"} - self.asleep[role])
             if woken:
                 remote.call_ranks("wake_up", ranks, woken)
+        for src, dst in self.syncs:
+            if src == role and self.transports.get((src, dst)) in ("nccl", "gloo", "cuda_ipc"):
+                self._connect(src, dst)
         for (src, dst), (how, arg) in list(self.synced.items()):
             if dst != role:
                 continue
@@ -322,13 +327,13 @@ class RoleSession:
             self.syncing = None
 
     def restarts(self) -> dict[str, int]:
-        """`restarts/<role>`: the workers of each restartable or recoverable role restarted since the last call (with
-        max_restarts on Ray; empty otherwise), for a step's metrics."""
+        """`restarts/<role>`: the restarts of each restartable or recoverable role's workers so far (with max_restarts
+        on Ray; empty otherwise): a counter, for the metrics."""
         counts = {}
         for role in self.setups:
             remote = workers.remote_group(self.groups[role], role) if role in self.groups else None
             if remote is not None and remote.max_restarts:
-                counts[f"restarts/{role}"] = remote.pop_restarted()
+                counts[f"restarts/{role}"] = remote.restarted
         return counts
 
     # -- colocated roles take turns -------------------------------------------------------------------

@@ -246,6 +246,12 @@ class GRPOTrainer(RoleTrainer):
                     for batch, metrics, objective in self.queue]
             torch.save(rest, path / "round.pt")  # tensors, numbers and strings: loaded with weights_only
 
+    def on_recover(self, path: Path | None) -> None:
+        """Before the first checkpoint, the round under way is generated again from the start of the data."""
+        if path is None:
+            self.queue = []
+        super().on_recover(path)
+
     def load_model(self, path: Path) -> None:
         super().load_model(path)
         self.queue = []  # the round after the checkpoint's, where a recovery in the run (max_restarts) goes back
