@@ -515,39 +515,3 @@ def test_qwen3_5_trains_on_the_hf_engines(plugins, tmp_path):
     assert rows[0]["weight_sync/seconds"] > 0 and "weight_sync/seconds" not in rows[-1]
     assert (tmp_path / "run" / "checkpoint-2" / "trainer_state.json").is_file()
 
-
-@pytest.mark.ray
-def test_lost_workers_on_ray_a_rollout_one_joins_a_new_gloo_group_a_train_one_goes_back_to_the_start(
-        ray_local, tmp_path, tiny, plugins):
-    """max_restarts=1, weights broadcast over gloo (NCCL's stand-in on the CPU) to two rollout workers. Rollout rank 1
-    is killed after step 1: step 2's generation restarts it, every member joins a new broadcast group, the trained
-    weights are sent again and rank 1 generates its shard again. The train worker is killed after step 2, before
-    any checkpoint: it is built again and the run goes back to the start in the same run, its data and weights
-    those of the start (step 1 trained again gives step 1's reward), the later steps' rows dropped. Every step is
-    logged once; the counters say one restart of each role."""
-    import os
-    import signal
-
-    from rlcore.runtime.workers import remote_group
-
-    cpu = {"engine_kwargs": {"device": "cpu"}}
-    trainer = make(plugins, tmp_path, tiny, use_ray=True, train={"gpus": 1, **cpu}, rollout={"gpus": 2, **cpu},
-                   weight_sync_backend="gloo", max_restarts=1, max_steps=3)
-    step, kills, first = trainer.train_step, {0: ("rollout", 1), 1: ("train", 0)}, []
-
-    def killing():
-        metrics = step()
-        if trainer.step in kills:  # that step and its sync are done
-            role, rank = kills.pop(trainer.step)
-            if role == "train":  # step 1 as it was first trained
-                first.extend(metrics_of(tmp_path)[:1])
-            os.kill(remote_group(trainer.session[role], role).infos[rank]["pid"], signal.SIGKILL)
-        return metrics
-
-    trainer.train_step = killing
-    trainer.fit()
-    rows = metrics_of(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2, 3] and not kills
-    assert [(r["restarts/rollout"], r["restarts/train"]) for r in rows] == [(1, 1)] * 3
-    assert rows[0]["reward"] == first[-1]["reward"] and rows[0]["loss"] == first[-1]["loss"]
-    assert rows[1]["weight_sync/recv_s"] > 0  # a sync over the new group
