@@ -169,6 +169,7 @@ class BaseConfig(BaseModel):
 
 GPUS_HELP = ("GPUs for this role, one worker each: auto (default) the visible GPUs (Ray: the cluster's), shared by "
              "colocated roles, the CPU where none is visible; 0 the CPU (one worker, or `cpus` workers); N that many")
+MAX_RESTARTS = 1000  # Ray restarts of one worker a run may ask: a worker lost more often is broken, not unlucky
 
 
 def gpu_count(value: Any) -> int:
@@ -258,6 +259,11 @@ class RunConfig(BaseConfig):
         "naming the worker that did not answer (hung, stopped or deadlocked)"
     )
     ray_address: str | None = Field(None, description="attach to this Ray cluster ('auto' for a running one)")
+    max_restarts: int = Field(
+        0, ge=0, le=MAX_RESTARTS, description="Ray restarts of each worker of a role that holds no training state "
+        "(rollout, reward, teacher, reference, sampler): a lost one is restarted, its weights restored from the train "
+        "side and its call retried; 0: a lost worker stops the run. Needs --use-ray"
+    )
     sleep_level: Literal[0, 1, 2] = Field(1, description="rollout sleep level while colocated training runs")
     offload_model: bool = Field(False, description="offload train weights while colocated rollout runs")
     offload_optimizer: bool = Field(False, description="offload optimizer state while colocated rollout runs")

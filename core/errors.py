@@ -54,6 +54,12 @@ class RoleFailed(RlcoreError):
         self.role, self.rank, self.node, self.failure = role, rank, node, failure
 
 
+class RoleRestarted(RoleFailed):
+    """A worker of a role that holds training state died and Ray restarted the role's workers (`max_restarts`): they
+    were built again as the run started them, so what they had trained is gone; the trainer resumes the run from its
+    last checkpoint, in the same run."""
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """' Did you mean 'x'?' for the closest known name, or '' when nothing is close."""
     match = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.6)

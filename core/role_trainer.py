@@ -68,8 +68,9 @@ class RoleTrainer(Trainer):
         self.prepare()
         self.session: RoleSession | None = None
         if self.plan is not None:
+            recoverable = (self.checkpointed,) if self.checkpointed else ()  # its loss resumes the last checkpoint
             self.session = RoleSession.from_config(self.config, self.plan, self.setups(), use_ray=use_ray,
-                                                   plugins=plugins, **self.session_options())
+                                                   plugins=plugins, **{"recoverable": recoverable, **self.session_options()})
 
     # -- what an algorithm writes ---------------------------------------------------------------------
 
@@ -188,6 +189,18 @@ class RoleTrainer(Trainer):
             if spec.name == setup.engine and spec.syncs_adapter is not None:
                 return bool(spec.syncs_adapter(**setup.options))
         return False
+
+    def on_recover(self, path: Path | None) -> None:
+        """The roles that take the trained weights (`syncs`) take the checkpoint's; not a step's time."""
+        for src, dst in self.session.syncs:
+            RoleTrainer.sync_weights(self, src, dst)
+        self.timer.pop()
+
+    def log(self, metrics: dict[str, Any], bar: Any = None) -> None:
+        """The base's, with `restarts/<role>`: the role's workers Ray restarted so far in this run (max_restarts)."""
+        if self.session is not None:
+            metrics.update(self.session.restarts())
+        super().log(metrics, bar)
 
     def save_model(self, path: Path) -> None:
         if self.checkpointed:

@@ -27,7 +27,7 @@ from .checkpoint import (
     RunLock, RunRecord, check_output_dir, checkpoints, finished_run, load_state, partial_run, remove_previous_run,
     resolve_resume, save_checkpoint, save_final,
 )
-from .errors import ConfigError, RlcoreError
+from .errors import ConfigError, RlcoreError, RoleRestarted
 from .integrity import check_folder
 from .log import BARE, STOP, logger, scrub_data
 from .metrics import MetricsWriter
@@ -205,6 +205,8 @@ class Trainer:
         save_steps = self.save_steps
         stop.arm()  # again: starting Ray sets a SIGTERM handler of its own (sys.exit, mid-step)
         self.restore()
+        if getattr(self.config, "max_restarts", 0):
+            self.start_state = self.state_dict()  # what a recovery without a checkpoint goes back to
         self.on_start()
         record.began = True
         self.hook.rlcore_train_start(trainer=self)
@@ -222,7 +224,13 @@ class Trainer:
         with stop.failing(held):
             with self.progress() as bar:
                 while self.step < self.max_steps and not stop.signal:
-                    last = self.train_step()
+                    try:
+                        last = self.train_step()
+                    except RoleRestarted as lost:  # max_restarts: the train side was built again
+                        saved = self.recover(lost)
+                        bar.n = self.step
+                        bar.refresh()
+                        continue
                     self._check_finite(last, held)
                     self.step += 1
                     self.log(last, bar)
@@ -252,6 +260,30 @@ class Trainer:
         """What in output_dir holds `step` once saved, as a stop message names it: its checkpoint folder (a trainer
         whose `save` writes elsewhere, such as an output's state file, says that)."""
         return f"checkpoint-{step}"
+
+    def recover(self, lost: RoleRestarted) -> int:
+        """Go on, in this run, from its newest checkpoint (or from the start, before its first) once `lost.role`'s
+        workers were restarted and built again (`max_restarts`): the engines' and the algorithm's state are loaded,
+        the metrics of later steps dropped (they are trained again), and `on_recover` runs. Returns the step."""
+        self.timer.pop()  # the lost step's phases
+        found = checkpoints(self.output_dir)
+        path = found[-1][1] if found else None
+        if path is not None:
+            state = load_state(path)
+            self.load_model(path)
+            self.load_state_dict(state)
+            self.step, where = state["step"], path.name
+        else:
+            self.load_state_dict(self.start_state)
+            self.step, where = 0, "the start (no checkpoint yet)"
+        self.metrics.resume_at(self.step)
+        self.on_recover(path)
+        logger.warning(f"{lost}; the run goes on from {where}")
+        return self.step
+
+    def on_recover(self, path: Path | None) -> None:
+        """After `recover` loaded the checkpoint `path` (None: the start) into rebuilt workers: what else the algorithm
+        must do again (a RoleTrainer syncs the trained weights to the roles that generate)."""
 
     def run_note(self) -> dict[str, Any]:
         """What output_dir's rlcore_run.json says of the run besides its state: the algorithm, the plot's panels."""

@@ -23,7 +23,8 @@ from .. import failures, log, manager
 from .rendezvous import find_free_port
 from .transport import decode, encode
 from .dispatch import Mesh
-from ..errors import ResourceError, RlcoreError, RoleFailed
+from ..errors import ResourceError, RlcoreError, RoleFailed, RoleRestarted
+from ..log import logger
 from ..manager import EXTRA_PLUGINS_ENV
 from ..specs import Slot
 from ..watchdog import RayStuck, bounded
@@ -63,8 +64,9 @@ class Handle:
 
     def __init__(self, group: RemoteGroup | None = None, spec: FunctionSpec | None = None, mode: Mode | None = None,
                  ranks: list[int] | None = None, refs: list[Any] | None = None, value: Any = _PENDING,
-                 error: BaseException | None = None):
+                 error: BaseException | None = None, resubmit: Callable[[list[int]], list[Any]] | None = None):
         self._group, self._spec, self._mode, self._ranks, self._refs = group, spec, mode, ranks or [], refs or []
+        self._resubmit = resubmit  # the call again, for the given ranks (a restarted worker's shard)
         self._value, self._error = value, error
         self._started = time.monotonic()
 
@@ -78,7 +80,8 @@ class Handle:
         if self._error is not None:
             raise self._error
         if self._value is _PENDING:
-            self._value = self._group.collect(self._spec, self._mode, self._ranks, self._refs, timeout, self._started)
+            self._value = self._group.collect(self._spec, self._mode, self._ranks, self._refs, timeout, self._started,
+                                              self._resubmit)
         return self._value
 
 
@@ -170,9 +173,11 @@ def _actor_class(cls: type) -> Any:
     names = [n for n in dir(cls) if hasattr(getattr(cls, n, None), "__rlcore_function__")]
     body = {n: _forward(n) for n in names}
     actor = type(f"{cls.__name__}Worker", (WorkerActor,), body)
-    return ray.remote(max_restarts=0, max_task_retries=0)(actor)
+    return ray.remote(max_restarts=0, max_task_retries=0)(actor)  # a group's `max_restarts` is set per group
 
 
+RESTART_POLL_S = 0.5  # how often a restarting worker is asked whether it is back
+CALL_TIMEOUT_S = 1800.0  # the wait for a restarted worker of a group without a call timeout
 GET_MARGIN_S = 5.0  # a ray.get past its own timeout by this much is stuck in Ray itself (see rlcore.watchdog)
 
 
@@ -183,18 +188,31 @@ class RemoteGroup:
     group counts as hung: the ranks that did not answer are named in a RoleFailed and the group stops.
     Submitting a call is bounded by it too: a submission that Ray never takes (a stopped raylet) is a
     RayStuck naming the call (see `rlcore.watchdog`).
+
+    `max_restarts` (a group whose workers hold no training state): Ray restarts a worker whose process died up to
+    that many times; its instance is built again as at the start, `on_restart(ranks)` gives back what the run gave
+    it (its weights), and the call it died in is sent again to it alone. `restarted` counts the restarts. A group
+    that `holds_state` (a train engine) cannot take up a call where a worker died: all its workers are restarted and
+    built again (one new torch.distributed world), `on_restart` gets them all, and the call raises RoleRestarted, for
+    the trainer to resume the run from its last checkpoint.
     """
 
     def __init__(self, role: str, actors: list[Any], infos: list[dict[str, Any]], mesh: Mesh,
-                 call_timeout: float | None = None):
+                 call_timeout: float | None = None, max_restarts: int = 0, holds_state: bool = False):
         self.role, self.actors, self.infos, self.mesh = role, actors, infos, mesh
+        self.holds_state = holds_state
         self.call_timeout = call_timeout
         self._calls: dict[str, list[Any]] = {}  # method name -> each actor's bound remote method
         self.failure: RoleFailed | None = None
+        self.max_restarts = max_restarts
+        self.restarts_of = [0] * len(actors)  # per rank: the restarts Ray made of it
+        self.restarted = 0  # the group's worker restarts so far
+        self.on_restart: Callable[[list[int]], None] | None = None
+        self._setups: list[tuple] = []  # per rank: the arguments of `_rlcore_setup`, to build a restarted worker again
 
     @classmethod
     def start(cls, worker_cls: type, role: str, slots: list[Slot], mesh: Mesh, timeout: float,
-              call_timeout: float | None = None) -> RemoteGroup:
+              call_timeout: float | None = None, max_restarts: int = 0, holds_state: bool = False) -> RemoteGroup:
         """One actor per slot, scheduled on the slot's bundle; waits until all are up."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -203,7 +221,8 @@ class RemoteGroup:
 
         def started() -> list[dict[str, Any]]:
             for slot in slots:
-                options: dict[str, Any] = {"num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus}
+                options: dict[str, Any] = {"num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus,
+                                           "max_restarts": max_restarts}
                 if slot.placement_group is not None:
                     options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                         slot.placement_group, -1 if slot.bundle_index is None else slot.bundle_index
@@ -226,7 +245,7 @@ class RemoteGroup:
         except BaseException:  # a signal's stop while the actors start: none of them is left behind
             cluster.kill(actors)
             raise
-        return cls(role, actors, infos, mesh, call_timeout)
+        return cls(role, actors, infos, mesh, call_timeout, max_restarts, holds_state)
 
     def import_ahead(self, modules: tuple[str, ...]) -> None:
         """Have every actor import `modules` now, without waiting: the actor runs it before `setup`'s build."""
@@ -254,7 +273,8 @@ class RemoteGroup:
                 EXTRA_PLUGINS_ENV: os.pathsep.join(extra_plugins),
             }
             seen[info["node_id"]] += 1
-            calls.append(functools.partial(actor._rlcore_setup.remote, pickled, self.role, rank, env, args, kwargs))
+            self._setups.append((pickled, self.role, rank, env, args, kwargs))
+            calls.append(functools.partial(actor._rlcore_setup.remote, *self._setups[-1]))
         return self._submit(lambda: [call() for call in calls], "__init__")
 
     def call(self, spec: FunctionSpec, mode: Mode, args: tuple, kwargs: dict) -> Any:
@@ -271,10 +291,10 @@ class RemoteGroup:
         ranks = [r for r, s in enumerate(shards) if s is not None]
         uses = collections.Counter(id(shards[r]) for r in ranks)
 
-        def submit() -> list[Any]:  # large arguments go into the object store, through the raylet
+        def submit(only: list[int]) -> list[Any]:  # large arguments go into the object store, through the raylet
             encoded: dict[int, tuple] = {}
             refs = []
-            for r in ranks:
+            for r in only:
                 key = id(shards[r])
                 if key not in encoded:
                     shared = uses[key] > 1
@@ -282,15 +302,18 @@ class RemoteGroup:
                 refs.append(calls[r].remote(*encoded[key][0], **encoded[key][1]))
             return refs
 
-        if not spec.blocking:
-            return Handle(self, spec, mode, ranks, self._submit(submit, spec.name))
+        if not spec.blocking or self.max_restarts:
+            refs = self._submit(lambda: submit(ranks), spec.name)
+            resubmit = (lambda only: self._submit(lambda: submit(only), spec.name)) if self.max_restarts else None
+            handle = Handle(self, spec, mode, ranks, refs, resubmit=resubmit)
+            return handle.get() if spec.blocking else handle
         import ray
 
         sent: list[Any] = []  # filled before the wait, for the errors that name the ranks
 
         def submit_and_get(wait: float | None) -> list[Any]:  # one hand-over to a Ray thread per blocking call
             try:
-                sent.extend(submit())
+                sent.extend(submit(ranks))
             except BaseException as exc:  # noqa: BLE001 - raised as itself in the caller's thread
                 raise _NotSubmitted(exc) from exc
             return ray.get(sent, timeout=wait)
@@ -302,10 +325,11 @@ class RemoteGroup:
         return self._collected(mode, ranks, values)
 
     def collect(self, spec: FunctionSpec, mode: Mode, ranks: list[int], refs: list[Any], timeout: float | None,
-                started: float | None = None) -> Any:
+                started: float | None = None, resubmit: Callable[[list[int]], list[Any]] | None = None) -> Any:
         """Wait for the workers' results and collect them as `mode` says (only its kept ranks' results);
-        `timeout` bounds this wait, the group's `call_timeout` from `started` the call (see Handle.get)."""
-        return self._collected(mode, ranks, self._get(refs, ranks, spec.name, started, timeout))
+        `timeout` bounds this wait, the group's `call_timeout` from `started` the call (see Handle.get); with
+        `resubmit`, a worker that died and was restarted is sent its shard again."""
+        return self._collected(mode, ranks, self._get(refs, ranks, spec.name, started, timeout, resubmit))
 
     def _collected(self, mode: Mode, ranks: list[int], values: list[Any]) -> Any:
         kept = mode.kept(len(self.actors), self.mesh)
@@ -324,37 +348,130 @@ class RemoteGroup:
             raise
 
     def _get(self, refs: list[Any], ranks: list[int], method: str, started: float | None = None,
-             timeout: float | None = None, fetch: Callable[[float | None], list[Any]] | None = None) -> list[Any]:
+             timeout: float | None = None, resubmit: Callable[[list[int]], list[Any]] | None = None,
+             fetch: Callable[[float | None], list[Any]] | None = None) -> list[Any]:
         """The workers' results, within `timeout` (an RlcoreError after it) and the call's `call_timeout`
         from `started` (a hung group: RoleFailed, and the group stops). A ray.get that outlives its own
-        timeout by GET_MARGIN_S is stuck in Ray itself: RayStuck. `fetch(wait)`: what gets them (default:
-        `ray.get(refs)`; a blocking call submits first, filling `refs`)."""
+        timeout by GET_MARGIN_S is stuck in Ray itself: RayStuck. With `resubmit` (the call again, for some
+        ranks), workers that died are restarted (`max_restarts`) and their shards sent again. `fetch(wait)`: what gets
+        them (default: `ray.get(refs)`; a blocking call without restarts submits first, filling `refs`)."""
         import ray
 
-        left = None
-        if self.call_timeout is not None:
-            elapsed = 0.0 if started is None else time.monotonic() - started
-            left = max(0.0, self.call_timeout - elapsed)
-        own = timeout is not None and (left is None or timeout < left)
-        wait = timeout if own else left
-        what = f"a call of {method}() to role '{self.role}'" if fetch else f"the results of {method}() of role '{self.role}'"
-        fetch = fetch or (lambda w: ray.get(refs, timeout=w))
-        try:
-            return bounded(lambda: fetch(wait), what, None if wait is None else wait + GET_MARGIN_S, own=False,
-                           role=self.role)
-        except RayStuck as exc:
-            self.failure = exc
-            raise
-        except ray.exceptions.GetTimeoutError:
-            if own:
-                raise RlcoreError(
-                    f"role '{self.role}': {method}() gave no result within {timeout}s; get() again to keep waiting"
-                ) from None
-            raise self._hung(refs, ranks, method) from None
-        except ray.exceptions.RayError as exc:
-            if self.failure is not None:  # the group was stopped (hung, a death, stop()): that is the cause
-                raise self.failure from None
-            raise self._failed(exc, ranks, refs, method) from None
+        while True:
+            left = None
+            if self.call_timeout is not None:
+                elapsed = 0.0 if started is None else time.monotonic() - started
+                left = max(0.0, self.call_timeout - elapsed)
+            own = timeout is not None and (left is None or timeout < left)
+            wait = timeout if own else left
+            what = (f"a call of {method}() to role '{self.role}'" if fetch
+                    else f"the results of {method}() of role '{self.role}'")
+            get = fetch or (lambda w, refs=refs: ray.get(refs, timeout=w))
+            try:
+                return bounded(lambda: get(wait), what, None if wait is None else wait + GET_MARGIN_S, own=False,
+                               role=self.role)
+            except RayStuck as exc:
+                self.failure = exc
+                raise
+            except ray.exceptions.GetTimeoutError:
+                if own:
+                    raise RlcoreError(
+                        f"role '{self.role}': {method}() gave no result within {timeout}s; get() again to keep waiting"
+                    ) from None
+                raise self._hung(refs, ranks, method) from None
+            except ray.exceptions.RayError as exc:
+                if self.failure is not None:  # the group was stopped (hung, a death, stop()): that is the cause
+                    raise self.failure from None
+                failed = self._errors(refs, ranks, method)
+                if resubmit is not None and self.holds_state and self._restartable(failed):
+                    raise self._rebuild(failed, method) from None
+                if resubmit is None or not self._restart(failed, method):
+                    raise self._failed(exc, failed, method) from None
+                again = dict(zip([r for r, _ in failed], resubmit([r for r, _ in failed])))
+                refs = [again.get(r, ref) for r, ref in zip(ranks, refs)]
+
+    def _restartable(self, failed: list[tuple[int, BaseException]]) -> bool:
+        """Every failure is a death (where the group holds state, one is: its peers' errors, a collective cut off,
+        follow from it), and every worker of those (all of them, where the group holds state) has a restart left."""
+        deaths = [r for r, err in failed if cluster.is_death(err)]
+        if self.holds_state:
+            return bool(deaths) and all(n < self.max_restarts for n in self.restarts_of)
+        return bool(failed) and len(deaths) == len(failed) and all(self.restarts_of[r] < self.max_restarts for r in deaths)
+
+    def _restart(self, failed: list[tuple[int, BaseException]], method: str) -> bool:
+        """Build the workers in `failed` again once Ray restarted them, where every failure is a death and each
+        of them has a restart left; `on_restart` then gives back their weights. False: they cannot be restarted."""
+        if not self._restartable(failed):
+            return False
+        dead = [r for r, _ in failed]
+        for r in dead:
+            self.restarts_of[r] += 1
+            info = self.infos[r]
+            logger.warning(f"role '{self.role}' rank {r} on node {info.get('ip') or '?'} (pid {info.get('pid')}) died "
+                           f"during {method}(); Ray restarts it (restart {self.restarts_of[r]} of max_restarts "
+                           f"{self.max_restarts}); it is built again and sent {method}() again")
+        for r, info in zip(dead, self._restarted_infos(dead)):
+            self.infos[r] = info
+        self._get(self._submit(lambda: [self.actors[r]._rlcore_setup.remote(*self._setups[r]) for r in dead],
+                               "__init__"), dead, "__init__")
+        self.restarted += len(dead)
+        if self.on_restart is not None:
+            self.on_restart(dead)
+        return True
+
+    def _rebuild(self, failed: list[tuple[int, BaseException]], method: str) -> RoleRestarted:
+        """A group holding state lost workers: the others are killed for Ray to restart them too (their
+        torch.distributed world lost its peers), all are built again in a new world; the RoleRestarted to raise."""
+        import ray
+
+        dead = [r for r, err in failed if cluster.is_death(err)]
+        info = self.infos[dead[0]]
+        where = f"role '{self.role}' rank {dead[0]} on node {info.get('ip') or '?'} (pid {info.get('pid')})"
+        for r, actor in enumerate(self.actors):
+            if r not in dead:
+                with contextlib.suppress(Exception):  # one that died meanwhile is restarted all the same
+                    ray.kill(actor, no_restart=False)
+            self.restarts_of[r] += 1
+        everyone = list(range(len(self.actors)))
+        self.infos = self._restarted_infos(everyone)
+        master = self.infos[0]["ip"]
+        port = self._get(self._submit(lambda: [self.actors[0]._rlcore_free_port.remote(master)], "restart"), [0],
+                         "restart")[0]
+        self._setups = [(cls, role, rank, {**env, "MASTER_ADDR": master, "MASTER_PORT": str(port)}, args, kwargs)
+                        for cls, role, rank, env, args, kwargs in self._setups]
+        self._get(self._submit(lambda: [a._rlcore_setup.remote(*s) for a, s in zip(self.actors, self._setups)],
+                               "__init__"), everyone, "__init__")
+        self.restarted += len(self.actors)
+        if self.on_restart is not None:
+            self.on_restart(everyone)
+        return RoleRestarted(
+            f"{where} died during {method}(); Ray restarted the role's {len(self.actors)} worker(s) (restart "
+            f"{self.restarts_of[0]} of max_restarts {self.max_restarts}), built again from the model the run started "
+            "with", role=self.role, rank=dead[0], node=info.get("ip", ""))
+
+    def _restarted_infos(self, ranks: list[int]) -> list[dict[str, Any]]:
+        """The new processes of `ranks` (pid, node), once Ray has restarted them: a call while an actor restarts is
+        refused (ActorUnavailableError), so it is asked again, within the group's call timeout."""
+        import ray
+
+        deadline = time.monotonic() + (self.call_timeout or CALL_TIMEOUT_S)
+        while True:
+            refs = self._submit(lambda: [self.actors[r]._rlcore_info.remote() for r in ranks], "restart")
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                return bounded(lambda: ray.get(refs, timeout=left), f"the restart of role '{self.role}'",
+                               left + GET_MARGIN_S, own=False, role=self.role)
+            except ray.exceptions.ActorUnavailableError:
+                time.sleep(RESTART_POLL_S)  # on its way back
+            except ray.exceptions.GetTimeoutError:
+                raise self._hung(refs, ranks, "restart") from None
+            except ray.exceptions.RayError as exc:
+                raise self._failed(exc, self._errors(refs, ranks, "restart"), "restart") from None
+
+    def call_ranks(self, name: str, ranks: list[int], *args: Any) -> list[Any]:
+        """@function `name` on `ranks` alone, with the same arguments (a restarted worker put back to sleep)."""
+        refs = self._submit(lambda: [getattr(self.actors[r], name).remote(*encode(args, False)) for r in ranks], name)
+        return [decode(v) for v in self._get(refs, ranks, name)]
 
     def _hung(self, refs: list[Any], ranks: list[int], method: str) -> RoleFailed:
         """A call that gave no result within `call_timeout`: name the ranks that did not answer (the
@@ -380,9 +497,8 @@ class RemoteGroup:
         cluster.kill(self.actors)
         return error
 
-    def _failed(self, exc: BaseException, ranks: list[int], refs: list[Any], method: str) -> RoleFailed:
-        """The error of the first worker that failed (a dead one before one that raised); a dead worker stops
-        its whole group."""
+    def _errors(self, refs: list[Any], ranks: list[int], method: str) -> list[tuple[int, BaseException]]:
+        """(rank, error) of each worker whose call failed by now (within 2 s)."""
         import ray
 
         def errors() -> list[tuple[int, BaseException]]:
@@ -397,9 +513,13 @@ class RemoteGroup:
             return failed
 
         try:
-            failed = bounded(errors, f"the errors of {method}() of role '{self.role}'", 2.0 + GET_MARGIN_S)
+            return bounded(errors, f"the errors of {method}() of role '{self.role}'", 2.0 + GET_MARGIN_S)
         except RayStuck:
-            failed = []
+            return []
+
+    def _failed(self, exc: BaseException, failed: list[tuple[int, BaseException]], method: str) -> RoleFailed:
+        """The error of the first worker that failed (a dead one before one that raised); a dead worker stops
+        its whole group."""
         # the lowest failed rank, a dead one first: its peers' errors (a collective cut off) follow from its death
         dead = [(r, err) for r, err in failed if cluster.is_death(err)]
         rank = None

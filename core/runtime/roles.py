@@ -37,6 +37,8 @@ class TrainWorker:
     """A train engine per worker; the group is one data-parallel world. `kind="forward"` builds a
     forward-only engine (no optimizer) for reference and teacher models."""
 
+    holds_state = True  # a train engine's weights and optimizer are the run's: a restart would lose them
+
     def __init__(self, engine: Any, options: dict[str, Any], kind: str = "train"):
         self.setup(engine, options, kind)
 
@@ -218,6 +220,8 @@ class GenerateWorker:
     """A rollout engine per worker: generates completions, serves top-k log-probs, takes new weights,
     sleeps while colocated roles hold the devices."""
 
+    holds_state = False  # its weights come from the model and the train side: a lost worker is rebuilt and synced
+
     def __init__(self, engine: Any, options: dict[str, Any], kind: str = "rollout"):
         self.setup(engine, options, kind)
 
@@ -313,6 +317,8 @@ class GenerateWorker:
 class ScoreWorker:
     """A scorer per worker (a reward model): `score(prompts, completions)` -> one float per pair; a group
     shares the pairs."""
+
+    holds_state = False  # a fixed model: a lost worker is rebuilt from its options
 
     def __init__(self, engine: Any, options: dict[str, Any], kind: str = "reward"):
         self.setup(engine, options, kind)

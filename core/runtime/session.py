@@ -20,6 +20,7 @@ It knows no algorithm: an algorithm says which roles it runs and how to build ea
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import tempfile
 import time
@@ -33,7 +34,7 @@ from .. import manager
 from .actors import wait
 from .dispatch import Mesh
 from ..engine_checks import resolve_dtype
-from ..errors import ConfigError
+from ..errors import ConfigError, RoleFailed
 from .placement import allocate, release
 from ..log import logger
 from .resources import ResourcePlan, rank_ranges
@@ -53,6 +54,12 @@ class RoleSetup:
     kind: str | None = None  # None: the worker class's default kind
 
     @property
+    def restartable(self) -> bool:
+        """Whether a lost worker of the role may be built again mid-run (`max_restarts`): its worker class holds no
+        training state (`holds_state` False: generators, scorers), or it builds a forward-only engine."""
+        return getattr(self.worker, "holds_state", True) is False or self.kind == "forward"
+
+    @property
     def engine_name(self) -> str:
         """The engine as a user knows it: its registered name, or a factory's `display_name` (else its name)."""
         if isinstance(self.engine, str):
@@ -65,7 +72,10 @@ class RoleSession:
 
     `syncs` names the (source, destination) role pairs whose weights `sync_weights` moves, so broadcast
     groups and CUDA IPC pairs are set up at start. `sleep_level`, `offload_model` and `offload_optimizer`
-    say what colocated roles release while another one holds their GPUs.
+    say what colocated roles release while another one holds their GPUs. `max_restarts` (Ray only): how often a
+    worker of a `restartable` role that died is restarted, given back its weights (`restore`) and sent its call again;
+    the roles in `recoverable` (the one a trainer's checkpoints hold) are restarted whole, and the call raises
+    RoleRestarted for the trainer to resume its last checkpoint.
     """
 
     def __init__(
@@ -83,10 +93,16 @@ class RoleSession:
         offload_optimizer: bool = False,
         weight_sync_backend: str = "auto",
         worker_timeout_s: float | None = 1800.0,
+        max_restarts: int = 0,
+        recoverable: tuple[str, ...] = (),
     ):
         missing = [r for r in setups if r not in plan.roles]
         if missing:
             raise ConfigError(f"roles {missing} have no place in the resource plan (its roles: {', '.join(plan.roles)})")
+        if max_restarts and not use_ray:
+            raise ConfigError(f"max_restarts: {max_restarts} restarts lost Ray workers, but this run has no Ray (every "
+                              "role runs in this process, whose loss is the run's); add --use-ray, or set max_restarts 0",
+                              [("max_restarts", "needs --use-ray")])
         if weight_sync_backend not in TRANSPORTS:
             raise ConfigError(f"weight_sync_backend '{weight_sync_backend}' is unknown; use one of {', '.join(TRANSPORTS)}")
         self.plan, self.setups, self.use_ray, self.plugins = plan, dict(setups), use_ray, plugins
@@ -95,6 +111,10 @@ class RoleSession:
         self.sleep_level, self.offload_model, self.offload_optimizer = sleep_level, offload_model, offload_optimizer
         self.weight_sync_backend = weight_sync_backend
         self.worker_timeout_s = worker_timeout_s  # a Ray call without a result for this long: RoleFailed
+        self.max_restarts = max_restarts
+        self.recoverable = tuple(r for r in recoverable if r in setups)
+        self.synced: dict[tuple[str, str], tuple[str, Any]] = {}  # the last sync per pair: what `restore` repeats
+        self.syncing: str | None = None  # the transport of a broadcast or IPC sync under way
         self.groups: dict[str, Any] = {}
         self.asleep: dict[str, set[str]] = {}  # a sleeping role: the memory tags it released
         self.transports: dict[tuple[str, str], str] = {}
@@ -102,7 +122,7 @@ class RoleSession:
         self.adapter_dirs: dict[tuple[str, str], Path] = {}  # adapter-only syncs: the folder `dst` serves now
 
     CONFIG_KEYS = ("ray_address", "placement_timeout_s", "worker_timeout_s", "sleep_level", "offload_model",
-                   "offload_optimizer", "weight_sync_backend")
+                   "offload_optimizer", "weight_sync_backend", "max_restarts")
 
     @classmethod
     def from_config(cls, config: Any, plan: ResourcePlan, setups: dict[str, RoleSetup], *, use_ray: bool,
@@ -206,6 +226,9 @@ class RoleSession:
                     workers.start_ahead(bind(self.setups[role].worker, role), role, self.imports(role))
                 for role in self.setups:
                     self.groups[role] = self._build(role)
+                    remote = workers.remote_group(self.groups[role], role)
+                    if remote is not None and remote.max_restarts:
+                        remote.on_restart = functools.partial(self.restore, role)
                 for src, dst in self.syncs:
                     self._connect(src, dst)
                 for role in self.setups:
@@ -215,6 +238,7 @@ class RoleSession:
         finally:
             self.groups.clear()
             self.asleep.clear()
+            self.synced.clear()
             for path in self.adapter_dirs.values():  # the last synced adapters (a run's final/ holds the trained one)
                 shutil.rmtree(path, ignore_errors=True)
                 with contextlib.suppress(OSError):
@@ -255,11 +279,64 @@ class RoleSession:
         slots = allocate(self.plan, timeout_s=self.placement_timeout_s)
         try:
             meshes = {r: self.mesh(r) for r in self.setups}
+            restarts = {r: self.max_restarts for r, setup in self.setups.items()
+                        if setup.restartable or r in self.recoverable}
             with workers.runtime({r: slots[r] for r in self.setups}, use_ray=True, meshes=meshes,
-                                 call_timeout=self.worker_timeout_s, plugins=self.plugins):
+                                 call_timeout=self.worker_timeout_s, plugins=self.plugins, max_restarts=restarts,
+                                 holds_state=frozenset(r for r in self.recoverable if not self.setups[r].restartable)):
                 yield
         finally:
             release(slots)
+
+    # -- lost workers ---------------------------------------------------------------------------------
+
+    def restore(self, role: str, ranks: list[int]) -> None:
+        """`role`'s workers `ranks` were restarted (Ray, `max_restarts`) and built afresh: they sleep again if the
+        role sleeps, and every role that syncs weights into `role` syncs them again as it last did (a new
+        broadcast group or IPC pairing first), so the restarted workers generate with the weights the others have.
+        A role that sends weights (a rebuilt train role) joins new broadcast groups or IPC pairings; its trainer syncs
+        once it loaded its checkpoint."""
+        if self.syncing:  # its peers in the broadcast or IPC transfer wait on it: the transfer cannot be sent again
+            raise RoleFailed(f"role '{role}' lost a worker during a weight sync over {self.syncing}, which is not "
+                             "retried (a lost worker is, between syncs and over object_store); continue with --resume",
+                             role=role)
+        if self.asleep.get(role):  # a restarted engine starts awake: it releases what the role's others released
+            remote = workers.remote_group(self[role], role)
+            remote.call_ranks("sleep", ranks, self.sleep_level)
+            woken = sorted({"weights", "kv_cache"} - self.asleep[role])
+            if woken:
+                remote.call_ranks("wake_up", ranks, woken)
+        for src, dst in self.syncs:
+            if src == role and self.transports.get((src, dst)) in ("nccl", "gloo", "cuda_ipc"):
+                self._connect(src, dst)
+        for (src, dst), (how, arg) in list(self.synced.items()):
+            if dst != role:
+                continue
+            if self.transports.get((src, dst)) in ("nccl", "gloo", "cuda_ipc"):
+                self._connect(src, dst)
+            if how == "adapter":
+                self.sync_adapter(src, dst, arg)
+            else:
+                self.sync_weights(src, dst, arg)
+            logger.info(f"role '{dst}': restarted rank(s) {', '.join(map(str, ranks))} given {src}'s weights again")
+
+    @contextlib.contextmanager
+    def _syncing(self, transport: str) -> Iterator[None]:
+        self.syncing = transport
+        try:
+            yield
+        finally:
+            self.syncing = None
+
+    def restarts(self) -> dict[str, int]:
+        """`restarts/<role>`: the restarts of each restartable or recoverable role's workers so far (with max_restarts
+        on Ray; empty otherwise): a counter, for the metrics."""
+        counts = {}
+        for role in self.setups:
+            remote = workers.remote_group(self.groups[role], role) if role in self.groups else None
+            if remote is not None and remote.max_restarts:
+                counts[f"restarts/{role}"] = remote.restarted
+        return counts
 
     # -- colocated roles take turns -------------------------------------------------------------------
 
@@ -338,7 +415,8 @@ class RoleSession:
         transport = self.transports.get((src, dst)) or self.transport(src, dst)
         sender, receiver = self[src], self[dst]
         if transport in ("nccl", "gloo"):  # the receive queues behind a generation still in flight
-            sent, received = wait([sender.send_weights(bucket_bytes), receiver.receive_weights()])
+            with self._syncing(transport):
+                sent, received = wait([sender.send_weights(bucket_bytes), receiver.receive_weights()])
             nbytes = sent["weight_sync/bytes"]
             receivers = [stats for stats in (received if isinstance(received, list) else [received]) if stats]
             for stats in [sent, *receivers]:
@@ -349,12 +427,14 @@ class RoleSession:
                 phases["weight_sync/queue_s"] = max(0.0, time.perf_counter() - start - own)
         elif transport == "cuda_ipc":
             self.wake(dst, ("weights",))
-            nbytes, phases = self._sync_ipc(src, dst, bucket_bytes)
+            with self._syncing(transport):
+                nbytes, phases = self._sync_ipc(src, dst, bucket_bytes)
         else:
             self.wake(dst, ("weights",))
             buckets = sender.export_weights(bucket_bytes)
             receiver.update_weights(buckets)
             nbytes = sum(t.numel() * t.element_size() for bucket in buckets for _, t in bucket)
+        self.synced[(src, dst)] = ("weights", bucket_bytes)
         seconds = time.perf_counter() - start
         return {"weight_sync/seconds": seconds, "weight_sync/gb_per_s": nbytes / seconds / 1e9, **phases}
 
@@ -373,6 +453,7 @@ class RoleSession:
             shutil.rmtree(path, ignore_errors=True)
             raise
         previous, self.adapter_dirs[(src, dst)] = self.adapter_dirs.get((src, dst)), path
+        self.synced[(src, dst)] = ("adapter", root)
         if previous is not None:
             shutil.rmtree(previous, ignore_errors=True)
         seconds = time.perf_counter() - start

@@ -249,6 +249,8 @@ class Runtime:
     (RoleFailed naming the ranks that did not answer, and the group stops; None: no limit). `plugins` are
     the ones the workers it builds resolve engines, dispatchers and collectors with (`worker_plugins`), in
     this process and, by the module and file plugins they name, in its actors (None: the process's own).
+    `max_restarts` gives, per group, how often Ray restarts a worker of it that died (`RemoteGroup`; default 0);
+    the groups in `holds_state` are then restarted whole, for their trainer to resume its last checkpoint.
     Use it as a context manager, or call `stop()`: the actors it started are killed.
     """
 
@@ -260,8 +262,12 @@ class Runtime:
         start_timeout: float = 120.0,
         call_timeout: float | None = CALL_TIMEOUT,
         plugins: Plugins | None = None,
+        max_restarts: dict[str, int] | None = None,
+        holds_state: frozenset[str] = frozenset(),
     ):
         self.plugins = plugins
+        self.max_restarts = dict(max_restarts or {})
+        self.holds_state = holds_state
         self.use_ray = bool(slots) if use_ray is None else bool(use_ray)
         self.slots = dict(slots or {})
         self.meshes = dict(meshes or {})
@@ -303,7 +309,8 @@ class Runtime:
     def _start(self, cls: type, group: str) -> RemoteGroup:
         """`group`'s actors for `cls`, one per slot, with the group's mesh (all data-parallel by default)."""
         mesh = self.meshes.get(group) or Mesh(dp=len(self.slots[group]))
-        return RemoteGroup.start(cls, group, self.slots[group], mesh, self.start_timeout, self.call_timeout)
+        return RemoteGroup.start(cls, group, self.slots[group], mesh, self.start_timeout, self.call_timeout,
+                                 self.max_restarts.get(group, 0), group in self.holds_state)
 
     def start_ahead(self, cls: type, group: str, imports: tuple[str, ...]) -> None:
         """Start `group`'s actors for `cls` now and have them import `imports` (the engine's heavy modules)
@@ -374,6 +381,11 @@ def start_ahead(cls: type, group: str, imports: tuple[str, ...]) -> None:
     or outside a runtime: nothing."""
     if _runtime is not None:
         _runtime.start_ahead(cls, group, imports)
+
+
+def remote_group(instance: Any, group: str) -> RemoteGroup | None:
+    """The driver's `RemoteGroup` behind a @worker instance's `group` (None without Ray)."""
+    return instance.__dict__.get(_REMOTE, {}).get(group)
 
 
 def worker_rank() -> int:

@@ -236,6 +236,7 @@ class GRPOTrainer(RoleTrainer):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.experience.sampler.load_state_dict(state["data"])
+        self.pending = self.pending_data = None  # a round begun ahead is generated again from this position
 
     def save_model(self, path: Path) -> None:
         super().save_model(path)
@@ -248,8 +249,15 @@ class GRPOTrainer(RoleTrainer):
                     for batch, metrics, objective in self.queue]
             torch.save(rest, path / "round.pt")  # tensors, numbers and strings: loaded with weights_only
 
+    def on_recover(self, path: Path | None) -> None:
+        """Before the first checkpoint, the round under way is generated again from the start of the data."""
+        if path is None:
+            self.queue = []
+        super().on_recover(path)
+
     def load_model(self, path: Path) -> None:
         super().load_model(path)
+        self.queue = []  # the round after the checkpoint's, where a recovery in the run (max_restarts) goes back
         if (path / "round.pt").is_file():
             import torch
 

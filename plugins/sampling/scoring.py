@@ -48,6 +48,8 @@ class ScoreRows:
     """A scorer per worker: `score(prompts, completions, rows)` -> one score (ORM) or one list of step scores
     (PRM) per candidate; `rows` are the candidates' dataset rows."""
 
+    holds_state = False  # a fixed scorer: a lost worker is rebuilt from its options (max_restarts)
+
     def __init__(self, engine: Any, options: dict[str, Any]):
         self.setup(engine, options)
 

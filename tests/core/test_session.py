@@ -191,3 +191,16 @@ def test_the_placement_line_says_each_roles_dtype(plugins, tmp_path):
                            "orm": RoleSetup(ScoreWorker, "hf", {"model": model, "dtype": "auto"})},
                     use_ray=True, plugins=plugins)
     assert [line.rsplit(", ", 1)[1] for line in s.describe()] == ["bfloat16", "float32", "float32"]
+
+
+def test_restartable_roles_and_max_restarts_without_ray(plugins):
+    """Generators, scorers and forward-only engines hold no training state, so max_restarts may restart them; a train
+    engine may not. Without Ray every role is this process: max_restarts is refused in one line naming the key."""
+    assert RoleSetup(GenerateWorker, "hf").restartable and RoleSetup(ScoreWorker, "hf").restartable
+    assert RoleSetup(TrainWorker, "hf", kind="forward").restartable and not RoleSetup(TrainWorker, "hf").restartable
+    roles = ["train", "rollout"]
+    assert session(plugins, {}, roles, use_ray=False).max_restarts == 0
+    with pytest.raises(ConfigError, match=r"max_restarts: 2 .* has no Ray .* add --use-ray, or set max_restarts 0") as info:
+        session(plugins, {}, roles, use_ray=False, max_restarts=2)
+    assert info.value.problems == [("max_restarts", "needs --use-ray")] and "\n" not in str(info.value)
+    assert session(plugins, {}, roles, max_restarts=2).max_restarts == 2

@@ -100,6 +100,11 @@ class Calc:
     def sleep(self, seconds):
         time.sleep(seconds)
 
+    @function(group="calc", dispatch="slice", collect="flatten")
+    def slow_double(self, xs, seconds):
+        time.sleep(seconds)
+        return [x * 2 * self.scale for x in xs]
+
     def local_only(self):
         return ("driver", os.getpid())
 
@@ -331,6 +336,31 @@ def test_a_dead_worker_is_named_not_the_peer_its_death_cut_off(ray_runtime):
     with pytest.raises(RoleFailed, match=r"role 'dist' rank 1 on node \S+ \(pid %d\) died" % pids[1]) as info:
         group.all_reduce([1.0, 2.0])
     assert info.value.rank == 1
+
+
+@pytest.mark.ray
+def test_a_killed_worker_is_restarted_built_again_and_sent_its_shard_again(ray_runtime):
+    """With max_restarts, rank 1 killed in a call is restarted by Ray, built with the group's arguments again
+    (scale 3), handed to `on_restart`, and sent its own shard again; rank 0's result is kept, not recomputed. Once
+    its restarts are used, a death stops the group as before."""
+    ray_runtime(cpu_slots(calc=2), max_restarts={"calc": 1})
+    calc = Calc(3)
+    remote = workers.remote_group(calc, "calc")
+    restored: list[list[int]] = []
+    remote.on_restart = restored.append
+    pids = calc.pid()
+    killer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGKILL))
+    killer.start()
+    assert calc.slow_double([1, 2, 3, 4], 3.0) == [6, 12, 18, 24]
+    killer.join()
+    assert restored == [[1]] and remote.restarts_of == [0, 1]
+    assert remote.restarted == 1  # counted once
+    now = calc.pid()
+    assert now[0] == pids[0] and now[1] != pids[1] and remote.infos[1]["pid"] == now[1]
+    os.kill(now[1], signal.SIGKILL)
+    with pytest.raises(RoleFailed, match=r"role 'calc' rank 1 on node \S+ \(pid %d\) died during double\(\)" % now[1]):
+        calc.double([1, 2])
+    assert restored == [[1]]
 
 
 def _alive(pid: int) -> bool:

@@ -50,7 +50,7 @@ class SyncProbe:
         self.ipc_packed = self.ipc_packed or getattr(engine, "_ipc_sender", None) is not None
 
 
-def run(model_dir, tmp_path, use_ray=False, rollout=None, probe=None, **overrides):
+def run(model_dir, tmp_path, use_ray=False, rollout=None, probe=None, hooks=(), **overrides):
     from rlcore import config_model, load_plugins
     from rlcore.plugins.grpo.config import GRPOConfig
     from rlcore.plugins.grpo.trainer import GRPOTrainer
@@ -69,6 +69,8 @@ def run(model_dir, tmp_path, use_ray=False, rollout=None, probe=None, **override
     plugins = load_plugins()
     if probe is not None:
         plugins.register(probe, "sync-probe")
+    for i, hook in enumerate(hooks):
+        plugins.register(hook, f"hook-{i}")
     trainer = GRPOTrainer(config, plugins, use_ray=use_ray)
     trainer.fit()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -162,3 +164,55 @@ def test_separate_async_on_ray_broadcasts_over_nccl(model_dir, tmp_path, in_proc
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["off_policy_steps"] == 1.0 for r in rows)
     assert rows[0]["weight_sync/gb_per_s"] > 0 and rows[-1]["grad_norm"] > 0
+
+
+class KillRollout:
+    """SIGKILL of rollout rank 0's process once step `after` ended (its sync done): max_restarts must bring it back."""
+
+    def __init__(self, after: int = 1):
+        self.after, self.killed = after, None
+
+    @hookimpl
+    def rlcore_step_end(self, trainer, step, metrics):
+        import os
+        import signal
+
+        from rlcore.runtime.workers import remote_group
+
+        if step == self.after:
+            self.killed = remote_group(trainer.session["rollout"], "rollout").infos[0]["pid"]
+            os.kill(self.killed, signal.SIGKILL)
+
+
+def restarted_run(model_dir, tmp_path, **overrides):
+    """`run` on Ray with max_restarts=1, the rollout worker killed after step 1, the sync probe checking each later
+    sync; the killed pid, the probe and the rows."""
+    import ray
+
+    killer, probe = KillRollout(), SyncProbe()
+    try:
+        trainer, rows = run(model_dir, tmp_path, use_ray=True, probe=probe, hooks=(killer,), max_restarts=1, **overrides)
+    finally:
+        ray.shutdown()
+    return trainer, killer, probe, rows
+
+
+def test_a_lost_vllm_rollout_worker_is_restarted_and_takes_the_weights_over_nccl(model_dir, tmp_path):
+    """Separate train and vLLM rollout (NCCL broadcast): the rollout worker killed after step 1 is restarted at step
+    2's generation, joins a new broadcast group with the train rank, takes the trained weights and generates again;
+    the later syncs arrive (the probe), every step is logged once and the restart counted once."""
+    needs_two_gpus()
+    trainer, killer, probe, rows = restarted_run(model_dir, tmp_path)
+    assert killer.killed and trainer.session.transports[("train", "rollout")] == "nccl"
+    assert [r["step"] for r in rows] == [1, 2, 3] and [r["restarts/rollout"] for r in rows] == [0, 1, 1]
+    assert len(probe.moved) == 2 and max(probe.moved) > 0.5
+
+
+def test_a_lost_colocated_vllm_rollout_worker_sleeps_again_and_takes_weights_over_cuda_ipc(model_dir, tmp_path):
+    """Colocated train and vLLM rollout on one GPU (sleep_level 1, CUDA IPC): the rollout worker killed after step 1
+    comes back on the same GPU, released what its role released, is paired again for IPC and takes the weights."""
+    trainer, killer, probe, rows = restarted_run(model_dir, tmp_path, colocate_groups=[["train", "rollout"]],
+                                                 sleep_level=1)
+    assert killer.killed and trainer.session.transports[("train", "rollout")] == "cuda_ipc"
+    assert [r["step"] for r in rows] == [1, 2, 3] and [r["restarts/rollout"] for r in rows] == [0, 1, 1]
+    assert len(probe.moved) == 2 and max(probe.moved) > 0.5

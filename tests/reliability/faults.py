@@ -38,7 +38,7 @@ RUN_TIMEOUT = {False: 120.0, True: 240.0}  # seconds a whole run may take (a Ray
 EXIT_TIMEOUT = 30.0  # seconds a driver may take to stop once a fault is injected (it takes ~3)
 QUICK_ERROR_S = 20.0  # a bad config is refused within this
 BASE_STEPS = 4  # the finished run that damaged-file and lock scenarios start from
-WORKER_CLASS = {"train": "TrainWorkerWorker", "rollout": "GenerateWorkerWorker"}  # Ray's process titles
+WORKER_CLASS = {"train": "TrainWorkerWorker", "rollout": "GenerateWorkerWorker", "orm": "ScoreWorkerWorker"}  # Ray's titles
 
 
 @dataclasses.dataclass
@@ -86,10 +86,11 @@ def _slowed(cls, name, seconds):
 if SLOW:
     from rlcore.plugins.hf.rollout import HFRolloutEngine
     from rlcore.plugins.hf.train import HFTrainEngine
+    from rlcore.plugins.rewards.orm import OrmScorer
 
     for key, seconds in SLOW.items():
         role, name = key.split(".")
-        _slowed({{"rollout": HFRolloutEngine, "train": HFTrainEngine}}[role], name, seconds)
+        _slowed({{"rollout": HFRolloutEngine, "train": HFTrainEngine, "orm": OrmScorer}}[role], name, seconds)
 
 if NAN_AT:  # a loss gone NaN (as a too-high learning rate or a bad batch makes it), in that step alone
     from rlcore.plugins.hf.train import HFTrainEngine
@@ -672,6 +673,64 @@ def kill_worker(role: str, method: str, how: signal.Signals = signal.SIGKILL, af
 
 
 SLOW_CALL_S = 0.5
+
+
+def survive_lost_workers(scene: Scene) -> None:
+    """max_restarts=2, a reward model (orm) beside the toy reward, weights sent over gloo, a checkpoint every 2 steps.
+    SIGKILL of the train worker in train_step() after step 1 (no checkpoint yet: it is built again and the run goes
+    back to the start), of the rollout worker in generate() after step 2 (restarted, it joins a new broadcast group,
+    takes the trained weights and generates again), of the reward worker in score() after step 4 (it scores again)
+    and of the train worker after step 5 (it takes checkpoint-4; steps 5 and 6 are trained again). The run finishes
+    (exit 0) with every step once, the restart counters at 2 (train), 1 (rollout) and 1 (orm), and final weights equal
+    to those of the same run without the faults (hf on the CPU with a fixed seed is deterministic)."""
+    from safetensors.torch import load_file
+
+    from rlcore.testing import build_tiny_model
+
+    orm = build_tiny_model(scene.work / "orm", num_labels=1, seed=1)
+    extra = ("max_restarts=2", "reward_funcs=[toy,orm]", f"orm.model={orm}", "weight_sync_backend=gloo", "save_steps=2",
+             # three roles on the 2 CPUs of the local Ray
+             "device_groups={cpu: {device: CPU, ranks: 1, workers: [train, rollout]}, "
+             "rm: {device: CPU, ranks: 1, workers: [orm]}}")
+    slow = write_hook(scene.work, slow={"rollout.generate": SLOW_CALL_S, "orm.score": SLOW_CALL_S,
+                                        "train.train_step": SLOW_CALL_S})
+    run = scene.run("first", *extra, ray=True, plugin_with=slow)
+    scene.resumed = True  # this run's metrics are what is counted
+    for role, method, after_step in (("train", "train_step", 1), ("rollout", "generate", 2), ("orm", "score", 4),
+                                     ("train", "train_step", 5)):
+        worker, title = run.worker(role, RUN_TIMEOUT[True]), f"ray::{WORKER_CLASS[role]}.{method}"
+        wait_for(lambda: _title(worker.pid).split(" ")[0] == title and len(metrics_steps(scene.out)) >= after_step,
+                 run, RUN_TIMEOUT[True], f"{title} after step {after_step}", poll=0.02)
+        os.kill(worker.pid, signal.SIGKILL)
+        scene.notes.append(f"SIGKILL of {role} in {method}() after step {len(metrics_steps(scene.out))}")
+    rc = run.wait(RUN_TIMEOUT[True])
+    err = run.stderr
+    restarted = [line for line in err.splitlines() if "Ray restart" in line]
+    went_on = re.findall(r"the run goes on from (checkpoint-\d+|the start)", err)
+    if rc != 0 or "Traceback" in err or len(restarted) != 4 or went_on != ["the start", "checkpoint-4"]:
+        raise Broken(f"exit {rc}, {len(restarted)} restart warning(s){traced(err)}: {tail(err)}")
+    rows = [json.loads(line) for line in (scene.out / "metrics.jsonl").read_text().splitlines()]
+    counted = {role: [row[f"restarts/{role}"] for row in rows] for role in ("rollout", "orm", "train")}
+    expected = {"rollout": [0, 0, 1, 1, 1, 1], "orm": [0, 0, 0, 0, 1, 1], "train": [1, 1, 1, 1, 2, 2]}  # counters
+    if counted != expected or metrics_steps(scene.out) != list(range(1, MAX_STEPS + 1)):
+        raise Broken(f"the metrics count restarts {counted}, not {expected}; steps {metrics_steps(scene.out)}")
+    scene.settled(run)
+    clean = Run(scene.work, "clean", [*QUICK, f"output_dir={scene.work / 'clean'}", *extra], ray=True, plugin_with=slow)
+    scene.runs.append(clean)
+    if clean.wait(RUN_TIMEOUT[True]) != 0:
+        raise Broken(f"the run without faults failed: {tail(clean.stderr)}")
+    got, want = (load_file(next((out / "final").glob("*.safetensors"))) for out in (scene.out, scene.work / "clean"))
+    differ = sorted(k for k in want if not torch_equal(got.get(k), want[k]))
+    if differ or set(got) != set(want):
+        raise Broken(f"the final weights differ from a run without faults in {differ[:5] or 'their names'}")
+    scene.notes.append(f"went on from {' then '.join(went_on)}; restarts counted once each; final weights equal a "
+                       "run without faults")
+
+
+def torch_equal(a: object, b: object) -> bool:
+    import torch
+
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
 
 
 def kill_ray_process(name: str, after_step: int = 2) -> Callable[[Scene], None]:
@@ -1322,6 +1381,8 @@ bad_config(HUGE, match="ranks")),
              in_tests=False),
     Scenario("SIGKILL of the rollout worker in generate()", kill_worker("rollout", "generate", after_step=2), ray=True,
              in_tests=False),
+    Scenario("SIGKILL of the train worker twice, the rollout worker and the reward worker, max_restarts=2",
+             survive_lost_workers, ray=True),
     Scenario("SIGKILL of the rollout worker in update_weights()", kill_worker("rollout", "update_weights"),
              ray=True, in_tests=False),
     Scenario("SIGKILL of the train worker in train_step()", kill_worker("train", "train_step", after_step=2),
