@@ -1382,7 +1382,7 @@ bad_config(HUGE, match="ranks")),
     Scenario("SIGKILL of the rollout worker in generate()", kill_worker("rollout", "generate", after_step=2), ray=True,
              in_tests=False),
     Scenario("SIGKILL of the train worker twice, the rollout worker and the reward worker, max_restarts=2",
-             survive_lost_workers, ray=True),
+             survive_lost_workers, ray=True, in_tests=False),  # two Ray runs (77-200 s): the report runs it
     Scenario("SIGKILL of the rollout worker in update_weights()", kill_worker("rollout", "update_weights"),
              ray=True, in_tests=False),
     Scenario("SIGKILL of the train worker in train_step()", kill_worker("train", "train_step", after_step=2),

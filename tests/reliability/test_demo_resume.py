@@ -2,9 +2,9 @@
 scheduler) or kill -9 once its first step is saved, then `rlcore run --plugin NAME --resume` ends with every step
 once and the run's whole output; `--resume` of a finished run says it is finished and exits 0.
 
-CI runs three cases, one per signal over three demos of different kinds (sample's output file, SFT's trainer in a
-worker, GKD's roles); `pytest -m resume_matrix tests/reliability/test_demo_resume.py` runs the other fifteen, each
-a minute or two on two cores. The stop itself is one code path for every algorithm (`rlcore.signals`); what differs
+CI runs one case (sample after SIGINT: its output file's state, the bug this test was written for; the suite's 20
+minutes hold no more); `pytest -m resume_matrix tests/reliability/test_demo_resume.py` runs the other seventeen,
+each a minute or two on two cores. The stop itself is one code path for every algorithm (`rlcore.signals`); what differs
 per demo is what its checkpoint or its output file holds."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ SMALL = [f"max_steps={STEPS}", "save_steps=1"]
 SAMPLED = ["batch_size=2"]  # the preset's 8 prompts in 4 batches, each committed to the output
 DEMOS = {  # the demo's keys (the preset's, made short), the signal CI stops it with (or none), whether a finish is checked
     "grpo": (SMALL, None, True),
-    "gkd": (SMALL, signal.SIGKILL, False),
-    "sft": (SMALL, signal.SIGTERM, True),
+    "gkd": (SMALL, None, False),
+    "sft": (SMALL, None, True),
     "pt": (SMALL, None, False),
     "sample": (SAMPLED, signal.SIGINT, True),
     # distill has no preset: a local teacher (the tiny model) writes the answers; with api_base an endpoint would
