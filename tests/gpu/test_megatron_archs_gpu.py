@@ -166,7 +166,7 @@ def test_each_architecture_trains_on_megatron_with_vllm(arch, dataset, tmp_path)
 @pytest.mark.parametrize("arch", LORA_ARCHS)
 def test_lora_on_megatron_syncs_merged_weights_to_vllm(arch, dataset, tmp_path):
     grpo(arch, dataset, tmp_path / "run", "learning_rate=1e-3", "train.lora_rank=8", "train.lora_alpha=16")
-    assert (tmp_path / "run" / "final" / "adapter_config.json").is_file()
+    assert (tmp_path / "run" / "final" / "adapter" / "adapter_config.json").is_file()  # docs/outputs.md: final/adapter
 
 
 LEARN_STEPS = 24
