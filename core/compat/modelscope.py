@@ -20,7 +20,9 @@ MODELSCOPE_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as Mo
 def is_modelscope_id(dataset: str) -> bool:
     """`dataset` (its `#N` aside) is no local file or folder but is spelled as a ModelScope id."""
     file, _ = dataset_file(dataset)
-    return not file.exists() and file.suffix.lower() not in FORMATS and bool(MODELSCOPE_ID.match(str(file)))
+    if file.suffix.lower() in FORMATS or not MODELSCOPE_ID.match(str(file)):
+        return False  # the spelling first: a path the file system refuses (a name too long) is the dataset check's
+    return not file.exists()
 
 
 def modelscope_dataset(dataset: str) -> str:

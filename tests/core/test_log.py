@@ -79,7 +79,8 @@ def test_outside_a_run_warnings_are_rlcore_lines_each_once_a_librarys_too(tmp_pa
     said = done.stderr.splitlines()
     assert said[0] == "rlcore: warning: UserWarning from loud.py:5: loud.py warns"
     assert said[1].startswith("rlcore: warning: RuntimeWarning from numpy/") and said[1].endswith(": Mean of empty slice")
-    assert len(said) == 3 and "numpy" in said[2]  # numpy's second warning of the same call; the repeat call: none
+    assert "numpy" in said[2]  # numpy's second warning of the same call; the repeat call: none
+    assert said[3:] == ["rlcore: the grpo demo preset: what `rlcore run --plugin grpo` uses without --config or a model"]
 
 
 def test_log_level_warning_keeps_stderr_and_run_log_to_warnings(tmp_path):
