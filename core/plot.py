@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import RUN_FILE
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError, RlcoreError, did_you_mean
 from .extras import MissingExtra
 from .metrics import MetricsWriter
 from .paths import file_kind, folder_problem
