@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rlcore import load_plugins
+from rlcore.config import gpu_count
 from rlcore.plugins.grpo.config import GRPOConfig
 from rlcore.plugins.grpo.experience import ExperienceMaker
 from rlcore.plugins.grpo.trainer import GRPOTrainer
@@ -48,7 +49,8 @@ def run(tmp_path, student, **overrides):
     config = GRPOConfig(**{**QUICK, "model": student, "output_dir": str(tmp_path / "run"), **overrides})
     trainer = GRPOTrainer(config, load_plugins())
     # the teacher is inside the train workers, unless it has devices of its own
-    assert trainer.session.roles == ["train", "rollout"] + (["teacher"] if config.teacher.gpus else [])
+    apart = gpu_count(trainer.config.teacher.gpus)  # an unresolved `auto` (no GPU here) asks none
+    assert trainer.session.roles == ["train", "rollout"] + (["teacher"] if apart else [])
     trainer.fit()
 
 

@@ -197,7 +197,7 @@ def test_bad_inputs_fail_before_anything_runs(plugins, tmp_path, tiny):
     with pytest.raises(ConfigError, match=r"bad.jsonl.*2.*prompt"):
         make(plugins, tmp_path, tiny, dataset=str(bad))
     with pytest.raises(ConfigError, match="num_generations"):  # a config rule: `config validate` says it too
-        load_config(GRPOConfig, None, [f"model={tiny}", "num_generations=3"])
+        load_config(GRPOConfig, None, [f"model={tiny}", "num_generations=3", "train.gpus=0"])  # gpus auto: at the run
     with pytest.raises(NotRegistered, match="reward 'toi' is not registered.*Did you mean 'toy'"):
         make(plugins, tmp_path, tiny, reward_funcs=["toi"])
 
@@ -223,7 +223,7 @@ def test_ray_run(ray_local, tmp_path, tiny, plugins, layout, request):
     elif layout == "separate":  # with a reference model and a reward model on two CPU workers
         roles = {"train": {"gpus": 2, **cpu}, "rollout": {"gpus": 2, **cpu}, "beta": 0.05,
                  "reference": {"gpus": 1, **cpu}, "reward_funcs": ["toy", "orm"],
-                 "orm": {"model": request.getfixturevalue("reward_model"), "cpus": 2}}
+                 "orm": {"model": request.getfixturevalue("reward_model"), "gpus": 0, "cpus": 2}}  # gpus auto: a GPU
     else:  # weights broadcast over gloo (NCCL's stand-in on the CPU); the next round generates during training
         roles = {"train": {"gpus": 1, **cpu}, "rollout": {"gpus": 2, **cpu}, "weight_sync_backend": "gloo",
                  "async_generate": True, "max_steps": 3}
