@@ -4,7 +4,7 @@
 this one process, on its first visible GPU), with Ray the cluster's GPUs: roles in a colocate group share theirs
 (an auto role colocated with a role given a count takes that count), a role apart (a rollout, a reference, a
 teacher) gets one, and the first role apart (train) the rest. Where no GPU is visible (or `device_groups` places
-the roles) `auto` is 0, the CPU, exactly as `gpus: 0`. The config is validated again with the counts, so checks that
+the roles) `auto` is 0, the CPU, exactly as `gpus: 0`; so is a role that sets `cpus` and not `gpus` (CPU workers). The config is validated again with the counts, so checks that
 depend on them (the generation batch over the train workers) see the real ones; until then they wait for them, and
 an auto role the run does not have stays auto, asking no GPU (`rlcore.config.gpu_count`). The CLI resolves the config
 it read for run, plan and `config show/validate` alike (`rlcore.cli`); a trainer built in Python resolves its own.
@@ -53,6 +53,9 @@ def auto_gpus(config: Any, roles: list[str], visible: int, use_ray: bool) -> dic
     auto = [r for r in roles if r in sections and sections[r].gpus == "auto"]
     if visible < 1 or getattr(config, "device_groups", None):
         return {r: 0 for r in auto}
+    # a role that gives `cpus` and leaves `gpus` unset asks for CPU workers, as it did before `auto`
+    on_cpu = [r for r in auto if "cpus" in sections[r].model_fields_set]
+    roles = [r for r in roles if r not in on_cpu]
     colocated = [tuple(r for r in group if r in roles) for group in getattr(config, "colocate_groups", None) or ()]
     units: list[tuple[str, ...]] = []
     for role in roles:
@@ -68,6 +71,7 @@ def auto_gpus(config: Any, roles: list[str], visible: int, use_ray: bool) -> dic
             continue
         counts.update({r: max(given) for r in unit if r in auto})
         left -= max(given)
+    counts.update({r: 0 for r in on_cpu})
     if not use_ray:  # one process: every role on its one GPU
         counts.update({r: 1 for unit in apart for r in unit})
         return counts

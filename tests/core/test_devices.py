@@ -122,3 +122,10 @@ def test_the_cli_resolves_show_as_run_does(ray_local, capsys, monkeypatch):
     assert main(["config", "show", "--plugin", "grpo", "model=Qwen/Qwen2.5-0.5B-Instruct"]) == 0
     shown = capsys.readouterr().out  # without Ray: this machine's GPUs, none here
     assert "gpus: 0" in shown[shown.index("\ntrain:"):shown.index("\nrollout:")]
+
+
+def test_a_role_that_gives_cpus_and_no_gpus_stays_on_the_cpu(plugins):
+    """`orm: {cpus: 2}` asked for two CPU workers before `auto` was the default; it still does, beside GPU roles."""
+    config = grpo(plugins, **{"reward_funcs": ["toy", "orm"], "orm.model": "some/orm", "orm.cpus": 2})
+    counts = devices.auto_gpus(config, plugins.algorithms.get("grpo").trainer.roles(config), visible=4, use_ray=True)
+    assert counts["orm"] == 0 and counts["train"] == 3 and counts["rollout"] == 1
