@@ -968,7 +968,11 @@ def refused_cli(*command: str, match: str, files: dict[str, str | bytes] | None 
 
 
 NOT_UTF8 = b'{"prompt": "caf\xe9"}\n'  # Latin-1, as an old export writes it
-NO_TRL = {"no-trl/trl.py": "raise ModuleNotFoundError(\"No module named 'trl'\", name='trl')\n"}
+NO_TRL = {"no-trl/sitecustomize.py": (  # TRL as if not installed: neither importable nor found (rlcore looks first)
+    "import sys\n\n\nclass NoTrl:\n    def find_spec(self, name, path=None, target=None):\n"
+    "        if name == 'trl' or name.startswith('trl.'):\n"
+    "            raise ModuleNotFoundError(\"No module named 'trl'\", name='trl')\n\n\n"
+    "sys.meta_path.insert(0, NoTrl())\n")}
 OFFLINE_HUB = {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None, "HF_ENDPOINT": "http://127.0.0.1:9"}  # refused
 
 
