@@ -643,32 +643,30 @@ def _takes_number_not_bool(annotation: Any) -> bool:
 MAX_INT = 2**63 - 1  # an integer in free-form options (engine_kwargs): what torch, numpy and Ray's C++ take
 
 
-def _huge_int_at(value: Any, path: str = "") -> str | None:
-    """Where in `value` (lists and mappings) an integer beyond +-MAX_INT is, as `_nonfinite_at` says it."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        what = f"an integer of {value.bit_length()} bits"
-        return None if abs(value) <= MAX_INT else f"{path} = {what}" if path else what
+def _found_at(value: Any, leaf: Callable[[Any], str | None], path: str = "") -> str | None:
+    """Where in `value` (lists and mappings, not config sections) the first leaf `leaf` describes is, as
+    "a.x = what" ("what" for `value` itself); None when `leaf` describes none."""
+    what = leaf(value)
+    if what is not None:
+        return f"{path} = {what}" if path else what
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
     for key, item in items:
-        found = _huge_int_at(item, f"{path}.{key}" if isinstance(value, dict) and path else
-                             str(key) if isinstance(value, dict) else f"{path}[{key}]")
+        found = _found_at(item, leaf, f"{path}.{key}" if isinstance(value, dict) and path else
+                          str(key) if isinstance(value, dict) else f"{path}[{key}]")
         if found is not None:
             return found
     return None
 
 
-def _nonfinite_at(value: Any, path: str = "") -> str | None:
-    """Where in `value` (lists and mappings, not config sections) a NaN or infinite float is, as
-    "a.x = inf" ("inf" for `value` itself); None when there is none."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path} = {value}" if path else str(value)
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
-    for key, item in items:
-        found = _nonfinite_at(item, f"{path}.{key}" if isinstance(value, dict) and path else
-                              str(key) if isinstance(value, dict) else f"{path}[{key}]")
-        if found is not None:
-            return found
-    return None
+def _huge_int_at(value: Any) -> str | None:
+    """Where in `value` an integer beyond +-MAX_INT is ("a.x = an integer of 90 bits")."""
+    return _found_at(value, lambda v: f"an integer of {v.bit_length()} bits"
+                     if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT else None)
+
+
+def _nonfinite_at(value: Any) -> str | None:
+    """Where in `value` a NaN or infinite float is ("a.x = inf")."""
+    return _found_at(value, lambda v: str(v) if isinstance(v, float) and not math.isfinite(v) else None)
 
 
 def _unwrap_optional(annotation: Any) -> Any:
