@@ -489,7 +489,8 @@ def signal_at_startup(ray: bool) -> Callable[[Scene], None]:
     line, no traceback; what the line advises (--resume, or nothing) then runs the whole run."""
 
     def scenario(scene: Scene) -> None:
-        run = scene.run("first", ray=ray)
+        # a slow first step: on a quick machine step 1 was logged within the wait below, and nothing was tried
+        run = scene.run("first", ray=ray, plugin_with=write_hook(scene.work, step_sleep=2.0))
         wait_for(lambda: (scene.out / ".rlcore.lock").is_file(), run, RUN_TIMEOUT[ray], "lock file", poll=0.01)
         time.sleep(1.0 if ray else 0.2)
         if metrics_steps(scene.out):
