@@ -72,9 +72,16 @@ def _delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: 
                 beta: torch.Tensor) -> torch.Tensor:
     """The chunked gated delta rule over whole sequences from a zero state ([B, T, heads, dim] in and out), q and k
     L2-normalised inside: transformers' function, which is fla's kernel where fla is installed and the inputs are on
-    CUDA, and its torch reference otherwise."""
+    CUDA, and its torch reference otherwise.
+
+    Each query/key head serves `value heads / key heads` consecutive value heads (Qwen3.5 has twice as many value
+    heads). q and k are repeated to the value heads here, as transformers' `Qwen3_5GatedDeltaNet.forward` does in
+    5.17 before it calls this function; only later releases repeat inside it (5.17's raises a size mismatch)."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
+    groups = value.shape[2] // key.shape[2]
+    if groups > 1:
+        query, key = query.repeat_interleave(groups, dim=2), key.repeat_interleave(groups, dim=2)
     out, _ = torch_chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=None,
                                           output_final_state=False, use_qk_l2norm_in_kernel=True)
     return out

@@ -85,6 +85,35 @@ def test_gated_delta_net_equals_transformers(length):
     assert want.abs().max() > 1e-2  # a real signal, not two zeros
 
 
+def test_the_delta_rule_gets_as_many_key_heads_as_value_heads(monkeypatch):
+    """transformers 5.17 (the GPU image's) repeats q and k to the value heads in `Qwen3_5GatedDeltaNet.forward` and its
+    `torch_chunk_gated_delta_rule` multiplies k by beta per value head: handed 2 key heads for 4 value heads it raised
+    a size mismatch on the GPU. The module repeats them first, so the function sees equal heads on any release."""
+    seen = []
+    kernel = hf.torch_chunk_gated_delta_rule
+
+    def equal_heads_only(query, key, value, **kwargs):
+        seen.append((query.shape[2], key.shape[2], value.shape[2]))
+        assert query.shape[2] == key.shape[2] == value.shape[2], seen[-1]
+        return kernel(query, key, value, **kwargs)
+
+    monkeypatch.setattr(hf, "torch_chunk_gated_delta_rule", equal_heads_only)
+    config = hf_config()
+    assert config.linear_num_value_heads == 2 * config.linear_num_key_heads
+    reference = hf.Qwen3_5GatedDeltaNet(config, layer_idx=0).eval()
+    randomise(reference, seed=5)
+    module = GatedDeltaNet(megatron_config(config), layer_number=1).eval()
+    module.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 7, HIDDEN, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = module(x.transpose(0, 1).contiguous())[0].transpose(0, 1)
+    monkeypatch.setattr(hf, "torch_chunk_gated_delta_rule", kernel)
+    with torch.no_grad():
+        want = reference(x)
+    assert seen == [(4, 4, 4)]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_gated_delta_net_gradients_equal_transformers():
     config = hf_config()
     reference = hf.Qwen3_5GatedDeltaNet(config, layer_idx=0)
