@@ -1,10 +1,12 @@
 """What the vllm engine finds in a whole config (`EngineSpec.config_check`: an adapter-only weight sync,
-`rollout.vllm_enable_lora`, against the train section's LoRA and the run's sleep level) and in a failure vLLM
-reports (`EngineSpec.advice`)."""
+`rollout.vllm_enable_lora`, against the train section's LoRA and the run's sleep level), in a failure vLLM
+reports (`EngineSpec.advice`), and behind vLLM's "failed to be inspected" (`inspection_cause`)."""
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Callable
 from typing import Any
 
 from rlcore import TrainRoleConfig
@@ -12,6 +14,7 @@ from rlcore.engines import read_model
 
 _MAX_LEN = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
                       r"\((?:(\w+)=)?(\d+)")
+_INSPECTED = re.compile(r"Model architectures? \[?([^\]]*)\]? failed to be inspected")
 _KV_CACHE = re.compile(r"No available memory for the cache blocks|can be stored in KV cache", re.I)
 
 DELTA_NET_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")  # Qwen3.5's linear attention
@@ -72,3 +75,34 @@ def config_problems(config: Any, role: str) -> list[tuple[str, str]]:
 
 
 __all__ = ["DELTA_NET_LINEARS", "advice", "config_problems", "syncs_adapter"]
+
+
+def inspection_cause(error: BaseException, modules: Callable[[str], str | None]) -> str:
+    """What vLLM's "Model architectures [...] failed to be inspected. Please check the logs" hides: vLLM imports each
+    architecture's model module in a subprocess and logs the exception there. `modules(architecture)` names vLLM's
+    module for it (its registry); importing that module here raises the same error, returned as one line with the
+    fix where it is a missing package ('' where `error` is another error or every module imports)."""
+    match = _INSPECTED.search(str(error))
+    if match is None:
+        return ""
+    causes = []
+    for arch in (a.strip(" '\"") for a in match[1].split(",")):
+        module = modules(arch) if arch else None
+        if module is None:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as failure:  # noqa: BLE001 - any import failure is the cause being looked for
+            cause = f"vLLM's {arch} ({module}) does not import: {type(failure).__name__}: {failure}"
+            if isinstance(failure, ModuleNotFoundError) and failure.name:
+                cause += f"; install {failure.name.split('.')[0]} (vLLM requires it; `pip install vllm` brings it)"
+            causes.append(cause)
+    return "; ".join(causes)
+
+
+def registry_modules(registry: Any) -> Callable[[str], str | None]:
+    """`inspection_cause`'s `modules` for vLLM's `ModelRegistry`: the module of a lazily registered architecture."""
+    def module(arch: str) -> str | None:
+        entry = getattr(registry, "models", {}).get(arch)
+        return getattr(entry, "module_name", None)
+    return module

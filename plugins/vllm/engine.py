@@ -301,18 +301,28 @@ class VLLMRolloutEngine(RolloutEngine):
         self.layout = checkpoint_layout(model)
         if self.layout is not None:
             engine_kwargs.setdefault("language_model_only", True)
-        self.llm = vllm.LLM(
-            model=model,
-            tensor_parallel_size=vllm_tensor_parallel_size,
-            gpu_memory_utilization=vllm_gpu_memory_utilization,
-            max_model_len=vllm_max_model_len,
-            enforce_eager=vllm_enforce_eager,
-            enable_sleep_mode=vllm_enable_sleep_mode,
-            dtype=resolve_dtype(dtype, model, cuda=True),  # never an upcast the user did not ask for
-            seed=seed,
-            logprobs_mode="processed_logprobs",
-            **engine_kwargs,
-        )
+        try:
+            self.llm = vllm.LLM(
+                model=model,
+                tensor_parallel_size=vllm_tensor_parallel_size,
+                gpu_memory_utilization=vllm_gpu_memory_utilization,
+                max_model_len=vllm_max_model_len,
+                enforce_eager=vllm_enforce_eager,
+                enable_sleep_mode=vllm_enable_sleep_mode,
+                dtype=resolve_dtype(dtype, model, cuda=True),  # never an upcast the user did not ask for
+                seed=seed,
+                logprobs_mode="processed_logprobs",
+                **engine_kwargs,
+            )
+        except Exception as error:
+            from vllm.model_executor.models.registry import ModelRegistry
+
+            from .checks import inspection_cause, registry_modules
+
+            cause = inspection_cause(error, registry_modules(ModelRegistry))
+            if cause:
+                raise RlcoreError(f"vllm engine: vLLM cannot load {model}: {cause}") from error
+            raise
         if self.layout is None:  # a hub id whose files vLLM has only now downloaded
             self.layout = checkpoint_layout(model)
 

@@ -243,6 +243,37 @@ def test_an_architecture_vllm_lacks_is_refused_in_one_line_before_it_starts(monk
     assert check_options(model=str(build_tiny_model(tmp_path / "q2"))) == []
 
 
+def test_vllms_failed_to_inspect_is_told_with_its_cause(monkeypatch, tiny_model, tmp_path):
+    """vLLM says only "Model architectures [...] failed to be inspected. Please check the logs" when its model module
+    does not import (Qwen3.5 on the GPU image: transformers 5.17's Qwen2-VL image processor imports torchvision, which
+    the staged vLLM lacked). The engine imports the module vLLM's registry names and says what failed, and the fix,
+    in one line; another error passes through as vLLM raised it. Over stand-ins for vLLM (the real one:
+    tests/gpu/test_megatron_archs_gpu.py) and a real module that does not import."""
+    (tmp_path / "rlcore_vllm_model_that_fails.py").write_text("import rlcore_package_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    arch = "Qwen2ForCausalLM"
+    entry = types.SimpleNamespace(module_name="rlcore_vllm_model_that_fails", class_name=arch)
+    registry = types.SimpleNamespace(models={arch: entry})
+
+    def llm(**_):
+        raise ValueError(f"Model architectures ['{arch}'] failed to be inspected. Please check the logs for more details.")
+
+    for name, module in {"vllm": types.SimpleNamespace(LLM=llm), "vllm.model_executor": types.ModuleType("vllm.model_executor"),
+                         "vllm.model_executor.models": types.ModuleType("vllm.model_executor.models"),
+                         "vllm.model_executor.models.registry": types.SimpleNamespace(ModelRegistry=registry)}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    with pytest.raises(RlcoreError) as info:
+        VLLMRolloutEngine(model=str(tiny_model))
+    message = str(info.value)
+    assert f"vLLM's {arch} (rlcore_vllm_model_that_fails) does not import: ModuleNotFoundError" in message
+    assert "install rlcore_package_that_is_not_installed (vLLM requires it" in message and "\n" not in message
+    assert isinstance(info.value.__cause__, ValueError)
+    entry.module_name = "json"  # the module imports: nothing to add to vLLM's own error
+    with pytest.raises(ValueError, match="failed to be inspected"):
+        VLLMRolloutEngine(model=str(tiny_model))
+
+
 class _EngineLoop:
     """vLLM's `LLMEngine` request loop as the engine drives it: `add_request` and `step()`, a request finishing
     after as many steps as its episode's `slowness` (episode 0 fast, episode 1 slow)."""
