@@ -72,7 +72,9 @@ class GKDConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     weight_sync_backend: Literal["auto", "object_store", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto", description="how train weights reach the rollout role on Ray (see GRPO's key of the same name)"
     )
-    check_weight_sync: bool = Field(True, description="after the first sync, compare rollout and train log-probs")
+    check_weight_sync: bool = Field(
+        True, description="after the first sync and the first after a step, compare rollout and train log-probs"
+    )
 
     # roles
     train: TrainRoleConfig = Field(default_factory=TrainRoleConfig, description="the student's train engine")

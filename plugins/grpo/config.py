@@ -152,7 +152,9 @@ class GRPOConfig(MultiTurnKeys, NonfiniteKeys, PromptKeys, TrainingConfig):
     async_generate: bool = Field(
         False, description="separate roles: generate the next round while this one trains (one step off-policy)"
     )
-    check_weight_sync: bool = Field(True, description="after the first sync, compare rollout and train log-probs")
+    check_weight_sync: bool = Field(
+        True, description="after the first sync and the first after a step, compare rollout and train log-probs"
+    )
 
     # roles
     train: TrainRoleConfig = Field(default_factory=TrainRoleConfig, description="the policy's train engine")

@@ -44,10 +44,32 @@ def test_every_test_is_in_one_entry_of_one_part_with_what_runs_alone_and_the_smo
         "tests/gpu/test_megatron_archs_gpu.py::test_each_architecture_builds_what_the_mapping_names_and_equals_transformers") == 1
     first, second = verify.halves(entries)
     assert sorted(e.name for e in first + second) == sorted(names)
-    assert first[0].alone and first[0].weight == verify.LANES and first[1].smoke  # alone, then the smoke
+    assert first[0].alone and first[0].weight == verify.LANES  # alone, first
+    smoke = next(e for e in entries if e.smoke)
+    assert smoke in second and smoke.estimate > verify.PART_S * 0.8  # its rows in a row: only part 2's time holds it
     learning = next(e for e in entries if "learns" in e.name)
     assert learning in second and learning.weight == 3  # seven runs side by side: three lanes' worth
     assert all(e.name.isascii() and "/" not in e.name and "[" not in e.name for e in entries)  # files that come back
+
+
+def test_estimates_come_from_the_last_record_where_it_has_every_test_of_an_entry(tmp_path):
+    """An entry's estimate is its tests' seconds in the newest gpu-verify record plus a process's start; an entry one
+    of whose tests has no figure there (new, or it timed out) keeps the table's estimate."""
+    verify = load_verify()
+    results = tmp_path / "results"
+    results.mkdir()
+    tests = [{"test": "tests/gpu/test_grpo_gpu.py::test_x[1]", "outcome": "failed", "seconds": 40.0},
+             {"test": "tests/gpu/test_hf_cuda.py::test_a", "outcome": "passed", "seconds": 30.0},
+             {"test": "tests/gpu/test_grpo_gpu.py::test_y", "outcome": "timeout", "seconds": 356.0}]
+    (results / "gpu-verify-2026-12-01-nvidia-h200.json").write_text(json.dumps({"tests": []}))
+    (results / "gpu-verify-2026-12-04-nvidia-h200.json").write_text(json.dumps({"tests": tests}))
+    known = verify.measured(results)
+    assert known == {"tests/gpu/test_grpo_gpu.py::test_x[1]": 40.0, "tests/gpu/test_hf_cuda.py::test_a": 30.0}
+    by_name = {e.name: e for e in verify.entries(IDS, known)}
+    assert by_name[verify.safe("tests/gpu/test_grpo_gpu.py::test_x[1]")].estimate == verify.START_S + verify.MARGIN * 40
+    assert by_name[verify.safe("tests/gpu/test_grpo_gpu.py::test_y")].estimate == verify.DEFAULT_TEST_S
+    assert by_name["test_hf_cuda.py"].estimate == verify.START_S + verify.MARGIN * 30  # its one test here
+    assert by_name["test_vllm_engine.py"].estimate == verify.SHARED["test_vllm_engine.py"]  # no figure for either
 
 
 def test_a_pytest_runs_outcomes_and_the_merged_record(tmp_path):

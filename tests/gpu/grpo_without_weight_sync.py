@@ -11,9 +11,10 @@ from rlcore.plugins import grpo
 
 
 class GRPOWithoutWeightSync(grpo.GRPOTrainer):
-    def sync_weights(self, check: bool = False) -> dict[str, float]:
-        if check:  # the run's first sync: vLLM already holds these weights, and the check compares them
-            return super().sync_weights(check)
+    def sync_weights(self) -> dict[str, float]:
+        if not getattr(self, "synced_once", False):  # the run's first sync: vLLM already holds these weights
+            self.synced_once = True
+            return super().sync_weights()
         return {}
 
 

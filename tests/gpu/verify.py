@@ -51,7 +51,8 @@ PER_TEST_S = {"test_megatron_archs_gpu.py": 150, "test_megatron_cli.py": 180, "t
               "test_multi_turn_gpu.py": 180}
 LEARNING_S = 450  # the learning check: seven runs of 24 steps side by side (three lanes' worth)
 DEFAULT_TEST_S = 120
-SMOKE_S = 400  # its own three lanes: three units
+SMOKE_S = 450  # its own three lanes: three units; 11 rows took over 356 s on an H200 (gpu-verify-2026-12-04)
+START_S, MARGIN = 15.0, 1.1  # a measured entry's estimate: a process's start (imports, CUDA) + 1.1 x its tests' seconds
 
 
 @dataclass
@@ -86,34 +87,56 @@ def collect() -> list[str]:
     return ids
 
 
-def entries(ids: list[str]) -> list[Entry]:
-    """The smoke, one entry per shared module, one per other test; the longest first."""
+def measured(results: Path | None = None) -> dict[str, float]:
+    """Each GPU test's seconds in the newest verify record (benchmarks/results/gpu-verify-*.json), as it ran beside
+    the others: passed, failed or skipped; a timeout or an error says nothing about how long the test takes."""
+    records = sorted((results or ROOT / "benchmarks" / "results").glob("gpu-verify-*.json"))
+    if not records:
+        return {}
+    tests = json.loads(records[-1].read_text()).get("tests", [])
+    return {t["test"]: float(t["seconds"]) for t in tests if t.get("outcome") in ("passed", "failed", "skipped") and t.get("test")}
+
+
+def estimate(tests: list[str], known: dict[str, float], default: float) -> float:
+    """An entry's seconds: what its tests took in the last record, with the process's start and some margin, where
+    every one of them has a figure; else `default`."""
+    if tests and all(t in known for t in tests):
+        return round(START_S + MARGIN * sum(known[t] for t in tests), 1)
+    return default
+
+
+def entries(ids: list[str], known: dict[str, float] | None = None) -> list[Entry]:
+    """The smoke, one entry per shared module, one per other test; the longest first. Estimates come from `known`
+    (test id -> seconds, `measured()`) where it has every test of an entry."""
+    known = {} if known is None else known
     out = [Entry("smoke", [], SMOKE_S, smoke=True)]
-    seen: set[str] = set()
+    members: dict[str, list[str]] = {}
     for test in ids:
         module = test.split("::")[0].rsplit("/", 1)[-1]
         function = test.split("::")[1].split("[")[0]
-        if module in SHARED:
-            if module not in seen:
-                seen.add(module)
-                out.append(Entry(safe(module), [f"tests/gpu/{module}"], SHARED[module], alone=module in ALONE))
-        elif function in SHARED_FUNCTIONS:
-            if function not in seen:
-                seen.add(function)
-                node = test.split("[")[0]
-                out.append(Entry(safe(node), [node], SHARED_FUNCTIONS[function]))
+        key = module if module in SHARED else test.split("[")[0] if function in SHARED_FUNCTIONS else test
+        members.setdefault(key, []).append(test)
+    for key, tests in members.items():
+        module = key.split("::")[0].rsplit("/", 1)[-1]
+        if module in SHARED and "::" not in key:
+            default = SHARED[module]
+            out.append(Entry(safe(module), [f"tests/gpu/{module}"], estimate(tests, known, default), alone=module in ALONE))
+        elif key.split("::")[1] in SHARED_FUNCTIONS:
+            out.append(Entry(safe(key), [key], estimate(tests, known, SHARED_FUNCTIONS[key.split("::")[1]])))
         else:
-            out.append(Entry(safe(test), [test], LEARNING_S if "learn" in test else PER_TEST_S.get(module, DEFAULT_TEST_S)))
+            default = LEARNING_S if "learn" in key else PER_TEST_S.get(module, DEFAULT_TEST_S)
+            out.append(Entry(safe(key), [key], estimate(tests, known, default)))
     return sorted(out, key=lambda e: (not e.alone, -e.estimate, e.name))
 
 
 def halves(all_entries: list[Entry]) -> tuple[list[Entry], list[Entry]]:
-    """Two parts of about equal lane-seconds: the entries that run alone and the smoke in part 1, the learning check
-    in part 2, the rest where the load is less."""
+    """Two parts of about equal lane-seconds: the entries that run alone in part 1; the smoke (its rows run one after
+    another, about 400 s: only part 2's time holds it) and the learning check in part 2; the rest where the load is
+    less."""
     parts: tuple[list[Entry], list[Entry]] = ([], [])
     load = [0.0, 0.0]
     for entry in all_entries:
-        i = 0 if entry.alone or entry.smoke else 1 if entry.weight > 1 else int(load[1] < load[0])
+        i = 0 if entry.alone else 1 if entry.smoke or entry.weight > 1 else int(load[1] < load[0])
         parts[i].append(entry)
         load[i] += entry.estimate * entry.weight
     return parts
@@ -189,7 +212,7 @@ class Runner:
         else:
             tests = junit_outcomes(xml)
         if timed_out:
-            tests.append({"test": " ".join(entry.args), "outcome": "timeout",
+            tests.append({"test": " ".join(entry.args) or "smoke", "outcome": "timeout",
                           "seconds": seconds, "message": f"killed after {timeout:.0f} s"})
         elif not tests or (code not in (0, 5) and not any(t["outcome"] in ("failed", "error") for t in tests)):
             tests.append({"test": " ".join(entry.args) or "smoke", "outcome": "error", "seconds": seconds,
@@ -209,7 +232,8 @@ class Runner:
                         return
                     entry = queue[0]
                     left = self.deadline - time.monotonic()
-                    if left < 0.6 * entry.estimate:  # too little time left to run it: the next part takes it
+                    # too little time left to run it: the next part takes it (the smoke, which is not cut in rows, whole)
+                    if left < (1.0 if entry.smoke else 0.6) * entry.estimate:
                         return
                     if self.free >= entry.weight:
                         queue.pop(0)
@@ -250,7 +274,7 @@ def tail(path: Path, n: int, prefix: str = "") -> str:
 def run_part(part: int, out: Path, seconds: float) -> int:
     began = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
-    all_entries = entries(collect())
+    all_entries = entries(collect(), measured())
     by_name = {e.name: e for e in all_entries}
     first, second = halves(all_entries)
     queue = first

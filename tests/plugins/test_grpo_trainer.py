@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlcore import ConfigError, NotRegistered, RewardSpec, hookimpl, load_config, load_plugins
+from rlcore import ConfigError, NotRegistered, RewardSpec, RlcoreError, hookimpl, load_config, load_plugins
 from rlcore.plugins.grpo.config import GRPOConfig
 from rlcore.plugins.grpo.trainer import GRPOTrainer
 from rlcore.testing import build_tiny_model
@@ -241,6 +241,26 @@ def test_ray_run(ray_local, tmp_path, tiny, plugins, layout, request):
     assert rows[-1]["off_policy_steps"] == float("async" in layout)
     if layout == "separate":
         assert rows[-1]["kl"] > 0 and rows[-1]["rewards/orm/mean"] is not None
+
+
+def test_the_first_sync_after_a_step_is_checked_too(plugins, tmp_path, tiny, monkeypatch):
+    """check_weight_sync checks the run's first sync and the first after a step: a train engine that keeps sending
+    the weights it was loaded with (as a LoRA merge that leaves the adapter out: its B starts at zero, so the first
+    sync is right) passes the first check and stops the run at the second, the sync at the end of step 1."""
+    from rlcore.plugins.hf.train import HFTrainEngine
+
+    export = HFTrainEngine.export_weights
+
+    def first_weights_always(self, bucket_bytes=512 << 20):
+        if not hasattr(self, "first_weights"):
+            self.first_weights = [[(n, t.clone()) for n, t in bucket] for bucket in export(self, bucket_bytes)]
+        yield from self.first_weights
+
+    monkeypatch.setattr(HFTrainEngine, "export_weights", first_weights_always)
+    with pytest.raises(RlcoreError, match="weight sync check failed: rollout and train top-4 log-probs differ"):
+        make(plugins, tmp_path, tiny, learning_rate=0.5).fit()
+    make(plugins, tmp_path / "off", tiny, learning_rate=0.5, check_weight_sync=False).fit()  # unchecked: it runs on
+    assert [r["step"] for r in metrics_of(tmp_path / "off")] == [1, 2]
 
 
 def test_the_embedded_demo_learns_the_toy_task(tmp_path):
