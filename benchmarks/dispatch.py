@@ -122,7 +122,7 @@ def main() -> None:
     for name, a, b, what in rows:
         ma, mb = statistics.median(a) * 1e3, statistics.median(b) * 1e3
         print(f"{name:32} {ma:10.3f} {mb:10.3f} {ma / mb:7.3f}  {what}")
-    print(f"targets: small_call_ratio <= 1.15, broadcast_ratio <= 0.2")
+    print("targets: small_call_ratio <= 1.15, broadcast_ratio <= 0.2")
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         opts.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -11,7 +11,6 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
@@ -34,7 +33,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from .bounds import MAX_GIB, MAX_SEED, MAX_TIMEOUT_S, MAX_WORKERS
-from .errors import ConfigError, PluginError, RlcoreError, did_you_mean
+from .errors import ConfigError, PluginError, RlcoreError
 from .paths import read_regular_file
 
 if TYPE_CHECKING:

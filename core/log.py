@@ -351,7 +351,7 @@ def open_own(path: str | os.PathLike, mode: str = "a", buffering: int = -1) -> A
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags, 0o644)
-    except OSError as exc:
+    except OSError:
         if os.path.islink(path):
             from .errors import RlcoreError
 

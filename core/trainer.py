@@ -15,21 +15,20 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import log, watchdog
+from . import log
 from .checkpoint import (
     RunLock, RunRecord, check_output_dir, checkpoints, finished_run, load_state, partial_run, remove_previous_run,
     resolve_resume, save_checkpoint, save_final,
 )
 from .errors import ConfigError, RlcoreError, RoleRestarted
 from .integrity import check_folder
-from .log import BARE, STOP, logger, scrub_data
+from .log import BARE, logger, scrub_data
 from .metrics import MetricsWriter
 from .signals import StopOnSignal
 

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import functools
 import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import actors as _actors
 from . import cluster
 from .. import failures, manager
-from .actors import Handle, RemoteGroup, wait
+from .actors import Handle, RemoteGroup
 from .dispatch import FunctionSpec, Mesh, Mode
 from ..errors import ConfigError, RlcoreError
 from ..specs import Slot

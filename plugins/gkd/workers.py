@@ -3,10 +3,8 @@ teacher's workers, whose top-k requests are split across the teacher's replicas.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from rlcore import Batch, GenerateWorker, TeacherTrainWorker, TopK, function, worker, worker_rank

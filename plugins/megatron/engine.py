@@ -682,9 +682,6 @@ class MegatronTrainEngine(TrainEngine):
         instead, `export_adapter`'s files, the base being the engine's model), the scheduler and step in
         `path/megatron_meta.json`-side state, and each rank's optimizer shard (fp32 main params and Adam
         moments) in `path/optimizer/rank_NNNNN.pt`; written into a temporary directory, then renamed in place."""
-        import torch
-        from safetensors.torch import save_file
-
         if self.forward_only:
             raise RlcoreError(f"save: a forward-only megatron engine holds the fixed model {self.model_name}; nothing to save")
         with self._all_loaded():
@@ -735,8 +732,6 @@ class MegatronTrainEngine(TrainEngine):
 
     def load(self, path: str) -> None:
         """Restore what `save` wrote, with the same tensor, pipeline and data sizes."""
-        import torch
-
         if self.forward_only:
             raise RlcoreError("load: a forward-only megatron engine has no training state to load")
         path = Path(path)

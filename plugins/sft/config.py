@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlcore import BaseConfig, ConfigProblems, DeviceKeys
+from rlcore import ConfigProblems, DeviceKeys
 from rlcore.bounds import MAX_BATCH, MAX_STEPS, MAX_TOKENS, MAX_WORKERS
 from rlcore.sections import DTYPE_HELP, OptimizerKeys, TrainingConfig, default_of
 

@@ -258,7 +258,7 @@ def test_config_validate_of_a_shipped_example_is_quick_without_a_network(python_
     started = time.monotonic()
     done = python_m_rlcore("config", "validate", "--plugin", example.split("/")[0], "--config", str(path), env=no_hub)
     assert done.returncode == 2 and time.monotonic() - started < 60
-    assert done.stderr.startswith(f"rlcore: error: invalid configuration") and "cannot be reached" in done.stderr
+    assert done.stderr.startswith("rlcore: error: invalid configuration") and "cannot be reached" in done.stderr
 
 
 THINKING_TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}"

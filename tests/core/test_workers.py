@@ -13,7 +13,7 @@ import ray.cloudpickle
 import torch
 
 from rlcore import Batch, ConfigError, RoleFailed, Slot, function, worker, worker_rank
-from rlcore.runtime import workers
+from rlcore.runtime import actors, workers
 from rlcore.runtime.dispatch import Mesh
 
 # The classes below live in a test module Ray's workers cannot import: send them by value.
@@ -172,7 +172,7 @@ def test_non_blocking_calls_return_handles(ray_runtime):
     start = time.monotonic()
     first, second = calc.slow(1), calc.slow(2)
     assert isinstance(first, workers.Handle)
-    assert workers.wait([first, second], timeout=30) == [[1, 1], [2, 2]]
+    assert actors.wait([first, second], timeout=30) == [[1, 1], [2, 2]]
     assert time.monotonic() - start < 5
     assert first.get() == [1, 1]
 
