@@ -1,5 +1,6 @@
 """The memory plan of every shipped multi-GPU example (examples/ray/*/*.yaml) on paper: `rlcore plan` for each, at
-the layout it declares (4, 8 and 16 GPUs, colocated or separate, vLLM tensor parallel, a teacher group), for GPUs of
+the layout it declares (4, 8 and 16 GPUs, colocated or separate, a teacher group) and a few variants (tensor parallel
+2 in vLLM and in megatron, a 7B policy with LoRA), for GPUs of
 80 GiB (the A100 / H100 the seed's layouts were written for). Nothing runs and nothing is measured: the models are
 config.json files holding the published shapes of the hub ids the examples name, as `rlcore plan` reads them.
 
@@ -51,6 +52,15 @@ MODELS = {
 }
 
 
+# the layouts the examples leave to a key: tensor parallel 2 in vLLM and in megatron, and a 7B policy with LoRA
+VARIANTS = [
+    ("grpo/colocate.yaml", ["rollout.vllm_tensor_parallel_size=2"]),
+    ("grpo/colocate.yaml", ["train.engine=megatron", "train.tensor_model_parallel_size=2"]),
+    ("grpo/colocate.yaml", ["model=Qwen/Qwen2.5-7B-Instruct", "train.engine=megatron",
+                            "train.tensor_model_parallel_size=2", "train.lora_rank=16"]),
+]
+
+
 def model_keys(data: Any, prefix: str = "") -> dict[str, str]:
     """Every dotted key of an example whose value is a hub id of MODELS."""
     found: dict[str, str] = {}
@@ -68,9 +78,12 @@ def plugin_of(example: Path) -> str:
     return found[1] if found else example.parent.name
 
 
-def plan_example(example: Path, models: Path) -> dict[str, Any]:
-    """`rlcore plan --json` of one example, its hub ids replaced by config-only folders of their shapes."""
+def plan_example(example: Path, models: Path, extra: list[str] | None = None) -> dict[str, Any]:
+    """`rlcore plan --json` of one example (with `extra` overrides), its hub ids replaced by config-only folders of
+    their shapes."""
+    extra = extra or []
     keys = model_keys(yaml.safe_load(example.read_text()))
+    keys.update({k: v for k, v in (e.split("=", 1) for e in extra) if v in MODELS})
     overrides = []
     for key, hub in keys.items():
         folder = models / hub.replace("/", "--")
@@ -79,9 +92,9 @@ def plan_example(example: Path, models: Path) -> dict[str, Any]:
             (folder / "config.json").write_text(json.dumps(MODELS[hub]))
         overrides.append(f"{key}={folder}")
     cmd = [sys.executable, "-m", "rlcore", "plan", "--plugin", plugin_of(example), "--json", "--config",
-           str(example), f"gpu_memory_gib={GPU_GIB}", *overrides]
+           str(example), f"gpu_memory_gib={GPU_GIB}", *[e for e in extra if e.split("=", 1)[1] not in MODELS], *overrides]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    name = str(example.relative_to(ROOT))
+    name = " ".join([str(example.relative_to(ROOT)), *extra])
     if done.returncode not in (0, 2) or not done.stdout.lstrip().startswith("{"):
         return {"example": name, "plugin": plugin_of(example), "models": keys,
                 "not_planned": " ".join((done.stdout or done.stderr).strip().splitlines()[-1:]).strip()}
@@ -143,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         cases = [plan_example(example, Path(tmp)) for example in sorted(EXAMPLES.glob("*/*.yaml"))]
+        cases += [plan_example(EXAMPLES / example, Path(tmp), extra) for example, extra in VARIANTS]
     planned = [c for c in cases if "rows" in c]
     record = {"what": "rlcore plan of every examples/ray example at its own layout: predicted, not measured",
               "command": "python benchmarks/plan_layouts.py", "date": time.strftime("%Y-%m-%d"),
