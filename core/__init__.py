@@ -5,9 +5,7 @@ plugins pay for what they use.
 """
 
 from .batch import Batch
-from .config import (
-    BaseConfig, ConfigProblems, DeviceKeys, RoleConfig, RunConfig, config_error, problems_of, render_config,
-)
+from .config import BaseConfig, ConfigProblems, DeviceKeys, RoleConfig, RunConfig, config_error, problems_of
 from .data import PromptEncoder, PromptSampler, completion_text, load_prompts, load_rows, prompt_view
 from .engines import (
     Generation, ModelOutputs, OptimizerOptions, RolloutEngine, SamplingParams, TopK, TrainEngine, TrainOptions, build_engine,
@@ -52,6 +50,7 @@ from .specs import (
 from .environments import Environment, Step, ToolCall, Turn
 from .trainer import PhaseTimer, Trainer
 from .runtime.workers import bind, function, worker, worker_plugins, worker_rank
+from .yaml_io import render_config
 
 __version__ = "0.1.0"
 

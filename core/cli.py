@@ -26,9 +26,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import __version__, log
-from .config import (
-    config_error, read_config_data, render_config, render_value, validation_problems,
-)
+from .config import config_error, read_config_data, validation_problems
 from .extras import check_run, plugin_needs
 from .failures import advice, failure_of
 from .errors import ConfigError, NotRegistered, PluginError, RlcoreError, did_you_mean
@@ -41,6 +39,7 @@ from .compat.ms_swift import Translation, launch_options, load_translated, trans
 from .plot import plot_metrics
 from .runtime.devices import resolve_gpus
 from .signals import leaving
+from .yaml_io import render_config, render_value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -150,7 +149,7 @@ def _dashed_overrides(argv: list[str], parser: argparse.ArgumentParser) -> list[
 
 
 def _yaml_value(text: str) -> Any:
-    from .config import _Loader
+    from .yaml_io import _Loader
 
     try:
         return yaml.load(text, Loader=_Loader)

@@ -10,7 +10,8 @@ import pytest
 from pydantic import Field
 
 from rlcore import ConfigError, RoleConfig, RunConfig
-from rlcore.config import load_config, render_config
+from rlcore.config import load_config
+from rlcore.yaml_io import render_config
 
 
 class DemoConfig(RunConfig):
