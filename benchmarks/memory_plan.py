@@ -137,6 +137,7 @@ def measure(case: dict[str, Any], keys: dict[str, Any], tmp: Path, name: str, gp
                 run.kill()
                 run.wait()
         finally:
+            sampler_rc = sampler.poll()  # None: it sampled the whole run
             sampler.terminate()
             sampler.wait()
     text = log.read_text(errors="replace")
@@ -144,7 +145,10 @@ def measure(case: dict[str, Any], keys: dict[str, Any], tmp: Path, name: str, gp
     rows, parents = read_samples(samples)
     baseline = baseline_of(rows, started)
     probe = json.loads(probe_out.read_text()) if probe_out.exists() else {}
-    return {"returncode": returncode, **attribute(rows, parents, probe, baseline),
+    seen = attribute(rows, parents, probe, baseline)
+    if sampler_rc is not None:
+        seen["note"] = f"the NVML sampler exited with {sampler_rc} before the run ended (its error is in the output)"
+    return {"returncode": returncode, **seen,
             "roles_pids": probe.get("roles", {}), "out_of_memory": "out of memory" in text.lower(),
             "stderr_tail": tail if returncode else "",
             "device_peak_run_gib": {str(gpu): round(max((r["used"] - baseline.get(gpu, 0) for r in rows if r["gpu"] == gpu),
