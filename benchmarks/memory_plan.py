@@ -20,10 +20,12 @@ training; `sync` -> weight sync) with their start and end times, and each role's
 (`RoleSession.processes()`). Each pid is its role's (or a child's of a role's worker); the samples inside a phase's
 windows give that phase's peak per role and the device's peak, less what the GPU held before the run.
 
-    python benchmarks/memory_plan.py                  # every case (about 11 minutes on an H200)
-    python benchmarks/memory_plan.py --only grpo gkd sft                      # about 5 minutes
-    python benchmarks/memory_plan.py --only grpo-7b-lora overflow --merge    # about 6: adds to the same JSON
+    python benchmarks/memory_plan.py                  # every case: estimated 10-13 minutes on an H200 (not yet timed)
+    python benchmarks/memory_plan.py --only grpo gkd sft --json R.json               # about 5-6 of those
+    python benchmarks/memory_plan.py --only grpo-7b-lora overflow --json R.json --merge  # the rest, into R.json
     python benchmarks/memory_plan.py --predict-only   # on the CPU: each case's prediction for an H200 (no run)
+
+A case's run is stopped (SIGTERM, then killed) after its `timeout_s` (420 s); what it sampled until then is kept.
 
 Target (issue 52): the prediction within 10% of the measured peak in each phase (the device's; each role's is shown
 beside it), and never under it by more than 5%. Results: benchmarks/results/memory_plan-<date>-<kind>.json
@@ -53,20 +55,20 @@ QWEN_15B = dict(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, i
                 vocab_size=151936, max_position_embeddings=4096, dtype="bfloat16", seed=1)
 QWEN_7B = dict(hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944, vocab_size=152064,
                max_position_embeddings=4096, dtype="bfloat16", arch="qwen2_untied")
+# two steps: each phase's peak comes in the first step (the second repeats it; one weight sync comes between them)
 GRPO_WORK = dict(reward_funcs=["toy"], num_generations=8, max_completion_length=256, per_device_train_batch_size=16,
-                 gradient_accumulation_steps=4, max_steps=3)
+                 gradient_accumulation_steps=4, max_steps=2)
 CASES: dict[str, dict[str, Any]] = {
     "grpo": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_05B}, "data": "prompts",
              "keys": GRPO_WORK},
     "gkd": {"plugin": "gkd", "example": "gkd/teacher_colocated.yaml", "models": {"model": QWEN_05B,
             "teacher_model": QWEN_15B}, "data": "chats", "keys": dict(per_device_train_batch_size=8,
-            gradient_accumulation_steps=8, max_completion_length=256, max_steps=3, lmbda=1.0)},
+            gradient_accumulation_steps=8, max_completion_length=256, max_steps=2, lmbda=1.0)},
     "sft": {"plugin": "sft", "example": "sft/multi_node.yaml", "models": {"model": QWEN_05B}, "data": "chats",
-            "keys": dict(max_length=2048, per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=10)},
+            "keys": dict(max_length=2048, per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=4)},
     "grpo-7b-lora": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_7B}, "data": "prompts",
-                     "keys": {**GRPO_WORK, "train.lora_rank": 16, "per_device_train_batch_size": 4,
-                              "gradient_accumulation_steps": 16, "rollout.vllm_gpu_memory_utilization": 0.35},
-                     "timeout_s": 480},
+                     "keys": {**GRPO_WORK, "train.lora_rank": 16, "per_device_train_batch_size": 4,  # a micro-batch
+                              "gradient_accumulation_steps": 4, "rollout.vllm_gpu_memory_utilization": 0.35}},
     "overflow": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_7B}, "data": "prompts",
                  "keys": {**GRPO_WORK, "sleep_level": 0, "offload_optimizer": False, "offload_model": False,
                           "memory_check": False, "max_steps": 1}, "expect_oom": True},
