@@ -232,6 +232,7 @@ def main() -> int:
     print(f"results: {path}")
     return 0
 
+
 def predict_only(args: argparse.Namespace) -> int:
     """Each case's plan on a 140 GiB GPU, printed and written to --json (a temporary file by default)."""
     out: dict[str, Any] = {}
