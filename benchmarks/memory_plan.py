@@ -1,30 +1,36 @@
-"""The memory plan against one GPU: for each case, `rlcore plan`'s predicted peak per phase beside what the run
-measured in that phase: torch's peak allocation in the run's process and the device's peak (NVML, sampled every
-20 ms, which counts vLLM's pool, the CUDA context and the allocator's cache too).
+"""The memory plan against one GPU, measured as users run: for each case, `rlcore plan`'s predicted peak per phase
+and per role beside what NVML saw of the run in that phase: the device's peak and each role's process's peak.
 
-Cases, each on one GPU with every role colocated, run without Ray (one process holds every role, so torch's
-peaks are the run's own):
-- grpo: the GRPO benchmark's config (`benchmarks/grpo_gpu.py`: examples/ray/grpo/colocate.yaml, a Qwen2-0.5B-shaped
-  random model, vLLM);
-- gkd: the GKD benchmark's (`benchmarks/gkd_gpu.py`: gkd/teacher_colocated.yaml, 0.5B student, 1.5B teacher, full
-  vocabulary);
-- sft: the SFT benchmark's (`benchmarks/sft_gpu.py`: sft/multi_node.yaml with the 0.5B shape);
+Each case runs as a user runs it: `rlcore run --plugin P --use-ray --with PROBE --config examples/ray/<example>` with
+the case's keys, every role on the one GPU (train.gpus=1, rollout.gpus=1, ...), colocated and with vLLM asleep or
+awake as the example's `colocate_groups` and `sleep_level` say; Ray runs each role in a process of its own.
+- grpo: the GRPO benchmark's config (`benchmarks/grpo_gpu.py`: grpo/colocate.yaml, a Qwen2-0.5B-shaped random model,
+  vLLM sleeping at level 1 while the policy trains);
+- gkd: the GKD benchmark's (`benchmarks/gkd_gpu.py`: gkd/teacher_colocated.yaml, 0.5B student, 1.5B teacher in the
+  train process, full vocabulary);
+- sft: the SFT benchmark's (`benchmarks/sft_gpu.py`: sft/multi_node.yaml with the 0.5B shape, one `default` worker);
 - grpo-7b-lora: a Qwen2.5-7B shape with LoRA rank 16 on grpo/colocate.yaml, vLLM beside it;
 - overflow: grpo-7b without LoRA, vLLM kept awake (sleep_level 0) and nothing offloaded, which the plan predicts
-  will not fit: run once with memory_check=false to show it
-  runs out of memory.
+  will not fit: run once with memory_check=false to show it runs out of memory.
 
-Phases are the trainer's own (`generate` -> generation; `train`, `logprobs`, `teacher` -> training; `sync` ->
-weight sync), timed by a hook-only plugin given with --with (`PROBE`), which resets torch's peak at each phase's
-start and reads it at its end; the device's samples are matched to the phases by time. SFT's steps run inside
-TRL's loop: where its trainer times no phase, its whole run is one training phase.
+What is measured (`memory_measure.py`): a sampler beside the run reads, every 20 ms, each GPU's used memory and
+NVML's per-process figures (`nvmlDeviceGetComputeRunningProcesses`); a hook-only plugin in the driver (`PROBE`,
+given with --with) writes the trainer's phases (`generate` -> generation; `train`, `logprobs`, `teacher` ->
+training; `sync` -> weight sync) with their start and end times, and each role's worker pids
+(`RoleSession.processes()`). Each pid is its role's (or a child's of a role's worker); the samples inside a phase's
+windows give that phase's peak per role and the device's peak, less what the GPU held before the run.
 
-    python benchmarks/memory_plan.py                 # every case (about 10 minutes on an H200)
-    python benchmarks/memory_plan.py --only grpo sft
-    python benchmarks/memory_plan.py --predict-only  # on the CPU: each case's prediction for an H200 (no run)
+    python benchmarks/memory_plan.py                  # every case: estimated 10-13 minutes on an H200 (not yet timed)
+    python benchmarks/memory_plan.py --only grpo gkd sft --json R.json               # about 5-6 of those
+    python benchmarks/memory_plan.py --only grpo-7b-lora overflow --json R.json --merge  # the rest, into R.json
+    python benchmarks/memory_plan.py --predict-only   # on the CPU: each case's prediction for an H200 (no run)
 
-Target (issue 47): the prediction within 10% of the device's peak in each phase, and never under it by more than 5%.
-Results: benchmarks/results/memory_plan-<date>-<kind>.json (`--json PATH`), with the prediction's components.
+A case's run is stopped (SIGTERM, then killed) after its `timeout_s` (420 s); what it sampled until then is kept.
+
+Target (issue 52): the prediction within 10% of the measured peak in each phase (the device's; each role's is shown
+beside it), and never under it by more than 5%. Results: benchmarks/results/memory_plan-<date>-<kind>.json
+(`--json PATH`): per case, per GPU and phase, the device's predicted and measured peak and its error, and per role
+the predicted peak with its components, the measured one and its error; the pids of each role.
 """
 
 from __future__ import annotations
@@ -40,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from fair import build_model, chat_rows, git_commit, host_info, overrides_of, results_path, scaled, write_json
+from memory_measure import GiB, PROBE, SAMPLER, attribute, baseline_of, compare, met, read_samples, table
 
-GiB = 1 << 30
 HERE = Path(__file__).resolve().parent
 QWEN_05B = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, vocab_size=151936,
                 max_position_embeddings=4096, dtype="bfloat16")
@@ -49,81 +55,25 @@ QWEN_15B = dict(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, i
                 vocab_size=151936, max_position_embeddings=4096, dtype="bfloat16", seed=1)
 QWEN_7B = dict(hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944, vocab_size=152064,
                max_position_embeddings=4096, dtype="bfloat16", arch="qwen2_untied")
-# the trainers' timed phases -> the plan's: the train role's forward passes (GRPO's old log-probs, GKD's colocated
-# teacher) are its training phase too
-PHASES = {"generate": "generation", "train": "training", "logprobs": "training", "teacher": "training",
-          "sync": "weight sync"}
+# two steps: each phase's peak comes in the first step (the second repeats it; one weight sync comes between them)
 GRPO_WORK = dict(reward_funcs=["toy"], num_generations=8, max_completion_length=256, per_device_train_batch_size=16,
-                 gradient_accumulation_steps=4, max_steps=3)
+                 gradient_accumulation_steps=4, max_steps=2)
 CASES: dict[str, dict[str, Any]] = {
     "grpo": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_05B}, "data": "prompts",
              "keys": GRPO_WORK},
     "gkd": {"plugin": "gkd", "example": "gkd/teacher_colocated.yaml", "models": {"model": QWEN_05B,
             "teacher_model": QWEN_15B}, "data": "chats", "keys": dict(per_device_train_batch_size=8,
-            gradient_accumulation_steps=8, max_completion_length=256, max_steps=3, lmbda=1.0)},
+            gradient_accumulation_steps=8, max_completion_length=256, max_steps=2, lmbda=1.0)},
     "sft": {"plugin": "sft", "example": "sft/multi_node.yaml", "models": {"model": QWEN_05B}, "data": "chats",
-            "keys": dict(max_length=2048, per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=10)},
+            "keys": dict(max_length=2048, per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=4)},
     "grpo-7b-lora": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_7B}, "data": "prompts",
-                     "keys": {**GRPO_WORK, "train.lora_rank": 16, "per_device_train_batch_size": 4,
-                              "gradient_accumulation_steps": 16, "rollout.vllm_gpu_memory_utilization": 0.35}},
+                     "keys": {**GRPO_WORK, "train.lora_rank": 16, "per_device_train_batch_size": 4,  # a micro-batch
+                              "gradient_accumulation_steps": 4, "rollout.vllm_gpu_memory_utilization": 0.35}},
     "overflow": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_7B}, "data": "prompts",
                  "keys": {**GRPO_WORK, "sleep_level": 0, "offload_optimizer": False, "offload_model": False,
                           "memory_check": False, "max_steps": 1}, "expect_oom": True},
 }
-
-# --with: the trainer's phases timed, torch's peak per phase (this process holds every role: no Ray)
-PROBE = '''
-import contextlib, json, time
-import torch
-from rlcore import hookimpl
-
-OUT = {out!r}
-
-class Probe:
-    def __init__(self, timer):
-        self.timer, self.rows = timer, []
-
-    def __getattr__(self, name):
-        return getattr(self.timer, name)
-
-    @contextlib.contextmanager
-    def __call__(self, phase):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = time.time()
-        with self.timer(phase):
-            yield
-        torch.cuda.synchronize()
-        self.rows.append({{"phase": phase, "start": start, "end": time.time(),
-                           "torch_peak": torch.cuda.max_memory_allocated()}})
-        with open(OUT, "w") as f:
-            json.dump(self.rows, f)
-
-@hookimpl
-def rlcore_train_start(trainer):
-    torch.cuda.reset_peak_memory_stats()
-    trainer.timer = Probe(trainer.timer)
-    trainer.memory_probe_start = time.time()
-
-@hookimpl
-def rlcore_train_end(trainer, metrics):
-    rows = getattr(trainer.timer, "rows", [])
-    if not rows:  # a loop of its own (SFT's TRL trainer): the whole run is its training phase
-        rows.append({{"phase": "train", "start": trainer.memory_probe_start, "end": time.time(),
-                      "torch_peak": torch.cuda.max_memory_allocated()}})
-        with open(OUT, "w") as f:
-            json.dump(rows, f)
-'''
-
-SAMPLER = '''
-import sys, time, pynvml
-pynvml.nvmlInit()
-handle = pynvml.nvmlDeviceGetHandleByIndex(int(sys.argv[1]))
-with open(sys.argv[2], "w", buffering=1) as f:
-    while True:
-        f.write(f"{{time.time()}} {{pynvml.nvmlDeviceGetMemoryInfo(handle).used}}\\n")
-        time.sleep(0.02)
-'''
+TARGET = "|predicted / measured peak - 1| <= 10% per phase, never under by more than 5%"
 
 
 def config_only(path: Path, shape: dict[str, Any]) -> str:
@@ -155,80 +105,107 @@ def case_keys(case: dict[str, Any], models: dict[str, str], data: dict[str, str]
 
 def predict(case: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
     """`rlcore plan --json` of the case (the GPU's memory read from nvidia-smi)."""
-    cmd = [sys.executable, "-m", "rlcore", "plan", "--plugin", case["plugin"], "--config",
+    cmd = [sys.executable, "-m", "rlcore", "plan", "--plugin", case["plugin"], "--use-ray", "--config",
            str(HERE.parent / "examples" / "ray" / case["example"]), *overrides_of(keys), "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True)  # exit 2 where it will not fit: the JSON is printed first
     return json.loads(done.stdout)
 
 
-def measure(case: dict[str, Any], keys: dict[str, Any], tmp: Path, name: str) -> dict[str, Any]:
-    """Run the case once with the probe and the device sampler; the peaks per phase."""
-    probe_out, samples = tmp / f"probe-{name}.json", tmp / f"nvml-{name}.txt"
+def measure(case: dict[str, Any], keys: dict[str, Any], tmp: Path, name: str, gpus: list[int]) -> dict[str, Any]:
+    """Run the case as a user does (`rlcore run --use-ray` on its example) with the probe and the NVML sampler; the
+    peaks per phase, GPU and role."""
+    probe_out, samples = tmp / f"probe-{name}.json", tmp / f"nvml-{name}.jsonl"
     plugin = tmp / f"probe_{name.replace('-', '_')}.py"
     plugin.write_text(PROBE.format(out=str(probe_out)))
-    device = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-    sampler = subprocess.Popen([sys.executable, "-c", SAMPLER.format(), device if device.isdigit() else "0", str(samples)])
-    cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", case["plugin"], "--with", str(plugin), "--config",
-           str(HERE.parent / "examples" / "ray" / case["example"]), *overrides_of(keys)]
+    sampler = subprocess.Popen([sys.executable, "-c", SAMPLER, str(samples), *map(str, gpus)])
+    deadline = time.time() + 30
+    while not (samples.exists() and samples.stat().st_size) and sampler.poll() is None and time.time() < deadline:
+        time.sleep(0.05)  # the baseline is read before the run starts
+    cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", case["plugin"], "--use-ray", "--with", str(plugin),
+           "--config", str(HERE.parent / "examples" / "ray" / case["example"]), *overrides_of(keys)]
+    log = tmp / f"run-{name}.log"
     started = time.time()
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-    finally:
-        sampler.terminate()
-        sampler.wait()
-    points = [tuple(map(float, line.split())) for line in samples.read_text().splitlines() if len(line.split()) == 2]
-    baseline = min((used for t, used in points if t < started + 0.5), default=0.0)  # other processes' memory
-    phases: dict[str, dict[str, float]] = {}
-    for row in json.loads(probe_out.read_text()) if probe_out.exists() else []:
-        phase = PHASES.get(row["phase"])
-        if phase is None:
-            continue
-        device_peak = max((used for t, used in points if row["start"] <= t <= row["end"]), default=0.0) - baseline
-        seen = phases.setdefault(phase, {"torch_peak": 0, "device_peak": 0})
-        seen["torch_peak"] = max(seen["torch_peak"], row["torch_peak"])
-        seen["device_peak"] = max(seen["device_peak"], device_peak)
-    tail = (done.stderr or "")[-1500:]
-    return {"returncode": done.returncode, "phases": phases, "out_of_memory": "out of memory" in tail.lower(),
-            "stderr_tail": tail if done.returncode else "",
-            "device_peak_run": max((u for _, u in points), default=0) - baseline}
+    with log.open("w") as err:
+        run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+        late = ""
+        try:
+            run.wait(timeout=case.get("timeout_s", 420))
+        except subprocess.TimeoutExpired as exc:  # SIGTERM: rlcore stops after the step and ends its local Ray
+            late = f"did not finish in {exc.timeout:.0f} s\n"
+            run.terminate()
+            try:
+                run.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.wait()
+        finally:
+            sampler_rc = sampler.poll()  # None: it sampled the whole run
+            sampler.terminate()
+            sampler.wait()
+    text = log.read_text(errors="replace")
+    returncode, tail = (None if late else run.returncode), late + text[-1500:]
+    rows, parents = read_samples(samples)
+    baseline = baseline_of(rows, started)
+    probe = json.loads(probe_out.read_text()) if probe_out.exists() else {}
+    seen = attribute(rows, parents, probe, baseline)
+    if sampler_rc is not None:
+        seen["note"] = f"the NVML sampler exited with {sampler_rc} before the run ended (its error is in the output)"
+    return {"returncode": returncode, **seen,
+            "roles_pids": probe.get("roles", {}), "out_of_memory": "out of memory" in text.lower(),
+            "stderr_tail": tail if returncode else "",
+            "device_peak_run_gib": {str(gpu): round(max((r["used"] - baseline.get(gpu, 0) for r in rows if r["gpu"] == gpu),
+                                                        default=0) / GiB, 2) for gpu in gpus}}
 
 
-def compare(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
-    for plan_row in predicted.get("rows", []):
-        if 0 not in plan_row["gpus"]:
-            continue
-        seen = measured["phases"].get(plan_row["phase"])
-        row = {"phase": plan_row["phase"], "predicted_gib": round(plan_row["peak_bytes"] / GiB, 2),
-               "components": {f"{t['role']} {t['component']}": round((t["bytes"] or 0) / GiB, 2) for t in plan_row["terms"]}}
-        if seen:
-            device, torch_peak = seen["device_peak"], seen["torch_peak"]
-            row.update(torch_peak_gib=round(torch_peak / GiB, 2), device_peak_gib=round(device / GiB, 2))
-            if device:
-                error = plan_row["peak_bytes"] / device - 1
-                row.update(error=round(error, 3), meets_target=abs(error) <= 0.10 and error >= -0.05)
-        rows.append(row)
-    return rows
+def gpu_of_host() -> tuple[list[int], str, int]:
+    """The NVML indices of this run's GPUs (CUDA_VISIBLE_DEVICES's order, else all), the first one's kind as a file
+    name word (`nvidia-h200`) and its memory; read through NVML, so this process makes no CUDA context."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    visible = [i.strip() for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
+    if visible and all(i.isdigit() for i in visible):
+        gpus = [int(i) for i in visible]
+    elif visible and all(i.startswith(("GPU-", "MIG-")) for i in visible):  # by UUID
+        gpus = [pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(i)) for i in visible]
+    else:
+        gpus = list(range(pynvml.nvmlDeviceGetCount()))
+    if not gpus:
+        raise SystemExit("memory_plan.py measures a GPU: NVML lists none here")
+    handle = pynvml.nvmlDeviceGetHandleByIndex(gpus[0])
+    name = pynvml.nvmlDeviceGetName(handle)
+    name = name.decode() if isinstance(name, bytes) else name
+    return gpus, name.lower().replace(" ", "-"), pynvml.nvmlDeviceGetMemoryInfo(handle).total
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", choices=list(CASES), help="run only these cases")
     parser.add_argument("--json", help="where to write the results")
+    parser.add_argument("--merge", action="store_true", help="keep the cases the --json file holds from an earlier "
+                        "call of the same commit, adding these (a lease's calls split the cases)")
     parser.add_argument("--predict-only", action="store_true", help="each case's prediction for an H200 (140 GiB), "
                         "from config.json alone, on any machine; nothing runs")
     args = parser.parse_args()
     if args.predict_only:
         return predict_only(args)
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit("memory_plan.py measures a GPU: no CUDA device here")
-    kind = torch.cuda.get_device_name(0).lower().replace(" ", "-")
+    try:
+        gpus, kind, gpu_bytes = gpu_of_host()
+    except (ImportError, OSError) as exc:
+        raise SystemExit(f"memory_plan.py measures a GPU through NVML (pynvml): {exc}") from None
+    except Exception as exc:  # pynvml's NVMLError: no driver here
+        raise SystemExit(f"memory_plan.py measures a GPU: NVML found none ({exc})") from None
     path = results_path(args.json, f"memory_plan-{time.strftime('%Y-%m-%d')}-{kind}.json", smoke=False)
     record: dict[str, Any] = {"benchmark": "memory_plan", "host": host_info(), "commit": git_commit(),
-                              "gpu_bytes": torch.cuda.get_device_properties(0).total_memory, "cases": {},
-                              "target": "|predicted / device peak - 1| <= 10% per phase, never under by more than 5%"}
+                              "gpu_bytes": gpu_bytes, "cases": {}, "target": TARGET, "met": {},
+                              "what": "each case by `rlcore run --use-ray` on its example, one GPU; NVML's memory per "
+                                      "process and phase, each process named by its role"}
+    if args.merge and path.exists():
+        earlier = json.loads(path.read_text())
+        if earlier.get("commit") != record["commit"]:
+            raise SystemExit(f"--merge: {path} is of commit {earlier.get('commit')}, this checkout is "
+                             f"{record['commit']}; give another --json")
+        record["cases"] = earlier.get("cases", {})
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         data = write_data(tmp)
@@ -243,21 +220,15 @@ def main() -> int:
                 models[key] = built[label]
             keys = case_keys(case, models, data, tmp / f"out-{name}")
             predicted = predict(case, keys)
-            measured = measure(case, keys, tmp, name)
-            rows = compare(predicted, measured)
+            measured = measure(case, keys, tmp, name, gpus)
             record["cases"][name] = {"example": case["example"], "keys": overrides_of(case["keys"]),
-                                     "predicted_fits": predicted.get("fits"), "rows": rows, **measured}
+                                     "predicted_fits": predicted.get("fits"),
+                                     "rows": compare(predicted, measured, gpus), **measured}
             if case.get("expect_oom"):
                 record["cases"][name]["overflow_shown"] = not predicted.get("fits") and measured["out_of_memory"]
+            record["met"] = met(record["cases"])
             write_json(path, record)
-    print(f"{'case':<14} {'phase':<12} {'predicted':>10} {'torch peak':>11} {'device peak':>12} {'error':>7}  target")
-    for name, case in record["cases"].items():
-        for row in case["rows"]:
-            print(f"{name:<14} {row['phase']:<12} {row['predicted_gib']:>9.1f}G {row.get('torch_peak_gib', '-'):>10}G "
-                  f"{row.get('device_peak_gib', '-'):>11}G {row.get('error', '-'):>7}  {row.get('meets_target', '-')}")
-        if "overflow_shown" in case:
-            print(f"{name:<14} predicted to overflow: {not case['predicted_fits']}; "
-                  f"ran out of memory: {case['out_of_memory']}")
+    print("\n".join(table(record["cases"])))
     print(f"results: {path}")
     return 0
 

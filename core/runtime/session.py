@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
 import tempfile
 import time
@@ -327,6 +328,15 @@ class RoleSession:
             yield
         finally:
             self.syncing = None
+
+    def processes(self) -> dict[str, list[int]]:
+        """The pid of each running role's workers, by rank (a Ray actor's process, or this process without Ray), so a
+        tool reading per-process GPU memory (NVML) can tell the roles apart; a restarted worker's new pid."""
+        out = {}
+        for role, instance in self.groups.items():
+            remote = workers.remote_group(instance, role)
+            out[role] = [info["pid"] for info in remote.infos] if remote is not None else [os.getpid()]
+        return out
 
     def restarts(self) -> dict[str, int]:
         """`restarts/<role>`: the restarts of each restartable or recoverable role's workers so far (with max_restarts

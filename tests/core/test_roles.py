@@ -106,3 +106,37 @@ def test_the_roles_after_the_first_import_their_engines_modules_before_they_buil
     with session.start():
         pass
     assert sorted(log.read_text().splitlines()) == ["rollout True", "train False"]
+
+
+class PidProbe:
+    """Writes, when it is built, its role, rank and process id: where the engine's memory lives."""
+
+    def __init__(self, log: str, role: str, **options):
+        with Path(log).open("a") as f:
+            f.write(f"{role} {os.environ.get('RANK', '0')} {os.getpid()}\n")
+
+
+@pytest.mark.parametrize("use_ray", [True, False])
+def test_processes_are_the_pids_the_roles_engines_run_in(tmp_path, use_ray, request):
+    """`RoleSession.processes()`: per role, by rank, the process each worker's engine was built in (a Ray actor's,
+    or this process without Ray), for a tool reading GPU memory per process."""
+    from rlcore.runtime.roles import GenerateWorker
+
+    if use_ray:
+        request.getfixturevalue("ray_local")
+    plugins = load_plugins()
+    plan = plan_from_config({"train": {"gpus": 2}, "rollout": {"gpus": 1}}, roles=["train", "rollout"], plugins=plugins)
+    log = tmp_path / "built.log"
+    setups = {role: RoleSetup(worker, PidProbe, {"log": str(log), "role": role})
+              for role, worker in (("train", TrainWorker), ("rollout", GenerateWorker))}
+    session = RoleSession(plan, setups, use_ray=use_ray, plugins=plugins)
+    with session.start():
+        pids = session.processes()
+    built: dict[str, list[int]] = {}
+    for role, rank, pid in sorted(line.split() for line in log.read_text().splitlines()):
+        built.setdefault(role, []).append(int(pid))
+    assert pids == built
+    if use_ray:
+        assert len({*pids["train"], *pids["rollout"], os.getpid()}) == 4
+    else:
+        assert pids == {"train": [os.getpid()], "rollout": [os.getpid()]}
