@@ -181,14 +181,30 @@ def test_lora_save_then_load_continues_the_same_run(tiny_model, tmp_path):
 
 def test_lora_target_names_are_checked_before_anything_is_built(tiny_model):
     with pytest.raises(ConfigError) as caught:
-        make_train_engine(model=str(tiny_model), lora_rank=4, lora_target_modules=["qproj", "linear_fc1", "lm_head"])
+        make_train_engine(model=str(tiny_model), lora_rank=4, lora_target_modules=["qproj", "linear_fc1", "embed_tokens"])
     message = str(caught.value)
     assert "'qproj' is no linear the megatron engine adapts" in message and "Did you mean 'q_proj'?" in message
-    assert "'lm_head' is no linear" in message and "'linear_fc1'" not in message.split("known:")[0]
+    assert "'embed_tokens' is no linear" in message and "'linear_fc1'" not in message.split("known:")[0]
     with pytest.raises(ConfigError, match="must be 'all-linear' or a non-empty list"):
         make_train_engine(model=str(tiny_model), lora_rank=4, lora_target_modules=[])
     with pytest.raises(RlcoreError, match="this megatron engine trains no LoRA adapter"):
         make_train_engine(model=str(tiny_model)).export_adapter("unused")
+
+
+def test_lora_on_a_tied_output_layer_is_refused_before_the_run(tiny_model, untied):
+    """lm_head (or output_layer) among the targets of a tied model: one problem in the engine's check, as the hf
+    engine words it, and the build refuses before any weight; all-linear and an untied model are fine."""
+    from test_hf_train import TIED_HEAD
+
+    check = load_plugins().engines.get("megatron", kind="train").check
+    expected = [("lora_target_modules", TIED_HEAD.format(tiny_model))]
+    for targets in (["q_proj", "lm_head"], ["output_layer"]):
+        assert check(model=str(tiny_model), lora_rank=4, lora_target_modules=targets) == expected, targets
+    assert check(model=str(tiny_model), lora_rank=4) == []
+    assert check(model=untied, lora_rank=4, lora_target_modules=["lm_head"]) == []
+    with pytest.raises(ConfigError) as caught:
+        make_train_engine(model=str(tiny_model), lora_rank=4, lora_target_modules=["lm_head"])
+    assert str(caught.value) == "megatron train engine: " + TIED_HEAD.format(tiny_model)
 
 
 def test_grpo_with_lora_on_the_megatron_engine(tiny_model, tmp_path):
@@ -225,6 +241,71 @@ def test_grpo_with_lora_on_the_megatron_engine(tiny_model, tmp_path):
     assert resumed[-1]["step"] == 2
     for key in ("reward", "grad_norm", "loss"):
         assert resumed[-1][key] == rows[-1][key], key
+
+
+# -- the output layer (lm_head) of an untied model ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-untied-lora", arch="qwen2_untied", num_layers=2,
+                                seed=1))
+
+
+def _grads(engine, batch) -> dict[str, torch.Tensor]:
+    """The adapters' gradients of one NLL pass over `batch` through the engine's schedule (no optimizer step)."""
+    engine._zero_grad()
+    engine.model.train()
+    engine._run([batch], lambda logits, micro: (_nll(engine._outputs(logits, micro, 1.0), micro)[0], {}),
+                forward_only=False)
+    engine.model.eval()
+    return {n: p.grad.clone() for n, p in engine.module.named_parameters() if ".adapter." in n}
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked-head", "module-forward"])
+def test_the_output_layer_adapter_gives_peft_values_and_gradients(untied, tmp_path, chunked):
+    """lm_head among the targets adapts megatron's output layer (its B over the padded vocabulary, the padding rows
+    untrained): after two steps, on the chunked head (the adapter's term added per chunk) and through the module's
+    forward (the hook), the log-probs, top-k, full log-softmax and the factors' gradients equal peft's with the
+    exported adapter on transformers' model, and the merged export (padding dropped) equals peft's merge."""
+    from peft import PeftModel
+
+    from rlcore.plugins.hf.common import model_outputs
+
+    engine = make_train_engine(model=untied, learning_rate=1e-2, seed=0, chunked_lm_head=chunked,
+                               lora_target_modules=["q_proj", "lm_head"], **LORA)
+    batch = _batch(seed=2)
+    for _ in range(2):
+        engine.train_step(batch, _nll, micro_batch_size=2)
+    vocab = engine.spec.vocab_size
+    head = engine.adapters["output_layer"]
+    assert head.lora_B.shape[0] == engine.padded_vocab > vocab
+    assert head.lora_B[:vocab].abs().max() > 0 and not head.lora_B[vocab:].any()
+    engine.export_adapter(str(tmp_path / "adapter"))
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert set(config["target_modules"]) == {"lm_head", "q_proj", "k_proj", "v_proj"}
+    reference = PeftModel.from_pretrained(_hf_model(untied), str(tmp_path / "adapter"), is_trainable=True)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        expected = model_outputs(reference, ids, mask, temperature=0.7)
+        torch.testing.assert_close(engine.forward_logprobs(batch, 0.7), expected.logprobs(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(engine.forward_topk(batch, None, 0.7), expected.full_logprobs(), atol=1e-5, rtol=0)
+        top, expected_top = engine.forward_topk(batch, 5, 0.7), expected.topk(5)
+    assert torch.equal(top.ids, expected_top.ids)
+    torch.testing.assert_close(top.logprobs, expected_top.logprobs, atol=1e-5, rtol=0)
+    mine = _grads(engine, batch)
+    _nll(model_outputs(reference.train(), ids, mask), batch)[0].backward()
+    theirs = {n: p.grad for n, p in reference.named_parameters() if "lm_head.lora_" in n}
+    a, b = mine["output_layer.adapter.lora_A"], mine["output_layer.adapter.lora_B"]
+    assert a.abs().max() > 0 and not b[vocab:].any()
+    torch.testing.assert_close(a, theirs["base_model.model.lm_head.lora_A.default.weight"], atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(b[:vocab], theirs["base_model.model.lm_head.lora_B.default.weight"], atol=1e-6, rtol=1e-4)
+    merged = _exported(engine)
+    assert merged["lm_head.weight"].shape[0] == vocab
+    peft_merged = dict(reference.merge_and_unload().named_parameters())
+    assert peft_merged.keys() == merged.keys()
+    for name, tensor in merged.items():
+        torch.testing.assert_close(tensor, peft_merged[name], atol=1e-6, rtol=0, msg=name)
 
 
 # -- tensor parallelism on the CPU: two processes over gloo ---------------------------------------------------
