@@ -267,7 +267,8 @@ def test_the_output_layer_adapter_gives_peft_values_and_gradients(untied, tmp_pa
     """lm_head among the targets adapts megatron's output layer (its B over the padded vocabulary, the padding rows
     untrained): after two steps, on the chunked head (the adapter's term added per chunk) and through the module's
     forward (the hook), the log-probs, top-k, full log-softmax and the factors' gradients equal peft's with the
-    exported adapter on transformers' model, and the merged export (padding dropped) equals peft's merge."""
+    exported adapter on transformers' model, the merged export (padding dropped) equals peft's merge, and a checkpoint
+    loads back bit for bit."""
     from peft import PeftModel
 
     from rlcore.plugins.hf.common import model_outputs
@@ -306,6 +307,12 @@ def test_the_output_layer_adapter_gives_peft_values_and_gradients(untied, tmp_pa
     assert peft_merged.keys() == merged.keys()
     for name, tensor in merged.items():
         torch.testing.assert_close(tensor, peft_merged[name], atol=1e-6, rtol=0, msg=name)
+    engine.save(str(tmp_path / "ckpt"))  # the checkpoint's adapter has lm_head's V rows; the padding comes back zero
+    resumed = make_train_engine(model=untied, learning_rate=1e-2, seed=1, chunked_lm_head=chunked,
+                                lora_target_modules=["q_proj", "lm_head"], **LORA)
+    resumed.load(str(tmp_path / "ckpt"))
+    loaded, trained = _adapters(resumed), _adapters(engine)
+    assert loaded.keys() == trained.keys() and all(torch.equal(loaded[n], t) for n, t in trained.items())
 
 
 def test_grpo_with_lm_head_lora_on_the_megatron_engine_runs_like_the_hf_engine(untied, tmp_path, monkeypatch):
