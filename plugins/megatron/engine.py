@@ -58,9 +58,9 @@ class MegatronTrainEngine(TrainEngine):
     (true: at tensor size 1 the output layer runs in chunks of positions on the last hidden states, as the hf
     engine's does; no [B, T, V] logits unless a loss asks for the full vocabulary).
     With `lora_rank` > 0 the base weights are frozen and LoRA adapters (`lora.py`: `lora_alpha`, `lora_dropout`,
-    `lora_target_modules`) train on megatron's parallel linears (the output layer too where `lm_head` is named); `export_weights` merges them out of place, and
-    `export_adapter` writes them as a PEFT adapter. Every problem with the options, the architecture and the
-    parallel sizes is reported at once, before any weight is allocated.
+    `lora_target_modules`) train on megatron's parallel linears (the output layer too where `lm_head` is named);
+    `export_weights` merges them out of place, and `export_adapter` writes them as a PEFT adapter. Every problem
+    with the options, the architecture and the parallel sizes is reported at once, before any weight is allocated.
     """
 
     def __init__(self, options: MegatronOptions | str | None = None, **keys: Any):
