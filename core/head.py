@@ -145,7 +145,8 @@ def _logits_at(hidden, ids, weight, bias, temperature, adapter):
     if bias is not None:
         picked = picked + bias[ids].float()
     if adapter is not None:
-        picked = picked + torch.einsum("nr,nkr->nk", adapter.low_rank(hidden).float(), adapter.b[ids].float()) * adapter.scale
+        low_rank = torch.einsum("nr,nkr->nk", adapter.low_rank(hidden).float(), adapter.b[ids].float())
+        picked = picked + low_rank * adapter.scale
     return picked / temperature if temperature != 1.0 else picked
 
 

@@ -193,7 +193,8 @@ def _output_requires_grad(module: Any, args: tuple[Any, ...], output: Any) -> An
 def add_adapters(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, targets: str | Iterable[str],
                  seed: int) -> dict[str, Any]:
     """Freeze every weight of `model`, put an adapter on each linear that `targets` names, and return them by the
-    linear's name (megatron state-dict prefix, e.g. `decoder.layers.0.self_attention.linear_qkv`)."""
+    linear's name (megatron state-dict prefix, e.g. `decoder.layers.0.self_attention.linear_qkv`). The output layer
+    must hold its own weight (an untied model: the engine's config check refuses a tied one)."""
     import torch
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
@@ -206,9 +207,6 @@ def add_adapters(model: torch.nn.Module, *, rank: int, alpha: float, dropout: fl
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] not in wanted or not isinstance(module, kinds):
             continue
-        if module.weight is None:  # megatron's output layer reads the tied embedding's weight
-            raise RlcoreError(f"lora_target_modules names {name}, which holds no weight of its own: the model ties it to "
-                              "the input embedding (tie_word_embeddings); drop lm_head, or use an untied checkpoint")
         # peft's init: A ~ kaiming_uniform(a=sqrt(5)), i.e. U(-1/sqrt(in), 1/sqrt(in)); drawn whole, then split
         fan_in = module.in_features if isinstance(module, torch.nn.Linear) else module.input_size
         bound = 1 / math.sqrt(fan_in)
