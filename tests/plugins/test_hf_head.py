@@ -136,6 +136,19 @@ def test_a_head_adapter_gives_the_merged_heads_values_and_the_factors_gradients_
         low_rank = head.HeadAdapter(frozen[3], frozen[4], scale)
         head.token_logprobs(*frozen[:3], targets, 0.8, chunk=8, use_trl=False, adapter=low_rank).sum().backward()
     assert seen.most < V * H * 4  # the merged weight would be a [V, H] float32 beside W
+    dropped, plain = leaves(hidden, a, b), leaves(hidden, a, b)  # dropout on the adapter's input, as peft's
+    torch.manual_seed(5)
+    got = head.token_logprobs(dropped[0], weight, bias, targets, chunk=N, use_trl=False,
+                              adapter=head.HeadAdapter(dropped[1], dropped[2], scale, dropout=0.5))
+    torch.manual_seed(5)  # the same mask (one chunk: the first draw), which the checkpointed chunk draws again in backward
+    x = torch.nn.functional.dropout(plain[0], 0.5)
+    logits = plain[0] @ weight.T + bias + scale * (x @ plain[1].T) @ plain[2].T
+    expected = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    got.sum().backward()
+    expected.sum().backward()
+    for x, y in zip(grads(*dropped), grads(*plain)):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="reads one head weight"):
         head.token_logprobs(hidden, weight, bias, targets, use_trl=True, adapter=fixed)
 
