@@ -42,17 +42,9 @@ def checkpoint_dtype(model: str | os.PathLike) -> str | None:
     """The dtype a checkpoint's config.json says its weights are in (`dtype`, or transformers 4's `torch_dtype`;
     a multimodal model's `text_config`'s), read without loading anything: from a local directory, or from the
     Hugging Face cache for a hub id (no download). None where it says nothing or cannot be read."""
-    path = Path(str(model)).expanduser() / "config.json"
-    if not path.is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(str(model), "config.json")
-        except Exception:  # no huggingface_hub, or not a repo id: nothing to read
-            return None
-        if not isinstance(cached, str):
-            return None
-        path = Path(cached)
+    path = _local_config(model)
+    if path is None:
+        return None
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -62,6 +54,50 @@ def checkpoint_dtype(model: str | os.PathLike) -> str | None:
         if isinstance(value, str):
             return value.removeprefix("torch.")
     return None
+
+
+def _local_config(model: str | os.PathLike) -> Path | None:
+    """A model's config.json on this machine: in its directory, or in the Hugging Face cache for a hub id (no
+    download); None where there is none."""
+    path = Path(str(model)).expanduser() / "config.json"
+    if path.is_file():
+        return path
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(str(model), "config.json")
+    except Exception:  # no huggingface_hub, or not a repo id: nothing to read
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def tied_embeddings(model: str | os.PathLike) -> bool | None:
+    """Whether `model` ties its LM head to its input embedding (transformers' `tie_word_embeddings`, the config
+    class's default where config.json says nothing), read from the local config.json alone; None where there is
+    none, or transformers cannot read it."""
+    path = _local_config(model)
+    if path is None:
+        return None
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent))
+    except (OSError, ValueError, KeyError):
+        return None
+    return bool(getattr(config, "tie_word_embeddings", False))
+
+
+def tied_head_problems(model: str | os.PathLike, names_head: bool, tied: bool | None = None) -> list[tuple[str, str]]:
+    """The problem with a LoRA adapter on the LM head (`names_head`: `lora_target_modules` names it) of a model whose
+    head is its input embedding (`tied`; None: `tied_embeddings(model)`), in one line with the fix; else none.
+    Merged, such an adapter would change the embedding too, and the weight sync sends the one tied tensor
+    (embed_tokens.weight) without it, so the rollout engine would sample from other weights than those trained."""
+    if not names_head or not (tied if tied is not None else tied_embeddings(model)):
+        return []
+    return [("lora_target_modules", f"lora_target_modules names lm_head, but {model} ties it to the input embedding "
+             "(tie_word_embeddings): merged, its adapter would change the embedding too, and the weight sync cannot "
+             "send it as a tensor of its own; drop lm_head from lora_target_modules, or use a checkpoint with "
+             "tie_word_embeddings false")]
 
 
 def resolve_dtype(dtype: str, model: str | os.PathLike, cuda: bool) -> str:

@@ -425,7 +425,7 @@ class TrainEngine(abc.ABC):
 # The checks and helpers every engine shares, re-exported here: an engine plugin's one import of core's engine API.
 from .engine_checks import (  # noqa: E402  (below the interfaces, which engine_checks does not import)
     aligned_rows, check_ids, check_temperature, check_train_step, common_problems, raise_problems, resolve_dtype,
-    torch_device,
+    tied_head_problems, torch_device,
 )
 from .conditional import CheckpointLayout, checkpoint_layout  # noqa: E402
 from .model_checks import read_model  # noqa: E402
@@ -436,5 +436,5 @@ __all__ = [
     "Projection", "RolloutEngine", "SamplingParams", "TopK", "TrainEngine", "TrainOptions", "aligned_rows",
     "build_engine", "check_ids", "check_temperature", "check_train_step", "checkpoint_layout", "common_problems",
     "options_check",
-    "raise_problems", "read_model", "resolve_dtype", "torch_device", "unknown_options",
+    "raise_problems", "read_model", "resolve_dtype", "tied_head_problems", "torch_device", "unknown_options",
 ]

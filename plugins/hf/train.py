@@ -27,13 +27,13 @@ from rlcore import RlcoreError
 from rlcore.batch import Batch, host_column, pad_width, token_columns, trim_padding
 from rlcore.engines import (
     LossFn, NamedTensors, Projection, TopK, TrainEngine, TrainOptions, check_temperature, check_train_step,
-    checkpoint_layout, common_problems, raise_problems, torch_device,
+    checkpoint_layout, common_problems, raise_problems, tied_head_problems, torch_device,
 )
 from rlcore.runtime import join_torch_world, replace_dir
 
 from .attention import log_once, packing_choice, register_varlen, varlen_kernel
 from .common import compile_layers, conditional_problems, load_causal_lm, model_outputs, packs_sequences
-from .lora import lora_merged_tensors
+from .lora import lora_merged_tensors, names_lm_head
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class HFOptions(TrainOptions):
 
     def problems(self) -> list[tuple[str, str]]:
         problems = super().problems() + conditional_problems(self.model)
+        problems += tied_head_problems(self.model, self.lora_rank > 0 and names_lm_head(self.lora_target_modules))
         budget = self.max_tokens_per_micro_batch
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             problems.append(("attn_implementation", f"attn_implementation={self.attn_implementation!r} is not one "
@@ -173,6 +174,10 @@ class HFTrainEngine(TrainEngine):
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
             from peft import LoraConfig, get_peft_model
+
+            # the model itself, where its config could not be read before the build (a hub id not yet downloaded)
+            tied = self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
+            raise_problems("hf train engine", tied_head_problems(model, names_lm_head(o.lora_target_modules), tied))
 
             config = LoraConfig(
                 r=o.lora_rank, lora_alpha=o.lora_alpha, lora_dropout=o.lora_dropout,

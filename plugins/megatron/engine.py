@@ -58,9 +58,9 @@ class MegatronTrainEngine(TrainEngine):
     (true: at tensor size 1 the output layer runs in chunks of positions on the last hidden states, as the hf
     engine's does; no [B, T, V] logits unless a loss asks for the full vocabulary).
     With `lora_rank` > 0 the base weights are frozen and LoRA adapters (`lora.py`: `lora_alpha`, `lora_dropout`,
-    `lora_target_modules`) train on megatron's parallel linears; `export_weights` merges them out of place, and
-    `export_adapter` writes them as a PEFT adapter. Every problem with the options, the architecture and the
-    parallel sizes is reported at once, before any weight is allocated.
+    `lora_target_modules`) train on megatron's parallel linears (the output layer too where `lm_head` is named);
+    `export_weights` merges them out of place, and `export_adapter` writes them as a PEFT adapter. Every problem
+    with the options, the architecture and the parallel sizes is reported at once, before any weight is allocated.
     """
 
     def __init__(self, options: MegatronOptions | str | None = None, **keys: Any):
@@ -326,19 +326,25 @@ class MegatronTrainEngine(TrainEngine):
     def _hidden_states_out(self) -> Iterator[None]:
         """With `chunked_lm_head`, the last stage's forward returns the last hidden states [B, T, H] in place of
         logits: its output layer passes them through (for that forward only; its weight stays where the
-        mapping and the optimizer have it, and `_outputs` applies it in chunks)."""
+        mapping and the optimizer have it, and `_outputs` applies it in chunks, with its LoRA adapter's term)."""
         layer = getattr(self.module, "output_layer", None) if self.chunked_lm_head and self.last_stage else None
         if layer is None:
             yield
             return
+        adapter = getattr(layer, "adapter", None)
         layer.forward = lambda hidden_states, *args, **kwargs: (hidden_states, None)
+        if adapter is not None:
+            adapter.deferred = True
         try:
             yield
         finally:
             del layer.forward  # the class's forward again
+            if adapter is not None:
+                adapter.deferred = False
 
     def _output_head(self) -> Any:
-        """The output layer's weight (the embedding's where they are tied) without the vocabulary padding."""
+        """The output layer's weight (the embedding's where they are tied) without the vocabulary padding, and its
+        LoRA adapter (`rlcore.head.HeadAdapter`, None without one) over the same rows."""
         from types import SimpleNamespace
 
         module = self.module
@@ -346,7 +352,9 @@ class MegatronTrainEngine(TrainEngine):
         weight = module.shared_embedding_or_output_weight() if tied else module.output_layer.weight
         bias = getattr(module.output_layer, "bias", None)
         vocab = self.spec.vocab_size
-        return SimpleNamespace(weight=weight[:vocab], bias=None if bias is None else bias[:vocab])
+        adapter = getattr(module.output_layer, "adapter", None)
+        return SimpleNamespace(weight=weight[:vocab], bias=None if bias is None else bias[:vocab],
+                               adapter=None if adapter is None else adapter.head(vocab))
 
     def _outputs(self, logits: Any, micro: Batch, temperature: float) -> Any:
         """`ModelOutputs` of a last stage's forward: of its hidden states through the output layer in chunks

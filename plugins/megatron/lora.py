@@ -1,4 +1,5 @@
-"""LoRA on megatron-core's parallel linears (linear_qkv, linear_proj, linear_fc1, linear_fc2; the experts' too) and
+"""LoRA on megatron-core's parallel linears (linear_qkv, linear_proj, linear_fc1, linear_fc2; the experts' too; the
+output layer of an untied model, asked for as `lm_head` or `output_layer`, as peft's `all-linear` leaves it out) and
 the gated delta-net's torch linears, correct under tensor parallelism, and its weights out in Hugging Face names:
 merged into the base, or a PEFT adapter.
 
@@ -14,6 +15,11 @@ factors split as the base weight does (peft's `LoraParallelLinear` layout):
 
 A is drawn once on the CPU from the engine's seed for the whole (unsplit) layer and each rank keeps its part, so the
 adapters start equal on every rank and for every tensor size; B starts at zero (the model starts as the base).
+
+The output layer's B has a row per padded vocabulary row; no token reads the padding (its logits are masked, or cut
+off by the chunked head), so those rows get no gradient, stay zero, and are dropped on export as the base weight's
+are. Where the engine applies the output layer in chunks (`chunked_lm_head`), the hook stands aside (`deferred`) and
+the chunked head adds the adapter's term itself (`rlcore.head.HeadAdapter`).
 
 Why not peft's own megatron path (`LoraConfig(megatron_config=...)`, peft.tuners.lora.tp_layer), as of peft 0.21:
 its dispatcher fails before building anything (`dispatch_megatron` reads `kwargs["fan_in_fan_out"]`, which
@@ -47,8 +53,9 @@ TORCH_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj
 HF_TO_MEGATRON = {
     "q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "qkv_proj": "linear_qkv",
     "o_proj": "linear_proj", "gate_proj": "linear_fc1", "up_proj": "linear_fc1", "gate_up_proj": "linear_fc1",
-    "down_proj": "linear_fc2",
+    "down_proj": "linear_fc2", "lm_head": "output_layer",
 }
+OUTPUT_LAYER = "output_layer"
 ALL_LINEAR = "all-linear"
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
@@ -61,7 +68,7 @@ def _targets(targets: str | Iterable[str]) -> list[str]:
 
 def target_problems(targets: str | Iterable[str]) -> list[tuple[str, str]]:
     """Names in `lora_target_modules` that name no megatron linear, each with the closest known name."""
-    known = [ALL_LINEAR, *MEGATRON_LINEARS, *HF_TO_MEGATRON, *TORCH_LINEARS]
+    known = [ALL_LINEAR, *MEGATRON_LINEARS, OUTPUT_LAYER, *HF_TO_MEGATRON, *TORCH_LINEARS]
     if not isinstance(targets, (str, list, tuple)) or not _targets(targets):
         return [("lora_target_modules", f"lora_target_modules={targets!r} must be {ALL_LINEAR!r} or a non-empty list of names")]
     problems = []
@@ -77,7 +84,8 @@ def target_problems(targets: str | Iterable[str]) -> list[tuple[str, str]]:
 
 def megatron_targets(targets: str | Iterable[str]) -> set[str]:
     """The megatron linears `targets` names: Hugging Face projections map to the fused linear that holds them
-    (q_proj -> linear_qkv adapts q, k and v together: one A, one B over the fused output)."""
+    (q_proj -> linear_qkv adapts q, k and v together: one A, one B over the fused output; lm_head -> output_layer).
+    `all-linear` leaves the output layer out, as peft does."""
     names = _targets(targets)
     if ALL_LINEAR in names:
         return {*MEGATRON_LINEARS, *TORCH_LINEARS}
@@ -112,6 +120,7 @@ def _adapter_class() -> type:
             self.gather_output = parallel and self.column and linear.gather_output
             self.scaling = alpha / rank
             self.dropout = dropout
+            self.deferred = False  # True while a chunked head applies this adapter itself (`_add_delta` stands aside)
             weight = linear.weight
             out_local = weight.shape[0]
             a = a_full if self.column else a_full.chunk(self.tp, dim=1)[self.tp_rank]
@@ -145,6 +154,13 @@ def _adapter_class() -> type:
                 delta = F.linear(u, self.lora_B)
             return delta * self.scaling
 
+        def head(self, vocab: int) -> Any:
+            """This adapter as the chunked head's `HeadAdapter` over the first `vocab` output rows (the vocabulary
+            without megatron's padding), dropout only while training; tensor size 1."""
+            from rlcore.head import HeadAdapter
+
+            return HeadAdapter(self.lora_A, self.lora_B[:vocab], self.scaling, self.dropout if self.training else 0.0)
+
         def merged(self, weight: torch.Tensor) -> torch.Tensor:
             """This rank's shard of W + scale * B @ A, computed in float32 (or W's wider dtype) beside W, rounded once
             to W's dtype; W itself is not touched."""
@@ -156,6 +172,8 @@ def _adapter_class() -> type:
 
 
 def _add_delta(linear: Any, args: tuple[Any, ...], output: Any) -> Any:
+    if linear.adapter.deferred:
+        return output
     if isinstance(output, tuple):  # megatron's linears return (output, bias)
         out, bias = output
         return out + linear.adapter(args[0]).to(out.dtype), bias
@@ -175,7 +193,8 @@ def _output_requires_grad(module: Any, args: tuple[Any, ...], output: Any) -> An
 def add_adapters(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, targets: str | Iterable[str],
                  seed: int) -> dict[str, Any]:
     """Freeze every weight of `model`, put an adapter on each linear that `targets` names, and return them by the
-    linear's name (megatron state-dict prefix, e.g. `decoder.layers.0.self_attention.linear_qkv`)."""
+    linear's name (megatron state-dict prefix, e.g. `decoder.layers.0.self_attention.linear_qkv`). The output layer
+    must hold its own weight (an untied model: the engine's config check refuses a tied one)."""
     import torch
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
@@ -197,7 +216,7 @@ def add_adapters(model: torch.nn.Module, *, rank: int, alpha: float, dropout: fl
         adapters[name] = module.adapter
     if not adapters:
         raise RlcoreError(f"lora_target_modules={_targets(targets)!r} matches no linear of the model "
-                          f"(megatron names: {', '.join(MEGATRON_LINEARS + TORCH_LINEARS)})")
+                          f"(megatron names: {', '.join(MEGATRON_LINEARS + (OUTPUT_LAYER,) + TORCH_LINEARS)})")
     embedding = getattr(model, "embedding", None)  # the first pipeline stage's
     if embedding is not None:
         embedding.register_forward_hook(_output_requires_grad)
@@ -289,11 +308,12 @@ def to_hf_adapter(factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
 
 def from_hf_adapter(tensors: Mapping[str, torch.Tensor], index: Mapping[str, tuple[str, Any, Any]],
                     shapes: Mapping[str, tuple[int, int]], rank: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Each megatron linear's whole (A, B) from PEFT adapter tensors: `to_hf_adapter` inverted, bit for bit."""
+    """Each megatron linear's whole (A, B) from PEFT adapter tensors: `to_hf_adapter` inverted, bit for bit. Rows of
+    B that no Hugging Face module holds (the output layer's vocabulary padding, which trains none) are zero."""
     import torch
 
     factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    seen: dict[str, torch.Tensor] = {}  # the columns of A given so far
     for module, (source, rows, cols) in index.items():
         keys = [f"{PEFT_PREFIX}{module}.lora_{x}.weight" for x in "AB"]
         missing = [k for k in keys if k not in tensors]
@@ -303,8 +323,8 @@ def from_hf_adapter(tensors: Mapping[str, torch.Tensor], index: Mapping[str, tup
         out_rows, width = shapes[source]
         if source not in factors:
             factors[source] = (torch.zeros(rank, width, dtype=a_hf.dtype), torch.zeros(out_rows, rank, dtype=b_hf.dtype))
-            seen[source] = (torch.zeros(width, dtype=torch.bool), torch.zeros(out_rows, dtype=torch.bool))
-        (a, b), (a_seen, b_seen) = factors[source], seen[source]
+            seen[source] = torch.zeros(width, dtype=torch.bool)
+        (a, b), a_seen = factors[source], seen[source]
         if a_hf.shape != (rank, len(cols)) or b_hf.shape != (len(rows), rank):
             raise RlcoreError(f"the adapter's {module} factors are {tuple(a_hf.shape)} and {tuple(b_hf.shape)}; this "
                               f"engine's rank {rank} needs ({rank}, {len(cols)}) and ({len(rows)}, {rank})")
@@ -313,9 +333,9 @@ def from_hf_adapter(tensors: Mapping[str, torch.Tensor], index: Mapping[str, tup
             raise RlcoreError(f"the adapter's {module}.lora_A differs from the other projections of {source}: the "
                               "megatron engine adapts a fused linear with one A")
         a[:, cols], b[rows] = a_hf, b_hf
-        a_seen[cols], b_seen[rows] = True, True
-    for source, (a_seen, b_seen) in seen.items():
-        if not (a_seen.all() and b_seen.all()):
+        a_seen[cols] = True
+    for source, a_seen in seen.items():
+        if not a_seen.all():
             raise RlcoreError(f"the adapter leaves part of {source} without factors")
     return factors
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore import ConfigError, RlcoreError
-from rlcore.engines import OptimizerOptions, TrainOptions
+from rlcore.engines import OptimizerOptions, TrainOptions, tied_head_problems
 
 DECAY_STYLES = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine", "linear": "linear"}
 
@@ -82,17 +82,23 @@ def option_problems(o: dict[str, Any]) -> list[tuple[str, str]]:
 def model_problems(o: dict[str, Any], world_size: int | None) -> tuple[Any, list[tuple[str, str]]]:
     """The model's `mapping.ModelSpec` (None where it has none) and what keeps it from this engine: an architecture
     without a mapping, a configuration the mapping refuses, parallel sizes that do not divide it (over `world_size`
-    workers; None: not known yet). Reads the config.json only: no weights, no device."""
+    workers; None: not known yet), a LoRA adapter on an output layer tied to the embedding. Reads the config.json
+    only: no weights, no device."""
     from . import mapping
+    from .lora import OUTPUT_LAYER, megatron_targets, target_problems
 
     try:
         spec = mapping.spec_from_hf_config(hf_config(o["model"]))
     except ConfigError as exc:
         return None, list(exc.problems or [("model", str(exc))])
+    problems = []
+    if o.get("lora_rank") and not target_problems(o["lora_target_modules"]):
+        head = OUTPUT_LAYER in megatron_targets(o["lora_target_modules"])
+        problems += tied_head_problems(o["model"], head, spec.tied)
     sizes = [o.get(k, 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")]
     if not all(isinstance(n, int) and n >= 1 for n in sizes):
-        return spec, []  # option_problems names them
-    return spec, mapping.parallel_problems(spec, *sizes[:2], world_size, ep=sizes[2])
+        return spec, problems  # option_problems names them
+    return spec, problems + mapping.parallel_problems(spec, *sizes[:2], world_size, ep=sizes[2])
 
 
 def torch_dtype(dtype: str, model: str, cuda: bool) -> Any:

@@ -280,6 +280,55 @@ def test_lora_in_bf16_trains_the_adapters_and_exports_base_plus_scaled_b_a(model
     assert got["loss"] == pytest.approx(next_step["loss"], abs=1e-3)
 
 
+@pytest.fixture(scope="module")
+def untied_dir():
+    from rlcore.testing import build_tiny_model
+
+    return str(build_tiny_model(Path(tempfile.gettempdir()) / "rlcore-gpu-tests" / "megatron-qwen2-untied-4l",
+                                arch="qwen2_untied", **SHAPE))
+
+
+def test_lora_on_the_output_layer_on_cuda_equals_peft_and_merges_in_bf16(untied_dir, tmp_path):
+    """lm_head among the LoRA targets on CUDA: in float32 (TF32 off) the chunked head (the adapter's term per chunk,
+    TRL's kernel standing aside) and the module's forward (the hook) each give peft's log-probs with the exported
+    adapter on transformers' model after two steps; in bf16 with megatron's distributed optimizer the output layer's
+    B trains (its vocabulary padding stays zero) and the exported lm_head is base + scale * B @ A (fp32, rounded once)
+    without the padding, bit for bit."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.plugins.hf.common import model_outputs
+    from rlcore.plugins.megatron import make_train_engine
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    lora = dict(lora_rank=8, lora_alpha=16, lora_target_modules=["q_proj", "lm_head"], seed=0, learning_rate=1e-2)
+    batch = _bf16_batch()
+    ids, mask = batch["input_ids"].cuda(), batch["attention_mask"].cuda()
+    for chunked in (True, False):
+        engine = make_train_engine(model=untied_dir, device="cuda", dtype="float32", chunked_lm_head=chunked, **lora)
+        for _ in range(2):
+            engine.train_step(batch, _loss, 4)
+        assert engine.adapters["output_layer"].lora_B.abs().max() > 0
+        engine.export_adapter(str(tmp_path / f"adapter-{chunked}"))
+        reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(untied_dir, dtype=torch.float32),
+                                              str(tmp_path / f"adapter-{chunked}")).cuda().eval()
+        with torch.no_grad():
+            expected = model_outputs(reference, ids, mask, temperature=1.0).logprobs().cpu()
+        torch.testing.assert_close(engine.forward_logprobs(batch), expected, atol=1e-4, rtol=0, msg=f"chunked={chunked}")
+        del engine, reference
+        torch.cuda.empty_cache()
+    engine = make_train_engine(model=untied_dir, device="cuda", dtype="bfloat16", use_distributed_optimizer=True, **lora)
+    base = engine.module.output_layer.weight.detach().clone()
+    losses = [engine.train_step(batch, _loss, 4)["loss"] for _ in range(3)]
+    assert losses[-1] < losses[0], losses
+    head, vocab = engine.adapters["output_layer"], engine.spec.vocab_size
+    assert head.lora_B[:vocab].abs().max() > 0 and not head.lora_B[vocab:].any()
+    exported = {n: t for bucket in engine.export_weights() for n, t in bucket}
+    merged = (base.float() + 2.0 * (head.lora_B.float() @ head.lora_A.float())).to(torch.bfloat16)[:vocab]
+    assert torch.equal(exported["lm_head.weight"], merged)
+
+
 # -- GRPO from the command line ---------------------------------------------------------------------------
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray" / "grpo"

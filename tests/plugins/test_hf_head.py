@@ -35,14 +35,15 @@ class LargestTensor(TorchDispatchMode):
     """Records the largest storage (bytes) behind any tensor an operator returns, in forward, recomputation and
     backward alike (a view counts as the storage it views, so an expand allocates nothing)."""
 
-    def __init__(self):
+    def __init__(self, *held: torch.Tensor):
         super().__init__()
         self.most = 0
+        self.held = {t.untyped_storage().data_ptr() for t in held}  # storages that exist already (a view of W)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.held:
                 self.most = max(self.most, t.untyped_storage().nbytes())
         return out
 
@@ -90,6 +91,66 @@ def test_logprobs_at_topk_and_full_equal_the_plain_log_softmax():
     torch.testing.assert_close(values, reference.values)
     assert torch.equal(top, reference.indices)
     torch.testing.assert_close(head.full_logprobs(hidden, weight, bias, 0.8), full.detach())
+
+
+def test_a_head_adapter_gives_the_merged_heads_values_and_the_factors_gradients_without_a_merged_weight():
+    """`HeadAdapter` (LoRA on the head): every chunked function equals the plain log-softmax of the merged weight
+    W + s * B @ A, with the gradients of h, W, A and B that autograd gives through the merge; no [V, H] tensor
+    but W itself exists (the merge would be one)."""
+    hidden, weight, bias, targets = inputs(2)
+    g = torch.Generator().manual_seed(4)
+    a, b, scale = torch.randn(4, H, generator=g), torch.randn(V, 4, generator=g) * 0.3, 2.0
+    ids = torch.randint(0, V, (N, 5), generator=g)
+    mine, theirs = leaves(hidden, weight, bias, a, b), leaves(hidden, weight, bias, a, b)
+    adapter = head.HeadAdapter(mine[3], mine[4], scale)
+    merged = theirs[1] + scale * theirs[4] @ theirs[3]
+    full = torch.log_softmax((theirs[0] @ merged.T + theirs[2]) / 0.8, -1)
+    up = torch.linspace(-1, 2, N)
+    got = head.token_logprobs(*mine[:3], targets, 0.8, chunk=8, use_trl=False, adapter=adapter)
+    (got * up).sum().backward()
+    expected = full.gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    (expected * up).sum().backward()
+    for x, y in zip(grads(*mine), grads(*theirs)):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+    assert mine[3].grad.abs().sum() > 0 and mine[4].grad.abs().sum() > 0
+    for fn, plain in ((head.logprobs_at, full), (head.logits_at, (theirs[0] @ merged.T + theirs[2]) / 0.8)):
+        mine, theirs = leaves(hidden, weight, bias, a, b), leaves(hidden, weight, bias, a, b)
+        merged = theirs[1] + scale * theirs[4] @ theirs[3]
+        logits = (theirs[0] @ merged.T + theirs[2]) / 0.8
+        reference = (torch.log_softmax(logits, -1) if fn is head.logprobs_at else logits).gather(-1, ids)
+        got = fn(*mine[:3], ids, 0.8, chunk=6, adapter=head.HeadAdapter(mine[3], mine[4], scale))
+        torch.testing.assert_close(got, reference, atol=1e-5, rtol=1e-5)
+        (got * torch.linspace(-1, 1, 5)).sum().backward()
+        (reference * torch.linspace(-1, 1, 5)).sum().backward()
+        for x, y in zip(grads(*mine), grads(*theirs)):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+    fixed = head.HeadAdapter(a, b, scale)
+    values, top = head.topk_logprobs(hidden, weight, bias, 4, 0.8, chunk=6, adapter=fixed)
+    reference = full.detach().topk(4, -1)
+    torch.testing.assert_close(values, reference.values)
+    assert torch.equal(top, reference.indices)
+    torch.testing.assert_close(head.full_logprobs(hidden, weight, bias, 0.8, fixed), full.detach())
+    frozen = [hidden.clone().requires_grad_(), weight, bias, a.clone().requires_grad_(), b.clone().requires_grad_()]
+    with LargestTensor(weight) as seen:  # LoRA's case: W frozen, A and B trained
+        low_rank = head.HeadAdapter(frozen[3], frozen[4], scale)
+        head.token_logprobs(*frozen[:3], targets, 0.8, chunk=8, use_trl=False, adapter=low_rank).sum().backward()
+    assert seen.most < V * H * 4  # the merged weight would be a [V, H] float32 beside W
+    dropped, plain = leaves(hidden, a, b), leaves(hidden, a, b)  # dropout on the adapter's input, as peft's
+    torch.manual_seed(5)
+    got = head.token_logprobs(dropped[0], weight, bias, targets, chunk=N, use_trl=False,
+                              adapter=head.HeadAdapter(dropped[1], dropped[2], scale, dropout=0.5))
+    torch.manual_seed(5)  # the same mask (one chunk: the first draw), which the checkpointed chunk draws again in backward
+    x = torch.nn.functional.dropout(plain[0], 0.5)
+    logits = plain[0] @ weight.T + bias + scale * (x @ plain[1].T) @ plain[2].T
+    expected = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    got.sum().backward()
+    expected.sum().backward()
+    for x, y in zip(grads(*dropped), grads(*plain)):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="reads one head weight"):
+        head.token_logprobs(hidden, weight, bias, targets, use_trl=True, adapter=fixed)
 
 
 @pytest.mark.parametrize("use_trl", [False, True])

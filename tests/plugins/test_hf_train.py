@@ -292,6 +292,34 @@ def test_lora_trains_adapters_and_exports_merged_base_weights(tiny_model):
     assert not torch.allclose(HFTrainEngine(tiny_model).forward_logprobs(batch), engine.forward_logprobs(batch))
 
 
+TIED_HEAD = ("lora_target_modules names lm_head, but {} ties it to the input embedding (tie_word_embeddings): merged, "
+             "its adapter would change the embedding too, and the weight sync cannot send it as a tensor of its own; "
+             "drop lm_head from lora_target_modules, or use a checkpoint with tie_word_embeddings false")
+
+
+def test_lora_on_a_tied_lm_head_is_refused_before_the_run(tiny_model, tmp_path, monkeypatch):
+    """A LoRA target that reaches the LM head of a tied model is one problem of the engine's check (what `rlcore
+    config validate` runs) with the key, why and the fix; all-linear (the head left out), no LoRA, and an untied
+    model are fine. A model whose config cannot be read before the build is refused at the build, from the model."""
+    from rlcore import engine_checks
+    from rlcore.testing import build_tiny_model
+
+    check = load_plugins().engines.get("hf", kind="train").check
+    expected = [("lora_target_modules", TIED_HEAD.format(tiny_model))]
+    for targets in (["q_proj", "lm_head"], ["model.lm_head"], "lm_.*"):
+        assert check(model=str(tiny_model), lora_rank=4, lora_target_modules=targets) == expected, targets
+    assert check(model=str(tiny_model), lora_rank=4) == []
+    assert check(model=str(tiny_model), lora_rank=4, lora_target_modules=["q_proj", "v_proj"]) == []
+    assert check(model=str(tiny_model), lora_target_modules=["lm_head"]) == []  # lora_rank 0: no adapter
+    untied = build_tiny_model(tmp_path / "untied", arch="qwen2_untied")
+    assert check(model=str(untied), lora_rank=4, lora_target_modules=["q_proj", "lm_head"]) == []
+    monkeypatch.setattr(engine_checks, "tied_embeddings", lambda model: None)  # no config.json to read ahead
+    assert check(model=str(tiny_model), lora_rank=4, lora_target_modules=["lm_head"]) == []
+    with pytest.raises(ConfigError) as caught:
+        HFTrainEngine(tiny_model, lora_rank=4, lora_target_modules=["lm_head"])
+    assert str(caught.value) == "hf train engine: " + TIED_HEAD.format(tiny_model)
+
+
 def test_export_buckets_respect_the_size(engine):
     sizes = {n: p.numel() * p.element_size() for n, p in engine.model.named_parameters()}
     limit = 20_000

@@ -181,14 +181,30 @@ def test_lora_save_then_load_continues_the_same_run(tiny_model, tmp_path):
 
 def test_lora_target_names_are_checked_before_anything_is_built(tiny_model):
     with pytest.raises(ConfigError) as caught:
-        make_train_engine(model=str(tiny_model), lora_rank=4, lora_target_modules=["qproj", "linear_fc1", "lm_head"])
+        make_train_engine(model=str(tiny_model), lora_rank=4, lora_target_modules=["qproj", "linear_fc1", "embed_tokens"])
     message = str(caught.value)
     assert "'qproj' is no linear the megatron engine adapts" in message and "Did you mean 'q_proj'?" in message
-    assert "'lm_head' is no linear" in message and "'linear_fc1'" not in message.split("known:")[0]
+    assert "'embed_tokens' is no linear" in message and "'linear_fc1'" not in message.split("known:")[0]
     with pytest.raises(ConfigError, match="must be 'all-linear' or a non-empty list"):
         make_train_engine(model=str(tiny_model), lora_rank=4, lora_target_modules=[])
     with pytest.raises(RlcoreError, match="this megatron engine trains no LoRA adapter"):
         make_train_engine(model=str(tiny_model)).export_adapter("unused")
+
+
+def test_lora_on_a_tied_output_layer_is_refused_before_the_run(tiny_model, untied):
+    """lm_head (or output_layer) among the targets of a tied model: one problem in the engine's check, as the hf
+    engine words it, and the build refuses before any weight; all-linear and an untied model are fine."""
+    from test_hf_train import TIED_HEAD
+
+    check = load_plugins().engines.get("megatron", kind="train").check
+    expected = [("lora_target_modules", TIED_HEAD.format(tiny_model))]
+    for targets in (["q_proj", "lm_head"], ["output_layer"]):
+        assert check(model=str(tiny_model), lora_rank=4, lora_target_modules=targets) == expected, targets
+    assert check(model=str(tiny_model), lora_rank=4) == []
+    assert check(model=untied, lora_rank=4, lora_target_modules=["lm_head"]) == []
+    with pytest.raises(ConfigError) as caught:
+        make_train_engine(model=str(tiny_model), lora_rank=4, lora_target_modules=["lm_head"])
+    assert str(caught.value) == "megatron train engine: " + TIED_HEAD.format(tiny_model)
 
 
 def test_grpo_with_lora_on_the_megatron_engine(tiny_model, tmp_path):
@@ -227,6 +243,125 @@ def test_grpo_with_lora_on_the_megatron_engine(tiny_model, tmp_path):
         assert resumed[-1][key] == rows[-1][key], key
 
 
+# -- the output layer (lm_head) of an untied model ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-untied-lora", arch="qwen2_untied", num_layers=2,
+                                seed=1))
+
+
+def _grads(engine, batch) -> dict[str, torch.Tensor]:
+    """The adapters' gradients of one NLL pass over `batch` through the engine's schedule (no optimizer step)."""
+    engine._zero_grad()
+    engine.model.train()
+    engine._run([batch], lambda logits, micro: (_nll(engine._outputs(logits, micro, 1.0), micro)[0], {}),
+                forward_only=False)
+    engine.model.eval()
+    return {n: p.grad.clone() for n, p in engine.module.named_parameters() if ".adapter." in n}
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked-head", "module-forward"])
+def test_the_output_layer_adapter_gives_peft_values_and_gradients(untied, tmp_path, chunked):
+    """lm_head among the targets adapts megatron's output layer (its B over the padded vocabulary, the padding rows
+    untrained): after two steps, on the chunked head (the adapter's term added per chunk) and through the module's
+    forward (the hook), the log-probs, top-k, full log-softmax and the factors' gradients equal peft's with the
+    exported adapter on transformers' model, the merged export (padding dropped) equals peft's merge, and a checkpoint
+    loads back bit for bit."""
+    from peft import PeftModel
+
+    from rlcore.plugins.hf.common import model_outputs
+
+    engine = make_train_engine(model=untied, learning_rate=1e-2, seed=0, chunked_lm_head=chunked,
+                               lora_target_modules=["q_proj", "lm_head"], **LORA)
+    batch = _batch(seed=2)
+    for _ in range(2):
+        engine.train_step(batch, _nll, micro_batch_size=2)
+    vocab = engine.spec.vocab_size
+    head = engine.adapters["output_layer"]
+    assert head.lora_B.shape[0] == engine.padded_vocab > vocab
+    assert head.lora_B[:vocab].abs().max() > 0 and not head.lora_B[vocab:].any()
+    engine.export_adapter(str(tmp_path / "adapter"))
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert set(config["target_modules"]) == {"lm_head", "q_proj", "k_proj", "v_proj"}
+    reference = PeftModel.from_pretrained(_hf_model(untied), str(tmp_path / "adapter"), is_trainable=True)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        expected = model_outputs(reference, ids, mask, temperature=0.7)
+        torch.testing.assert_close(engine.forward_logprobs(batch, 0.7), expected.logprobs(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(engine.forward_topk(batch, None, 0.7), expected.full_logprobs(), atol=1e-5, rtol=0)
+        top, expected_top = engine.forward_topk(batch, 5, 0.7), expected.topk(5)
+    assert torch.equal(top.ids, expected_top.ids)
+    torch.testing.assert_close(top.logprobs, expected_top.logprobs, atol=1e-5, rtol=0)
+    mine = _grads(engine, batch)
+    _nll(model_outputs(reference.train(), ids, mask), batch)[0].backward()
+    theirs = {n: p.grad for n, p in reference.named_parameters() if "lm_head.lora_" in n}
+    a, b = mine["output_layer.adapter.lora_A"], mine["output_layer.adapter.lora_B"]
+    assert a.abs().max() > 0 and not b[vocab:].any()
+    torch.testing.assert_close(a, theirs["base_model.model.lm_head.lora_A.default.weight"], atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(b[:vocab], theirs["base_model.model.lm_head.lora_B.default.weight"], atol=1e-6, rtol=1e-4)
+    merged = _exported(engine)
+    assert merged["lm_head.weight"].shape[0] == vocab
+    peft_merged = dict(reference.merge_and_unload().named_parameters())
+    assert peft_merged.keys() == merged.keys()
+    for name, tensor in merged.items():
+        torch.testing.assert_close(tensor, peft_merged[name], atol=1e-6, rtol=0, msg=name)
+    engine.save(str(tmp_path / "ckpt"))  # the checkpoint's adapter has lm_head's V rows; the padding comes back zero
+    resumed = make_train_engine(model=untied, learning_rate=1e-2, seed=1, chunked_lm_head=chunked,
+                                lora_target_modules=["q_proj", "lm_head"], **LORA)
+    resumed.load(str(tmp_path / "ckpt"))
+    loaded, trained = _adapters(resumed), _adapters(engine)
+    assert loaded.keys() == trained.keys() and all(torch.equal(loaded[n], t) for n, t in trained.items())
+
+
+def test_grpo_with_lm_head_lora_on_the_megatron_engine_runs_like_the_hf_engine(untied, tmp_path, monkeypatch):
+    """Three GRPO steps with LoRA on o_proj, down_proj and lm_head of the untied model, same seed, on the megatron
+    engine and on the hf engine (peft), both starting from the same adapter (megatron's initial A, exported in peft's
+    names and loaded into the hf engine's peft model; peft draws its own otherwise): the rewards of every step are
+    the same, so each step's synced weights (the merged output layer among them) were; grad norms agree to 1e-4."""
+    from peft import set_peft_model_state_dict
+
+    from rlcore.plugins.grpo.config import GRPOConfig
+    from rlcore.plugins.grpo.trainer import GRPOTrainer
+    from rlcore.plugins.hf.train import HFTrainEngine
+    from rlcore.plugins.megatron.engine import MegatronTrainEngine
+
+    initial: dict[str, torch.Tensor] = {}
+    megatron_init, hf_init = MegatronTrainEngine.__init__, HFTrainEngine.__init__
+
+    def megatron_start(self, *args, **keys):
+        megatron_init(self, *args, **keys)
+        initial.update(self.adapter_tensors())
+
+    def hf_start(self, *args, **keys):
+        hf_init(self, *args, **keys)
+        result = set_peft_model_state_dict(self.model, initial)
+        assert not result.unexpected_keys
+
+    monkeypatch.setattr(MegatronTrainEngine, "__init__", megatron_start)
+    monkeypatch.setattr(HFTrainEngine, "__init__", hf_start)
+
+    def run(engine):
+        config = GRPOConfig(**{
+            "model": untied, "output_dir": str(tmp_path / engine), "learning_rate": 1e-2, "max_completion_length": 8,
+            "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "num_generations": 4, "max_steps": 3,
+            "save_steps": 0, "train": {"engine": engine, "lora_rank": 8, "lora_alpha": 16,
+                                       "lora_target_modules": ["o_proj", "down_proj", "lm_head"]},
+        })
+        GRPOTrainer(config, load_plugins()).fit()
+        return [json.loads(line) for line in (tmp_path / engine / "metrics.jsonl").read_text().splitlines()]
+
+    rows = {engine: run(engine) for engine in ("megatron", "hf")}
+    assert "base_model.model.lm_head.lora_A.weight" in initial
+    assert [r["step"] for r in rows["megatron"]] == [1, 2, 3]
+    for mine, theirs in zip(rows["megatron"], rows["hf"], strict=True):
+        assert mine["reward"] == theirs["reward"]
+        assert mine["completions/mean_length"] == theirs["completions/mean_length"]
+        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+    assert len({r["reward"] for r in rows["megatron"]}) > 1  # the rollouts moved: the synced adapters did
+
+
 # -- tensor parallelism on the CPU: two processes over gloo ---------------------------------------------------
 
 TP_WORKER = r'''
@@ -245,47 +380,56 @@ from rlcore.plugins.megatron.cpu_shim import cpu_current_device, use_cpu_rng_tra
 from rlcore.plugins.megatron.mapping import merge_tp
 use_cpu_rng_tracker()
 torch.set_default_dtype(torch.float64)  # float64: the parallel and whole sums agree to 1e-10, not float32 rounding
-H, F, r, s = 16, 24, 4, 2.0
+H, F, V, r, s = 16, 24, 10, 4, 2.0
 g = torch.Generator().manual_seed(0)
-W1, W2 = torch.randn(F, H, generator=g), torch.randn(H, F, generator=g)
-A1, B1, A2, B2 = (torch.randn(*shape, generator=g) for shape in ((r, H), (F, r), (r, F), (H, r)))
-x, out_grad = torch.randn(3, 5, H, generator=g), torch.randn(3, 5, H, generator=g)
+W1, W2, W3 = torch.randn(F, H, generator=g), torch.randn(H, F, generator=g), torch.randn(V, H, generator=g)
+A1, B1, A2, B2, A3, B3 = (torch.randn(*shape, generator=g) for shape in ((r, H), (F, r), (r, F), (H, r), (r, H), (V, r)))
+x, out_grad = torch.randn(3, 5, H, generator=g), torch.randn(3, 5, V, generator=g)
 cfg = TransformerConfig(num_layers=1, hidden_size=H, num_attention_heads=2, use_cpu_initialization=True,
                         perform_initialization=False, tensor_model_parallel_size=tp, gradient_accumulation_fusion=False,
                         params_dtype=torch.float64)
 model = torch.nn.Module()
 model.linear_qkv = ColumnParallelLinear(H, F, config=cfg, init_method=torch.nn.init.zeros_, bias=False, gather_output=False)
 model.linear_proj = RowParallelLinear(F, H, config=cfg, init_method=torch.nn.init.zeros_, bias=False, input_is_parallel=True, skip_bias_add=True)
-adapters = lora.add_adapters(model, rank=r, alpha=s * r, dropout=0.0, targets="all-linear", seed=0)
-assert set(adapters) == {"linear_qkv", "linear_proj"}
+model.output_layer = ColumnParallelLinear(H, V, config=cfg, init_method=torch.nn.init.zeros_, bias=False, gather_output=False)
+adapters = lora.add_adapters(model, rank=r, alpha=s * r, dropout=0.0, targets=["q_proj", "o_proj", "lm_head"], seed=0)
+assert set(adapters) == {"linear_qkv", "linear_proj", "output_layer"}
 shard = lambda full, name, local: lora.local_shard(full, name, local, tp, rank, merge_tp)
 with torch.no_grad():
     model.linear_qkv.weight.copy_(shard(W1, "linear_qkv.weight", model.linear_qkv.weight.shape))
     model.linear_proj.weight.copy_(shard(W2, "linear_proj.weight", model.linear_proj.weight.shape))
-    q, p = adapters["linear_qkv"], adapters["linear_proj"]
+    model.output_layer.weight.copy_(shard(W3, "output_layer.weight", model.output_layer.weight.shape))
+    q, p, o = adapters["linear_qkv"], adapters["linear_proj"], adapters["output_layer"]
     q.lora_A.copy_(A1); q.lora_B.copy_(shard(B1, "linear_qkv.weight", q.lora_B.shape))
     p.lora_A.copy_(shard(A2, "linear_proj.weight", p.lora_A.shape)); p.lora_B.copy_(B2)
+    o.lora_A.copy_(A3); o.lora_B.copy_(shard(B3, "output_layer.weight", o.lora_B.shape))
 # the reference: the whole layers, no parallelism
-ref = [t.clone().requires_grad_() for t in (A1, B1, A2, B2, x)]
-a1, b1, a2, b2, xr = ref
+ref = [t.clone().requires_grad_() for t in (A1, B1, A2, B2, A3, B3, x)]
+a1, b1, a2, b2, a3, b3, xr = ref
 y_ref = (xr @ (W1 + s * b1 @ a1).T) @ (W2 + s * b2 @ a2).T
-(y_ref * out_grad).sum().backward()
+z_ref = y_ref @ (W3 + s * b3 @ a3).T
+(z_ref * out_grad).sum().backward()
 xt = x.clone().requires_grad_()
+columns = slice(rank * V // tp, (rank + 1) * V // tp)  # this rank's vocabulary columns of the output layer
 with cpu_current_device():
     y = model.linear_proj(model.linear_qkv(xt)[0])[0]
-    (y * out_grad).sum().backward()
+    z = model.output_layer(y)[0]
+    (z * out_grad[..., columns]).sum().backward()
 def close(a, b):
     return torch.allclose(a, b, atol=1e-10, rtol=1e-10)
 checks = {
-    "output": close(y, y_ref),
+    "output": close(y, y_ref) and close(z, z_ref[..., columns]),
     "input grad": close(xt.grad, xr.grad),
     "qkv A grad (replicated)": close(q.lora_A.grad, a1.grad),
     "qkv B grad (row shard)": close(q.lora_B.grad, shard(b1.grad, "linear_qkv.weight", q.lora_B.shape)),
     "proj A grad (column shard)": close(p.lora_A.grad, shard(a2.grad, "linear_proj.weight", p.lora_A.shape)),
     "proj B grad (replicated)": close(p.lora_B.grad, b2.grad),
+    "output layer A grad (replicated)": close(o.lora_A.grad, a3.grad),
+    "output layer B grad (row shard)": close(o.lora_B.grad, shard(b3.grad, "output_layer.weight", o.lora_B.shape)),
+    "merged output layer shard": close(o.merged(model.output_layer.weight), shard(W3 + s * B3 @ A3, "output_layer.weight", model.output_layer.weight.shape)),
     "merged qkv shard": close(q.merged(model.linear_qkv.weight), shard(W1 + s * B1 @ A1, "linear_qkv.weight", model.linear_qkv.weight.shape)),
     "merged proj shard": close(p.merged(model.linear_proj.weight), shard(W2 + s * B2 @ A2, "linear_proj.weight", model.linear_proj.weight.shape)),
-    "base frozen": not any(m.weight.requires_grad or m.weight.grad is not None for m in (model.linear_qkv, model.linear_proj)),
+    "base frozen": not any(m.weight.requires_grad or m.weight.grad is not None for m in (model.linear_qkv, model.linear_proj, model.output_layer)),
     "split attributes": q.lora_B.tensor_model_parallel and p.lora_A.tensor_model_parallel and not getattr(q.lora_A, "tensor_model_parallel", False),
 }
 # gate/up: a linear_fc1 shard per rank is [gate part; up part]; local_shard inverts merge_tp bit for bit
@@ -300,10 +444,11 @@ sys.exit(1 if failed else 0)
 
 
 def test_adapters_split_over_two_tensor_ranks_give_the_whole_layers_values_and_gradients(tmp_path):
-    """megatron's ColumnParallelLinear (as linear_qkv) then RowParallelLinear (as linear_proj) at tensor size 2, in
-    two processes over gloo, against the same layers whole in plain torch (float64): outputs, the input's gradient,
-    each factor's gradient (A of the column layer and B of the row layer whole and equal on both ranks, the others
-    this rank's shard), the merged shards; and `local_shard` inverting `merge_tp` for gate/up."""
+    """megatron's ColumnParallelLinear (as linear_qkv), RowParallelLinear (as linear_proj) and ColumnParallelLinear (as
+    the output layer, lm_head) at tensor size 2, in two processes over gloo, against the same layers whole in plain
+    torch (float64): outputs, the input's gradient, each factor's gradient (A of the column layers and B of the row
+    layer whole and equal on both ranks, the others this rank's shard), the merged shards; and `local_shard`
+    inverting `merge_tp` for gate/up."""
     import os
     import socket
     import subprocess
