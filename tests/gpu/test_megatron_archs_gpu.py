@@ -210,8 +210,9 @@ def side_by_side(runs: dict[str, list[str]], root: Path, timeout: int, env: dict
 
 
 def test_grpo_gkd_and_sft_learn_on_hf_and_megatron_and_grpo_does_not_without_the_weight_sync(dataset, tmp_path):
-    """Mean of the last 4 steps against the first 4: GRPO's reward rises, GKD's JSD and SFT's loss fall; megatron
-    LoRA's mean reward over steps 9-16 (before both saturate) is within half of hf LoRA's rise of hf LoRA's."""
+    """Mean of the last 4 steps against the first 4: GRPO's reward rises (full and LoRA, hf and megatron), GKD's JSD
+    and SFT's loss fall, megatron's full-training curve stays near hf's while both climb, and the run without the
+    weight sync does not learn."""
     from rlcore.testing import build_tiny_model
 
     root = tmp_path / "models"
@@ -255,8 +256,9 @@ def test_grpo_gkd_and_sft_learn_on_hf_and_megatron_and_grpo_does_not_without_the
     change = {k: statistics.mean(c[-4:]) - statistics.mean(c[:4]) for k, c in curve.items()}
     for name in ("grpo-hf", "grpo-megatron", "grpo-hf-lora", "grpo-megatron-lora"):
         assert change[name] > 0.05, (name, change)
-    middle = {k: statistics.mean(curve[k][8:16]) for k in ("grpo-hf-lora", "grpo-megatron-lora")}  # steps 9-16: rising
-    assert abs(middle["grpo-megatron-lora"] - middle["grpo-hf-lora"]) < 0.5 * change["grpo-hf-lora"], (middle, change)
+    # LoRA: each engine draws its own adapter A (peft's, megatron's from the seed), so their curves are two runs, not
+    # one (on the CPU they settled at 1.0 and 0.5): each must rise, and check_weight_sync's second check (after step
+    # 1, where B left zero) holds the merged adapter in vLLM to the train engine's
     assert change["grpo-hf-without-sync"] < 0.5 * change["grpo-hf"], change  # vLLM kept its first weights
     # megatron against hf while both still climb (steps 9-16): past that a bf16 run can settle on a policy whose
     # completions are all alike (equal rewards, no gradient: megatron held 0.333 from step 17 on an H200 while hf
