@@ -5,7 +5,8 @@ Train: the peak of a step is the worse of two moments, and the plan lists the pa
   the forward kept for backward (`activations`), and the working set of that backward. Gradients are not there yet:
   the engine drops them after every step (`zero_grad(set_to_none=True)`), and a layer's arrive as its saved tensors go.
 - Optimizer step: weights, gradients, both moments, and the temporary `torch._foreach_sqrt` makes of the second
-  moment (torch's default AdamW on CUDA is the foreach one): one more copy of the trainable state.
+  moment (torch's default AdamW on CUDA is the foreach one): one more copy of the trainable state. A use whose
+  option `optim` is `adamw_torch_fused` (transformers' Trainer's default from torch 2.8) makes none.
 `activations` is a count, per token, of the tensors autograd saves in a transformers decoder layer (Qwen2, Llama:
 pre-norm RMSNorm, SDPA attention, SwiGLU), each storage once; tests/plugins/test_hf_memory.py counts them with
 `torch.autograd.graph.saved_tensors_hooks` over a real tiny model, in float32 and bfloat16, full and LoRA, with and
@@ -127,8 +128,10 @@ def train_memory(q: MemoryQuery) -> EngineMemory:
     backward = {**common, "optimizer state": optimizer,
                 "activations": tokens * saved_per_token(s, d, rank, mask, checkpointing),
                 **({"logits": head} if head >= layer else {"layer backward": layer}), **teacher_active}
+    # transformers' Trainer (SFT's workers) defaults to the fused AdamW from torch 2.8: no temporary of the state
+    temporary = 0 if o.get("optim") == "adamw_torch_fused" else trainable * state_bytes
     step = {**common, "gradients": trainable * state_bytes, "optimizer state": optimizer,
-            "optimizer step": trainable * state_bytes,
+            **({"optimizer step": temporary} if temporary else {}),
             **{k: v for k, v in teacher_active.items() if k == "teacher weights"}}
     active = backward if sum(backward.values()) >= sum(step.values()) else step
     resident = {"cuda context": CUDA_CONTEXT, **teacher_resident}
