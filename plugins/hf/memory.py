@@ -21,7 +21,8 @@ layer at a time. The working sets are read from the code that runs: TRL's `Chunk
 on a GPU where TRL is installed) holds a [4096, 32768] tile and float32 gradients of the hidden rows and of the head
 (then their cast); rlcore's torch chunks hold per 1024 rows a float32 copy of the logits and logsumexp's backward's
 three temporaries (16 bytes a logit); without the chunked head the [B, T, V] logits stay while `HFModelOutputs`'s
-row-by-row normaliser saves a float32 copy of each row. A layer's backward holds two [T, I] gradients of the MLP
+row-by-row normaliser saves a float32 copy of each row (a use with `model_loss`, SFT's Trainer, has transformers'
+cross-entropy instead: 8 bytes a logit beyond them). A layer's backward holds two [T, I] gradients of the MLP
 beside what it saved (under LoRA the float32 gradient of down's adapter input), and a tied head's gradient waits for
 the embedding's. torch's cuBLAS takes a 32 MiB workspace from the caching allocator for each thread that runs matmuls
 (the forward's and autograd's backward thread); the allocator's rounding is left to the context's slack.
@@ -46,8 +47,8 @@ TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK = 4096, 32768  # the tile of TRL's chunked log-
 def layer_saved(s: ModelShape, d: int, lora: int = 0, dropout_mask: int = 0, first: bool = False) -> int:
     """Bytes one decoder layer's forward keeps for backward per token (see the module docstring): full training, or
     LoRA of rank `lora` on every linear. `dropout_mask`: bytes of peft's dropout mask per input element (0: no
-    dropout; 1 on CUDA, whose fused dropout keeps a bool mask; 4 on the CPU, the float32 adapter input's dtype); `first`: the first
-    layer, whose input needs no gradient under LoRA."""
+    dropout; 1 on CUDA, whose fused dropout keeps a bool mask; 4 on the CPU, the float32 adapter input's dtype);
+    `first`: the first layer, whose input needs no gradient under LoRA."""
     h, q, kv, inter = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim, _mlp_width(s)
     attention = (2 * q + 2 * kv) * d + 4 * s.heads  # rotated q, k; v; the output; float32 logsumexp per head
     norm = 4 * h + 4  # the input upcast to float32 (the input itself in float32) and its float32 rsqrt
@@ -77,10 +78,13 @@ def saved_per_token(s: ModelShape, d: int, lora: int = 0, dropout_mask: int = 0,
 
 
 def head_working_set(s: ModelShape, d: int, rows: int, micro_batch: int, chunked: bool, trl: bool,
-                     trainable: bool) -> int:
+                     trainable: bool, model_loss: bool = False) -> int:
     """Bytes the loss's head holds in its backward beyond what the forward saved: TRL's tile and float32
-    gradients, rlcore's torch chunks, or the whole [B, T, V] logits (see the module docstring)."""
+    gradients, rlcore's torch chunks, or the whole [B, T, V] logits (see the module docstring); `model_loss`:
+    transformers' own cross-entropy over the logits (SFT's Trainer), 8 bytes a logit beyond them."""
     head_grad = s.vocab * s.hidden * (4 + d) if trainable else 0  # float32, then its cast to the weight's dtype
+    if model_loss:  # its float32 log-softmax and gradient: 8.0 bytes a logit measured on the CPU
+        return rows * s.vocab * (d + 8)
     if not chunked:  # the logits; each row's float32 copy; one row's logsumexp backward or the logits' gradient
         rows_in = max(micro_batch, 1)
         per_logit = max(d + 4 + 12 / rows_in, 2 * d + 4 + 8 / rows_in)
@@ -120,7 +124,7 @@ def train_memory(q: MemoryQuery) -> EngineMemory:
         common["ddp buckets"] = trainable * state_bytes
     teacher_active, teacher_resident = teacher_terms(q)
     head = head_working_set(s, d, tokens, q.use.micro_batch, bool(o.get("chunked_lm_head", True)), trl_head(),
-                            trainable=not rank)
+                            trainable=not rank, model_loss=bool(o.get("model_loss")))
     tied_grad = s.vocab * s.hidden * d if s.tied and not rank else 0  # waits for the embedding's gradient
     layer = tokens * (2 * _mlp_width(s) * d if not rank else max(2 * d, 4) * _mlp_width(s)) + tied_grad
     if checkpointing:  # the first layer backward reaches is recomputed: its saved tensors come back

@@ -97,12 +97,13 @@ class LMTrainer(RoleTrainer):
     @classmethod
     def memory_use(cls, config: LMConfig) -> dict[str, RoleUse]:
         """Each worker trains a transformers model with torch's AdamW, as the hf train engine does (its memory
-        terms; the Trainer's default AdamW, fused from torch 2.8), on micro-batches of `max_length` tokens, the loss
-        over the full [B, T, V] logits."""
+        terms; the Trainer's default AdamW, fused from torch 2.8), on micro-batches of `max_length` tokens, the
+        model's own loss over the full [B, T, V] logits."""
         if not config.model:
             return {}
         options = {"model": config.model, "dtype": config.dtype, "gradient_checkpointing": config.gradient_checkpointing,
-                   "lora_rank": config.lora_rank, "chunked_lm_head": False, "optim": trainer_optimizer()}
+                   "lora_rank": config.lora_rank, "chunked_lm_head": False, "model_loss": True,
+                   "optim": trainer_optimizer()}
         return {ROLE: RoleUse("hf", "train", options, "training", config.model, config.per_device_train_batch_size,
                               config.gradient_accumulation_steps, config.max_length or 1024,
                               knobs={"micro_batch": "per_device_train_batch_size",
