@@ -238,6 +238,19 @@ def test_a_plan_that_will_not_fit_is_refused_with_the_changes_that_fit(models, c
     assert any(line.startswith("per_device_train_batch_size=8 gradient_accumulation_steps=8") for line in lines)
 
 
+def test_sft_plans_transformers_trainer_s_fused_adamw_and_cross_entropy(models, capsys):
+    """SFT's workers step the Trainer's default AdamW (fused from torch 2.8: no temporary of the state) and take
+    transformers' cross-entropy over the logits (d + 8 bytes a logit), not the hf engine's row-by-row normaliser."""
+    args = ["plan", "--plugin", "sft", "--config", str(EXAMPLES / "sft/pretrain.yaml"), f"model={models['q05']}",
+            "max_length=1024", "per_device_train_batch_size=1", "gpu_memory_gib=140", "--json"]
+    assert main(args) == 0
+    terms = {t["component"]: t["bytes"] for t in json.loads(capsys.readouterr().out)["rows"][0]["terms"]}
+    assert terms["logits"] == 1024 * 151936 * (2 + 8)
+    assert main([*args[:-1], "max_length=256", "gradient_checkpointing=true", "--json"]) == 0  # the step is the worse
+    terms = {t["component"]: t["bytes"] for t in json.loads(capsys.readouterr().out)["rows"][0]["terms"]}
+    assert terms["gradients"] == 2 * P_05B and "optimizer step" not in terms
+
+
 def test_fit_applies_the_first_change_and_writes_a_config_that_plans_to_fit(models, tmp_path, capsys):
     fitted = tmp_path / "fitted.yaml"
     args = ["plan", "--plugin", "sft", "--config", str(EXAMPLES / "sft/pretrain.yaml"), f"model={models['q15']}",
