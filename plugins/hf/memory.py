@@ -26,7 +26,8 @@ cross-entropy instead: 8 bytes a logit beyond them). A layer's backward holds tw
 beside what it saved (under LoRA the float32 gradient of down's adapter input), and a tied head's gradient waits for
 the embedding's. torch's cuBLAS takes a 32 MiB workspace from the caching allocator for each thread that runs matmuls
 (the forward's and autograd's backward thread); the allocator's rounding is left to the context's slack.
-The GPU check (tests/gpu/test_memory_gpu.py) compares the sum with torch's peak on an H200.
+The working sets were checked against the CPU's resident peak of a step (docs/memory.md says how and where they
+fell short); the GPU check (tests/gpu/test_memory_gpu.py) compares the sum with torch's peak on an H200.
 
 While a colocated role works the engine keeps its weights and optimizer state unless the session offloads them
 (`offload_model`, `offload_optimizer`); gradients are always dropped. Rollout: the weights and a KV cache for every
