@@ -36,6 +36,17 @@ PASSED = (
 SFT_PASSED = ("max_length", "packing", "completion_only_loss", "assistant_only_loss", "padding_free")
 
 
+def trainer_optimizer() -> str:
+    """transformers' Trainer's default `optim` with the installed torch: `adamw_torch_fused` from torch 2.8."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(part) for part in version("torch").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return "adamw_torch"
+    return "adamw_torch_fused" if (major, minor) >= (2, 8) else "adamw_torch"
+
+
 class LMTrainer(RoleTrainer):
     """The `default` role trains with a Hugging Face trainer per worker; `kind` picks which (sft, pt)."""
 
@@ -86,11 +97,13 @@ class LMTrainer(RoleTrainer):
     @classmethod
     def memory_use(cls, config: LMConfig) -> dict[str, RoleUse]:
         """Each worker trains a transformers model with torch's AdamW, as the hf train engine does (its memory
-        terms), on micro-batches of `max_length` tokens, the loss over the full [B, T, V] logits."""
+        terms; the Trainer's default AdamW, fused from torch 2.8), on micro-batches of `max_length` tokens, the
+        model's own loss over the full [B, T, V] logits."""
         if not config.model:
             return {}
         options = {"model": config.model, "dtype": config.dtype, "gradient_checkpointing": config.gradient_checkpointing,
-                   "lora_rank": config.lora_rank, "chunked_lm_head": False}
+                   "lora_rank": config.lora_rank, "chunked_lm_head": False, "model_loss": True,
+                   "optim": trainer_optimizer()}
         return {ROLE: RoleUse("hf", "train", options, "training", config.model, config.per_device_train_batch_size,
                               config.gradient_accumulation_steps, config.max_length or 1024,
                               knobs={"micro_batch": "per_device_train_batch_size",

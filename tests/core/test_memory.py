@@ -15,7 +15,7 @@ from rlcore.manager import plugins as loaded_plugins
 from rlcore.memory import GiB, MemoryQuery, ModelShape, RoleUse, plan_memory
 from rlcore.runtime.resources import plan_from_config
 
-from rlcore.plugins.hf.memory import forward_memory, train_memory
+from rlcore.plugins.hf.memory import forward_memory, head_working_set, train_memory
 from rlcore.plugins.megatron.memory import train_memory as megatron_memory
 from rlcore.plugins.vllm.memory import vllm_memory
 
@@ -58,25 +58,38 @@ def test_the_shape_counts_qwen_05b_parameters():
 
 def test_hf_full_training_of_05b_by_hand():
     got = train_memory(query(train_use(chunked_lm_head=False)))
-    a = got.active
-    assert a["weights"] == 2 * P_05B and a["gradients"] == 2 * P_05B  # bf16 weights and gradients
-    assert a["optimizer state"] == 4 * P_05B  # AdamW's two moments in the params' dtype
-    assert a["master weights"] == 0
-    per_layer = (4 * 896 + 3 * 896 + 3 * 128 + 4 * 4864) * 2  # norms, q/k/v and rotated q/k, attention out, SwiGLU
-    assert a["activations"] == 4 * 1024 * 24 * per_layer
-    assert a["logits"] == 4 * 1024 * 151936 * (2 + 8)  # [B, T, V] bf16 logits, float32 log-softmax and its gradient
+    a = got.active  # the peak is backward's: weights, last step's moments, what the forward kept, the logits
+    assert a["weights"] == 2 * P_05B and a["optimizer state"] == 4 * P_05B  # bf16 weights, AdamW's moments in bf16
+    assert "gradients" not in a  # dropped after every step; a layer's arrive as its saved tensors go
+    norm = 4 * 896 + 4 + 2 * 896 * 2  # float32 input and rsqrt, bf16 normalized states and output
+    per_layer = 2 * norm + (2 * 896 + 2 * 128 + 4 * 4864) * 2 + 4 * 14  # norms, q/k/v/out, SwiGLU, logsumexp
+    final_norm = 4 * 896 + 4 + 896 * 2  # its output is not kept: the head takes a copy of its rows (896 * 2)
+    assert a["activations"] == 4 * 1024 * (24 * per_layer + final_norm + 896 * 2)
+    assert a["logits"] == 4 * 1024 * 151936 * 10  # bf16 logits, each row's float32 copy, the logits' gradient
+    assert a["cublas workspaces"] == 2 * 32 * 2**20  # the forward's thread and autograd's
     assert "ddp buckets" not in a  # one worker: no DDP
     # while a colocated role works: gradients are dropped, weights and optimizer state stay unless offloaded
     assert set(got.resident) == {"cuda context", "weights", "optimizer state"}
+
+
+def test_hf_gradient_checkpointing_peaks_at_the_optimizer_step():
+    a = train_memory(query(train_use(gradient_checkpointing=True))).active
+    # weights, gradients, both moments and foreach AdamW's temporary of the second moment: five bf16 copies
+    assert {k: a[k] for k in ("weights", "gradients", "optimizer state", "optimizer step")} == {
+        "weights": 2 * P_05B, "gradients": 2 * P_05B, "optimizer state": 4 * P_05B, "optimizer step": 2 * P_05B}
+    assert "activations" not in a
 
 
 def test_hf_lora_removes_the_base_weights_optimizer_state_and_gradients():
     full = train_memory(query(train_use())).active
     lora = train_memory(query(train_use(lora_rank=16))).active
     assert lora["optimizer state"] == 8 * LORA_05B  # float32 adapters: two float32 moments
-    assert lora["gradients"] == 4 * LORA_05B
     assert lora["weights"] == 2 * P_05B + 4 * LORA_05B  # the frozen base and the float32 adapters
-    assert full["optimizer state"] == 4 * P_05B and full["gradients"] == 2 * P_05B  # the base's, gone with LoRA
+    assert full["optimizer state"] == 4 * P_05B  # the base's, gone with LoRA
+    # the adapters keep float32 copies of their inputs: more activations than full training's
+    assert lora["activations"] > 1.3 * full["activations"]
+    both = train_memory(query(train_use(lora_rank=16, gradient_checkpointing=True))).active
+    assert both["layer backward"] > both["activations"]  # one layer recomputed outweighs every layer's input
 
 
 def test_offload_keeps_nothing_of_the_train_engine_but_its_context():
@@ -92,10 +105,17 @@ def test_terms_scale_with_the_workload():
     assert two["weights"] == one["weights"] and two["optimizer state"] == one["optimizer state"]
     longer = train_memory(query(train_use(length=2048))).active
     assert longer["activations"] == 2 * one["activations"]
-    ckpt = train_memory(query(train_use(gradient_checkpointing=True))).active
-    assert ckpt["activations"] < one["activations"] / 8  # each layer's input, plus one layer recomputed
-    chunked = train_memory(query(train_use(chunked_lm_head=True))).active
-    assert chunked["logits"] == 1024 * 151936 * 10  # 1024 rows at a time, whatever the batch
+    unchunked = train_memory(query(train_use(chunked_lm_head=False))).active
+    assert one["logits"] < unchunked["logits"] / 4  # tiles of the head, not [B, T, V]
+
+
+def test_the_chunked_head_s_working_set_is_trl_s_tile_or_rlcore_s_chunks():
+    shape = ModelShape.from_config(QWEN_05B)
+    tokens, V, h = 4 * 1024, 151936, 896
+    trl = head_working_set(shape, 2, tokens, 4, chunked=True, trl=True, trainable=True)
+    assert trl == 4096 * 32768 * 2 + tokens * h * 6 + V * h * 6  # a bf16 tile; float32 gradients and their casts
+    torch_chunks = head_working_set(shape, 2, tokens, 4, chunked=True, trl=False, trainable=False)
+    assert torch_chunks == 1024 * V * 16 + tokens * h * 4  # float32 logits and logsumexp backward's three temporaries
 
 
 def test_megatron_keeps_fp32_master_weights_and_moments_split_over_data_parallel_ranks():
@@ -216,6 +236,19 @@ def test_a_plan_that_will_not_fit_is_refused_with_the_changes_that_fit(models, c
     lines = [line.strip() for line in err.splitlines() if "-> peak" in line]
     assert lines[0].startswith("train.gradient_checkpointing=true")  # the cheapest that fits comes first
     assert any(line.startswith("per_device_train_batch_size=8 gradient_accumulation_steps=8") for line in lines)
+
+
+def test_sft_plans_transformers_trainer_s_fused_adamw_and_cross_entropy(models, capsys):
+    """SFT's workers step the Trainer's default AdamW (fused from torch 2.8: no temporary of the state) and take
+    transformers' cross-entropy over the logits (d + 8 bytes a logit), not the hf engine's row-by-row normaliser."""
+    args = ["plan", "--plugin", "sft", "--config", str(EXAMPLES / "sft/pretrain.yaml"), f"model={models['q05']}",
+            "max_length=1024", "per_device_train_batch_size=1", "gpu_memory_gib=140", "--json"]
+    assert main(args) == 0
+    terms = {t["component"]: t["bytes"] for t in json.loads(capsys.readouterr().out)["rows"][0]["terms"]}
+    assert terms["logits"] == 1024 * 151936 * (2 + 8)
+    assert main([*args[:-1], "max_length=256", "gradient_checkpointing=true", "--json"]) == 0  # the step is the worse
+    terms = {t["component"]: t["bytes"] for t in json.loads(capsys.readouterr().out)["rows"][0]["terms"]}
+    assert terms["gradients"] == 2 * P_05B and "optimizer step" not in terms
 
 
 def test_fit_applies_the_first_change_and_writes_a_config_that_plans_to_fit(models, tmp_path, capsys):
