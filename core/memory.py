@@ -358,7 +358,7 @@ FIT_HEADER = "# rlcore --fit: the run's config with the change that fits its GPU
 
 def save_fitted(config: Any, changes: list[str], path: str | None = None) -> str:
     """Write the fitted config (`output_dir/config.fit.yaml` unless `path`), never over a file rlcore did not write."""
-    from .config import render_config
+    from .yaml_io import render_config
     from .errors import ConfigError
     from .log import logger
 
