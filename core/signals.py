@@ -175,10 +175,20 @@ def restore_sigterm() -> None:
 # -------------------------------------------------------------------------
 
 
+_leaving: int | None = None  # the status `leaving` was given: the process is on its way out with it
+
+
+def leaving_with() -> int | None:
+    """The exit status of a process that a signal stopped and that is now leaving (`leaving`), else None."""
+    return _leaving
+
+
 def leaving(code: int) -> None:
     """Stopped by a signal: what is left is the exit (the local Ray's shutdown at exit); it gets 15 s, and
     another Ctrl-C or SIGTERM meanwhile ends it at once, with the same status (instead of a
     KeyboardInterrupt in the interpreter's shutdown, which dies of SIGINT)."""
+    global _leaving
+    _leaving = code
     if watchdog.stuck() is not None and "rlcore.runtime.cluster" in sys.modules:  # Ray's own processes do not answer
         logging.shutdown()  # run.log complete
         sys.stdout.flush()

@@ -28,6 +28,7 @@ import atexit
 import contextlib
 import ipaddress
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -497,6 +498,17 @@ def _disconnect(ray: Any) -> None:
         start()
         if done.wait(SHUTDOWN_S):
             return
+        code = signals.leaving_with()
+        if code is not None and _record_path is not None:
+            # a signal stopped the run and Ray's shutdown hangs (a stopped raylet): ended now, the local Ray's
+            # store would fail a call still blocked on it (the watchdog's probe, a put of a call's arguments) and
+            # Ray's core worker would end this process with status 1; it is ended once this one left with the
+            # signal's status
+            end_local(after_exit=True)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
     end_local()
     if watchdog.stuck() is not None:
         start()
