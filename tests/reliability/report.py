@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,7 +58,9 @@ def main(argv: list[str]) -> int:
     print(table(outcomes))
     if not parts:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=RESULTS.parent).stdout
         RESULTS.write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d"), "commit": commit.strip() or "unknown",
             "machine": f"{platform.node()}, {platform.processor() or platform.machine()}, CPU only",
             "max_steps": 6,
             "seconds": round(time.monotonic() - started, 1),
