@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,7 @@ class RoleTrainer(Trainer):
         self.config = resolve_tiny(self.config, self.output_dir)
         self.prepare()
         self.session: RoleSession | None = None
+        self.checked_syncs = 0  # the syncs `sync_probe` has handed a probe to, of this run
         if self.plan is not None:
             recoverable = (self.checkpointed,) if self.checkpointed else ()  # its loss resumes the last checkpoint
             self.session = RoleSession.from_config(self.config, self.plan, self.setups(), use_ray=use_ray,
@@ -178,6 +179,18 @@ class RoleTrainer(Trainer):
         if probe is not None:
             self.session.check_weight_sync(src, dst, probe)
         return stats
+
+    CHECKED_SYNCS = 2  # check_weight_sync: the run's first sync, and the first after a step
+
+    def sync_probe(self, sequence: Callable[[], list[int]]) -> list[int] | None:
+        """The probe `sync_weights` checks a sync with (`sequence()`) for the run's first CHECKED_SYNCS syncs where the
+        config's `check_weight_sync` is on, else None. The first sync carries the checkpoint's weights; the first
+        after a step carries trained ones (a LoRA adapter starts at zero, so a merge or a tensor the sync leaves
+        out shows only then)."""
+        if not getattr(self.config, "check_weight_sync", False) or self.checked_syncs >= self.CHECKED_SYNCS:
+            return None
+        self.checked_syncs += 1
+        return sequence()
 
     def syncs_adapter(self, role: str) -> bool:
         """Whether `role`'s engine takes the train engine's LoRA adapter alone at a sync (`EngineSpec.syncs_adapter`

@@ -53,7 +53,6 @@ class GKDTrainer(RoleTrainer):
         self.heldout = self.data.heldout_batch()
         self.heldout_teacher: Any = None  # a served teacher's top-k of the held-out rows (it never changes)
         self.stale = False  # the rollout engine lacks the last train step's weights
-        self.syncs_to_check = 0  # the next syncs that check_weight_sync checks (set at the run's start)
         self.on_policy_steps = 0
         self.start_jsd: float | None = None
 
@@ -156,7 +155,6 @@ class GKDTrainer(RoleTrainer):
 
     def on_start(self) -> None:
         if "rollout" in self.session.roles:
-            self.syncs_to_check = 2 if self.config.check_weight_sync else 0
             self.sync_weights()
         self.start_jsd = self.heldout_jsd()
         self.timer.pop()  # the first sync and measure are not a step's
@@ -238,9 +236,8 @@ class GKDTrainer(RoleTrainer):
             return self.session["train"].heldout_jsd(batch, objective)
 
     def sync_weights(self) -> dict[str, float]:
-        """As GRPO's: the first two syncs are checked (`check_weight_sync`), the second being the first after a step."""
-        check, self.syncs_to_check = self.syncs_to_check > 0, max(self.syncs_to_check - 1, 0)
-        stats = super().sync_weights("train", "rollout", self.data.probe_sequence() if check else None)
+        """The train engine's weights into the rollout engine, the first two syncs checked (`sync_probe`)."""
+        stats = super().sync_weights("train", "rollout", self.sync_probe(self.data.probe_sequence))
         self.stale = False
         return stats
 

@@ -46,7 +46,6 @@ class GRPOTrainer(RoleTrainer):
         self.queue: list[Any] = []  # mini-batches left from the last generation
         self.pending: Any = None  # async_generate: the next round, generating while this one trains
         self.pending_data: dict[str, int] | None = None  # the data position before that round
-        self.syncs_to_check = 0  # the next syncs that check_weight_sync checks (set at the run's start)
 
     # -- the roles --------------------------------------------------------------------------------------
 
@@ -136,7 +135,6 @@ class GRPOTrainer(RoleTrainer):
     def on_start(self) -> None:
         self.steps_run = self.steps_trained = 0  # this run's steps, and those with something to learn from
         self.experience.bind_orm(self.session.get("orm"))
-        self.syncs_to_check = 2 if self.config.check_weight_sync else 0
         self.sync_weights()
         self.timer.pop()  # the first sync is not a step's
 
@@ -227,11 +225,8 @@ class GRPOTrainer(RoleTrainer):
             os.fsync(out.fileno())
 
     def sync_weights(self) -> dict[str, float]:
-        """The train engine's weights into the rollout engine; the first two syncs are checked (`check_weight_sync`):
-        the run's start, where the weights are the checkpoint's, and the first after a step, where they are not
-        (a LoRA adapter starts at zero, so a merge or a tensor the sync leaves out shows only then)."""
-        check, self.syncs_to_check = self.syncs_to_check > 0, max(self.syncs_to_check - 1, 0)
-        return super().sync_weights("train", "rollout", self.experience.probe_sequence() if check else None)
+        """The train engine's weights into the rollout engine, the first two syncs checked (`sync_probe`)."""
+        return super().sync_weights("train", "rollout", self.sync_probe(self.experience.probe_sequence))
 
     # -- checkpoints: the model and optimizer, the data position, the rest of the current round ----------
 
