@@ -91,17 +91,23 @@ class ImportProbe:
             f.write(f"{role} {'tabnanny' in sys.modules}\n")
 
 
-def test_the_roles_after_the_first_import_their_engines_modules_before_they_build(ray_local, tmp_path):
-    """On Ray every role but the first is started and imports its engine's `imports` (`EngineSpec.imports`)
-    while the roles before it build, and is then built in those same actors; the first role builds at once."""
+def probed_session(probe: type, log: Path, train_gpus: int, use_ray: bool) -> RoleSession:
+    """A train and a rollout role, each building `probe` (told the log file and its role) as its engine."""
     from rlcore.runtime.roles import GenerateWorker
 
     plugins = load_plugins()
-    plan = plan_from_config({"train": {"gpus": 1}, "rollout": {"gpus": 1}}, roles=["train", "rollout"], plugins=plugins)
-    log = tmp_path / "built.log"
-    setups = {role: RoleSetup(worker, ImportProbe, {"log": str(log), "role": role})
+    plan = plan_from_config({"train": {"gpus": train_gpus}, "rollout": {"gpus": 1}}, roles=["train", "rollout"],
+                            plugins=plugins)
+    setups = {role: RoleSetup(worker, probe, {"log": str(log), "role": role})
               for role, worker in (("train", TrainWorker), ("rollout", GenerateWorker))}
-    session = RoleSession(plan, setups, use_ray=True, plugins=plugins)
+    return RoleSession(plan, setups, use_ray=use_ray, plugins=plugins)
+
+
+def test_the_roles_after_the_first_import_their_engines_modules_before_they_build(ray_local, tmp_path):
+    """On Ray every role but the first is started and imports its engine's `imports` (`EngineSpec.imports`)
+    while the roles before it build, and is then built in those same actors; the first role builds at once."""
+    log = tmp_path / "built.log"
+    session = probed_session(ImportProbe, log, train_gpus=1, use_ray=True)
     assert session.imports("rollout") == ("tabnanny",)
     with session.start():
         pass
@@ -120,16 +126,10 @@ class PidProbe:
 def test_processes_are_the_pids_the_roles_engines_run_in(tmp_path, use_ray, request):
     """`RoleSession.processes()`: per role, by rank, the process each worker's engine was built in (a Ray actor's,
     or this process without Ray), for a tool reading GPU memory per process."""
-    from rlcore.runtime.roles import GenerateWorker
-
     if use_ray:
         request.getfixturevalue("ray_local")
-    plugins = load_plugins()
-    plan = plan_from_config({"train": {"gpus": 2}, "rollout": {"gpus": 1}}, roles=["train", "rollout"], plugins=plugins)
     log = tmp_path / "built.log"
-    setups = {role: RoleSetup(worker, PidProbe, {"log": str(log), "role": role})
-              for role, worker in (("train", TrainWorker), ("rollout", GenerateWorker))}
-    session = RoleSession(plan, setups, use_ray=use_ray, plugins=plugins)
+    session = probed_session(PidProbe, log, train_gpus=2, use_ray=use_ray)
     with session.start():
         pids = session.processes()
     built: dict[str, list[int]] = {}

@@ -53,20 +53,11 @@ def test_a_local_run_with_top_k_and_sft_logs_every_metric(setup, tmp_path):
     assert rows[-1]["on_policy_fraction"] == 0.5
 
 
-def test_the_first_sync_after_a_step_is_checked_too(setup, tmp_path, monkeypatch):
+def test_the_first_sync_after_a_step_is_checked_too(setup, tmp_path, stale_weight_export):
     """As GRPO's: a train engine that keeps sending its first weights passes the run's first check and is stopped at
     the sync before step 2 (on-policy steps only, lmbda 1)."""
     from rlcore import RlcoreError
-    from rlcore.plugins.hf.train import HFTrainEngine
 
-    export = HFTrainEngine.export_weights
-
-    def first_weights_always(self, bucket_bytes=512 << 20):
-        if not hasattr(self, "first_weights"):
-            self.first_weights = [[(n, t.clone()) for n, t in bucket] for bucket in export(self, bucket_bytes)]
-        yield from self.first_weights
-
-    monkeypatch.setattr(HFTrainEngine, "export_weights", first_weights_always)
     config = load_config(GKDConfig, None, [
         f"model={setup['student']}", f"teacher_model={setup['teacher']}", f"dataset={setup['dataset']}",
         f"output_dir={tmp_path / 'run'}", "lmbda=1.0", "max_steps=2", "max_completion_length=4",

@@ -243,20 +243,10 @@ def test_ray_run(ray_local, tmp_path, tiny, plugins, layout, request):
         assert rows[-1]["kl"] > 0 and rows[-1]["rewards/orm/mean"] is not None
 
 
-def test_the_first_sync_after_a_step_is_checked_too(plugins, tmp_path, tiny, monkeypatch):
+def test_the_first_sync_after_a_step_is_checked_too(plugins, tmp_path, tiny, stale_weight_export):
     """check_weight_sync checks the run's first sync and the first after a step: a train engine that keeps sending
     the weights it was loaded with (as a LoRA merge that leaves the adapter out: its B starts at zero, so the first
     sync is right) passes the first check and stops the run at the second, the sync at the end of step 1."""
-    from rlcore.plugins.hf.train import HFTrainEngine
-
-    export = HFTrainEngine.export_weights
-
-    def first_weights_always(self, bucket_bytes=512 << 20):
-        if not hasattr(self, "first_weights"):
-            self.first_weights = [[(n, t.clone()) for n, t in bucket] for bucket in export(self, bucket_bytes)]
-        yield from self.first_weights
-
-    monkeypatch.setattr(HFTrainEngine, "export_weights", first_weights_always)
     with pytest.raises(RlcoreError, match="weight sync check failed: rollout and train top-4 log-probs differ"):
         make(plugins, tmp_path, tiny, learning_rate=0.5).fit()
     make(plugins, tmp_path / "off", tiny, learning_rate=0.5, check_weight_sync=False).fit()  # unchecked: it runs on
