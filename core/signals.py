@@ -16,7 +16,6 @@ Handlers are only ever set from the main thread; elsewhere signals are left as t
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import sys
@@ -190,11 +189,7 @@ def leaving(code: int) -> None:
     global _leaving
     _leaving = code
     if watchdog.stuck() is not None and "rlcore.runtime.cluster" in sys.modules:  # Ray's own processes do not answer
-        logging.shutdown()  # run.log complete
-        sys.stdout.flush()
-        sys.stderr.flush()
-        sys.modules["rlcore.runtime.cluster"].end_local(after_exit=True)
-        os._exit(code)
+        sys.modules["rlcore.runtime.cluster"].exit_now(code)
     exit_deadline(code, "stopping the local Ray took over 15 s after the signal")
     if _main_thread():
         for sig in STOPS:

@@ -472,6 +472,17 @@ def end_local(after_exit: bool = False) -> None:
         pass
 
 
+def exit_now(code: int) -> None:
+    """End this process with `code` at once (run.log and the streams flushed), and the local Ray started here once
+    it is gone: ended first, its store would fail a call still blocked on it (the watchdog's probe, a put of a call's
+    arguments) and Ray's core worker here would end the process with status 1."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    end_local(after_exit=True)
+    os._exit(code)
+
+
 def _disconnect(ray: Any) -> None:
     """ray.shutdown(), bounded: SHUTDOWN_S, then (or at once, when Ray already did not answer a call) the
     local Ray's processes are ended and it gets as long again. A cluster this process attached to is left to
@@ -500,15 +511,8 @@ def _disconnect(ray: Any) -> None:
             return
         code = signals.leaving_with()
         if code is not None and _record_path is not None:
-            # a signal stopped the run and Ray's shutdown hangs (a stopped raylet): ended now, the local Ray's
-            # store would fail a call still blocked on it (the watchdog's probe, a put of a call's arguments) and
-            # Ray's core worker would end this process with status 1; it is ended once this one left with the
-            # signal's status
-            end_local(after_exit=True)
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            # a signal stopped the run and Ray's shutdown hangs (a stopped raylet): the status is the signal's
+            exit_now(code)
     end_local()
     if watchdog.stuck() is not None:
         start()
