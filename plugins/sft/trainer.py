@@ -36,8 +36,12 @@ PASSED = (
 SFT_PASSED = ("max_length", "packing", "completion_only_loss", "assistant_only_loss", "padding_free")
 
 
-def trainer_optimizer() -> str:
-    """transformers' Trainer's default `optim` with the installed torch: `adamw_torch_fused` from torch 2.8."""
+def trainer_optimizer(trainer_kwargs: dict[str, Any]) -> str:
+    """The `optim` the Hugging Face trainer will use: `trainer_kwargs`' where given, else TrainingArguments' default
+    for the installed torch (`adamw_torch_fused` from torch 2.8), read from torch's version: importing
+    TrainingArguments to ask would cost `plan` and `validate` torch's import."""
+    if "optim" in trainer_kwargs:
+        return str(trainer_kwargs["optim"])
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -103,7 +107,7 @@ class LMTrainer(RoleTrainer):
             return {}
         options = {"model": config.model, "dtype": config.dtype, "gradient_checkpointing": config.gradient_checkpointing,
                    "lora_rank": config.lora_rank, "chunked_lm_head": False, "model_loss": True,
-                   "optim": trainer_optimizer()}
+                   "optim": trainer_optimizer(config.trainer_kwargs)}
         return {ROLE: RoleUse("hf", "train", options, "training", config.model, config.per_device_train_batch_size,
                               config.gradient_accumulation_steps, config.max_length or 1024,
                               knobs={"micro_batch": "per_device_train_batch_size",

@@ -249,6 +249,10 @@ def test_sft_plans_transformers_trainer_s_fused_adamw_and_cross_entropy(models, 
     assert main([*args[:-1], "max_length=256", "gradient_checkpointing=true", "--json"]) == 0  # the step is the worse
     terms = {t["component"]: t["bytes"] for t in json.loads(capsys.readouterr().out)["rows"][0]["terms"]}
     assert terms["gradients"] == 2 * P_05B and "optimizer step" not in terms
+    assert main([*args[:-1], "max_length=256", "gradient_checkpointing=true", "trainer_kwargs={optim: adamw_torch}",
+                 "--json"]) == 0  # the user's optim: foreach AdamW's temporary of the state
+    terms = {t["component"]: t["bytes"] for t in json.loads(capsys.readouterr().out)["rows"][0]["terms"]}
+    assert terms["optimizer step"] == 2 * P_05B
 
 
 def test_fit_applies_the_first_change_and_writes_a_config_that_plans_to_fit(models, tmp_path, capsys):
