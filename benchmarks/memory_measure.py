@@ -20,8 +20,8 @@ from typing import Any
 GiB = 1 << 30
 # the trainers' timed phases -> the plan's: the train role's forward passes (GRPO's old log-probs, GKD's colocated
 # teacher) are its training phase too
-PHASES = {"generate": "generation", "train": "training", "logprobs": "training", "teacher": "training",
-          "sync": "weight sync"}
+PHASES = {"generate": "generation", "score": "scoring", "train": "training", "logprobs": "training",
+          "teacher": "training", "sync": "weight sync"}
 
 # --with: the trainer's phases timed and the roles' worker pids written down (no CUDA in the driver)
 PROBE = '''

@@ -9,19 +9,21 @@ awake as the example's `colocate_groups` and `sleep_level` say; Ray runs each ro
 - gkd: the GKD benchmark's (`benchmarks/gkd_gpu.py`: gkd/teacher_colocated.yaml, 0.5B student, 1.5B teacher in the
   train process, full vocabulary);
 - sft: the SFT benchmark's (`benchmarks/sft_gpu.py`: sft/multi_node.yaml with the 0.5B shape, one `default` worker);
+- sampling: sample/sampling.yaml, a 0.5B sampler on vLLM (awake throughout: nothing trains), a 1.5B-shaped PRM (two
+  labels) and the toy reward as the ORM, all on the one GPU;
 - grpo-7b-lora: a Qwen2.5-7B shape with LoRA rank 16 on grpo/colocate.yaml, vLLM beside it;
 - overflow: grpo-7b without LoRA, vLLM kept awake (sleep_level 0) and nothing offloaded, which the plan predicts
   will not fit: run once with memory_check=false to show it runs out of memory.
 
 What is measured (`memory_measure.py`): a sampler beside the run reads, every 20 ms, each GPU's used memory and
 NVML's per-process figures (`nvmlDeviceGetComputeRunningProcesses`); a hook-only plugin in the driver (`PROBE`,
-given with --with) writes the trainer's phases (`generate` -> generation; `train`, `logprobs`, `teacher` ->
-training; `sync` -> weight sync) with their start and end times, and each role's worker pids
+given with --with) writes the trainer's phases (`generate` -> generation; `score` -> scoring; `train`, `logprobs`,
+`teacher` -> training; `sync` -> weight sync) with their start and end times, and each role's worker pids
 (`RoleSession.processes()`). Each pid is its role's (or a child's of a role's worker); the samples inside a phase's
 windows give that phase's peak per role and the device's peak, less what the GPU held before the run.
 
     python benchmarks/memory_plan.py                  # every case: estimated 10-13 minutes on an H200 (not yet timed)
-    python benchmarks/memory_plan.py --only grpo gkd sft --json R.json               # about 5-6 of those
+    python benchmarks/memory_plan.py --only grpo gkd sft sampling --json R.json      # about 6-7 of those
     python benchmarks/memory_plan.py --only grpo-7b-lora overflow --json R.json --merge  # the rest, into R.json
     python benchmarks/memory_plan.py --predict-only   # on the CPU: each case's prediction for an H200 (no run)
 
@@ -66,6 +68,12 @@ CASES: dict[str, dict[str, Any]] = {
             gradient_accumulation_steps=8, max_completion_length=256, max_steps=2, lmbda=1.0)},
     "sft": {"plugin": "sft", "example": "sft/multi_node.yaml", "models": {"model": QWEN_05B}, "data": "chats",
             "keys": dict(max_length=2048, per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=4)},
+    "sampling": {"plugin": "sample", "example": "sample/sampling.yaml", "models": {"model": QWEN_05B,
+                 "prm_model": {**QWEN_15B, "num_labels": 2}}, "data": "prompts",
+                 "keys": {"device_groups": {"nproc_per_node": 1, "one_gpu": {"device": "GPU", "ranks": [0],  # one group:
+                                            "workers": ["sampler", "prm", "orm"]}},  # groups may not share a GPU
+                          "orm_model": "toy", "prm_step_token": None, "prm.engine_kwargs": {}, "batch_size": 64,
+                          "sampler.vllm_gpu_memory_utilization": 0.5, "max_prompt_length": 256, "max_new_tokens": 256}},
     "grpo-7b-lora": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_7B}, "data": "prompts",
                      "keys": {**GRPO_WORK, "train.lora_rank": 16, "per_device_train_batch_size": 4,  # a micro-batch
                               "gradient_accumulation_steps": 4, "rollout.vllm_gpu_memory_utilization": 0.35}},
@@ -99,7 +107,8 @@ def write_data(tmp: Path) -> dict[str, str]:
 
 
 def case_keys(case: dict[str, Any], models: dict[str, str], data: dict[str, str], out: Path) -> dict[str, Any]:
-    return {**scaled(case["example"], 1), **{key: models[key] for key in case["models"]}, "dataset": data[case["data"]],
+    one_gpu = {} if "device_groups" in case["keys"] else scaled(case["example"], 1)  # the case's own layout
+    return {**one_gpu, **{key: models[key] for key in case["models"]}, "dataset": data[case["data"]],
             **case["keys"], "output_dir": str(out)}
 
 
@@ -214,7 +223,7 @@ def main() -> int:
             case = CASES[name]
             models = {}
             for key, shape in case["models"].items():
-                label = f"{shape['hidden_size']}x{shape['num_layers']}"
+                label = f"{shape['hidden_size']}x{shape['num_layers']}" + (f"-{shape['num_labels']}" if "num_labels" in shape else "")
                 if label not in built:
                     built[label] = build_model(tmp / f"model-{label}", shape)
                 models[key] = built[label]

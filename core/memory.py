@@ -27,7 +27,7 @@ from .memory_terms import (
     train_fixes, train_terms,
 )
 
-PHASES = ("generation", "training", "weight sync")
+PHASES = ("generation", "scoring", "training", "weight sync")
 DEFAULT_GPU_GIB = 80.0
 
 
@@ -69,6 +69,7 @@ class MemoryPlan:
     source: str
     fixes: dict[str, tuple[Fix, ...]] = field(default_factory=dict)  # per role
     notes: list[str] = field(default_factory=list)
+    fixed: dict[str, Any] = field(default_factory=dict)  # the session keys the algorithm fixes (no fix may change them)
 
     @property
     def over(self) -> list[GpuPhase]:
@@ -155,34 +156,40 @@ def _local_gpu() -> tuple[int, str] | None:
 
 
 def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugins: Any,
-                gpu_bytes: int | None = None, source: str = "") -> MemoryPlan:
+                gpu_bytes: int | None = None, source: str = "", fixed: dict[str, Any] | None = None) -> MemoryPlan:
     """Sum each GPU's roles per phase (those some role on the GPU works in). A role works in its `RoleUse.phase`;
     in another phase it keeps what its engine says stays resident; in `weight sync`, the roles that send or receive
-    hold their `sync` terms."""
+    hold their `sync` terms. The session's keys (`sleep_level`, the offloads) are the config's, or where the
+    algorithm fixes them (`fixed`: its `session_fixed`), those."""
     if gpu_bytes is None:
         gpu_bytes, source = gpu_memory(config)
+    fixed = fixed or {}
+
+    def session(key: str, default: Any) -> Any:
+        return fixed[key] if key in fixed else getattr(config, key, default)
+
     answers: dict[str, EngineMemory | None] = {}
     notes: list[str] = []
     for role, use in uses.items():
         ranks = resource_plan.ranks_of(role) if role in resource_plan.roles else ()
         if not ranks:
             continue
-        shape = shape_of(use.model)
+        shape = shape_of(use.model) if use.model is not None else None
         fn = memory_function(plugins, use.engine, use.kind)
         if fn is None:
             answers[role] = None
             engine = use.engine if isinstance(use.engine, str) else getattr(use.engine, "__name__", use.engine)
             notes.append(f"{role}: engine {engine} reports no memory terms (shown as unknown)")
             continue
-        if shape is None:
+        if shape is None and use.model is not None:
             answers[role] = None
             notes.append(f"{role}: {use.model or 'the model'}'s config.json cannot be read here (shown as unknown)")
             continue
         colocated = any(set(ranks) & set(resource_plan.ranks_of(r)) for r in uses if r != role and r in resource_plan.roles)
         query = MemoryQuery(
             role=role, use=use, model=shape, gpu_bytes=gpu_bytes, workers=len(ranks), colocated=colocated,
-            sleep_level=getattr(config, "sleep_level", 1), offload_model=getattr(config, "offload_model", False),
-            offload_optimizer=getattr(config, "offload_optimizer", False),
+            sleep_level=session("sleep_level", 1), offload_model=session("offload_model", False),
+            offload_optimizer=session("offload_optimizer", False),
             bucket_bytes=int(getattr(config, "weight_sync_bucket_mb", 512)) << 20)
         try:
             answers[role] = fn(query)
@@ -220,7 +227,7 @@ def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugi
         row.gpus = tuple(by_gpu[(row.phase, tuple(row.terms))])
     rows.sort(key=lambda r: (r.gpus, PHASES.index(r.phase)))
     fixes = {role: answer.fixes for role, answer in answers.items() if answer is not None}
-    return MemoryPlan(rows, gpu_bytes, source, fixes, notes)
+    return MemoryPlan(rows, gpu_bytes, source, fixes, notes, dict(fixed))
 
 
 def plan_of(plugins: Any, algorithm: str, config: Any) -> tuple[MemoryPlan | None, dict[str, RoleUse]]:
@@ -239,7 +246,7 @@ def plan_of(plugins: Any, algorithm: str, config: Any) -> tuple[MemoryPlan | Non
     uses = trainer.memory_use(config)
     if not uses:
         return None, {}
-    plan = plan_memory(config, resources, uses, plugins)
+    plan = plan_memory(config, resources, uses, plugins, fixed=getattr(trainer, "session_fixed", None))
     return (plan if plan.rows else None), uses
 
 
@@ -266,12 +273,15 @@ def candidate_changes(config: Any, plan: MemoryPlan, uses: dict[str, RoleUse]) -
     engine's fixes as config keys. Each is (cost, {key: value}, why)."""
     out: list[tuple[int, dict[str, Any], str]] = []
     colocated = any(len(row.terms) and len({r for r, _, _ in row.terms}) > 1 for row in plan.rows)
+    def free(key: str, value: Any) -> bool:  # the config has the key at `value`, and the algorithm leaves it be
+        return key not in plan.fixed and hasattr(config, key) and getattr(config, key) == value
+
     if colocated:
-        if not getattr(config, "offload_optimizer", True):
+        if free("offload_optimizer", False):
             out.append((1, {"offload_optimizer": True}, "the optimizer state leaves the GPU while another role works"))
-        if not getattr(config, "offload_model", True):
+        if free("offload_model", False):
             out.append((1, {"offload_model": True}, "the train weights leave the GPU while another role works"))
-        if getattr(config, "sleep_level", 1) == 0:
+        if free("sleep_level", 0):
             out.append((1, {"sleep_level": 1}, "vLLM frees its weights and KV cache while another role works"))
     for role, fixes in plan.fixes.items():
         for fix in fixes:

@@ -19,13 +19,16 @@ LORA_RANK = 16  # the rank a "use LoRA" fix proposes
 # 1024 x 151,936 x 4 bytes = 0.6 GiB
 CHUNK_ROWS = 1024
 
-Phase = Literal["generation", "training"]
+Phase = Literal["generation", "scoring", "training"]
 
 
 @dataclass(frozen=True)
 class RoleUse:
     """What an algorithm asks of one role per step (its `RoleTrainer.memory_use`): the role's engine and options
-    (as its setup builds it), the model it loads, the phase it works in, and the workload's sizes.
+    (as its setup builds it), the model it loads (None: it loads none, and its engine is asked with no shape), the
+    phase it works in, and the workload's sizes. A forward-only role that works between generation and the update
+    (a reference's log-probs, GRPO's reward model) works in `training`: its peak is added to the train role's, an
+    upper bound; `scoring` is the phase of roles that score after generation with no training (best-of-N).
 
     `micro_batch` sequences of at most `seq_len` tokens go through one forward/backward; `sequences` are generated
     at once per GPU of the role (a KV cache engine's batch; an engine spanning several GPUs holds theirs together); `logits` is what a loss asks of the vocabulary (`full`, or `topk` with
@@ -114,7 +117,7 @@ def train_terms(q: MemoryQuery, *, grad_bytes: int, moment_bytes: int, master_by
     assert s is not None
     d = dtype_bytes(o.get("dtype"))
     rank = int(o.get("lora_rank") or 0)
-    trainable = s.lora_params(rank) if rank else s.params
+    trainable = s.lora_params(rank, o.get("lora_target_modules", "all-linear")) if rank else s.params
     adapter_bytes = 4 if rank else d  # peft keeps the adapters in float32
     tokens = q.use.micro_batch * q.use.seq_len
     terms = {

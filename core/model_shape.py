@@ -72,9 +72,29 @@ class ModelShape:
         head = 0 if self.tied else self.vocab * self.hidden
         return self.vocab * self.hidden + self.layers * per_layer + self.hidden + head
 
-    def lora_params(self, rank: int) -> int:
-        """LoRA's A and B on every linear of every layer (peft's `all-linear`; the head is left out)."""
-        return self.layers * sum(rank * (i + o) for i, o in self.linears() if o != self.experts or not self.experts)
+    def linear_names(self) -> list[str]:
+        """The Hugging Face name of each of `linears()` (a MoE's experts and shared expert as their projections, its
+        router as `gate`)."""
+        mlp = ["gate_proj", "up_proj", "down_proj"]
+        names = ["q_proj", "k_proj", "v_proj", "o_proj"]
+        if self.experts:
+            names += mlp * self.experts + ["gate"] + (mlp if self.shared_intermediate else [])
+        else:
+            names += mlp
+        return names
+
+    def lora_params(self, rank: int, targets: Any = "all-linear") -> int:
+        """LoRA's A and B on the linears `targets` names (peft's `target_modules`): `all-linear` is every linear of
+        every layer but a MoE's router, the head left out; a list names projections (`q_proj`, ..., `lm_head`;
+        megatron's fused linears name those they hold); anything else (a pattern, a name this shape does not know)
+        counts every linear and the head, an upper bound."""
+        names = lora_names(targets)
+        if names is None:
+            named, head = set(self.linear_names()) - {"gate"}, not self.tied
+        else:
+            named, head = names - {HEAD}, HEAD in names
+        per_layer = sum(rank * (i + o) for (i, o), name in zip(self.linears(), self.linear_names()) if name in named)
+        return self.layers * per_layer + (rank * (self.hidden + self.vocab) if head else 0)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V of one token in every layer."""
@@ -97,6 +117,35 @@ class ModelShape:
         if checkpointing:
             return self.layers * h * dtype_bytes + layer
         return self.layers * layer
+
+
+HEAD = "lm_head"
+ALL_LINEAR = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+# megatron's fused linears (the megatron engine's names) and the Hugging Face projections each holds
+FUSED = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+         "linear_proj": ("o_proj",), "linear_fc1": ("gate_proj", "up_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+         "linear_fc2": ("down_proj",), "output_layer": (HEAD,)}
+
+
+def lora_names(targets: Any) -> set[str] | None:
+    """The projections `lora_target_modules` adapts, as Hugging Face names; None where they cannot be told from the
+    names alone (a pattern, or a name that is no projection this shape counts)."""
+    if targets == "all-linear":
+        return set(ALL_LINEAR)
+    if isinstance(targets, str) or not isinstance(targets, (list, tuple, set)):
+        return None
+    names: set[str] = set()
+    for target in targets:
+        last = str(target).rsplit(".", 1)[-1]  # peft matches an entry at the end of a module's name
+        if last == "all-linear":
+            names |= ALL_LINEAR
+        elif last in FUSED:
+            names.update(FUSED[last])
+        elif last in ALL_LINEAR or last == HEAD:
+            names.add(last)
+        else:
+            return None
+    return names
 
 
 def shape_of(name: str | None) -> ModelShape | None:

@@ -26,7 +26,7 @@ import contextlib
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .config import config_error, problems_of
 from .extras import engine_name_problems
@@ -56,6 +56,9 @@ class RoleTrainer(Trainer):
     # algorithm's own objects report a bad model or dataset as they are built (`config validate` checks all).
     check_on_run = True
     required: tuple[str, ...] = ()  # keys a run needs set (e.g. model, dataset): unset is a problem with the fix
+    # session keys the algorithm fixes whatever the config says (e.g. sampling's `sleep_level: 0`: nothing trains
+    # beside its vLLM); its session and its memory plan both read them
+    session_fixed: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, config: Any, plugins: Any, *, use_ray: bool = False):
         config = resolve_gpus(config, type(self).roles, use_ray=use_ray)  # the CLI's config is resolved already
@@ -71,7 +74,8 @@ class RoleTrainer(Trainer):
         if self.plan is not None:
             recoverable = (self.checkpointed,) if self.checkpointed else ()  # its loss resumes the last checkpoint
             self.session = RoleSession.from_config(self.config, self.plan, self.setups(), use_ray=use_ray,
-                                                   plugins=plugins, **{"recoverable": recoverable, **self.session_options()})
+                                                   plugins=plugins, **{"recoverable": recoverable, **self.session_fixed,
+                                                                       **self.session_options()})
 
     # -- what an algorithm writes ---------------------------------------------------------------------
 
@@ -108,8 +112,8 @@ class RoleTrainer(Trainer):
         raise NotImplementedError(f"{type(self).__name__} must implement setups()")
 
     def session_options(self) -> dict[str, Any]:
-        """Further `RoleSession` options: `syncs` (the role pairs `sync_weights` moves weights between),
-        `sleep_level`, ...; the config's own session keys are read already."""
+        """Further `RoleSession` options: `syncs` (the role pairs `sync_weights` moves weights between), ...; the
+        config's own session keys are read already, and `session_fixed` overrides them."""
         return {}
 
     # -- what the base does ---------------------------------------------------------------------------

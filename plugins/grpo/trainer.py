@@ -108,7 +108,13 @@ class GRPOTrainer(RoleTrainer):
         if "teacher" in roles:
             uses["teacher"] = RoleUse(cfg.teacher.engine, "forward", rollout_options(cfg.teacher, cfg.teacher_path, cfg.seed),
                                       "training", cfg.teacher_path, seq_len=length)
+        if "orm" in roles and cfg.orm.model:  # scores between generation and the update, as the reference
+            uses["orm"] = RoleUse(cfg.orm.engine, "reward", cls.orm_options(cfg), "training", cfg.orm.model, seq_len=length)
         return uses
+
+    @staticmethod
+    def orm_options(cfg: GRPOConfig) -> dict[str, Any]:
+        return {"model_path": cfg.orm.model, "dtype": cfg.orm.dtype, "batch_size": cfg.orm.batch_size}
 
     def setups(self) -> dict[str, RoleSetup]:
         cfg, roles = self.config, self.roles(self.config)
@@ -122,8 +128,7 @@ class GRPOTrainer(RoleTrainer):
             setups["reference"] = RoleSetup(TrainWorker, cfg.reference.engine, rollout_options(cfg.reference, model, cfg.seed),
                                             kind="forward")
         if "orm" in roles:  # the reward-model engine (`hf`: the rewards plugin's), of kind `reward`
-            orm = {"model_path": cfg.orm.model, "dtype": cfg.orm.dtype, "batch_size": cfg.orm.batch_size}
-            setups["orm"] = RoleSetup(ScoreWorker, cfg.orm.engine, orm)
+            setups["orm"] = RoleSetup(ScoreWorker, cfg.orm.engine, self.orm_options(cfg))
         if "teacher" in roles:  # a group of its own: a forward engine, as the reference
             setups["teacher"] = RoleSetup(TrainWorker, cfg.teacher.engine, rollout_options(cfg.teacher, cfg.teacher_path, cfg.seed),
                                           kind="forward")

@@ -115,7 +115,7 @@ def train_memory(q: MemoryQuery) -> EngineMemory:
     rank = int(o.get("lora_rank") or 0)
     checkpointing = bool(o.get("gradient_checkpointing"))
     mask = 1 if float(o.get("lora_dropout") or 0) > 0 else 0  # CUDA's fused dropout: a bool mask
-    trainable = s.lora_params(rank) if rank else s.params
+    trainable = s.lora_params(rank, o.get("lora_target_modules", "all-linear")) if rank else s.params
     state_bytes = 4 if rank else d  # peft keeps the adapters in float32; AdamW's state is in the params' dtype
     tokens = q.use.micro_batch * q.use.seq_len
     weights = s.params * d + (trainable * 4 if rank else 0)

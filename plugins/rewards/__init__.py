@@ -18,7 +18,7 @@ from rlcore.rewards import RewardFailed, call_reward, check_reward, resolve_rewa
 from rlcore.testing import toy_reward
 
 from .functions import CosineReward, RepetitionPenalty, SoftOverlong, accuracy_reward, completion_text, format_reward
-from .orm import OrmScorer
+from .orm import OrmScorer, reward_memory
 
 __all__ = [
     "CosineReward",
@@ -55,5 +55,5 @@ def make_orm_scorer(**options):
 
 @hookimpl
 def rlcore_engines():
-    yield EngineSpec("hf", kind="reward", factory=make_orm_scorer, imports=("torch", "transformers"),
+    yield EngineSpec("hf", kind="reward", factory=make_orm_scorer, imports=("torch", "transformers"), memory=reward_memory,
                      description="a sequence-classification reward model (one label) scoring (prompt, completion) pairs")

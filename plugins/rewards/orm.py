@@ -11,6 +11,7 @@ from typing import Any
 
 from rlcore import ConfigError
 from rlcore.engines import resolve_dtype, torch_device
+from rlcore.memory import CUDA_CONTEXT, EngineMemory, MemoryQuery, dtype_bytes
 
 from .functions import completion_text
 
@@ -69,3 +70,17 @@ class OrmScorer:
     def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]] | None = None,
                  **columns: Any) -> list[float | None]:
         return list(self.score(prompts, completions))
+
+
+def reward_memory(q: MemoryQuery) -> EngineMemory:
+    """A reward model's bytes on its GPU (`EngineSpec.memory`), sequence or token classification alike: the
+    decoder's weights without the LM head, a score head of at most hidden x hidden, and while it scores one layer's
+    working set over `batch_size` candidates at the longest (`seq_len`) in inference mode, nothing kept for backward.
+    It keeps its weights between batches."""
+    s = q.model
+    d = dtype_bytes(q.options.get("dtype"))
+    weights = (s.params - (0 if s.tied else s.vocab * s.hidden) + s.hidden * s.hidden) * d
+    tokens = int(q.options.get("batch_size", 16)) * q.use.seq_len
+    active = {"cuda context": CUDA_CONTEXT, "weights": weights,
+              "activations": tokens * (s.activation_bytes_per_token(d) // s.layers + s.hidden * d)}
+    return EngineMemory(active, {"cuda context": CUDA_CONTEXT, "weights": weights})

@@ -21,6 +21,7 @@ from typing import Any
 from rlcore import ConfigError, RlcoreError, function, worker, worker_plugins
 from rlcore.data import completion_text
 from rlcore.engines import resolve_dtype, torch_device
+from rlcore.memory import EngineMemory, MemoryQuery
 from rlcore.rewards import call_reward, resolve_reward
 
 
@@ -67,6 +68,12 @@ class ScoreRows:
 
 class FunctionScorer:
     """A registered reward function (or `module:function`) as an ORM; None (a failed candidate) scores 0."""
+
+    @staticmethod
+    def memory(q: MemoryQuery) -> EngineMemory:
+        """The memory plan's terms (`RoleUse.engine`'s `memory`): a function runs in its worker's Python and takes
+        nothing on the GPU."""
+        return EngineMemory({}, {})
 
     def __init__(self, name: str, options: dict[str, Any], strict: bool = False, timeout_s: float | None = None):
         self.name, self.strict, self.timeout_s = name, strict, timeout_s

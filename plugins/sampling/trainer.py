@@ -25,16 +25,17 @@ from typing import Any
 
 from rlcore import (
     ConfigError, ModelUse, NotRegistered, RlcoreError, RoleSetup, RoleTrainer, SamplingParams, did_you_mean,
-    problems_of,
+    problems_of, worker_plugins,
 )
 from rlcore.data import PromptEncoder, has_conversations, load_rows, prompt_view
+from rlcore.memory import RoleUse
 from rlcore.rewards import check_reward, resolve_reward
 from rlcore.runtime import logger, scrub_data
 from rlcore.sections import rollout_options
 
 from .config import SampleConfig
 from .output import ResumableJsonl
-from .scoring import ScoreRows, check_scores, is_reward_function, scorer
+from .scoring import FunctionScorer, ScoreRows, check_scores, is_reward_function, scorer
 from .select import aggregate_steps, select
 from .sources import ApiTeacher, SampleWorker
 
@@ -64,6 +65,7 @@ class SampleTrainer(RoleTrainer):
         "orm_kwargs", "prm_model", "prm_step_separator", "prm_step_token", "prm_aggregation", "orm_threshold",
         "prm_threshold", "easy_query_threshold", "n_best_to_keep", "output_file", "output_format", "api_base",
     )
+    session_fixed = {"sleep_level": 0}  # vLLM never sleeps: nothing trains beside it
     save_steps = 1  # every batch is committed by its step: the run's position is the output's state file
     required = ("model",)
 
@@ -92,6 +94,30 @@ class SampleTrainer(RoleTrainer):
             uses.append(ModelUse("model", cfg.model, tuple(lengths), roles=("sampler",),
                                  conversations=lambda: "dataset" if has_conversations(cfg.dataset) else None))
         return uses + [ModelUse(key, getattr(cfg, key)) for key in ("orm_model", "prm_model") if getattr(cfg, key)]
+
+    @classmethod
+    def memory_use(cls, cfg: SampleConfig) -> dict[str, RoleUse]:
+        """The sampler generates a batch's candidates (split over its GPUs); then the reward models score them,
+        `batch_size` candidates per forward, one after the other (the plan adds both working sets: an upper bound);
+        a reward function takes nothing on the GPU. vLLM stays awake (`sleep_level` 0): nothing trains here."""
+        roles, length = cls.roles(cfg), cfg.max_prompt_length + cfg.max_new_tokens
+        uses = {}
+        if "sampler" in roles:
+            gpus = max(cfg.sampler.gpu_count or 1, 1)
+            uses["sampler"] = RoleUse(cfg.sampler.engine, "rollout", rollout_options(cfg.sampler, cfg.model, cfg.seed),
+                                      "generation", cfg.model, seq_len=length,
+                                      sequences=-(-cfg.batch_size * cfg.num_return_sequences // gpus))
+        for kind in ("prm", "orm"):
+            model = getattr(cfg, f"{kind}_model")
+            if kind not in roles:
+                continue
+            section = getattr(cfg, kind)
+            options = {"model_path": model, "dtype": section.dtype, "batch_size": section.batch_size, **section.engine_kwargs}
+            if kind == "orm" and is_reward_function(model, worker_plugins()):
+                uses[kind] = RoleUse(FunctionScorer, "reward", options, "scoring", None)
+            else:
+                uses[kind] = RoleUse(section.engine, "reward", options, "scoring", model, seq_len=length)
+        return uses
 
     @staticmethod
     def name_problems(cfg: SampleConfig, plugins: Any, run_code: bool = True) -> list[tuple[str, str]]:
@@ -165,9 +191,6 @@ class SampleTrainer(RoleTrainer):
                     options["options"] = {"step_separator": cfg.prm_step_separator, "step_token": cfg.prm_step_token}
                 setups[kind] = RoleSetup(ScoreRows, scorer, {**options, **section.engine_kwargs})
         return setups
-
-    def session_options(self) -> dict[str, Any]:
-        return {"sleep_level": 0}
 
     # -- the loop: one batch a step, its position the output's state file ----------------------------
 

@@ -34,7 +34,8 @@ LORA_05B = 24 * 16 * ((896 + 896) + 2 * (896 + 128) + (896 + 896) + 2 * (896 + 4
 def models(tmp_path_factory) -> dict[str, str]:
     """Model directories holding only config.json: nothing else is read."""
     out = {}
-    for name, config in (("q05", QWEN_05B), ("q15", QWEN_15B)):
+    prm = {**QWEN_05B, "architectures": ["Qwen2ForProcessRewardModel"], "tie_word_embeddings": False}
+    for name, config in (("q05", QWEN_05B), ("q15", QWEN_15B), ("prm", prm)):
         path = tmp_path_factory.mktemp(name)
         (path / "config.json").write_text(json.dumps(config))
         out[name] = str(path)
@@ -54,6 +55,34 @@ def test_the_shape_counts_qwen_05b_parameters():
     assert shape.params == P_05B
     assert shape.lora_params(16) == LORA_05B
     assert shape.kv_bytes_per_token(2) == 2 * 24 * 2 * 64 * 2  # K and V, 24 layers, 2 KV heads of 64, bf16
+
+
+def test_lora_counts_the_modules_lora_target_modules_names():
+    shape, r = ModelShape.from_config(QWEN_05B), 16
+    assert shape.lora_params(r, "all-linear") == shape.lora_params(r, ["all-linear"]) == LORA_05B
+    assert shape.lora_params(r, ["q_proj", "v_proj"]) == 24 * r * ((896 + 896) + (896 + 128))
+    # megatron's fused linears hold the projections: linear_qkv is q, k and v; linear_fc1 is gate and up
+    assert shape.lora_params(r, ["linear_qkv"]) == shape.lora_params(r, ["q_proj", "k_proj", "v_proj"])
+    assert shape.lora_params(r, ["linear_fc1", "linear_fc2"]) == shape.lora_params(r, ["gate_proj", "up_proj", "down_proj"])
+    untied = ModelShape.from_config({**QWEN_05B, "tie_word_embeddings": False})
+    head = r * (896 + 151936)  # A: hidden -> r, B: r -> vocab
+    assert untied.lora_params(r, ["all-linear", "lm_head"]) == untied.lora_params(r, ["model.lm_head", "all-linear"]) \
+        == LORA_05B + head
+    assert untied.lora_params(r, ["output_layer"]) == head
+    # a pattern, or a name this shape does not count: every linear and the untied head, an upper bound
+    assert untied.lora_params(r, ".*proj") == untied.lora_params(r, ["in_proj_qkv"]) == LORA_05B + head
+    assert shape.lora_params(r, ".*proj") == LORA_05B  # a tied head takes no adapter (refused before a run)
+
+
+def test_an_adapter_on_the_lm_head_is_sized_on_both_train_engines():
+    untied = {**QWEN_05B, "tie_word_embeddings": False}
+    head = 16 * (896 + 151936)
+    for memory in (train_memory, megatron_memory):
+        def state(targets):
+            use = train_use(lora_rank=16, lora_target_modules=targets)
+            q = MemoryQuery("train", use, ModelShape.from_config(untied), 80 * GiB, 1, False)
+            return memory(q).active["optimizer state"]
+        assert state(["all-linear", "lm_head"]) - state("all-linear") == 8 * head  # two float32 moments
 
 
 def test_hf_full_training_of_05b_by_hand():
@@ -174,19 +203,39 @@ def test_an_engine_that_gives_no_terms_is_unknown_never_zero(models):
     assert "unknown (rollout, train)" in plan.table() and "reports no memory terms" in plan.table()
 
 
-def test_a_role_on_a_gpu_whose_use_is_not_described_is_unknown_and_plan_says_it_cannot_tell(models, capsys):
-    """GRPO's reward model (`orm`) on the policy's GPU: the algorithm gives no use of it, so it is unknown there, and
-    `rlcore plan` exits 2 saying why: never a false "ok"."""
+def test_a_role_on_a_gpu_whose_use_is_not_described_is_unknown_and_the_plan_says_why(models):
+    """A role the algorithm gives no use of (a plugin's algorithm that describes only some roles) on the policy's GPU
+    is unknown there: never a false "ok"."""
+    from rlcore.plugins.grpo.config import GRPOConfig
+
+    config = GRPOConfig(model=models["q05"], reward_funcs=["orm"], orm={"model": models["q05"], "gpus": 4},
+                        train={"gpus": 4}, rollout={"gpus": 4},
+                        colocate_groups=[["train", "rollout", "orm"]])
+    resources = plan_from_config(config, roles=["train", "rollout", "orm"], plugins=loaded_plugins())
+    uses = {"train": RoleUse("hf", "train", {"dtype": "bfloat16"}, "training", models["q05"], 4, 1, 1024),
+            "rollout": RoleUse("vllm", "rollout", {"dtype": "bfloat16"}, "generation", models["q05"])}
+    plan = plan_memory(config, resources, uses, loaded_plugins(), gpu_bytes=80 * GiB)
+    assert plan.rows and all(row.unknown == ["orm"] for row in plan.rows) and not plan.known
+    assert plan.unknown_reason() == ("the memory plan cannot size orm, so it cannot say whether the run fits: orm: the "
+                                     "algorithm describes no memory use of it")
+
+
+def test_grpo_s_reward_model_is_planned_beside_the_policy(models, capsys):
+    """GRPO's `orm` on the policy's GPUs: its weights (no LM head: a score head) and one layer's working set over
+    `orm.batch_size` candidates, added to the training phase as the reference's are."""
     args = ["plan", "--plugin", "grpo", "--config", str(EXAMPLES / "grpo/colocate.yaml"), f"model={models['q05']}",
-            "reward_funcs=[orm]", f"orm.model={models['q05']}", "orm.gpus=4",
+            "reward_funcs=[orm]", f"orm.model={models['q05']}", "orm.gpus=4", "orm.batch_size=8",
             "colocate_groups=[[train, rollout, orm]]", "--json"]
-    assert main(args) == 2
-    out, err = capsys.readouterr()
-    plan = json.loads(out)
-    assert plan["rows"] and all(row["unknown"] == ["orm"] for row in plan["rows"])
-    assert not plan["fits"] and not plan["known"]
-    assert ("rlcore: error: the memory plan cannot size orm, so it cannot say whether the run fits: orm: the algorithm "
-            "describes no memory use of it. To plan it, only a run can tell") in err
+    assert main(args) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] and plan["known"]
+    training = next(r for r in plan["rows"] if r["phase"] == "training")
+    orm = {t["component"]: t["bytes"] for t in training["terms"] if t["role"] == "orm"}
+    assert orm["weights"] == 2 * (P_05B + 896 * 896)  # tied: the embedding stays; a hidden x hidden score head
+    tokens = 8 * (512 + 1024)  # orm.batch_size candidates of max_prompt_length + max_completion_length
+    assert orm["activations"] == tokens * 2 * ((4 * 896 + 3 * 896 + 3 * 128 + 4 * 4864) + 896)
+    generation = next(r for r in plan["rows"] if r["phase"] == "generation")
+    assert {t["component"] for t in generation["terms"] if t["role"] == "orm"} == {"cuda context", "weights"}
 
 
 def test_a_hub_model_that_is_not_cached_is_no_ok_but_a_failure_with_the_fix(tmp_path, monkeypatch, capsys):
@@ -225,6 +274,29 @@ def test_the_plan_of_each_shipped_example(plugin, example, models, capsys):
         generation = next(r for r in plan["rows"] if r["phase"] == "generation")
         assert {t["role"] for t in generation["terms"]} >= {"train", "rollout"}
         assert sum(t["bytes"] for t in generation["terms"] if t["role"] == "rollout") == int(0.4 * 80 * GiB)
+
+
+def test_the_sampling_example_plans_its_sampler_and_its_reward_models(models, capsys):
+    """examples/ray/sample/sampling.yaml: vLLM generates on GPUs 0-1 (awake throughout: nothing trains); the PRM
+    scores on 2-3 beside the ORM, here the `accuracy` function (nothing on the GPU), then a reward model."""
+    args = ["plan", "--plugin", "sample", "--config", str(EXAMPLES / "sample/sampling.yaml"), f"model={models['q05']}",
+            f"prm_model={models['prm']}", "dataset=tiny:toy", "--json"]
+    assert main(args) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] and plan["known"]
+    rows = {(tuple(r["gpus"]), r["phase"]): {(t["role"], t["component"]): t["bytes"] for t in r["terms"]}
+            for r in plan["rows"]}
+    assert set(rows) == {((0, 1), "generation"), ((2, 3), "scoring")}
+    assert sum(rows[(0, 1), "generation"].values()) == int(0.9 * 80 * GiB)  # sampler.vllm_gpu_memory_utilization
+    prm = rows[(2, 3), "scoring"]
+    assert {role for role, _ in prm} == {"prm"}  # the accuracy function takes nothing
+    assert prm["prm", "weights"] == 2 * (P_05B + 896 * 896)  # untied: the LM head is left out, a score head added
+    tokens = 16 * (2048 + 512)  # prm.batch_size candidates of max_prompt_length + max_new_tokens
+    assert prm["prm", "activations"] == tokens * 2 * ((4 * 896 + 3 * 896 + 3 * 128 + 4 * 4864) + 896)
+    assert main([*args[:-1], f"orm_model={models['prm']}", "--json"]) == 0  # a reward model as the ORM: sized too
+    both = json.loads(capsys.readouterr().out)
+    scoring = next(r for r in both["rows"] if r["phase"] == "scoring")
+    assert {t["role"] for t in scoring["terms"]} == {"prm", "orm"}
 
 
 def test_a_plan_that_will_not_fit_is_refused_with_the_changes_that_fit(models, capsys):
