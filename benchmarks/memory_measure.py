@@ -198,12 +198,15 @@ def compare(predicted: dict[str, Any], measured: dict[str, Any], gpus: list[int]
 
 def met(cases: dict[str, Any]) -> dict[str, bool]:
     """Whether each case's measured phases meet the target (the device's peak), as `<case> GPU <i> <phase>`; an
-    overflow case meets it where the plan refused it and the forced run ran out of memory."""
+    overflow case meets it where the plan refused it and the forced run ran out of memory; a `--fit` case where the
+    fitted run finished without running out of memory (and its phases as any case's)."""
     out = {}
     for name, case in cases.items():
         if "overflow_shown" in case:
             out[f"{name} refused by the plan, out of memory when forced"] = case["overflow_shown"]
             continue
+        if "fit_shown" in case:
+            out[f"{name} --fit's change runs within the GPU"] = case["fit_shown"]
         out.update({f"{name} GPU {row['gpu']} {row['phase']}": row["meets_target"] for row in case["rows"]
                     if "meets_target" in row})
     return out
@@ -224,4 +227,8 @@ def table(cases: dict[str, Any]) -> list[str]:
         if "overflow_shown" in case:
             lines.append(f"{name:<14} predicted to overflow: {not case['predicted_fits']}; "
                          f"ran out of memory: {case['out_of_memory']}")
+        if "fit_shown" in case:
+            lines.append(f"{name:<14} --fit applied {' '.join(case['fit_changes'])}; its plan fits: "
+                         f"{case['predicted_fits']}; the run finished: {case['returncode'] == 0}, out of memory: "
+                         f"{case['out_of_memory']}")
     return lines

@@ -13,7 +13,9 @@ awake as the example's `colocate_groups` and `sleep_level` say; Ray runs each ro
   labels) and the toy reward as the ORM, all on the one GPU;
 - grpo-7b-lora: a Qwen2.5-7B shape with LoRA rank 16 on grpo/colocate.yaml, vLLM beside it;
 - overflow: grpo-7b without LoRA, vLLM kept awake (sleep_level 0) and nothing offloaded, which the plan predicts
-  will not fit: run once with memory_check=false to show it runs out of memory.
+  will not fit: run once with memory_check=false to show it runs out of memory;
+- fitted: the overflow case with `--fit` (and the check on): the run takes the first change the plan says fits, and
+  must then run its step without running out of memory, its measured peak beside the fitted plan's.
 
 What is measured (`memory_measure.py`): a sampler beside the run reads, every 20 ms, each GPU's used memory and
 NVML's per-process figures (`nvmlDeviceGetComputeRunningProcesses`); a hook-only plugin in the driver (`PROBE`,
@@ -24,7 +26,7 @@ windows give that phase's peak per role and the device's peak, less what the GPU
 
     python benchmarks/memory_plan.py                  # every case: estimated 10-13 minutes on an H200 (not yet timed)
     python benchmarks/memory_plan.py --only grpo gkd sft sampling --json R.json      # about 6-7 of those
-    python benchmarks/memory_plan.py --only grpo-7b-lora overflow --json R.json --merge  # the rest, into R.json
+    python benchmarks/memory_plan.py --only grpo-7b-lora overflow fitted --json R.json --merge  # the rest, into R.json
     python benchmarks/memory_plan.py --predict-only   # on the CPU: each case's prediction for an H200 (no run)
 
 A case's run is stopped (SIGTERM, then killed) after its `timeout_s` (420 s); what it sampled until then is kept.
@@ -80,6 +82,10 @@ CASES: dict[str, dict[str, Any]] = {
     "overflow": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_7B}, "data": "prompts",
                  "keys": {**GRPO_WORK, "sleep_level": 0, "offload_optimizer": False, "offload_model": False,
                           "memory_check": False, "max_steps": 1}, "expect_oom": True},
+    # the overflow case as a user would run it after the refusal: `--fit` applies the first change that fits
+    "fitted": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_7B}, "data": "prompts",
+               "keys": {**GRPO_WORK, "sleep_level": 0, "offload_optimizer": False, "offload_model": False,
+                        "max_steps": 1}, "flags": ["--fit"]},
 }
 TARGET = "|predicted / measured peak - 1| <= 10% per phase, never under by more than 5%"
 
@@ -114,9 +120,12 @@ def case_keys(case: dict[str, Any], models: dict[str, str], data: dict[str, str]
 
 def predict(case: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
     """`rlcore plan --json` of the case (the GPU's memory read from nvidia-smi)."""
-    cmd = [sys.executable, "-m", "rlcore", "plan", "--plugin", case["plugin"], "--use-ray", "--config",
-           str(HERE.parent / "examples" / "ray" / case["example"]), *overrides_of(keys), "--json"]
+    cmd = [sys.executable, "-m", "rlcore", "plan", "--plugin", case["plugin"], "--use-ray", *case.get("flags", []),
+           "--config", str(HERE.parent / "examples" / "ray" / case["example"]), *overrides_of(keys), "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True)  # exit 2 where it will not fit: the JSON is printed first
+    if "\n--fit: " in done.stdout:  # the refused plan, `--fit: CHANGES`, then the plan of the fitted config
+        changes, fitted = done.stdout.split("\n--fit: ", 1)[1].split("\n", 1)
+        return {**json.loads(fitted), "fit_changes": changes.split()}
     return json.loads(done.stdout)
 
 
@@ -131,7 +140,7 @@ def measure(case: dict[str, Any], keys: dict[str, Any], tmp: Path, name: str, gp
     while not (samples.exists() and samples.stat().st_size) and sampler.poll() is None and time.time() < deadline:
         time.sleep(0.05)  # the baseline is read before the run starts
     cmd = [sys.executable, "-m", "rlcore", "run", "--plugin", case["plugin"], "--use-ray", "--with", str(plugin),
-           "--config", str(HERE.parent / "examples" / "ray" / case["example"]), *overrides_of(keys)]
+           *case.get("flags", []), "--config", str(HERE.parent / "examples" / "ray" / case["example"]), *overrides_of(keys)]
     log = tmp / f"run-{name}.log"
     started = time.time()
     with log.open("w") as err:
@@ -235,6 +244,10 @@ def main() -> int:
                                      "rows": compare(predicted, measured, gpus), **measured}
             if case.get("expect_oom"):
                 record["cases"][name]["overflow_shown"] = not predicted.get("fits") and measured["out_of_memory"]
+            if "fit_changes" in predicted:  # the fitted config's plan fits, and its run finished within the GPU
+                record["cases"][name]["fit_changes"] = predicted["fit_changes"]
+                record["cases"][name]["fit_shown"] = bool(predicted.get("fits")) and measured["returncode"] == 0 \
+                    and not measured["out_of_memory"]
             record["met"] = met(record["cases"])
             write_json(path, record)
     print("\n".join(table(record["cases"])))
@@ -255,8 +268,11 @@ def predict_only(args: argparse.Namespace) -> int:
             predicted = predict(case, {**case_keys(case, models, data, tmp / f"out-{name}"), "gpu_memory_gib": 140})
             out[name] = {"fits": predicted["fits"], "peaks_gib": {r["phase"]: round(r["peak_bytes"] / GiB, 1)
                                                                   for r in predicted["rows"] if 0 in r["gpus"]}}
+            fitted = f" (--fit: {' '.join(predicted['fit_changes'])})" if "fit_changes" in predicted else ""
+            if fitted:
+                out[name]["fit_changes"] = predicted["fit_changes"]
             print(f"{name:<14} fits on 140 GiB: {predicted['fits']!s:<5} " + "  ".join(
-                f"{phase} {peak:.1f} GiB" for phase, peak in out[name]["peaks_gib"].items()))
+                f"{phase} {peak:.1f} GiB" for phase, peak in out[name]["peaks_gib"].items()) + fitted)
     path = Path(args.json) if args.json else Path(tempfile.gettempdir()) / "memory_plan-predicted.json"
     write_json(path, {"benchmark": "memory_plan", "predict_only": True, "gpu_gib": 140, "cases": out})
     print(f"wrote {path}")

@@ -111,13 +111,18 @@ def test_results_rows_set_the_plan_beside_the_measured_peaks(bench, tmp_path):
 
     report = importlib.import_module("report")  # benchmarks/README.md's generator reads the results as written
     cases = {"grpo": {"example": case["example"], "rows": rows},
-             "overflow": {"rows": [], "predicted_fits": False, "out_of_memory": True, "overflow_shown": True}}
+             "overflow": {"rows": [], "predicted_fits": False, "out_of_memory": True, "overflow_shown": True},
+             "fitted": {"rows": [], "predicted_fits": True, "returncode": 0, "out_of_memory": False,
+                        "fit_changes": ["sleep_level=1"], "fit_shown": True}}
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "memory_plan-2026-12-05-nvidia-h200.json").write_text(json.dumps(
         {"benchmark": "memory_plan", "commit": "0123456789abcdef", "cases": cases, "met": measure.met(cases),
          "target": plan.TARGET}))
     text = report.render(tmp_path / "results")
     assert "grpo GPU 0 generation: not met; overflow refused by the plan, out of memory when forced: met" in text
+    assert "fitted --fit's change runs within the GPU: met" in text
+    assert measure.table({"fitted": cases["fitted"]})[1] == ("fitted         --fit applied sleep_level=1; its plan fits: "
+                                                            "True; the run finished: True, out of memory: False")
 
 
 def test_predict_only_prints_and_writes_each_cases_plan(tmp_path):
