@@ -196,3 +196,16 @@ def check_train_step(engine: str, forward_only: bool, micro_batch_size: int, tem
     check_temperature(temperature)
     if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
         raise RlcoreError(f"train_step: micro_batch_size={micro_batch_size!r} must be a positive int")
+
+
+def installed_version(package: str) -> tuple[int, int] | None:
+    """(major, minor) of an installed distribution, read from its metadata without importing it (a choice that
+    depends on a version costs `plan` and `validate` no import); None where it is not installed or not numbered so."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(part) for part in version(package).split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return None
+    return major, minor
+

@@ -36,6 +36,7 @@ sequence in flight.
 
 from __future__ import annotations
 
+from rlcore.engines import installed_version
 from rlcore.memory import (
     CHUNK_ROWS, CUDA_CONTEXT, EngineMemory, MemoryQuery, ModelShape, dtype_bytes, forward_terms, teacher_terms,
     train_fixes,
@@ -98,13 +99,7 @@ def head_working_set(s: ModelShape, d: int, rows: int, micro_batch: int, chunked
 
 def trl_head() -> bool:
     """Whether the chunked head runs TRL's kernel on the GPU: TRL >= 1.16 installed (read without importing it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        major, minor = (int(part) for part in version("trl").split(".")[:2])
-    except (PackageNotFoundError, ValueError):
-        return False
-    return (major, minor) >= (1, 16)
+    return (installed_version("trl") or (0, 0)) >= (1, 16)
 
 
 def train_memory(q: MemoryQuery) -> EngineMemory:

@@ -17,6 +17,7 @@ from typing import Any
 
 from rlcore import ConfigError, ModelUse, RoleSetup, RoleTrainer, announce
 from rlcore.data import has_conversations, model_problem
+from rlcore.engines import installed_version
 from rlcore.memory import RoleUse
 from rlcore.paths import folder_problem
 from rlcore.runtime import load_state
@@ -42,13 +43,7 @@ def trainer_optimizer(trainer_kwargs: dict[str, Any]) -> str:
     TrainingArguments to ask would cost `plan` and `validate` torch's import."""
     if "optim" in trainer_kwargs:
         return str(trainer_kwargs["optim"])
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        major, minor = (int(part) for part in version("torch").split(".")[:2])
-    except (PackageNotFoundError, ValueError):
-        return "adamw_torch"
-    return "adamw_torch_fused" if (major, minor) >= (2, 8) else "adamw_torch"
+    return "adamw_torch_fused" if (installed_version("torch") or (0, 0)) >= (2, 8) else "adamw_torch"
 
 
 class LMTrainer(RoleTrainer):

@@ -104,3 +104,14 @@ def test_every_role_defaults_to_auto_and_a_bf16_checkpoint_loads_in_float32_on_t
     rollout = HFRolloutEngine(str(model), device="cpu")
     assert next(train.model.parameters()).dtype == torch.float32
     assert next(rollout.model.parameters()).dtype == torch.float32
+
+
+def test_installed_version_reads_the_metadata_of_what_is_installed(monkeypatch):
+    import importlib.metadata
+
+    from rlcore.engines import installed_version
+
+    assert installed_version("torch") == tuple(int(p) for p in torch.__version__.split(".")[:2])
+    assert installed_version("no-such-distribution-here") is None
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "nightly")
+    assert installed_version("torch") is None  # not numbered: no version to compare
