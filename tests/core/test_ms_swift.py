@@ -5,7 +5,6 @@ key, refused keys with their reason, and each run from the CLI on the CPU (scale
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest

@@ -207,8 +207,6 @@ def test_a_forward_only_teacher_offloads_and_reloads_bitwise(model_dir):
 
 def test_bf16_log_probs_match_the_hf_engine(model_dir):
     """SDPA core attention (flash kernel) against transformers' model in bf16 on the same GPU."""
-    import torch
-
     from rlcore.plugins.hf import make_forward_engine as make_hf_forward
     from rlcore.plugins.megatron import make_forward_engine
 

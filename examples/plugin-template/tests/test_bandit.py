@@ -6,8 +6,6 @@ import ast
 import json
 from pathlib import Path
 
-import pytest
-
 import rlcore
 from rlcore_example import bandit
 from rlcore_example.bandit import BanditConfig
