@@ -8,6 +8,9 @@ awake as the example's `colocate_groups` and `sleep_level` say; Ray runs each ro
   vLLM sleeping at level 1 while the policy trains);
 - gkd: the GKD benchmark's (`benchmarks/gkd_gpu.py`: gkd/teacher_colocated.yaml, 0.5B student, 1.5B teacher in the
   train process, full vocabulary);
+- grpo-lora, grpo-megatron, grpo-megatron-lora: the grpo case with LoRA rank 16 (all-linear), on the megatron
+  engine, and both;
+- gkd-topk: the gkd case with the teacher's top-64 log-probs (gkd_logits_topk=64) in place of the full vocabulary;
 - sft: the SFT benchmark's (`benchmarks/sft_gpu.py`: sft/multi_node.yaml with the 0.5B shape, one `default` worker);
 - sampling: sample/sampling.yaml, a 0.5B sampler on vLLM (awake throughout: nothing trains), a 1.5B-shaped PRM (two
   labels) and the toy reward as the ORM, all on the one GPU;
@@ -24,8 +27,9 @@ given with --with) writes the trainer's phases (`generate` -> generation; `score
 (`RoleSession.processes()`). Each pid is its role's (or a child's of a role's worker); the samples inside a phase's
 windows give that phase's peak per role and the device's peak, less what the GPU held before the run.
 
-    python benchmarks/memory_plan.py                  # every case: estimated 10-13 minutes on an H200 (not yet timed)
+    python benchmarks/memory_plan.py                  # every case: estimated 18-22 minutes on an H200 (not yet timed)
     python benchmarks/memory_plan.py --only grpo gkd sft sampling --json R.json      # about 6-7 of those
+    python benchmarks/memory_plan.py --only grpo-lora grpo-megatron grpo-megatron-lora gkd-topk --json R.json --merge
     python benchmarks/memory_plan.py --only grpo-7b-lora overflow fitted --json R.json --merge  # the rest, into R.json
     python benchmarks/memory_plan.py --predict-only   # on the CPU: each case's prediction for an H200 (no run)
 
@@ -68,6 +72,15 @@ CASES: dict[str, dict[str, Any]] = {
     "gkd": {"plugin": "gkd", "example": "gkd/teacher_colocated.yaml", "models": {"model": QWEN_05B,
             "teacher_model": QWEN_15B}, "data": "chats", "keys": dict(per_device_train_batch_size=8,
             gradient_accumulation_steps=8, max_completion_length=256, max_steps=2, lmbda=1.0)},
+    "grpo-lora": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_05B}, "data": "prompts",
+                  "keys": {**GRPO_WORK, "train.lora_rank": 16}},
+    "grpo-megatron": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_05B},
+                      "data": "prompts", "keys": {**GRPO_WORK, "train.engine": "megatron"}},
+    "grpo-megatron-lora": {"plugin": "grpo", "example": "grpo/colocate.yaml", "models": {"model": QWEN_05B},
+                           "data": "prompts", "keys": {**GRPO_WORK, "train.engine": "megatron", "train.lora_rank": 16}},
+    "gkd-topk": {"plugin": "gkd", "example": "gkd/teacher_colocated.yaml", "models": {"model": QWEN_05B,
+                 "teacher_model": QWEN_15B}, "data": "chats", "keys": dict(per_device_train_batch_size=8,
+                 gradient_accumulation_steps=8, max_completion_length=256, max_steps=2, lmbda=1.0, gkd_logits_topk=64)},
     "sft": {"plugin": "sft", "example": "sft/multi_node.yaml", "models": {"model": QWEN_05B}, "data": "chats",
             "keys": dict(max_length=2048, per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=4)},
     "sampling": {"plugin": "sample", "example": "sample/sampling.yaml", "models": {"model": QWEN_05B,
@@ -93,7 +106,7 @@ TARGET = "|predicted / measured peak - 1| <= 10% per phase, never under by more 
 def config_only(path: Path, shape: dict[str, Any]) -> str:
     """A model directory holding only the config.json of `shape` (what the plan reads), for --predict-only."""
     path.mkdir(parents=True, exist_ok=True)
-    config = {"model_type": "qwen2", "hidden_size": shape["hidden_size"], "num_hidden_layers": shape["num_layers"],
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": shape["hidden_size"], "num_hidden_layers": shape["num_layers"],
               "num_attention_heads": shape["num_heads"], "num_key_value_heads": shape["num_kv_heads"],
               "intermediate_size": shape["intermediate_size"], "vocab_size": shape["vocab_size"],
               "max_position_embeddings": shape["max_position_embeddings"], "torch_dtype": shape["dtype"],
@@ -123,6 +136,8 @@ def predict(case: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "rlcore", "plan", "--plugin", case["plugin"], "--use-ray", *case.get("flags", []),
            "--config", str(HERE.parent / "examples" / "ray" / case["example"]), *overrides_of(keys), "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True)  # exit 2 where it will not fit: the JSON is printed first
+    if not done.stdout.startswith("{"):  # refused before it planned (the config): no JSON to read
+        raise SystemExit(f"`rlcore plan` of the case failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
     if "\n--fit: " in done.stdout:  # the refused plan, `--fit: CHANGES`, then the plan of the fitted config
         changes, fitted = done.stdout.split("\n--fit: ", 1)[1].split("\n", 1)
         return {**json.loads(fitted), "fit_changes": changes.split()}
@@ -271,7 +286,7 @@ def predict_only(args: argparse.Namespace) -> int:
             fitted = f" (--fit: {' '.join(predicted['fit_changes'])})" if "fit_changes" in predicted else ""
             if fitted:
                 out[name]["fit_changes"] = predicted["fit_changes"]
-            print(f"{name:<14} fits on 140 GiB: {predicted['fits']!s:<5} " + "  ".join(
+            print(f"{name:<18} fits on 140 GiB: {predicted['fits']!s:<5} " + "  ".join(
                 f"{phase} {peak:.1f} GiB" for phase, peak in out[name]["peaks_gib"].items()) + fitted)
     path = Path(args.json) if args.json else Path(tempfile.gettempdir()) / "memory_plan-predicted.json"
     write_json(path, {"benchmark": "memory_plan", "predict_only": True, "gpu_gib": 140, "cases": out})

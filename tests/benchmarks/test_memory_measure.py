@@ -130,7 +130,7 @@ def test_predict_only_prints_and_writes_each_cases_plan(tmp_path):
     done = subprocess.run([sys.executable, str(BENCHMARKS / "memory_plan.py"), "--predict-only", "--only", "grpo",
                            "--json", str(path)], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith("grpo           fits on 140 GiB: True")
+    assert done.stdout.startswith("grpo               fits on 140 GiB: True")
     case = json.loads(path.read_text())["cases"]["grpo"]
     assert case["fits"] is True and set(case["peaks_gib"]) == {"generation", "training", "weight sync"}
 

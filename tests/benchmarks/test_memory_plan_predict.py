@@ -22,7 +22,8 @@ def test_every_case_but_the_overflow_is_predicted_to_fit_an_h200(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     cases = json.loads(path.read_text())["cases"]
     assert {name: case["fits"] for name, case in cases.items()} == {
-        "grpo": True, "gkd": True, "sft": True, "sampling": True, "grpo-7b-lora": True, "overflow": False,
+        "grpo": True, "gkd": True, "grpo-lora": True, "grpo-megatron": True, "grpo-megatron-lora": True,
+        "gkd-topk": True, "sft": True, "sampling": True, "grpo-7b-lora": True, "overflow": False,
         "fitted": True}  # --fit's plan: the overflow case with the first change that fits
     assert cases["overflow"]["peaks_gib"]["training"] > 140
     assert set(cases["grpo"]["peaks_gib"]) == {"generation", "training", "weight sync"}
