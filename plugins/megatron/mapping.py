@@ -265,10 +265,19 @@ def _rope_type(params: Any) -> str:
     return kind or "default"
 
 
+def _causal_lm_of(config: Any) -> list[str]:
+    """The class AutoModelForCausalLM loads a config.json without `architectures` as (its model_type's), as the hf
+    engine would load it; none where transformers maps none."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None) or "")
+    return [name] if name else []
+
+
 def spec_from_hf_config(config: Any) -> ModelSpec:
     """A `ModelSpec` from a transformers config; a ConfigError for an architecture without a mapping, or one whose
     configuration the mapping does not express."""
-    archs = list(getattr(config, "architectures", None) or [])
+    archs = list(getattr(config, "architectures", None) or []) or _causal_lm_of(config)
     name = next((a for a in archs if a in ARCHITECTURES), None)
     conditional = next((a for a in archs if a in CONDITIONAL), None)
     if name is None and conditional is not None:  # its language model, on the text config

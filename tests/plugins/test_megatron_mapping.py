@@ -89,6 +89,20 @@ def test_padded_vocab_is_a_multiple_of_divisor_times_tp():
     assert mapping.padded_vocab_size(267, 2, divisible_by=1) == 268
 
 
+def test_a_config_without_architectures_is_the_causal_lm_its_model_type_loads_as():
+    from transformers import GPT2Config, Qwen2Config
+
+    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256)
+    assert not config.architectures  # as AutoModelForCausalLM loads it: Qwen2ForCausalLM
+    config.architectures = ["Qwen2ForCausalLM"]
+    named = mapping.spec_from_hf_config(config)
+    config.architectures = None
+    assert mapping.spec_from_hf_config(config) == named
+    with pytest.raises(ConfigError, match="GPT2LMHeadModel has no Hugging Face <-> megatron mapping"):
+        mapping.spec_from_hf_config(GPT2Config())  # what gpt2's model_type loads as is named
+
+
 def test_an_architecture_without_a_mapping_is_refused():
     from transformers import GPT2Config
 
