@@ -166,6 +166,15 @@ def run(plugins, tmp_path, tiny_model, config=SampleConfig, use_ray=False, out="
     return summary, tmp_path / out
 
 
+def test_the_sampler_never_sleeps_whatever_sleep_level_says(plugins, tmp_path, tiny_model):
+    """Nothing trains beside it: `session_fixed` keeps the session's sleep_level 0 (the memory plan reads the same)."""
+    data = write_rows(tmp_path / "data.jsonl", ROWS)
+    cfg = SampleConfig(model=str(tiny_model), dataset=str(data), output_dir=str(tmp_path / "run"), sleep_level=2,
+                       max_prompt_length=512, **SCORED)
+    trainer = SampleTrainer(cfg, plugins)
+    assert trainer.session.sleep_level == 0 and SampleTrainer.session_fixed == {"sleep_level": 0}
+
+
 def test_exact_jsonl_of_a_deterministic_engine_orm_and_prm(plugins, tmp_path, tiny_model):
     """Candidates are the table's four; ORM: the solution is in the text; PRM: each step min(1, len/20),
     aggregated by min -> [0.05, 0.2, 0.05, 0.75]. Row 1: candidates 1 and 3 pass, 3 scores best, 0 and 2 tie
