@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, RlcoreError
 
@@ -85,6 +85,26 @@ def tied_embeddings(model: str | os.PathLike) -> bool | None:
     except (OSError, ValueError, KeyError):
         return None
     return bool(getattr(config, "tie_word_embeddings", False))
+
+
+HEAD_NAMES = ("lm_head", "output_layer")  # the LM head: transformers' name, megatron's
+
+
+def names_lm_head(targets: Any) -> bool:
+    """Whether `lora_target_modules` puts an adapter on the LM head: a list entry that is its name (`lm_head`, or
+    megatron's `output_layer`) or ends in `.lm_head`, or a pattern that matches `lm_head` whole (peft's rule for a
+    string); `all-linear` leaves the head out."""
+    import re
+
+    if isinstance(targets, str):
+        if targets == "all-linear":
+            return False
+        try:
+            return re.fullmatch(targets, HEAD_NAMES[0]) is not None
+        except re.error:
+            return False
+    return isinstance(targets, (list, tuple, set)) and any(
+        isinstance(t, str) and (t in HEAD_NAMES or t.endswith(f".{HEAD_NAMES[0]}")) for t in targets)
 
 
 def tied_head_problems(model: str | os.PathLike, names_head: bool, tied: bool | None = None) -> list[tuple[str, str]]:

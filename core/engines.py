@@ -424,8 +424,8 @@ class TrainEngine(abc.ABC):
 
 # The checks and helpers every engine shares, re-exported here: an engine plugin's one import of core's engine API.
 from .engine_checks import (  # noqa: E402  (below the interfaces, which engine_checks does not import)
-    aligned_rows, check_ids, check_temperature, check_train_step, common_problems, installed_version, raise_problems,
-    resolve_dtype, tied_head_problems, torch_device,
+    aligned_rows, check_ids, check_temperature, check_train_step, common_problems, installed_version, names_lm_head,
+    raise_problems, resolve_dtype, tied_head_problems, torch_device,
 )
 from .conditional import CheckpointLayout, checkpoint_layout  # noqa: E402
 from .model_checks import read_model  # noqa: E402
@@ -435,6 +435,6 @@ __all__ = [
     "SCHEDULERS", "CheckpointLayout", "Generation", "LossFn", "ModelOutputs", "NamedTensors", "OptimizerOptions",
     "Projection", "RolloutEngine", "SamplingParams", "TopK", "TrainEngine", "TrainOptions", "aligned_rows",
     "build_engine", "check_ids", "check_temperature", "check_train_step", "checkpoint_layout", "common_problems",
-    "installed_version", "options_check",
+    "installed_version", "names_lm_head", "options_check",
     "raise_problems", "read_model", "resolve_dtype", "tied_head_problems", "torch_device", "unknown_options",
 ]

@@ -1,27 +1,9 @@
-"""LoRA weights as the base model's Hugging Face names, merged: what a rollout engine without adapters loads; and
-whether `lora_target_modules` reaches the LM head."""
+"""LoRA weights as the base model's Hugging Face names, merged: what a rollout engine without adapters loads."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
-
-HEAD = "lm_head"
-
-
-def names_lm_head(targets: Any) -> bool:
-    """Whether peft's `target_modules` put an adapter on the LM head (`lm_head`): a list entry that is its name or
-    ends in `.lm_head`, or a pattern that matches it whole; `all-linear` leaves the head out."""
-    if isinstance(targets, str):
-        if targets == "all-linear":
-            return False
-        try:
-            return re.fullmatch(targets, HEAD) is not None
-        except re.error:
-            return False
-    return isinstance(targets, (list, tuple, set)) and any(
-        isinstance(t, str) and (t == HEAD or t.endswith(f".{HEAD}")) for t in targets)
 
 
 def lora_merged_tensors(peft_model: Any) -> Iterator[tuple[str, Any]]:

@@ -27,13 +27,13 @@ from rlcore import RlcoreError
 from rlcore.batch import Batch, host_column, pad_width, token_columns, trim_padding
 from rlcore.engines import (
     LossFn, NamedTensors, Projection, TopK, TrainEngine, TrainOptions, check_temperature, check_train_step,
-    checkpoint_layout, common_problems, raise_problems, tied_head_problems, torch_device,
+    checkpoint_layout, common_problems, names_lm_head, raise_problems, tied_head_problems, torch_device,
 )
 from rlcore.runtime import join_torch_world, replace_dir
 
 from .attention import log_once, packing_choice, register_varlen, varlen_kernel
 from .common import compile_layers, conditional_problems, load_causal_lm, model_outputs, packs_sequences
-from .lora import lora_merged_tensors, names_lm_head
+from .lora import lora_merged_tensors
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlcore import TrainRoleConfig
-from rlcore.engines import read_model
+from rlcore.engines import names_lm_head, read_model
 
 _MAX_LEN = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
                       r"\((?:(\w+)=)?(\d+)")
@@ -41,8 +41,9 @@ def syncs_adapter(vllm_enable_lora: bool = False, **_: Any) -> bool:
 
 def config_problems(config: Any, role: str) -> list[tuple[str, str]]:
     """What keeps `ROLE.vllm_enable_lora` (the adapter alone to vLLM at each sync) from working: no LoRA on the
-    train engine, a rank above `vllm_max_lora_rank`, `sleep_level` 2 while colocated, or adapters on Qwen3.5's gated
-    delta-net linears, whose LoRA vLLM does not apply (vllm-project/vllm#49354)."""
+    train engine, a rank above `vllm_max_lora_rank`, `sleep_level` 2 while colocated, an adapter on the LM head
+    (vLLM puts LoRA on linear layers only), or adapters on Qwen3.5's gated delta-net linears, whose LoRA vLLM does
+    not apply (vllm-project/vllm#49354)."""
     section, train = getattr(config, role, None), getattr(config, "train", None)
     if not getattr(section, "vllm_enable_lora", False) or not isinstance(train, TrainRoleConfig):
         return []
@@ -60,6 +61,12 @@ def config_problems(config: Any, role: str) -> list[tuple[str, str]]:
         problems.append((f"{role}.vllm_max_lora_rank", f"({section.vllm_max_lora_rank}) is below train.lora_rank "
                          f"({train.lora_rank}); vLLM refuses a larger adapter: raise it to a rank vLLM takes, at least "
                          f"{train.lora_rank}"))
+    if names_lm_head(train.lora_target_modules):
+        problems.append(("train.lora_target_modules", f"{train.lora_target_modules!r} puts an adapter on the LM head, but "
+                         "vLLM applies LoRA to its linear layers only and its LM head is none (ParallelLMHead), so the "
+                         "head's adapter cannot reach the rollout (vllm-project/vllm#32599); drop lm_head from "
+                         f"train.lora_target_modules, or drop {role}.vllm_enable_lora (the merged weights, the head's "
+                         "adapter in them, are synced)"))
     targets = [train.lora_target_modules] if isinstance(train.lora_target_modules, str) else train.lora_target_modules
     delta = sorted(set(targets) & set(DELTA_NET_LINEARS)) or (["all-linear"] if "all-linear" in targets else [])
     model = getattr(config, "model", None)

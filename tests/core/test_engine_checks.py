@@ -115,3 +115,14 @@ def test_installed_version_reads_the_metadata_of_what_is_installed(monkeypatch):
     assert installed_version("no-such-distribution-here") is None
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "nightly")
     assert installed_version("torch") is None  # not numbered: no version to compare
+
+
+@pytest.mark.parametrize("targets, named", [
+    ("all-linear", False), (["all-linear"], False), (["q_proj", "v_proj"], False),
+    (["all-linear", "lm_head"], True), (["model.lm_head"], True), (["output_layer"], True),  # megatron's name
+    (".*(proj|lm_head)", True), (".*proj", False), ("(", False),  # peft's pattern: matched whole; a broken one: none
+])
+def test_names_lm_head_reads_lora_target_modules_as_peft_does(targets, named):
+    from rlcore.engines import names_lm_head
+
+    assert names_lm_head(targets) is named

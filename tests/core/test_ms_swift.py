@@ -752,7 +752,10 @@ def _lora_config(model="", **keys):
     ({"train": {"lora_rank": 48}}, "rollout.vllm_max_lora_rank", "below train.lora_rank (48); vLLM refuses a larger "
                                                                   "adapter: raise it to a rank vLLM takes, at least 48"),
     ({"sleep_level": 2, "colocate_groups": [["train", "rollout"]]}, "sleep_level", "base weights are sent once"),
-], ids=["no-train-lora", "hf-rollout", "rank-above-max", "sleep-level-2"])
+    ({"train": {"lora_target_modules": ["all-linear", "lm_head"]}}, "train.lora_target_modules",
+     "vLLM applies LoRA to its linear layers only and its LM head is none"),
+    ({"train": {"lora_target_modules": ["q_proj", "output_layer"]}}, "train.lora_target_modules", "drop lm_head from"),
+], ids=["no-train-lora", "hf-rollout", "rank-above-max", "sleep-level-2", "lm-head", "megatron-output-layer"])
 def test_an_adapter_only_sync_that_cannot_work_is_refused_in_one_line(keys, key, said):
     """The vllm engine's check of the whole config (`EngineSpec.config_check`); with another rollout engine, the
     key is one of another engine's (`other_engine_key_problems`)."""
