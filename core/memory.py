@@ -308,27 +308,36 @@ def suggestions(config: Any, plan: MemoryPlan, uses: dict[str, RoleUse],
     those that fit first (cheapest first); where no one change fits, the candidates added up in cost order (a
     key's later, stronger value replacing its earlier one) until they fit, as one suggestion."""
     tried: list[Suggestion] = []
-    candidates = candidate_changes(config, plan, uses)
+    candidates, useful = candidate_changes(config, plan, uses), []
     seen_keys: set[str] = set()
-    for _, changes, why in candidates:
+    for candidate in candidates:
+        _, changes, why = candidate
         key = ",".join(sorted(changes))
         if key in seen_keys and any(s.fits and ",".join(sorted(s.changes)) == key for s in tried):
             continue  # a cheaper value of the same key fits already
         new = replan(changes)
-        if new is None:  # the change makes the config invalid (the algorithm's own rules)
+        if new is None or not _lowers(plan, new):  # an invalid config (the algorithm's rules), or no GPU lower
             continue
+        useful.append(candidate)
         tried.append(Suggestion(changes, new.peak(), new.fits, why))
         seen_keys.add(key)
     fitting = [s for s in tried if s.fits]
     if fitting:
         return _one_per_key(fitting) + [s for s in tried if not s.fits and not _same_keys(s, fitting)]
     combined: dict[str, Any] = {}
-    for _, changes, _ in candidates:  # a later value of a key (a smaller micro-batch) replaces the earlier one
+    for _, changes, _ in useful:  # a later value of a key (a smaller micro-batch) replaces the earlier one
         combined.update(changes)
         new = replan(dict(combined))
         if new is not None and new.fits:
             return [Suggestion(dict(combined), new.peak(), True, "together")] + tried
     return tried
+
+
+def _lowers(plan: MemoryPlan, new: MemoryPlan) -> bool:
+    """Whether `new` predicts less on some GPU in some phase than `plan` (a change that lowers nothing, such as an
+    offload with no train engine to offload, is no fix)."""
+    after = {(row.gpus, row.phase): row.peak for row in new.rows}
+    return any(after.get((row.gpus, row.phase), 0) < row.peak for row in plan.rows)
 
 
 def _one_per_key(found: list[Suggestion]) -> list[Suggestion]:
@@ -357,9 +366,9 @@ def refusal(plan: MemoryPlan, found: list[Suggestion]) -> str:
         lines.append("changes that fit, cheapest first (rlcore run --fit applies the first):")
         lines += [f"  {' '.join(s.overrides())}  -> peak {gib(s.peak)}" + (f"  ({s.why})" if s.why else "") for s in fitting]
     else:
+        closest = "; ".join(f"{' '.join(s.overrides())} -> {gib(s.peak)}" for s in found[:3])
         lines.append("no change rlcore knows of fits; more GPUs (tensor or pipeline parallel), a smaller model, or "
-                     "shorter sequences. Closest: "
-                     + "; ".join(f"{' '.join(s.overrides())} -> {gib(s.peak)}" for s in found[:3]))
+                     "shorter sequences" + (f". Closest: {closest}" if closest else ""))
     return "\n".join(lines)
 
 

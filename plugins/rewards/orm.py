@@ -11,7 +11,7 @@ from typing import Any
 
 from rlcore import ConfigError
 from rlcore.engines import resolve_dtype, torch_device
-from rlcore.memory import CUDA_CONTEXT, EngineMemory, MemoryQuery, dtype_bytes
+from rlcore.memory import CUDA_CONTEXT, EngineMemory, Fix, MemoryQuery, dtype_bytes
 
 from .functions import completion_text
 
@@ -83,4 +83,8 @@ def reward_memory(q: MemoryQuery) -> EngineMemory:
     tokens = int(q.options.get("batch_size", 16)) * q.use.seq_len
     active = {"cuda context": CUDA_CONTEXT, "weights": weights,
               "activations": tokens * (s.activation_bytes_per_token(d) // s.layers + s.hidden * d)}
-    return EngineMemory(active, {"cuda context": CUDA_CONTEXT, "weights": weights})
+    batch, fixes = int(q.options.get("batch_size", 16)) // 2, []
+    while batch >= 1:  # each halving, largest first: fewer candidates per forward, more forwards
+        fixes.append(Fix({"batch_size": batch}, 1, "fewer candidates per reward-model forward"))
+        batch //= 2
+    return EngineMemory(active, {"cuda context": CUDA_CONTEXT, "weights": weights}, fixes=tuple(fixes))

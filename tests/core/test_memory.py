@@ -171,6 +171,40 @@ def test_vllm_takes_its_share_awake_and_frees_it_asleep():
     assert shares == sorted(shares, reverse=True) and shares[0] == 0.35 and shares[-1] >= 0.05
 
 
+def test_vllm_s_lowest_share_holds_the_kv_cache_of_the_sequences_it_runs_at_once():
+    """The shares proposed stop where the KV cache of the sequences in flight no longer fits, counting at most vLLM's
+    max_num_seqs of them (its default 1024 on an H100/H200-sized GPU, 256 below; or vllm_engine_kwargs')."""
+    def lowest(sequences, gpu=80 * GiB, **options):
+        use = RoleUse("vllm", "rollout", {"model": "m", "dtype": "bfloat16", "vllm_gpu_memory_utilization": 0.9,
+                                          **options}, "generation", "m", seq_len=2048, sequences=sequences)
+        return vllm_memory(query(use, gpu=gpu)).fixes[-1].options["vllm_gpu_memory_utilization"]
+
+    per_token = 2 * 24 * 2 * 64 * 2  # K and V, 24 layers, 2 KV heads of 64, bf16
+    floor = (2 * P_05B + 1024 * 2048 * per_token + GiB // 2) / (80 * GiB)
+    assert lowest(4096) == lowest(1024) == round(0.05 * -(-floor // 0.05), 2) > lowest(512)  # 1024 run at once
+    assert lowest(4096, vllm_engine_kwargs={"max_num_seqs": 64}) == lowest(64)
+    assert lowest(4096, gpu=40 * GiB) == lowest(256, gpu=40 * GiB)  # a smaller GPU: vLLM's default is 256
+
+
+def test_a_change_that_lowers_no_gpu_is_not_proposed(models, capsys):
+    """Sampling on one GPU, vLLM awake beside the PRM: the offloads lower nothing (no train engine), so they are
+    never proposed, not even as the closest; the PRM's batch_size and vLLM's share are."""
+    args = ["plan", "--plugin", "sample", "--config", str(EXAMPLES / "sample/sampling.yaml"), f"model={models['q05']}",
+            "dataset=tiny:toy", "prm.batch_size=64",
+            "device_groups={nproc_per_node: 1, one: {device: GPU, ranks: [0], workers: [sampler, prm, orm]}}"]
+    # vLLM takes 0.95 of the GPU and holds its share (its floor: 1024 sequences of 16896 tokens); a 1.5B PRM beside
+    assert main([*args, f"prm_model={models['q15']}", "max_prompt_length=16384",
+                 "sampler.vllm_gpu_memory_utilization=0.95"]) == 2
+    err = capsys.readouterr().err
+    assert "GPU 0 in scoring needs" in err and "no change rlcore knows of fits" in err and "offload" not in err
+    assert "Closest: prm.batch_size=32 -> " in err  # halving the candidates per forward, cost 1
+    assert main([*args, f"prm_model={models['prm']}"]) == 2
+    err = capsys.readouterr().err
+    proposed = [line.split()[0] for line in err.splitlines() if "-> peak" in line]
+    assert proposed and "offload" not in err
+    assert all(p.startswith(("sampler.vllm_gpu_memory_utilization=", "prm.batch_size=")) for p in proposed)
+
+
 def test_a_forward_only_reference_keeps_its_weights():
     use = RoleUse("hf", "forward", {"model": "m", "dtype": "bfloat16"}, "training", "m", seq_len=1024)
     got = forward_memory(query(use))
