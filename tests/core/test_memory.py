@@ -333,6 +333,21 @@ def test_the_sampling_example_plans_its_sampler_and_its_reward_models(models, ca
     assert {t["role"] for t in scoring["terms"]} == {"prm", "orm"}
 
 
+def test_the_sampler_holds_one_prompt_s_candidates_with_seed_per_prompt(models):
+    """seed_per_prompt (the default) calls the engine once per prompt: its N candidates are what is in flight; without
+    it, the batch's prompts on each sampler GPU at once."""
+    from rlcore.plugins.sampling.config import SampleConfig
+    from rlcore.plugins.sampling.trainer import SampleTrainer
+
+    def sequences(**keys):
+        config = SampleConfig(model=models["q05"], batch_size=64, num_return_sequences=8, **keys)
+        return SampleTrainer.memory_use(config)["sampler"].sequences
+
+    assert sequences() == 8
+    assert sequences(seed_per_prompt=False) == 64 * 8
+    assert sequences(seed_per_prompt=False, sampler={"gpus": 3}) == 22 * 8  # rows split whole: 22, 21, 21
+
+
 def test_a_plan_that_will_not_fit_is_refused_with_the_changes_that_fit(models, capsys):
     args = ["plan", "--plugin", "grpo", "--config", str(EXAMPLES / "grpo/colocate.yaml"), f"model={models['q05']}",
             "per_device_train_batch_size=64", "max_completion_length=4096"]
