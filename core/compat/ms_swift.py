@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,10 +26,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..config import _names_and_aliases, config_from_data, gpu_count, read_config_data
-from ..data import dataset_file, load_rows
-from ..errors import ConfigError
 from ..runtime.resources import parse_ranks
 from .ms_swift_data import dataset_ids, prompt_keys
+from .ms_swift_schedule import Schedule, as_list
 from .ms_swift_table import MS_SWIFT
 from .trl_names import answer_keys, answer_trl, trl_keys
 
@@ -44,7 +42,6 @@ TUNING = ("tuner_type", "train_type", "lora_rank", "lora_alpha", "lora_dropout",
           "target_modules", "recompute_granularity", "gradient_checkpointing", "torch_dtype")
 MOVED_BY_TUNING = ("tuner_type", "train_type", "target_modules", "recompute_granularity")  # rewritten in train
 ZERO_STAGES = ("zero0", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")  # ms-swift's `deepspeed` names
-LR_SCHEDULES = {"constant": "constant", "linear": "linear", "cosine": "cosine"}
 # keys only Megatron's arguments have: with rlhf_type they mark a `megatron rlhf` config, which trains on Megatron
 MEGATRON_ONLY = (
     "micro_batch_size", "global_batch_size", "train_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -120,26 +117,11 @@ def _names(model: type[BaseModel] | None) -> set[str]:
     return _names_and_aliases(model) if model is not None else set()
 
 
-def _row_count(dataset: str) -> int | None:
-    """The rows of `dataset` (`FILE#N`: N; a local file: its rows), None when that is not known here."""
-    file, first = dataset_file(dataset)
-    if first is not None or not file.is_file():
-        return first
-    try:
-        return len(load_rows(file))
-    except ConfigError:  # the data checks report it
-        return None
-
-
 def _path(section: str | None, key: str) -> str:
     return f"{section}.{key}" if section else key
 
 
-def _as_list(value: Any) -> list[Any]:
-    return [value] if isinstance(value, str) else list(value or ())
-
-
-class _Translator:
+class _Translator(Schedule):
     def __init__(self, data: dict[str, Any], model: type[BaseModel]):
         self.data = copy.deepcopy(data)
         self.model = model
@@ -323,139 +305,6 @@ class _Translator:
             self.refuse(path, f"is {size}, but only the megatron train engine has expert parallelism (train.engine "
                         f"is {self.train_engine() or 'hf'!r}); use 1, or train.engine megatron")
 
-    # -- batch and schedule --------------------------------------------------------------------------------
-
-    def train_role(self) -> str | None:
-        return "train" if "train" in self.sections else ("default" if "default" in self.sections else None)
-
-    def data_parallel(self) -> tuple[int | None, str]:
-        """The train role's data-parallel size as the plan will make it, and how it was counted."""
-        role = self.train_role()
-        if role is None:
-            return None, "no train role"
-        section = self.data.get(role) or {}
-        workers = None
-        if isinstance(self.data.get("device_groups"), dict):
-            for spec in self.data["device_groups"].values():
-                if isinstance(spec, dict) and role in _as_list(spec.get("workers")):
-                    try:
-                        ranks = parse_ranks(spec.get("ranks"))
-                    except ValueError:
-                        return None, f"the device group of {role} has ranks that do not parse"
-                    workers = ranks if isinstance(ranks, int) else len(ranks)
-            if workers is None:
-                return None, f"no device group lists {role}"
-        else:
-            workers = gpu_count(section.get("gpus")) or section.get("cpus", 1)
-        tp = section.get("tensor_model_parallel_size", 1)
-        pp = section.get("pipeline_model_parallel_size", 1)
-        if not all(isinstance(n, int) and n >= 1 for n in (workers, tp, pp)) or workers % (tp * pp):
-            return None, f"{workers} {role} workers / tensor {tp} x pipeline {pp}"
-        return workers // (tp * pp), f"{workers} {role} workers / (tensor {tp} x pipeline {pp})"
-
-    def batch(self) -> None:
-        if self.foreign("micro_batch_size"):
-            self.put("micro_batch_size", "per_device_train_batch_size", self.take("micro_batch_size"))
-        if not self.foreign("global_batch_size"):
-            return
-        total = self.take("global_batch_size")
-        if "gradient_accumulation_steps" not in self.own:
-            self.refuse("global_batch_size", "has no meaning here: this algorithm takes no optimizer step")
-            return
-        micro = self.data.setdefault("per_device_train_batch_size", 1)  # Megatron's micro_batch_size default
-        dp, how = self.data_parallel()
-        if dp is None or not isinstance(total, int) or not isinstance(micro, int):
-            self.refuse("global_batch_size", f"({total!r}) cannot be checked against the plan ({how}); give "
-                        "per_device_train_batch_size and gradient_accumulation_steps instead")
-            return
-        if total % (micro * dp):
-            self.refuse("global_batch_size", f"({total}) must be a multiple of micro_batch_size ({micro}) x the "
-                        f"data-parallel size ({dp}: {how}) = {micro * dp}")
-            return
-        accumulation = total // (micro * dp)
-        self.put(f"global_batch_size: {total} / (micro {micro} x data-parallel {dp})", "gradient_accumulation_steps",
-                 accumulation)
-        if "steps_per_generation" in self.own and isinstance(self.data.get("steps_per_generation"), int):
-            # Megatron's steps_per_generation counts optimizer steps; rlcore's (TRL's) counts micro-steps
-            steps = self.data.pop("steps_per_generation")
-            self.put(f"steps_per_generation: {steps} optimizer steps (x {accumulation} micro-batches)",
-                     "steps_per_generation", steps * accumulation)
-
-    def rows(self) -> int | None:
-        """The rows the dataset has: `FILE#N`'s N, or a local file's rows."""
-        sets = _as_list(self.data.get("dataset"))
-        counts = [_row_count(d) for d in sets if isinstance(d, str)]
-        return sum(counts) if counts and None not in counts else None
-
-    def schedule(self) -> None:
-        if self.foreign("train_iters"):
-            self.put("train_iters", "max_steps", self.take("train_iters"))
-        if self.foreign("num_train_epochs"):
-            self.epochs(self.take("num_train_epochs"))
-        for key in ("lr_warmup_fraction", "warmup_ratio"):
-            if self.foreign(key):
-                self.warmup(key, self.take(key))
-        if self.foreign("lr_warmup_iters"):
-            self.put("lr_warmup_iters", "warmup_steps", self.take("lr_warmup_iters"))
-        if self.foreign("min_lr"):
-            self.refuse("min_lr", "has no meaning here: this algorithm has no learning-rate schedule")
-        style, source = None, "lr_decay_style"
-        if self.foreign("lr_decay_style"):
-            style = self.take("lr_decay_style")
-        elif self.megatron and "lr_scheduler_type" in self.own and "lr_scheduler_type" not in self.data:
-            style, source = "cosine", "lr_decay_style (Megatron's default, cosine)"
-        if self.flat_schedule():
-            if style is not None and source == "lr_decay_style":
-                self.note("lr_decay_style", style, "min_lr = lr: the learning rate stays at lr, whatever the style")
-            return
-        if style in LR_SCHEDULES:
-            self.put(source, "lr_scheduler_type", LR_SCHEDULES[style])
-        elif style is not None:
-            self.refuse("lr_decay_style", f"'{style}' is not one of rlcore's schedules ({', '.join(LR_SCHEDULES)})")
-
-    def epochs(self, epochs: Any) -> None:
-        """An algorithm counting optimizer steps (grpo, gkd) runs the steps the epochs take, where the
-        dataset's size is known from its spelling (`FILE#N`); train_iters, when given, wins as in ms-swift."""
-        if "max_steps" in self.data:
-            self.note("num_train_epochs", epochs, "train_iters / max_steps is given and wins",
-                      origin="TRL's and ms-swift's")
-            return
-        rows = self.rows()
-        per_step = self.data.get("per_device_train_batch_size", 1)
-        dp, how = self.data_parallel()
-        accumulation = self.data.get("gradient_accumulation_steps", 1)
-        if dp is None and rows is not None:
-            self.refuse("num_train_epochs", f"cannot become max_steps: the data-parallel size is not known ({how}); "
-                        "set max_steps (ms-swift's train_iters)")
-            return
-        if rows is None or dp is None or not isinstance(epochs, (int, float)):
-            self.refuse("num_train_epochs", "cannot become max_steps: the dataset's size is unknown here (no local "
-                        "dataset file); set max_steps (ms-swift's train_iters), or dataset: FILE#N (its first N rows)")
-            return
-        samples = rows * (self.data.get("num_generations", 8) if "num_generations" in self.own else 1)
-        steps = max(1, math.floor(epochs * samples / (per_step * dp * accumulation)))
-        self.put(f"num_train_epochs: {epochs} over {rows} rows", "max_steps", steps)
-
-    def warmup(self, key: str, fraction: Any) -> None:
-        kind = self.model.model_fields.get("warmup_steps")
-        if kind is None:
-            self.refuse(key, "has no meaning here: this algorithm has no learning-rate schedule")
-        elif kind.annotation is float:  # a fraction below 1 is native (sft)
-            self.put(key, "warmup_steps", fraction)
-        else:
-            steps = self.data.get("max_steps", self.model.model_fields["max_steps"].default)
-            self.put(f"{key}: {fraction} of {steps} steps", "warmup_steps", round(fraction * steps))
-
-    def flat_schedule(self) -> bool:
-        """Megatron's `min_lr` equal to `lr` without warm-up: a constant learning rate, said as rlcore's constant
-        schedule (min_lr below lr stays: the floor the cosine schedule decays to)."""
-        low, lr = self.data.get("min_lr"), self.data.get("learning_rate", self.data.get("lr"))
-        if not self.megatron or low is None or low != lr or self.data.get("warmup_steps"):
-            return False
-        self.data.pop("min_lr")
-        self.put(f"min_lr: {low} (= lr)", "lr_scheduler_type", "constant")
-        return True
-
     # -- vLLM ---------------------------------------------------------------------------------------------
 
     def vllm(self) -> None:
@@ -612,7 +461,7 @@ class _Translator:
 
     def sampler_workers(self) -> int:
         for spec in (self.data.get("device_groups") or {}).values():
-            if isinstance(spec, dict) and "sampler" in _as_list(spec.get("workers")):
+            if isinstance(spec, dict) and "sampler" in as_list(spec.get("workers")):
                 try:
                     ranks = parse_ranks(spec.get("ranks"))
                 except ValueError:
