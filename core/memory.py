@@ -174,7 +174,7 @@ def plan_memory(config: Any, resource_plan: Any, uses: dict[str, RoleUse], plugi
         ranks = resource_plan.ranks_of(role) if role in resource_plan.roles else ()
         if not ranks:
             continue
-        shape = shape_of(use.model) if use.model is not None else None
+        shape = shape_of(use.model)  # None for a role that loads no model (use.model None) too
         fn = memory_function(plugins, use.engine, use.kind)
         if fn is None:
             answers[role] = None
@@ -273,6 +273,7 @@ def candidate_changes(config: Any, plan: MemoryPlan, uses: dict[str, RoleUse]) -
     engine's fixes as config keys. Each is (cost, {key: value}, why)."""
     out: list[tuple[int, dict[str, Any], str]] = []
     colocated = any(len(row.terms) and len({r for r, _, _ in row.terms}) > 1 for row in plan.rows)
+
     def free(key: str, value: Any) -> bool:  # the config has the key at `value`, and the algorithm leaves it be
         return key not in plan.fixed and hasattr(config, key) and getattr(config, key) == value
 

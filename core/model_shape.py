@@ -88,12 +88,12 @@ class ModelShape:
         every layer but a MoE's router, the head left out; a list names projections (`q_proj`, ..., `lm_head`;
         megatron's fused linears name those they hold); anything else (a pattern, a name this shape does not know)
         counts every linear and the head, an upper bound."""
-        names = lora_names(targets)
+        names, linears = lora_names(targets), self.linear_names()
         if names is None:
-            named, head = set(self.linear_names()) - {"gate"}, not self.tied
+            named, head = set(linears) - {"gate"}, not self.tied
         else:
             named, head = names - {HEAD}, HEAD in names
-        per_layer = sum(rank * (i + o) for (i, o), name in zip(self.linears(), self.linear_names()) if name in named)
+        per_layer = sum(rank * (i + o) for (i, o), name in zip(self.linears(), linears) if name in named)
         return self.layers * per_layer + (rank * (self.hidden + self.vocab) if head else 0)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:

@@ -80,10 +80,11 @@ def reward_memory(q: MemoryQuery) -> EngineMemory:
     s = q.model
     d = dtype_bytes(q.options.get("dtype"))
     weights = (s.params - (0 if s.tied else s.vocab * s.hidden) + s.hidden * s.hidden) * d
-    tokens = int(q.options.get("batch_size", 16)) * q.use.seq_len
+    batch = int(q.options.get("batch_size", 16))
+    tokens = batch * q.use.seq_len
     active = {"cuda context": CUDA_CONTEXT, "weights": weights,
               "activations": tokens * (s.activation_bytes_per_token(d) // s.layers + s.hidden * d)}
-    batch, fixes = int(q.options.get("batch_size", 16)) // 2, []
+    batch, fixes = batch // 2, []
     while batch >= 1:  # each halving, largest first: fewer candidates per forward, more forwards
         fixes.append(Fix({"batch_size": batch}, 1, "fewer candidates per reward-model forward"))
         batch //= 2

@@ -98,9 +98,9 @@ class SampleTrainer(RoleTrainer):
     @classmethod
     def memory_use(cls, cfg: SampleConfig) -> dict[str, RoleUse]:
         """The sampler generates a batch's candidates (split over its GPUs; with `seed_per_prompt` one prompt's at a
-        time); then the reward models score them,
-        `batch_size` candidates per forward, one after the other (the plan adds both working sets: an upper bound);
-        a reward function takes nothing on the GPU. vLLM stays awake (`sleep_level` 0): nothing trains here."""
+        time); then the reward models score them, `batch_size` candidates per forward, one after the other (the plan
+        adds both working sets: an upper bound); a reward function takes nothing on the GPU. vLLM stays awake
+        (`sleep_level` 0): nothing trains here."""
         roles, length = cls.roles(cfg), cfg.max_prompt_length + cfg.max_new_tokens
         uses = {}
         if "sampler" in roles:  # seed_per_prompt: one engine call per prompt, its N candidates at once
@@ -108,11 +108,8 @@ class SampleTrainer(RoleTrainer):
             batch = cfg.num_return_sequences * (1 if cfg.seed_per_prompt else -(-cfg.batch_size // gpus))
             uses["sampler"] = RoleUse(cfg.sampler.engine, "rollout", rollout_options(cfg.sampler, cfg.model, cfg.seed),
                                       "generation", cfg.model, seq_len=length, sequences=batch)
-        for kind in ("prm", "orm"):
-            model = getattr(cfg, f"{kind}_model")
-            if kind not in roles:
-                continue
-            section = getattr(cfg, kind)
+        for kind in (k for k in ("prm", "orm") if k in roles):
+            model, section = getattr(cfg, f"{kind}_model"), getattr(cfg, kind)
             options = {"model_path": model, "dtype": section.dtype, "batch_size": section.batch_size, **section.engine_kwargs}
             if kind == "orm" and is_reward_function(model, worker_plugins()):
                 uses[kind] = RoleUse(FunctionScorer, "reward", options, "scoring", None)
