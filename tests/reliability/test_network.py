@@ -57,7 +57,12 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
         assert node.node_ip_address == "127.0.0.1" and not node.webui_url
         commands = _command_lines(psutil.Process().children(recursive=True))
         assert not [c for c in commands if "dashboard/dashboard.py" in c or "autoscaler/_private/monitor.py" in c]
-        assert not [port for _, _, port in found if port in (44217, 44227)]  # Ray's fixed metrics ports
+        # Ray's fixed metrics ports (the dashboard's 44227, the autoscaler's 44217) served by no process of Ray's
+        # metrics servers; a raylet or agent port the OS hands out at random may be the same number (seen once)
+        fixed = [(name, port) for name, _, port in found if port in (44217, 44227)]
+        served = [(name, port, command) for (name, port), command in zip(fixed, _owners(fixed))
+                  if "dashboard/dashboard.py" in command or "autoscaler/_private/monitor.py" in command]
+        assert not served, f"a Ray metrics endpoint listens: {served}"
     finally:
         ray.kill(probe)
 
@@ -92,6 +97,20 @@ def test_a_train_groups_torch_world_listens_on_its_masters_address_only(ray_loca
     finally:
         for r in ranks:
             ray.kill(r)
+
+
+def _owners(listening: list[tuple[str, int]]) -> list[str]:
+    """The command line of the process (this driver's or one under it) listening on each (name, port)."""
+    me = psutil.Process()
+    owners = {}
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            ports = {c.laddr.port for c in process.net_connections(kind="inet") if c.laddr}
+            command = " ".join(process.cmdline())
+        except psutil.Error:
+            continue
+        owners.update({port: command for port in ports})
+    return [owners.get(port, "(gone)") for _, port in listening]
 
 
 def _command_lines(processes) -> list[str]:
